@@ -1,0 +1,329 @@
+# cython: language_level=3, boundscheck=False, wraparound=False
+"""Native codec and socket loops: the hot path of the server and the client.
+
+The functions mirror ``ggmlrpc.protocol.PurePythonCodec``; the tests run the same
+cases against both. Socket loops release the GIL and move bytes straight between
+the kernel and their destination memory.
+"""
+from cpython.buffer cimport PyBUF_WRITABLE, PyObject_GetBuffer, PyBuffer_Release, Py_buffer
+from libc.errno cimport errno
+from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
+from libc.string cimport memcpy, memmove, memset
+
+from ggmlrpc._native.rpc cimport *
+
+from ggmlrpc import ggml
+from ggmlrpc.errors import ConnectionLost, ProtocolError, RpcTimeout, ValidationError
+from ggmlrpc.protocol import RpcTensor, TENSOR_SIZE
+
+import os
+
+assert sizeof(rpc_tensor) == 296
+
+
+cdef object _tensor_from_c(const rpc_tensor *t):
+    cdef Py_ssize_t n = 0
+    while n < 64 and t.name[n] != 0:
+        n += 1
+    return RpcTensor(
+        t.id, t.type, t.buffer,
+        (t.ne[0], t.ne[1], t.ne[2], t.ne[3]),
+        (t.nb[0], t.nb[1], t.nb[2], t.nb[3]),
+        t.op, tuple([t.op_params[i] for i in range(16)]), t.flags,
+        tuple([t.src[i] for i in range(10)]),
+        t.view_src, t.view_offs, t.data, t.name[:n], t.use_count)
+
+
+cdef int _tensor_to_c(object o, rpc_tensor *t) except -1:
+    cdef bytes name = o.name if isinstance(o.name, bytes) else str(o.name).encode()
+    memset(t, 0, sizeof(rpc_tensor))
+    t.id = o.id
+    t.type = o.type
+    t.buffer = o.buffer
+    for i in range(4):
+        t.ne[i] = o.ne[i]
+        t.nb[i] = o.nb[i]
+    t.op = o.op
+    for i in range(16):
+        t.op_params[i] = o.op_params[i]
+    t.flags = o.flags
+    for i in range(10):
+        t.src[i] = o.src[i]
+    t.view_src = o.view_src
+    t.view_offs = o.view_offs
+    t.data = o.data
+    cdef Py_ssize_t n = min(len(name), 63)
+    memcpy(t.name, <const char *>name, n)
+    t.use_count = o.use_count
+    return 0
+
+
+cdef inline const uint8_t *_ro_ptr(const uint8_t[::1] view, Py_ssize_t offset, Py_ssize_t need) except NULL:
+    if offset < 0 or view.shape[0] - offset < need:
+        raise ProtocolError(f"need {need} bytes at offset {offset}, have {view.shape[0]}")
+    return &view[0] + offset if view.shape[0] else NULL
+
+
+def _shape_error(int err, object t):
+    if err == GR_ERR_TYPE:
+        return ValidationError(f"invalid tensor type {t.type}")
+    if err == GR_ERR_BLOCK:
+        return ValidationError(
+            f"ne[0]={t.ne[0]} is not a multiple of the block size {ggml.blck_size(t.type)} "
+            f"of {ggml.type_name(t.type)}")
+    return ValidationError("tensor element count or byte size overflows")
+
+
+cdef class NativeCodec:
+    """Codec functions in C (see protocol.PurePythonCodec for the contract)."""
+
+    name = "native"
+
+    def decode_tensor(self, buf, Py_ssize_t offset=0):
+        cdef const uint8_t[::1] view = buf
+        cdef rpc_tensor t
+        memcpy(&t, _ro_ptr(view, offset, 296), 296)
+        return _tensor_from_c(&t)
+
+    def encode_tensor(self, t):
+        cdef rpc_tensor c
+        _tensor_to_c(t, &c)
+        return (<char *>&c)[:296]
+
+    def check_tensor_shape(self, t):
+        cdef rpc_tensor c
+        cdef uint64_t n = 0
+        _tensor_to_c(t, &c)
+        cdef int err = ggmlrpc_tensor_check_shape(&c, &n)
+        if err != GR_OK:
+            raise _shape_error(err, t)
+        t.nbytes = n
+        return n
+
+    def decode_graph(self, buf):
+        cdef const uint8_t[::1] view = buf
+        cdef Py_ssize_t size = view.shape[0]
+        cdef uint32_t device, n_nodes, n_tensors
+        cdef uint64_t nid
+        cdef rpc_tensor t
+        if size < 8:
+            raise ProtocolError("graph payload shorter than 8 bytes")
+        memcpy(&device, &view[0], 4)
+        memcpy(&n_nodes, &view[4], 4)
+        if <uint64_t>size < 8 + 8 * <uint64_t>n_nodes + 4:
+            raise ProtocolError(f"graph payload of {size} bytes too short for {n_nodes} nodes")
+        nodes = []
+        cdef Py_ssize_t off = 8
+        for i in range(n_nodes):
+            memcpy(&nid, &view[off], 8)
+            nodes.append(nid)
+            off += 8
+        memcpy(&n_tensors, &view[off], 4)
+        off += 4
+        if <uint64_t>size < <uint64_t>off + <uint64_t>n_tensors * 296:
+            raise ProtocolError(f"graph payload of {size} bytes too short for {n_tensors} tensors")
+        tensors = []
+        for i in range(n_tensors):
+            memcpy(&t, &view[off], 296)
+            tensors.append(_tensor_from_c(&t))
+            off += 296
+        return device, nodes, tensors
+
+    def range_inside(self, uint64_t data, uint64_t size, uint64_t base, uint64_t buf_size):
+        return bool(ggmlrpc_range_inside(data, size, base, buf_size))
+
+    def fnv1a(self, data, uint64_t h=GR_FNV_OFFSET):
+        cdef const uint8_t[::1] view = data
+        cdef Py_ssize_t n = view.shape[0]
+        if n == 0:
+            return h
+        with nogil:
+            h = ggmlrpc_fnv1a(&view[0], n, h)
+        return h
+
+
+def fnv1a_addr(uintptr_t addr, size_t n, uint64_t h=GR_FNV_OFFSET):
+    """FNV-1a of n bytes at a raw address owned by the caller (a HostMemory)."""
+    with nogil:
+        h = ggmlrpc_fnv1a(<const uint8_t *>addr, n, h)
+    return h
+
+
+cdef class HostMemory:
+    """Zero-filled, page-aligned host memory (an anonymous mapping) of a fixed size.
+
+    Exposes the buffer protocol so numpy and memoryview can read and write it.
+    The mapping lives as long as this object and every view of it.
+    """
+    cdef void *ptr
+    cdef readonly size_t size
+    cdef Py_ssize_t shape[1]
+    cdef Py_ssize_t strides[1]
+
+    def __cinit__(self, size_t size):
+        self.size = size
+        self.ptr = NULL
+        if size:
+            with nogil:
+                self.ptr = ggmlrpc_host_alloc(size)
+            if self.ptr == NULL:
+                raise MemoryError(f"cannot map {size} bytes")
+
+    def __dealloc__(self):
+        if self.ptr != NULL:
+            ggmlrpc_host_free(self.ptr, self.size)
+            self.ptr = NULL
+
+    @property
+    def addr(self):
+        return <uintptr_t>self.ptr
+
+    def __getbuffer__(self, Py_buffer *view, int flags):
+        self.shape[0] = self.size
+        self.strides[0] = 1
+        view.buf = self.ptr
+        view.obj = self
+        view.len = self.size
+        view.readonly = 0
+        view.itemsize = 1
+        view.format = "B"
+        view.ndim = 1
+        view.shape = self.shape
+        view.strides = self.strides
+        view.suboffsets = NULL
+        view.internal = NULL
+
+    def __releasebuffer__(self, Py_buffer *view):
+        pass
+
+    def fill(self, size_t offset, size_t n, int value):
+        if offset > self.size or n > self.size - offset:
+            raise ValidationError("fill outside the memory")
+        if n:
+            with nogil:
+                memset(<uint8_t *>self.ptr + offset, value, n)
+
+    def copy_from(self, size_t offset, HostMemory src, size_t src_offset, size_t n):
+        if offset > self.size or n > self.size - offset:
+            raise ValidationError("copy destination outside the memory")
+        if src_offset > src.size or n > src.size - src_offset:
+            raise ValidationError("copy source outside the memory")
+        if n:
+            with nogil:
+                memmove(<uint8_t *>self.ptr + offset, <uint8_t *>src.ptr + src_offset, n)
+
+    def write(self, size_t offset, data):
+        cdef const uint8_t[::1] view = data
+        cdef size_t n = view.shape[0]
+        if offset > self.size or n > self.size - offset:
+            raise ValidationError("write outside the memory")
+        if n:
+            with nogil:
+                memcpy(<uint8_t *>self.ptr + offset, &view[0], n)
+
+    def recv_into(self, int fd, size_t offset, size_t n, int timeout_ms=-1):
+        """Receive exactly n bytes from fd straight into [offset, offset + n)."""
+        if offset > self.size or n > self.size - offset:
+            raise ValidationError("receive outside the memory")
+        _check(_recv(fd, <uint8_t *>self.ptr + offset, n, timeout_ms), "recv")
+
+    def send_from(self, int fd, bytes header, size_t offset, size_t n, int timeout_ms=-1):
+        """Send header then bytes [offset, offset + n) in one writev."""
+        if offset > self.size or n > self.size - offset:
+            raise ValidationError("send outside the memory")
+        cdef const char *h = header
+        cdef size_t hn = len(header)
+        cdef int r
+        with nogil:
+            r = ggmlrpc_send2(fd, h, hn, <uint8_t *>self.ptr + offset, n, timeout_ms)
+        _check(r, "send")
+
+    def fnv1a(self, size_t offset, size_t n):
+        if offset > self.size or n > self.size - offset:
+            raise ValidationError("hash outside the memory")
+        cdef uint64_t h = GR_FNV_OFFSET
+        if n:
+            with nogil:
+                h = ggmlrpc_fnv1a(<uint8_t *>self.ptr + offset, n, h)
+        return h
+
+
+cdef int _recv(int fd, void *dst, size_t n, int timeout_ms) noexcept:
+    cdef int r
+    with nogil:
+        r = ggmlrpc_recv_all(fd, dst, n, timeout_ms)
+    return r
+
+
+cdef int _check(int r, str what) except -1:
+    if r == 0:
+        return 0
+    if r == -2:
+        raise ConnectionLost("connection closed by peer")
+    if r == -3:
+        raise RpcTimeout(f"{what} timed out")
+    raise ConnectionLost(f"{what} failed: {os.strerror(errno)}")
+
+
+def recv_exact(int fd, size_t n, int timeout_ms=-1):
+    """Receive exactly n bytes into a new bytearray."""
+    out = bytearray(n)
+    cdef uint8_t[::1] view
+    if n:
+        view = out
+        _check(_recv(fd, &view[0], n, timeout_ms), "recv")
+    return out
+
+
+def recv_into(int fd, buf, int timeout_ms=-1):
+    """Fill a writable buffer (bytearray, numpy array, memoryview) completely."""
+    cdef Py_buffer pb
+    PyObject_GetBuffer(buf, &pb, PyBUF_WRITABLE)
+    try:
+        if pb.len:
+            _check(_recv(fd, pb.buf, pb.len, timeout_ms), "recv")
+    finally:
+        PyBuffer_Release(&pb)
+
+
+def send_all(int fd, data, int timeout_ms=-1):
+    cdef const uint8_t[::1] view = data
+    cdef size_t n = view.shape[0]
+    cdef int r = 0
+    if n:
+        with nogil:
+            r = ggmlrpc_send_all(fd, &view[0], n, timeout_ms)
+    _check(r, "send")
+
+
+def send2(int fd, a, b, int timeout_ms=-1):
+    """Send two byte strings as one writev (header + payload)."""
+    cdef const uint8_t[::1] va = a
+    cdef const uint8_t[::1] vb = b
+    cdef const void *pa = &va[0] if va.shape[0] else NULL
+    cdef const void *pb = &vb[0] if vb.shape[0] else NULL
+    cdef size_t na = va.shape[0], nb = vb.shape[0]
+    cdef int r
+    with nogil:
+        r = ggmlrpc_send2(fd, pa, na, pb, nb, timeout_ms)
+    _check(r, "send")
+
+
+def discard(int fd, uint64_t n, int timeout_ms=-1):
+    cdef int r
+    with nogil:
+        r = ggmlrpc_discard(fd, n, timeout_ms)
+    _check(r, "recv")
+
+
+def blck_size(uint32_t t):
+    return ggmlrpc_blck_size(t)
+
+
+def type_size(uint32_t t):
+    return ggmlrpc_type_size(t)
+
+
+def struct_sizes():
+    """Sizes of the C wire structs, for the tests that pin them from Python."""
+    return {"rpc_tensor": sizeof(rpc_tensor)}

@@ -1,0 +1,176 @@
+"""`ggml-rpc-server`: llama.cpp's RPC server command, same options and banner."""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import signal
+import sys
+import threading
+
+from ..devices import select_devices, split_names
+from ..errors import DeviceError
+from ..server import Server, cache_directory
+
+MiB = 1024 * 1024
+
+
+def default_threads() -> int:
+    return max(1, (os.cpu_count() or 1) // 2)
+
+
+def usage(prog: str) -> str:
+    return (f"Usage: {prog} [options]\n\n"
+            "options:\n"
+            "  -h, --help                       show this help message and exit\n"
+            f"  -t, --threads N                  number of threads for the CPU device (default: {default_threads()})\n"
+            "  -d, --device <dev1,dev2,...>     comma-separated list of devices\n"
+            "  -H, --host HOST                  host to bind to (default: 127.0.0.1)\n"
+            "  -p, --port PORT                  port to bind to (default: 50052)\n"
+            "  -c, --cache                      enable local file cache\n")
+
+
+class Params:
+    host = "127.0.0.1"
+    port = 50052
+    threads = None
+    devices: list[str]
+    cache = False
+
+    def __init__(self):
+        self.devices = []
+
+
+class UsageError(Exception):
+    pass
+
+
+def parse(argv: list[str], prog: str) -> Params:
+    """llama.cpp's parser: short and long names, each value in the next argument."""
+    p = Params()
+    it = iter(argv)
+    for arg in it:
+        def value():
+            try:
+                return next(it)
+            except StopIteration:
+                raise UsageError(f"error: missing value for {arg}") from None
+        if arg in ("-H", "--host"):
+            p.host = value()
+        elif arg in ("-p", "--port"):
+            v = value()
+            try:
+                p.port = int(v)
+            except ValueError:
+                raise UsageError(f"error: invalid port: {v}") from None
+            if not 0 < p.port <= 65535:
+                raise UsageError(f"error: invalid port: {v}")
+        elif arg in ("-t", "--threads"):
+            v = value()
+            try:
+                p.threads = int(v)
+            except ValueError:
+                raise UsageError(f"error: invalid number of threads: {v}") from None
+            if p.threads <= 0:
+                raise UsageError(f"error: invalid number of threads: {p.threads}")
+        elif arg in ("-d", "--device"):
+            p.devices.extend(split_names(value()))
+        elif arg in ("-c", "--cache"):
+            p.cache = True
+        elif arg in ("-h", "--help"):
+            sys.stderr.write(usage(prog) + "\n")
+            raise SystemExit(0)
+        else:
+            raise UsageError(f"error: unknown argument: {arg}")
+    return p
+
+
+def host_warning(host: str) -> str:
+    bang = "!" * 59
+    return (f"\n{bang}\n"
+            f"WARNING: Host ('{host}') is != '127.0.0.1'\n"
+            "         Never expose the RPC server to an open network!\n"
+            "         This is an experimental feature and is not secure!\n"
+            f"{bang}\n\n")
+
+
+def device_line(dev) -> str:
+    free, total = dev.memory()
+    return f"  {dev.name}: {dev.description} ({total // MiB} MiB, {free // MiB} MiB free)"
+
+
+def banner(endpoint: str, cache_dir: str | None, devices) -> str:
+    lines = ["Starting RPC server v7.0.0",
+             f"  endpoint       : {endpoint}",
+             f"  local cache    : {cache_dir or 'n/a'}",
+             "Devices:"]
+    lines += [device_line(d) for d in devices]
+    lines.append("  transport      : TCP")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "ggml-rpc-server"
+    argv = sys.argv[1:] if argv is None else argv
+    try:
+        params = parse(argv, prog)
+    except UsageError as e:
+        sys.stderr.write(f"{e}\n{usage(prog)}\nInvalid parameters\n")
+        return 1
+    logging.basicConfig(level=logging.DEBUG if "GGML_RPC_DEBUG" in os.environ else logging.INFO,
+                        format="%(message)s", stream=sys.stderr)
+    try:
+        ipaddress.IPv4Address(params.host)
+    except ValueError:
+        sys.stderr.write(f"error: host must be a numeric IPv4 address: {params.host}\n")
+        return 1
+    if params.host != "127.0.0.1":
+        sys.stderr.write(host_warning(params.host))
+
+    try:
+        devices = select_devices(params.devices, params.threads or default_threads())
+    except DeviceError as e:
+        sys.stderr.write(f"error: {e.args[0]}\navailable devices:\n")
+        for d in e.args[1]:
+            sys.stderr.write(device_line(d) + "\n")
+        return 1
+    if not devices:
+        sys.stderr.write("No devices found\n")
+        return 1
+
+    cache_dir = None
+    if params.cache:
+        cache_dir = cache_directory()
+        try:
+            os.makedirs(cache_dir, exist_ok=True)
+        except OSError:
+            sys.stderr.write(f"Failed to create cache directory: {cache_dir}\n")
+            return 1
+
+    endpoint = f"{params.host}:{params.port}"
+    print(banner(endpoint, cache_dir, devices), flush=True)
+    server = Server(devices, params.host, params.port, cache_dir=cache_dir)
+    try:
+        server.bind()
+    except OSError as e:
+        sys.stderr.write(f"Failed to create server socket: {e}\n")
+        return 1
+
+    stop = threading.Event()
+
+    def on_signal(signum, frame):
+        stop.set()
+
+    signal.signal(signal.SIGINT, on_signal)
+    signal.signal(signal.SIGTERM, on_signal)
+    worker = threading.Thread(target=server.serve_forever, daemon=True, name="rpc-accept")
+    worker.start()
+    while not stop.wait(0.5):
+        if not worker.is_alive():
+            return 1
+    server.close()
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,1 @@
+"""Graph execution per device: an executor compiles a validated graph into a plan."""

@@ -1,0 +1,75 @@
+"""Device and Buffer: what the server asks of a compute device."""
+from __future__ import annotations
+
+import abc
+
+from ..protocol import RpcTensor
+
+
+class Buffer(abc.ABC):
+    """Device memory of a fixed size. Offsets are bytes from the buffer's start.
+
+    Callers (the server) check every range before calling; implementations may
+    assume offset + n <= size.
+    """
+
+    size: int
+
+    @abc.abstractmethod
+    def recv_into(self, fd: int, offset: int, n: int, timeout_ms: int = -1) -> None:
+        """Receive n bytes from a socket straight into the buffer."""
+
+    @abc.abstractmethod
+    def send_from(self, fd: int, header: bytes, offset: int, n: int, timeout_ms: int = -1) -> None:
+        """Send header followed by n bytes of the buffer."""
+
+    @abc.abstractmethod
+    def write(self, offset: int, data) -> None: ...
+
+    @abc.abstractmethod
+    def read(self, offset: int, n: int) -> bytes: ...
+
+    @abc.abstractmethod
+    def fill(self, offset: int, n: int, value: int) -> None: ...
+
+    @abc.abstractmethod
+    def copy_from(self, offset: int, src: "Buffer", src_offset: int, n: int) -> bool:
+        """Copy from another buffer; False when this device cannot read src directly."""
+
+    @abc.abstractmethod
+    def fnv1a(self, offset: int, n: int) -> int: ...
+
+    def free(self) -> None:
+        """Release the memory now (also happens when the object is collected)."""
+
+
+class Device(abc.ABC):
+    """One compute device exposed over RPC (a CPU, a CUDA GPU)."""
+
+    name: str          # as llama.cpp names it: CPU, CUDA0, ...
+    description: str   # CPU model, GPU name
+
+    @abc.abstractmethod
+    def memory(self) -> tuple[int, int]:
+        """(free, total) bytes, as the device reports them to clients."""
+
+    @abc.abstractmethod
+    def alignment(self) -> int: ...
+
+    @abc.abstractmethod
+    def max_size(self) -> int: ...
+
+    @abc.abstractmethod
+    def alloc_buffer(self, size: int) -> Buffer | None:
+        """A new zero-filled buffer, or None when the memory cannot be had."""
+
+    def alloc_size(self, tensor: RpcTensor, nbytes: int) -> int:
+        """Bytes a tensor needs in this device's buffers (ggml's get_alloc_size)."""
+        return nbytes
+
+    def init_tensor(self, buffer: Buffer | None, tensor: RpcTensor) -> None:
+        """Prepare a tensor's memory (CUDA pads quantized rows); nothing on CPU."""
+
+    @abc.abstractmethod
+    def executor(self):
+        """The graph executor of this device (see ggmlrpc.compute)."""

@@ -1,0 +1,89 @@
+"""A GRAPH_COMPUTE payload, deserialized and validated against a session's buffers.
+
+Rules (PROTOCOL.md, "What the server must check"): every id a node, source or view
+names exists in the tensor list and comes before its user (post-order, so no
+cycles); node ids are nonzero; each tensor passes the shape checks; a tensor with
+data has a live buffer of this connection and lies inside it; a view lies inside
+the buffer of what it views; no op outside ggml's range and no custom ops, whose
+parameters are function pointers of the client process.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from . import ggml
+from .errors import ValidationError
+from .protocol import RpcTensor
+
+
+@dataclass
+class Placement:
+    """Where a tensor's bytes live: a buffer of the session and the offset into it."""
+
+    buffer: object  # ServerBuffer
+    offset: int
+
+
+@dataclass
+class Graph:
+    device: int
+    nodes: list[RpcTensor]
+    tensors: dict[int, RpcTensor]
+    placement: dict[int, Placement] = field(default_factory=dict)
+
+    def buffers(self) -> set[int]:
+        """Handles of every buffer the graph touches (a free of one drops the graph)."""
+        return {p.buffer.handle for p in self.placement.values()}
+
+    def runnable(self) -> list[RpcTensor]:
+        """The nodes a ggml backend runs: compute flag, not a view op, no empty dim."""
+        return [n for n in self.nodes
+                if n.flags & ggml.TensorFlag.COMPUTE
+                and n.op not in ggml.VIEW_OPS
+                and all(n.ne)]
+
+
+def build_graph(session, device: int, node_ids: list[int], tensors: list[RpcTensor]) -> Graph:
+    """Validate a decoded graph for `session`; raises ValidationError on any violation."""
+    codec = session.codec
+    by_id: dict[int, RpcTensor] = {}
+    placement: dict[int, Placement] = {}
+    for t in tensors:
+        if t.id == 0:
+            raise ValidationError("graph tensor with id 0")
+        if t.id in by_id:  # duplicates: the first wins, as in llama.cpp
+            continue
+        if t.op >= ggml.OP_COUNT:
+            raise ValidationError(f"tensor {t.name_str!r}: invalid op {t.op}")
+        if t.op in ggml.FORBIDDEN_OPS:
+            raise ValidationError(f"tensor {t.name_str!r}: {ggml.op_name(t.op)} is not allowed over RPC")
+        codec.check_tensor_shape(t)
+        for s in t.src:
+            if s and s not in by_id:
+                raise ValidationError(
+                    f"tensor {t.name_str!r} names source id {s:#x} that is not before it in the tensor list")
+        if t.view_src and t.view_src not in by_id:
+            raise ValidationError(
+                f"tensor {t.name_str!r} views id {t.view_src:#x} that is not before it in the tensor list")
+        if t.buffer:
+            buf = session.buffer(t.buffer)
+            if not codec.range_inside(t.data, t.nbytes, buf.base, buf.size):
+                raise ValidationError(f"tensor {t.name_str!r} lies outside its buffer")
+            placement[t.id] = Placement(buf, t.data - buf.base)
+        elif t.data:
+            raise ValidationError(f"tensor {t.name_str!r} has data but no buffer")
+        if t.view_src:
+            vs = placement.get(t.view_src)
+            mine = placement.get(t.id)
+            if vs is not None and (mine is None or mine.buffer is not vs.buffer):
+                raise ValidationError(f"view {t.name_str!r} is not inside the buffer of its source")
+        by_id[t.id] = t
+    nodes = []
+    for nid in node_ids:
+        if nid == 0:
+            raise ValidationError("graph node id 0")
+        node = by_id.get(nid)
+        if node is None:
+            raise ValidationError(f"graph node id {nid:#x} is not in the tensor list")
+        nodes.append(node)
+    return Graph(device, nodes, by_id, placement)

@@ -1,0 +1,237 @@
+"""ggml RPC protocol v7.0.0: commands, message layouts and the pure-Python codec.
+
+Every request is  | cmd u8 | size u64 | payload |  and every response  | size u64 | payload |.
+Integers are little endian and structs packed. The native codec in
+``ggmlrpc._native.wire`` implements the same functions; ``codec()`` picks one and
+the tests run against both.
+"""
+from __future__ import annotations
+
+import enum
+import os
+import struct
+from dataclasses import dataclass, field
+
+from . import ggml
+from .errors import ProtocolError, ValidationError
+
+PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH = 7, 0, 0
+CONN_CAPS_SIZE = 24
+HASH_THRESHOLD = 10 * 1024 * 1024  # the client hashes weight writes strictly above this
+FNV_OFFSET = 0xCBF29CE484222325
+FNV_PRIME = 0x100000001B3
+MAX_SRC = 10
+
+
+class Cmd(enum.IntEnum):
+    ALLOC_BUFFER = 0
+    GET_ALIGNMENT = 1
+    GET_MAX_SIZE = 2
+    BUFFER_GET_BASE = 3
+    FREE_BUFFER = 4
+    BUFFER_CLEAR = 5
+    SET_TENSOR = 6
+    SET_TENSOR_HASH = 7
+    GET_TENSOR = 8
+    COPY_TENSOR = 9
+    GRAPH_COMPUTE = 10
+    GET_DEVICE_MEMORY = 11
+    INIT_TENSOR = 12
+    GET_ALLOC_SIZE = 13
+    HELLO = 14
+    DEVICE_COUNT = 15
+    GRAPH_RECOMPUTE = 16
+    MEMSET_TENSOR = 17
+
+
+CMD_COUNT = 18
+
+# rpc_tensor (296 bytes)
+#   0 id u64 | 8 type u32 | 12 buffer u64 | 20 ne u32[4] | 36 nb u32[4] | 52 op u32
+#  56 op_params i32[16] | 120 flags i32 | 124 src u64[10] | 204 view_src u64
+# 212 view_offs u64 | 220 data u64 | 228 name char[64] | 292 use_count i32
+TENSOR_STRUCT = struct.Struct("<QIQ4I4II16ii10QQQQ64si")
+TENSOR_SIZE = TENSOR_STRUCT.size
+assert TENSOR_SIZE == 296
+
+HEADER = struct.Struct("<BQ")  # | cmd u8 | size u64 |
+SIZE = struct.Struct("<Q")     # | size u64 | (responses)
+SET_TENSOR_HEADER_SIZE = TENSOR_SIZE + 1 + 8  # | rpc_tensor | cache_flag u8 | offset u64 |
+
+# Fixed request payload sizes; None means variable (SET_TENSOR, GRAPH_COMPUTE).
+REQUEST_SIZE: dict[int, int | None] = {
+    Cmd.ALLOC_BUFFER: 12,
+    Cmd.GET_ALIGNMENT: 4,
+    Cmd.GET_MAX_SIZE: 4,
+    Cmd.BUFFER_GET_BASE: 8,
+    Cmd.FREE_BUFFER: 8,
+    Cmd.BUFFER_CLEAR: 9,
+    Cmd.SET_TENSOR: None,
+    Cmd.SET_TENSOR_HASH: TENSOR_SIZE + 16,
+    Cmd.GET_TENSOR: TENSOR_SIZE + 16,
+    Cmd.COPY_TENSOR: 2 * TENSOR_SIZE,
+    Cmd.GRAPH_COMPUTE: None,
+    Cmd.GET_DEVICE_MEMORY: 4,
+    Cmd.INIT_TENSOR: TENSOR_SIZE,
+    Cmd.GET_ALLOC_SIZE: 4 + (1 + MAX_SRC) * TENSOR_SIZE,
+    Cmd.HELLO: CONN_CAPS_SIZE,
+    Cmd.DEVICE_COUNT: 0,
+    Cmd.GRAPH_RECOMPUTE: 4,
+    Cmd.MEMSET_TENSOR: TENSOR_SIZE + 17,
+}
+
+# Response payload sizes; None = the command has no response (fire and forget),
+# -1 = variable (GET_TENSOR answers with the requested bytes).
+RESPONSE_SIZE: dict[int, int | None] = {
+    Cmd.ALLOC_BUFFER: 16,
+    Cmd.GET_ALIGNMENT: 8,
+    Cmd.GET_MAX_SIZE: 8,
+    Cmd.BUFFER_GET_BASE: 8,
+    Cmd.FREE_BUFFER: None,
+    Cmd.BUFFER_CLEAR: None,
+    Cmd.SET_TENSOR: None,
+    Cmd.SET_TENSOR_HASH: 1,
+    Cmd.GET_TENSOR: -1,
+    Cmd.COPY_TENSOR: 1,
+    Cmd.GRAPH_COMPUTE: None,
+    Cmd.GET_DEVICE_MEMORY: 16,
+    Cmd.INIT_TENSOR: None,
+    Cmd.GET_ALLOC_SIZE: 8,
+    Cmd.HELLO: 4 + CONN_CAPS_SIZE,
+    Cmd.DEVICE_COUNT: 4,
+    Cmd.GRAPH_RECOMPUTE: None,
+    Cmd.MEMSET_TENSOR: None,
+}
+
+
+@dataclass(slots=True)
+class RpcTensor:
+    """One rpc_tensor as it travels on the wire."""
+
+    id: int = 0
+    type: int = 0
+    buffer: int = 0
+    ne: tuple = (1, 1, 1, 1)
+    nb: tuple = (4, 4, 4, 4)
+    op: int = 0
+    op_params: tuple = (0,) * 16
+    flags: int = 0
+    src: tuple = (0,) * MAX_SRC
+    view_src: int = 0
+    view_offs: int = 0
+    data: int = 0
+    name: bytes = b""
+    use_count: int = 0
+    # not on the wire: ggml_nbytes once validated
+    nbytes: int = field(default=-1, compare=False)
+
+    @property
+    def name_str(self) -> str:
+        return self.name.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
+def encode_tensor(t: RpcTensor) -> bytes:
+    name = t.name if isinstance(t.name, bytes) else str(t.name).encode()
+    return TENSOR_STRUCT.pack(
+        t.id, t.type, t.buffer, *t.ne, *t.nb, t.op, *t.op_params, t.flags, *t.src,
+        t.view_src, t.view_offs, t.data, name[:63], t.use_count)
+
+
+def decode_tensor(buf, offset: int = 0) -> RpcTensor:
+    v = TENSOR_STRUCT.unpack_from(buf, offset)
+    return RpcTensor(v[0], v[1], v[2], v[3:7], v[7:11], v[11], v[12:28], v[28], v[29:39],
+                     v[39], v[40], v[41], v[42], v[43])
+
+
+def check_tensor_shape(t: RpcTensor) -> int:
+    """Validate type, block multiple and overflow; store and return ggml_nbytes."""
+    blck = ggml.blck_size(t.type)
+    if blck == 0:
+        raise ValidationError(f"invalid tensor type {t.type}")
+    if t.ne[0] % blck:
+        raise ValidationError(
+            f"ne[0]={t.ne[0]} is not a multiple of the block size {blck} of {ggml.type_name(t.type)}")
+    elems = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]
+    if elems > 0x7FFFFFFFFFFFFFFF:
+        raise ValidationError("tensor element count overflows")
+    n = ggml.nbytes(t.type, t.ne, t.nb)
+    if n >= 1 << 64:
+        raise ValidationError("tensor byte size overflows")
+    t.nbytes = n
+    return n
+
+
+def range_inside(data: int, size: int, base: int, buf_size: int) -> bool:
+    """data .. data + size lies inside [base, base + buf_size)."""
+    return data >= base and data - base <= buf_size and size <= buf_size - (data - base)
+
+
+def fnv1a(data, h: int = FNV_OFFSET) -> int:
+    mask = 0xFFFFFFFFFFFFFFFF
+    for b in bytes(data):
+        h = ((h ^ b) * FNV_PRIME) & mask
+    return h
+
+
+# Graph payload:
+# | device u32 | n_nodes u32 | node_ids u64[n_nodes] | n_tensors u32 | rpc_tensor[n_tensors] |
+def encode_graph(device: int, node_ids, tensors) -> bytes:
+    parts = [struct.pack("<II", device, len(node_ids)),
+             struct.pack(f"<{len(node_ids)}Q", *node_ids),
+             struct.pack("<I", len(tensors))]
+    parts.extend(encode_tensor(t) for t in tensors)
+    return b"".join(parts)
+
+
+def graph_layout(payload_size: int, head: bytes):
+    """From the first 8 bytes: (device, n_nodes) and check the size can hold the node ids."""
+    device, n_nodes = struct.unpack_from("<II", head)
+    if payload_size < 8 + 8 * n_nodes + 4:
+        raise ProtocolError(f"graph payload of {payload_size} bytes too short for {n_nodes} nodes")
+    return device, n_nodes
+
+
+def decode_graph(payload) -> tuple[int, list[int], list[RpcTensor]]:
+    """Decode a whole graph payload (trailing bytes are ignored, as llama.cpp does)."""
+    size = len(payload)
+    if size < 8:
+        raise ProtocolError("graph payload shorter than 8 bytes")
+    device, n_nodes = graph_layout(size, payload[:8])
+    nodes = list(struct.unpack_from(f"<{n_nodes}Q", payload, 8))
+    off = 8 + 8 * n_nodes
+    (n_tensors,) = struct.unpack_from("<I", payload, off)
+    off += 4
+    if size < off + n_tensors * TENSOR_SIZE:
+        raise ProtocolError(f"graph payload of {size} bytes too short for {n_tensors} tensors")
+    tensors = [decode_tensor(payload, off + i * TENSOR_SIZE) for i in range(n_tensors)]
+    return device, nodes, tensors
+
+
+class PurePythonCodec:
+    """The reference implementation of the codec functions the native module provides."""
+
+    name = "python"
+    decode_tensor = staticmethod(decode_tensor)
+    encode_tensor = staticmethod(encode_tensor)
+    check_tensor_shape = staticmethod(check_tensor_shape)
+    decode_graph = staticmethod(decode_graph)
+    range_inside = staticmethod(range_inside)
+    fnv1a = staticmethod(fnv1a)
+
+
+def native_codec():
+    from ._native import wire
+    return wire.NativeCodec()
+
+
+def codec(name: str | None = None):
+    """The codec to use: ``GGMLRPC_CODEC=python`` forces the pure-Python twin."""
+    name = name or os.environ.get("GGMLRPC_CODEC", "native")
+    if name == "python":
+        return PurePythonCodec()
+    try:
+        return native_codec()
+    except ImportError:
+        if name == "native" and os.environ.get("GGMLRPC_CODEC"):
+            raise
+        return PurePythonCodec()

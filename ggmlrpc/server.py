@@ -1,0 +1,573 @@
+"""The RPC server: sessions, command dispatch, validation and the local cache.
+
+One thread per connection; each connection (Session) owns its buffers and its
+stored graph per device, and everything it owns is freed when it ends. Any
+malformed or hostile request raises inside the session, which logs the reason
+and closes that connection only. Buffer handles and base addresses handed to
+clients are opaque numbers of ours; every address a client sends back is checked
+against the live buffers of its own connection.
+"""
+from __future__ import annotations
+
+import itertools
+import logging
+import mmap
+import os
+import socket
+import struct
+import sys
+import tempfile
+import threading
+from dataclasses import dataclass
+
+from . import ggml, protocol
+from .errors import (ConnectionLost, GgmlRpcError, ProtocolError, UnsupportedError,
+                     ValidationError)
+from .graph import build_graph
+from .protocol import (CONN_CAPS_SIZE, Cmd, CMD_COUNT, REQUEST_SIZE, SET_TENSOR_HEADER_SIZE,
+                       TENSOR_SIZE)
+from .transport import Conn, local_caps
+
+log = logging.getLogger("ggmlrpc.server")
+
+U8 = struct.Struct("<B")
+U32 = struct.Struct("<I")
+U64 = struct.Struct("<Q")
+U64x2 = struct.Struct("<QQ")
+SIZE_U64 = struct.Struct("<QQ")  # | size u64 | value u64 |
+OFF_SIZE = struct.Struct("<QQ")
+MAX_GRAPH_PAYLOAD = 1 << 30      # no real graph comes near 1 GiB of tensor records
+GRAPH_CHUNK = 16 << 20           # graph payloads grow only as their bytes arrive
+
+# Opaque address space handed to clients: each buffer gets a base that is a
+# multiple of 2 MiB, followed by a gap, so that neighbouring buffers never touch.
+BASE_START = 0x0000_1000_0000_0000
+BASE_GAP = 2 << 20
+
+
+def _round_up(n: int, m: int) -> int:
+    return (n + m - 1) // m * m
+
+
+@dataclass(eq=False)
+class ServerBuffer:
+    handle: int
+    base: int       # opaque base address (0 for an empty buffer)
+    size: int
+    device: int
+    mem: object     # devices.Buffer, None when size == 0
+
+    def view(self):
+        return self.mem.view()
+
+
+class StoredGraph:
+    __slots__ = ("graph", "plan")
+
+    def __init__(self, graph, plan):
+        self.graph = graph
+        self.plan = plan
+
+
+def cache_directory(env=os.environ) -> str:
+    """$LLAMA_CACHE/rpc, else $XDG_CACHE_HOME/llama.cpp/rpc, else $HOME/.cache/llama.cpp/rpc.
+    An empty variable counts as unset."""
+    if env.get("LLAMA_CACHE"):
+        return os.path.join(env["LLAMA_CACHE"], "rpc")
+    if env.get("XDG_CACHE_HOME"):
+        base = env["XDG_CACHE_HOME"]
+    else:
+        home = env.get("HOME") or os.path.expanduser("~")
+        base = os.path.join(home, ".cache")
+    return os.path.join(base, "llama.cpp", "rpc")
+
+
+class TensorCache:
+    """Files named by the FNV-1a hash of their content (16 lower-case hex digits).
+
+    Written atomically (a temporary file renamed into place), and a file whose
+    content does not hash to its name is never used.
+    """
+
+    def __init__(self, directory: str, codec):
+        self.dir = directory
+        self.codec = codec
+
+    def path(self, h: int) -> str:
+        return os.path.join(self.dir, f"{h:016x}")
+
+    def store(self, h: int, view) -> str:
+        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.dir)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(view)
+            os.replace(tmp, self.path(h))
+        except BaseException:
+            try:
+                os.unlink(tmp)
+            except OSError:
+                pass
+            raise
+        return self.path(h)
+
+    def load(self, h: int):
+        """A read-only mapping of the file for hash h, or None (missing or corrupt)."""
+        path = self.path(h)
+        try:
+            with open(path, "rb") as f:
+                size = os.fstat(f.fileno()).st_size
+                if size == 0:
+                    data = b""
+                else:
+                    data = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
+        except OSError:
+            return None
+        if self.codec.fnv1a(data) != h:
+            log.warning("cache file %s does not match its hash; ignoring it", path)
+            if isinstance(data, mmap.mmap):
+                data.close()
+            return None
+        return data
+
+
+class Server:
+    """Serves the given devices on host:port until close()."""
+
+    def __init__(self, devices, host: str = "127.0.0.1", port: int = 50052,
+                 cache_dir: str | None = None, codec=None, debug: bool | None = None,
+                 out=None):
+        if not devices:
+            raise ValueError("a server needs at least one device")
+        self.devices = list(devices)
+        self.host = host
+        self.port = port
+        self.codec = codec or protocol.codec()
+        self.native = self.codec.name == "native"
+        self.cache = TensorCache(cache_dir, self.codec) if cache_dir else None
+        self.debug = ("GGML_RPC_DEBUG" in os.environ) if debug is None else debug
+        self.out = out or sys.stdout
+        self._ids = itertools.count(1)
+        self._lock = threading.Lock()
+        self._sessions: set[Session] = set()
+        self._threads: set[threading.Thread] = set()
+        self._closing = threading.Event()
+        self.listener: socket.socket | None = None
+
+    # -- lifecycle ---------------------------------------------------------
+    def bind(self) -> None:
+        s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+        s.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        s.bind((self.host, self.port))
+        s.listen(16)
+        self.listener = s
+        self.port = s.getsockname()[1]
+
+    def serve_forever(self) -> None:
+        if self.listener is None:
+            self.bind()
+        while not self._closing.is_set():
+            try:
+                sock, _ = self.listener.accept()
+            except OSError:
+                if self._closing.is_set():
+                    break
+                raise
+            self.say("Accepted client connection")
+            t = threading.Thread(target=self._serve, args=(sock,), daemon=True,
+                                 name=f"rpc-client-{next(self._ids)}")
+            with self._lock:
+                self._threads.add(t)
+            t.start()
+
+    def start(self) -> threading.Thread:
+        """Bind and serve in a background thread (tests, embedding)."""
+        self.bind()
+        t = threading.Thread(target=self.serve_forever, daemon=True, name="rpc-accept")
+        t.start()
+        return t
+
+    def close(self, timeout: float = 5.0) -> None:
+        """Stop accepting, end every session and free what they hold."""
+        self._closing.set()
+        if self.listener is not None:
+            try:
+                self.listener.shutdown(socket.SHUT_RDWR)
+            except OSError:
+                pass
+            self.listener.close()
+        with self._lock:
+            sessions = list(self._sessions)
+            threads = list(self._threads)
+        for s in sessions:
+            s.conn.close()
+        for t in threads:
+            t.join(timeout)
+
+    def _serve(self, sock: socket.socket) -> None:
+        session = Session(self, sock)
+        with self._lock:
+            self._sessions.add(session)
+        try:
+            session.run()
+        finally:
+            session.release()
+            with self._lock:
+                self._sessions.discard(session)
+                self._threads.discard(threading.current_thread())
+            self.say("Client connection closed")
+
+    def say(self, line: str) -> None:
+        print(line, file=self.out, flush=True)
+
+    def dbg(self, fmt: str, *args) -> None:
+        if self.debug:
+            print(fmt % args, file=sys.stderr, flush=True)
+
+
+class Session:
+    """One client connection: its buffers, its stored graphs, its command loop."""
+
+    _handles = itertools.count(1)
+
+    def __init__(self, server: Server, sock: socket.socket):
+        self.server = server
+        self.codec = server.codec
+        self.devices = server.devices
+        self.conn = Conn(sock, native=server.native)
+        self.buffers: dict[int, ServerBuffer] = {}
+        self.graphs: dict[int, StoredGraph] = {}
+        self.next_base = BASE_START
+        try:
+            self.peer = "%s:%d" % sock.getpeername()[:2]
+        except OSError:
+            self.peer = "?"
+
+    # -- plumbing ----------------------------------------------------------
+    def run(self) -> None:
+        try:
+            self.hello()
+            while True:
+                head = self.conn.recv_exact(9)
+                cmd, size = protocol.HEADER.unpack(head)
+                self.dispatch(cmd, size)
+        except ConnectionLost as e:
+            if not self.server._closing.is_set():
+                self.server.dbg("[%s] %s", self.peer, e)
+        except GgmlRpcError as e:
+            log.error("closing connection from %s: %s", self.peer, e)
+        except Exception as e:  # never let one client take the server down
+            log.exception("closing connection from %s after an internal error: %r", self.peer, e)
+        finally:
+            self.conn.close()
+
+    def release(self) -> None:
+        self.graphs.clear()
+        for b in self.buffers.values():
+            if b.mem is not None:
+                b.mem.free()
+        self.buffers.clear()
+
+    def hello(self) -> None:
+        head = self.conn.recv_exact(9)
+        cmd, size = protocol.HEADER.unpack(head)
+        if cmd != Cmd.HELLO:
+            raise ProtocolError(f"expected HELLO first, got command {cmd}; the client needs an update")
+        if size != CONN_CAPS_SIZE:
+            raise ProtocolError(f"HELLO of {size} bytes (expected {CONN_CAPS_SIZE}): "
+                                f"the client needs protocol v{protocol.PROTO_MAJOR}.x")
+        client_caps = bytes(self.conn.recv_exact(CONN_CAPS_SIZE))
+        caps = local_caps(self.conn.sock)
+        self.server.dbg("[hello] version: %d.%d.%d", protocol.PROTO_MAJOR, protocol.PROTO_MINOR,
+                        protocol.PROTO_PATCH)
+        rsp = bytes([protocol.PROTO_MAJOR, protocol.PROTO_MINOR, protocol.PROTO_PATCH, 0]) + caps
+        self.conn.send(protocol.SIZE.pack(len(rsp)), rsp)
+        # The answer goes over TCP first; only then do the client's caps apply.
+        # With zero local caps there is nothing to activate: stay on TCP.
+        del client_caps
+
+    def reply(self, payload: bytes) -> None:
+        self.conn.send(protocol.SIZE.pack(len(payload)), payload)
+
+    def fixed(self, cmd: int, size: int) -> bytearray:
+        want = REQUEST_SIZE[cmd]
+        if size != want:
+            raise ProtocolError(f"{Cmd(cmd).name} payload of {size} bytes (expected {want})")
+        return self.conn.recv_exact(size)
+
+    def device_index(self, dev: int) -> int:
+        if dev >= len(self.devices):
+            raise ValidationError(f"device {dev} out of range ({len(self.devices)} devices)")
+        return dev
+
+    def buffer(self, handle: int) -> ServerBuffer:
+        b = self.buffers.get(handle)
+        if b is None:
+            raise ValidationError(f"unknown buffer {handle:#x}")
+        return b
+
+    def tensor(self, buf, off: int = 0, need_buffer: bool = True):
+        """Decode and validate one rpc_tensor; returns (tensor, buffer or None)."""
+        t = self.codec.decode_tensor(buf, off)
+        self.codec.check_tensor_shape(t)
+        if t.buffer == 0:
+            if need_buffer:
+                raise ValidationError(f"tensor {t.name_str!r} has no buffer")
+            return t, None
+        b = self.buffer(t.buffer)
+        if not self.codec.range_inside(t.data, t.nbytes, b.base, b.size):
+            raise ValidationError(
+                f"tensor {t.name_str!r} data {t.data:#x}+{t.nbytes} outside its buffer "
+                f"[{b.base:#x}, {b.base + b.size:#x})")
+        return t, b
+
+    def region(self, t, b: ServerBuffer, offset: int, size: int) -> int:
+        """Check [data + offset, + size) against the tensor and the buffer; returns the
+        byte offset into the buffer. data + offset at the buffer's end is rejected even
+        for size 0, as llama.cpp does."""
+        if offset > t.nbytes or size > t.nbytes - offset:
+            raise ValidationError(
+                f"region offset={offset} size={size} outside tensor {t.name_str!r} of {t.nbytes} bytes")
+        start = t.data + offset
+        if start < b.base or start - b.base >= b.size or size > b.size - (start - b.base):
+            raise ValidationError(f"region {start:#x}+{size} outside the buffer")
+        return start - b.base
+
+    def drop_graphs(self) -> None:
+        self.graphs.clear()
+
+    # -- dispatch ----------------------------------------------------------
+    def dispatch(self, cmd: int, size: int) -> None:
+        if cmd >= CMD_COUNT:
+            raise ProtocolError(f"unknown command {cmd}")
+        handler = _HANDLERS[cmd]
+        handler(self, size)
+
+    def cmd_hello(self, size):
+        raise ProtocolError("second HELLO on a connection")
+
+    def cmd_device_count(self, size):
+        self.fixed(Cmd.DEVICE_COUNT, size)
+        self.server.dbg("[device_count] %d", len(self.devices))
+        self.reply(U32.pack(len(self.devices)))
+
+    def cmd_alloc_buffer(self, size):
+        dev, req = struct.unpack("<IQ", self.fixed(Cmd.ALLOC_BUFFER, size))
+        self.device_index(dev)
+        mem = self.devices[dev].alloc_buffer(req) if req else None
+        if req and mem is None:
+            self.server.dbg("[alloc_buffer] device: %d, size: %d -> failed", dev, req)
+            self.reply(U64x2.pack(0, 0))
+            return
+        handle = (next(Session._handles) << 4) | 0x5250_4300_0000_0000
+        base = 0
+        if req:
+            base = self.next_base
+            self.next_base += _round_up(req, BASE_GAP) + BASE_GAP
+        self.buffers[handle] = ServerBuffer(handle, base, req, dev, mem)
+        self.server.dbg("[alloc_buffer] device: %d, size: %d -> remote_ptr: %x, remote_size: %d",
+                        dev, req, handle, req)
+        self.reply(U64x2.pack(handle, req))
+
+    def cmd_get_alignment(self, size):
+        (dev,) = U32.unpack(self.fixed(Cmd.GET_ALIGNMENT, size))
+        a = self.devices[self.device_index(dev)].alignment()
+        self.server.dbg("[get_alignment] device: %d, alignment: %d", dev, a)
+        self.reply(U64.pack(a))
+
+    def cmd_get_max_size(self, size):
+        (dev,) = U32.unpack(self.fixed(Cmd.GET_MAX_SIZE, size))
+        m = self.devices[self.device_index(dev)].max_size()
+        self.server.dbg("[get_max_size] device: %d, max_size: %d", dev, m)
+        self.reply(U64.pack(m))
+
+    def cmd_buffer_get_base(self, size):
+        (h,) = U64.unpack(self.fixed(Cmd.BUFFER_GET_BASE, size))
+        b = self.buffer(h)
+        self.server.dbg("[buffer_get_base] remote_ptr: %x -> %x", h, b.base)
+        self.reply(U64.pack(b.base))
+
+    def cmd_free_buffer(self, size):
+        (h,) = U64.unpack(self.fixed(Cmd.FREE_BUFFER, size))
+        b = self.buffer(h)
+        self.server.dbg("[free_buffer] remote_ptr: %x", h)
+        # stored graphs may point into this buffer; like llama.cpp, drop them all
+        self.drop_graphs()
+        del self.buffers[h]
+        if b.mem is not None:
+            b.mem.free()
+
+    def cmd_buffer_clear(self, size):
+        h, value = struct.unpack("<QB", self.fixed(Cmd.BUFFER_CLEAR, size))
+        b = self.buffer(h)
+        self.server.dbg("[buffer_clear] remote_ptr: %x, value: %d", h, value)
+        if b.mem is not None:
+            b.mem.fill(0, b.size, value)
+
+    def cmd_set_tensor(self, size):
+        if size < SET_TENSOR_HEADER_SIZE:
+            raise ProtocolError(f"SET_TENSOR payload of {size} bytes is shorter than its header")
+        head = self.conn.recv_exact(SET_TENSOR_HEADER_SIZE)
+        t, b = self.tensor(head)
+        cache_flag, offset = struct.unpack_from("<BQ", head, TENSOR_SIZE)
+        n = size - SET_TENSOR_HEADER_SIZE
+        at = self.region(t, b, offset, n)
+        self.server.dbg("[set_tensor] buffer: %x, data: %x, offset: %d, size: %d",
+                        b.handle, t.data, offset, n)
+        if n:
+            self.conn.recv_into_buffer(b.mem, at, n)
+        cache = self.server.cache
+        if cache is not None and cache_flag:
+            h = b.mem.fnv1a(at, n) if n else protocol.FNV_OFFSET
+            path = cache.store(h, b.view()[at:at + n] if n else b"")
+            log.info("[set_tensor] saved to '%s'", path)
+
+    def cmd_set_tensor_hash(self, size):
+        req = self.fixed(Cmd.SET_TENSOR_HASH, size)
+        t, b = self.tensor(req)
+        offset, h = OFF_SIZE.unpack_from(req, TENSOR_SIZE)
+        cache = self.server.cache
+        data = cache.load(h) if cache is not None else None
+        if data is None:
+            self.server.dbg("[set_tensor_hash] hash: %x -> not cached", h)
+            self.reply(b"\x00")
+            return
+        try:
+            n = len(data)
+            at = self.region(t, b, offset, n)
+            self.server.dbg("[set_tensor_hash] buffer: %x, data: %x, offset: %d, size: %d, hash: %x",
+                            b.handle, t.data, offset, n, h)
+            if n:
+                b.mem.write(at, data)
+        finally:
+            if isinstance(data, mmap.mmap):
+                data.close()
+        self.reply(b"\x01")
+
+    def cmd_get_tensor(self, size):
+        req = self.fixed(Cmd.GET_TENSOR, size)
+        t, b = self.tensor(req)
+        offset, n = OFF_SIZE.unpack_from(req, TENSOR_SIZE)
+        at = self.region(t, b, offset, n)
+        self.server.dbg("[get_tensor] buffer: %x, data: %x, offset: %d, size: %d",
+                        b.handle, t.data, offset, n)
+        header = protocol.SIZE.pack(n)
+        if n:
+            self.conn.send_from_buffer(header, b.mem, at, n)
+        else:
+            self.conn.send(header)
+
+    def cmd_memset_tensor(self, size):
+        req = self.fixed(Cmd.MEMSET_TENSOR, size)
+        t, b = self.tensor(req)
+        offset, n = OFF_SIZE.unpack_from(req, TENSOR_SIZE)
+        value = req[TENSOR_SIZE + 16]
+        at = self.region(t, b, offset, n)
+        self.server.dbg("[memset_tensor] buffer: %x, data: %x, offset: %d, size: %d, value: %d",
+                        b.handle, t.data, offset, n, value)
+        if n:
+            b.mem.fill(at, n, value)
+
+    def cmd_copy_tensor(self, size):
+        req = self.fixed(Cmd.COPY_TENSOR, size)
+        src, sb = self.tensor(req, 0)
+        dst, db = self.tensor(req, TENSOR_SIZE)
+        n = src.nbytes
+        if not self.codec.range_inside(dst.data, n, db.base, db.size):
+            raise ValidationError(
+                f"COPY_TENSOR of {n} bytes would write past the destination buffer")
+        self.server.dbg("[copy_tensor] src->buffer: %x, dst->buffer: %x", sb.handle, db.handle)
+        ok = True
+        if n:
+            ok = db.mem.copy_from(dst.data - db.base, sb.mem, src.data - sb.base, n)
+        self.reply(b"\x01" if ok else b"\x00")
+
+    def cmd_init_tensor(self, size):
+        req = self.fixed(Cmd.INIT_TENSOR, size)
+        t, b = self.tensor(req, need_buffer=False)
+        self.server.dbg("[init_tensor] buffer: %x, data: %x", b.handle if b else 0, t.data)
+        if b is None:
+            log.warning("INIT_TENSOR for tensor %r without a buffer", t.name_str)
+            return
+        self.devices[b.device].init_tensor(b.mem, t)
+
+    def cmd_get_alloc_size(self, size):
+        req = self.fixed(Cmd.GET_ALLOC_SIZE, size)
+        (dev,) = U32.unpack_from(req, 0)
+        self.device_index(dev)
+        t, b = self.tensor(req, 4, need_buffer=False)
+        for i in range(protocol.MAX_SRC):
+            off = 4 + TENSOR_SIZE * (1 + i)
+            if U64.unpack_from(req, off)[0]:
+                self.tensor(req, off, need_buffer=False)
+        device = self.devices[b.device if b is not None else dev]
+        n = device.alloc_size(t, t.nbytes)
+        self.server.dbg("[get_alloc_size] device: %d, buffer: %x, data: %x -> %d",
+                        dev, b.handle if b else 0, t.data, n)
+        self.reply(U64.pack(n))
+
+    def cmd_get_device_memory(self, size):
+        (dev,) = U32.unpack(self.fixed(Cmd.GET_DEVICE_MEMORY, size))
+        free, total = self.devices[self.device_index(dev)].memory()
+        self.server.dbg("[get_device_memory] device: %d, free_mem: %d, total_mem: %d", dev, free, total)
+        self.reply(U64x2.pack(free, total))
+
+    def cmd_graph_compute(self, size):
+        if size < 8:
+            raise ProtocolError(f"GRAPH_COMPUTE payload of {size} bytes")
+        if size > MAX_GRAPH_PAYLOAD:
+            raise ProtocolError(f"GRAPH_COMPUTE payload of {size} bytes exceeds the limit")
+        payload = self.recv_growing(size)
+        device, node_ids, tensors = self.codec.decode_graph(payload)
+        self.device_index(device)
+        self.server.dbg("[graph_compute] device: %d, n_nodes: %d, n_tensors: %d",
+                        device, len(node_ids), len(tensors))
+        graph = build_graph(self, device, node_ids, tensors)
+        executor = self.devices[device].executor()
+        self.graphs.pop(device, None)
+        plan = executor.compile(graph)
+        executor.run(plan)
+        self.graphs[device] = StoredGraph(graph, plan)
+
+    def cmd_graph_recompute(self, size):
+        (dev,) = U32.unpack(self.fixed(Cmd.GRAPH_RECOMPUTE, size))
+        self.device_index(dev)
+        stored = self.graphs.get(dev)
+        if stored is None:
+            raise ValidationError(f"GRAPH_RECOMPUTE on device {dev} without a stored graph")
+        self.server.dbg("[graph_recompute] device: %d", dev)
+        self.devices[dev].executor().run(stored.plan)
+
+    def recv_growing(self, size: int) -> bytearray:
+        """Read a variable payload in chunks, so memory grows only as bytes arrive."""
+        if size <= GRAPH_CHUNK:
+            return self.conn.recv_exact(size)
+        out = bytearray()
+        left = size
+        while left:
+            chunk = self.conn.recv_exact(min(left, GRAPH_CHUNK))
+            out += chunk
+            left -= len(chunk)
+        return out
+
+
+_HANDLERS = {
+    Cmd.ALLOC_BUFFER: Session.cmd_alloc_buffer,
+    Cmd.GET_ALIGNMENT: Session.cmd_get_alignment,
+    Cmd.GET_MAX_SIZE: Session.cmd_get_max_size,
+    Cmd.BUFFER_GET_BASE: Session.cmd_buffer_get_base,
+    Cmd.FREE_BUFFER: Session.cmd_free_buffer,
+    Cmd.BUFFER_CLEAR: Session.cmd_buffer_clear,
+    Cmd.SET_TENSOR: Session.cmd_set_tensor,
+    Cmd.SET_TENSOR_HASH: Session.cmd_set_tensor_hash,
+    Cmd.GET_TENSOR: Session.cmd_get_tensor,
+    Cmd.COPY_TENSOR: Session.cmd_copy_tensor,
+    Cmd.GRAPH_COMPUTE: Session.cmd_graph_compute,
+    Cmd.GET_DEVICE_MEMORY: Session.cmd_get_device_memory,
+    Cmd.INIT_TENSOR: Session.cmd_init_tensor,
+    Cmd.GET_ALLOC_SIZE: Session.cmd_get_alloc_size,
+    Cmd.HELLO: Session.cmd_hello,
+    Cmd.DEVICE_COUNT: Session.cmd_device_count,
+    Cmd.GRAPH_RECOMPUTE: Session.cmd_graph_recompute,
+    Cmd.MEMSET_TENSOR: Session.cmd_memset_tensor,
+}
+assert len(_HANDLERS) == CMD_COUNT

@@ -1,0 +1,189 @@
+"""Moving bytes: framed reads and writes on a TCP socket, HELLO caps, RDMA probe.
+
+``Conn`` wraps a connected socket. Its native flavour runs the recv/send loops in
+C with the GIL released; the pure-Python flavour uses socket.recv_into/sendall
+and exists so that the same tests prove both.
+"""
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import socket
+
+from .errors import ConnectionLost, RpcTimeout
+from .protocol import CONN_CAPS_SIZE
+
+log = logging.getLogger("ggmlrpc.transport")
+
+ZERO_CAPS = bytes(CONN_CAPS_SIZE)
+
+try:
+    from ._native import wire as _wire
+except ImportError:  # pragma: no cover - only without the built extension
+    _wire = None
+
+
+def _ms(timeout: float | None) -> int:
+    return -1 if timeout is None else max(0, int(timeout * 1000))
+
+
+class Conn:
+    """A connected TCP socket with exact-length reads. Timeouts in seconds or None."""
+
+    def __init__(self, sock: socket.socket, timeout: float | None = None, native: bool | None = None):
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.timeout = timeout
+        self.native = (_wire is not None) if native is None else (native and _wire is not None)
+        sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        sock.settimeout(None)  # blocking fd: the native loops poll for timeouts
+
+    # -- reading -----------------------------------------------------------
+    def recv_exact(self, n: int) -> bytearray:
+        if self.native:
+            return _wire.recv_exact(self.fd, n, _ms(self.timeout))
+        buf = bytearray(n)
+        self._py_recv_into(memoryview(buf))
+        return buf
+
+    def recv_into(self, buf) -> None:
+        """Fill a writable buffer completely."""
+        if self.native:
+            _wire.recv_into(self.fd, buf, _ms(self.timeout))
+        else:
+            self._py_recv_into(memoryview(buf).cast("B"))
+
+    def recv_into_buffer(self, buffer, offset: int, n: int) -> None:
+        """Receive n bytes straight into a device buffer at offset (no staging copy)."""
+        if self.native:
+            buffer.recv_into(self.fd, offset, n, _ms(self.timeout))
+        else:
+            view = buffer.view()[offset:offset + n]
+            self._py_recv_into(view)
+
+    def discard(self, n: int) -> None:
+        if self.native:
+            _wire.discard(self.fd, n, _ms(self.timeout))
+            return
+        scratch = memoryview(bytearray(min(n, 1 << 16) or 1))
+        while n:
+            k = min(n, len(scratch))
+            self._py_recv_into(scratch[:k])
+            n -= k
+
+    def _py_recv_into(self, view: memoryview) -> None:
+        self.sock.settimeout(self.timeout)
+        try:
+            while len(view):
+                k = self.sock.recv_into(view)
+                if k == 0:
+                    raise ConnectionLost("connection closed by peer")
+                view = view[k:]
+        except socket.timeout as e:
+            raise RpcTimeout("recv timed out") from e
+        except OSError as e:
+            if isinstance(e, ConnectionLost):
+                raise
+            raise ConnectionLost(f"recv failed: {e}") from e
+        finally:
+            self.sock.settimeout(None)
+
+    # -- writing -----------------------------------------------------------
+    def send(self, *parts) -> None:
+        """Send byte strings back to back (one writev for two parts)."""
+        if self.native:
+            if len(parts) == 2:
+                _wire.send2(self.fd, parts[0], parts[1], _ms(self.timeout))
+            else:
+                for p in parts:
+                    _wire.send_all(self.fd, p, _ms(self.timeout))
+            return
+        self.sock.settimeout(self.timeout)
+        try:
+            for p in parts:
+                self.sock.sendall(p)
+        except socket.timeout as e:
+            raise RpcTimeout("send timed out") from e
+        except OSError as e:
+            raise ConnectionLost(f"send failed: {e}") from e
+        finally:
+            self.sock.settimeout(None)
+
+    def send_from_buffer(self, header: bytes, buffer, offset: int, n: int) -> None:
+        """Send header then n bytes of a device buffer, from the buffer's memory."""
+        if self.native:
+            buffer.send_from(self.fd, header, offset, n, _ms(self.timeout))
+        else:
+            self.sock.settimeout(self.timeout)
+            try:
+                self.sock.sendall(header)
+                self.sock.sendall(buffer.view()[offset:offset + n])
+            except OSError as e:
+                raise ConnectionLost(f"send failed: {e}") from e
+            finally:
+                self.sock.settimeout(None)
+
+    def close(self) -> None:
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+        self.sock.close()
+
+
+# -- RDMA negotiation -------------------------------------------------------------
+
+def rdma_disabled() -> bool:
+    """GGML_RPC_NO_RDMA set to anything (even empty or 0) forces TCP."""
+    return "GGML_RPC_NO_RDMA" in os.environ
+
+
+def target_gid(sock: socket.socket) -> bytes | None:
+    """The RoCE GID a device must carry to serve this socket's local address:
+    ::ffff:a.b.c.d for IPv4, the address itself for IPv6."""
+    try:
+        addr = sock.getsockname()[0]
+    except OSError:
+        return None
+    ip = ipaddress.ip_address(addr.split("%", 1)[0])
+    if ip.version == 4:
+        return bytes(10) + b"\xff\xff" + ip.packed
+    return ip.packed
+
+
+def rdma_probe(sock: socket.socket) -> bytes | None:
+    """Local RDMA caps (qpn u32 | psn u32 | gid[16]) when an RDMA path exists, else None.
+
+    A path exists when pyverbs is installed and a verbs device has a GID equal to
+    this socket's address. ggmlrpc does not carry tensor traffic over RDMA yet, so
+    even then it advertises zero caps and stays on TCP: advertising caps it cannot
+    honour would make an RDMA-capable llama.cpp peer switch transports alone.
+    """
+    if rdma_disabled():
+        return None
+    gid = target_gid(sock)
+    if gid is None:
+        return None
+    try:
+        import pyverbs.device as vd  # optional
+    except ImportError:
+        log.debug("RDMA: pyverbs not installed, staying on TCP")
+        return None
+    try:
+        for dev in vd.get_device_list():
+            with vd.Context(name=dev.name.decode()) as ctx:
+                port = ctx.query_port(1)
+                for i in range(port.gid_tbl_len):
+                    if ctx.query_gid(1, i).gid_bytes() == gid:  # pragma: no cover - needs RoCE
+                        log.debug("RDMA: %s carries the socket's GID, but the RDMA data path "
+                                  "is not implemented; staying on TCP", dev.name)
+                        return None
+    except Exception as e:  # pragma: no cover - needs verbs hardware
+        log.debug("RDMA probe failed: %s", e)
+    return None
+
+
+def local_caps(sock: socket.socket) -> bytes:
+    """The conn_caps this peer advertises in HELLO."""
+    return rdma_probe(sock) or ZERO_CAPS

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Build the reference llama.cpp peer (ggml-rpc-server, llama-completion, llama-bench,
+# llama-simple, llama-quantize) from the PyPI sdist llama-cpp-python==0.3.36 into a
+# cache directory outside the repository. Idempotent: a finished build is reused.
+#
+#   scripts/build-reference.sh            # builds (once) and prints the bin directory
+#
+# GGMLRPC_REFERENCE_DIR overrides the cache location
+# (default: ${XDG_CACHE_HOME:-$HOME/.cache}/ggmlrpc/reference-0.3.36).
+set -euo pipefail
+
+version=0.3.36
+root=${GGMLRPC_REFERENCE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ggmlrpc/reference-$version}
+bin=$root/build/bin
+targets=(ggml-rpc-server llama-completion llama-bench llama-simple llama-quantize)
+
+have_all() {
+    for t in "${targets[@]}"; do [ -x "$bin/$t" ] || return 1; done
+    [ -f "$root/.complete" ]
+}
+
+if have_all; then
+    echo "$bin"
+    exit 0
+fi
+
+mkdir -p "$root"
+exec 9>"$root/.lock"
+flock 9
+if have_all; then echo "$bin"; exit 0; fi
+
+if [ ! -d "$root/src/vendor/llama.cpp" ]; then
+    tmp=$(mktemp -d)
+    python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python \
+        "llama-cpp-python==$version" -d "$tmp" >&2
+    rm -rf "$root/src"
+    mkdir -p "$root/src"
+    tar -xzf "$tmp"/llama_cpp_python-$version.tar.gz -C "$root/src" --strip-components=1
+    rm -rf "$tmp"
+fi
+
+jobs=${GGMLRPC_BUILD_JOBS:-$(nproc)}
+cmake -S "$root/src/vendor/llama.cpp" -B "$root/build" -G Ninja \
+    -DCMAKE_BUILD_TYPE=Release \
+    -DGGML_RPC=ON \
+    -DGGML_NATIVE=ON \
+    -DBUILD_SHARED_LIBS=OFF \
+    -DLLAMA_CURL=OFF \
+    -DLLAMA_OPENSSL=OFF \
+    -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_SERVER=OFF >&2
+cmake --build "$root/build" -j "$jobs" --target "${targets[@]}" >&2
+touch "$root/.complete"
+have_all
+echo "$bin"
