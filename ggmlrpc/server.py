@@ -203,6 +203,14 @@ class Server:
         for t in threads:
             t.join(timeout)
 
+    def stats(self) -> dict:
+        """Live sessions, buffers and buffer bytes (tests and monitoring)."""
+        with self._lock:
+            sessions = list(self._sessions)
+        bufs = [b for s in sessions for b in list(s.buffers.values())]
+        return {"sessions": len(sessions), "buffers": len(bufs),
+                "buffer_bytes": sum(b.size for b in bufs)}
+
     def _serve(self, sock: socket.socket) -> None:
         session = Session(self, sock)
         with self._lock:
