@@ -152,6 +152,21 @@ def target_gid(sock: socket.socket) -> bytes | None:
     return ip.packed
 
 
+_PYVERBS: list = []
+
+
+def _pyverbs():
+    """pyverbs.device, or None when it is not installed (looked up once)."""
+    if not _PYVERBS:
+        try:
+            import pyverbs.device as vd  # optional
+        except ImportError:
+            log.debug("RDMA: pyverbs not installed, staying on TCP")
+            vd = None
+        _PYVERBS.append(vd)
+    return _PYVERBS[0]
+
+
 def rdma_probe(sock: socket.socket) -> bytes | None:
     """Local RDMA caps (qpn u32 | psn u32 | gid[16]) when an RDMA path exists, else None.
 
@@ -165,10 +180,8 @@ def rdma_probe(sock: socket.socket) -> bytes | None:
     gid = target_gid(sock)
     if gid is None:
         return None
-    try:
-        import pyverbs.device as vd  # optional
-    except ImportError:
-        log.debug("RDMA: pyverbs not installed, staying on TCP")
+    vd = _pyverbs()
+    if vd is None:
         return None
     try:
         for dev in vd.get_device_list():
