@@ -18,6 +18,61 @@ cdef extern from "rpc.h" nogil:
         char name[64]
         int32_t use_count
 
+    # Request/response layouts, declared so that struct_sizes() can report them.
+    ctypedef struct rpc_msg_header:
+        uint8_t cmd
+        uint64_t size
+    ctypedef struct rpc_msg_hello_req:
+        uint8_t conn_caps[24]
+    ctypedef struct rpc_msg_hello_rsp:
+        uint8_t major
+        uint8_t minor
+        uint8_t patch
+        uint8_t pad
+        uint8_t conn_caps[24]
+    ctypedef struct rpc_msg_alloc_buffer_req:
+        uint32_t device
+        uint64_t size
+    ctypedef struct rpc_msg_alloc_buffer_rsp:
+        uint64_t remote_ptr
+        uint64_t remote_size
+    ctypedef struct rpc_msg_device_req:
+        uint32_t device
+    ctypedef struct rpc_msg_u64_rsp:
+        uint64_t value
+    ctypedef struct rpc_msg_buffer_req:
+        uint64_t remote_ptr
+    ctypedef struct rpc_msg_buffer_clear_req:
+        uint64_t remote_ptr
+        uint8_t value
+    ctypedef struct rpc_msg_set_tensor_hdr:
+        rpc_tensor tensor
+        uint8_t cache_flag
+        uint64_t offset
+    ctypedef struct rpc_msg_set_tensor_hash_req:
+        rpc_tensor tensor
+        uint64_t offset
+        uint64_t hash
+    ctypedef struct rpc_msg_get_tensor_req:
+        rpc_tensor tensor
+        uint64_t offset
+        uint64_t size
+    ctypedef struct rpc_msg_copy_tensor_req:
+        rpc_tensor src
+        rpc_tensor dst
+    ctypedef struct rpc_msg_get_device_memory_rsp:
+        uint64_t free_mem
+        uint64_t total_mem
+    ctypedef struct rpc_msg_get_alloc_size_req:
+        uint32_t device
+        rpc_tensor tensor
+        rpc_tensor srcs[10]
+    ctypedef struct rpc_msg_memset_tensor_req:
+        rpc_tensor tensor
+        uint64_t offset
+        uint64_t size
+        uint8_t value
+
     enum:
         GR_OK
         GR_ERR_TYPE

@@ -326,4 +326,22 @@ def type_size(uint32_t t):
 
 def struct_sizes():
     """Sizes of the C wire structs, for the tests that pin them from Python."""
-    return {"rpc_tensor": sizeof(rpc_tensor)}
+    return {
+        "rpc_tensor": sizeof(rpc_tensor),
+        "rpc_msg_header": sizeof(rpc_msg_header),
+        "rpc_msg_hello_req": sizeof(rpc_msg_hello_req),
+        "rpc_msg_hello_rsp": sizeof(rpc_msg_hello_rsp),
+        "rpc_msg_alloc_buffer_req": sizeof(rpc_msg_alloc_buffer_req),
+        "rpc_msg_alloc_buffer_rsp": sizeof(rpc_msg_alloc_buffer_rsp),
+        "rpc_msg_device_req": sizeof(rpc_msg_device_req),
+        "rpc_msg_u64_rsp": sizeof(rpc_msg_u64_rsp),
+        "rpc_msg_buffer_req": sizeof(rpc_msg_buffer_req),
+        "rpc_msg_buffer_clear_req": sizeof(rpc_msg_buffer_clear_req),
+        "rpc_msg_set_tensor_hdr": sizeof(rpc_msg_set_tensor_hdr),
+        "rpc_msg_set_tensor_hash_req": sizeof(rpc_msg_set_tensor_hash_req),
+        "rpc_msg_get_tensor_req": sizeof(rpc_msg_get_tensor_req),
+        "rpc_msg_copy_tensor_req": sizeof(rpc_msg_copy_tensor_req),
+        "rpc_msg_get_device_memory_rsp": sizeof(rpc_msg_get_device_memory_rsp),
+        "rpc_msg_get_alloc_size_req": sizeof(rpc_msg_get_alloc_size_req),
+        "rpc_msg_memset_tensor_req": sizeof(rpc_msg_memset_tensor_req),
+    }
