@@ -1,0 +1,158 @@
+"""Prompt processing and generation speed through our server vs llama.cpp's.
+
+Runs the reference `llama-bench -ngl 99 --rpc` against the reference
+`ggml-rpc-server` and against ours, same server threads, same model, alternating,
+and prints pp/tg tokens per second and the ratio ours/reference (table + JSON).
+The model is a generated llama (default 12 layers, width 1024, ff 2816, ~140M
+parameters) quantized by llama-quantize, cached beside the reference build.
+
+    python bench/llama_bench.py --types Q8_0 Q4_0 --threads 2 --rounds 3
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import socket
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from ggmlrpc.llm.synth import LlamaShape, quantize, write_llama  # noqa: E402
+
+
+def reference_bin() -> Path:
+    out = subprocess.run(["bash", str(REPO / "scripts" / "build-reference.sh")], check=True,
+                         capture_output=True, text=True).stdout
+    return Path(out.strip().splitlines()[-1])
+
+
+def model(ref: Path, qtype: str, shape: LlamaShape) -> Path:
+    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ggmlrpc" / "models"
+    cache.mkdir(parents=True, exist_ok=True)
+    tag = f"llama-{shape.n_layer}x{shape.n_embd}-ff{shape.n_ff}"
+    dst = cache / f"{tag}-{qtype.lower()}.gguf"
+    if not dst.exists():
+        src = cache / f"{tag}-f16.gguf"
+        if not src.exists():
+            write_llama(src.with_suffix(".tmp"), shape, "f16")
+            src.with_suffix(".tmp").rename(src)
+        if qtype.upper() == "F16":
+            return src
+        quantize(ref / "llama-quantize", src, dst.with_suffix(".tmp"), qtype)
+        dst.with_suffix(".tmp").rename(dst)
+    return dst
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def wait_listening(port: int, proc, timeout=30.0):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if proc.poll() is not None:
+            raise RuntimeError("server exited early")
+        with open("/proc/net/tcp") as f:
+            if any(l.split()[3] == "0A" and int(l.split()[1].split(":")[1], 16) == port
+                   for l in f.readlines()[1:]):
+                return
+        time.sleep(0.05)
+    raise TimeoutError("server did not listen")
+
+
+def run_once(ref: Path, server_argv: list[str], m: Path, args) -> dict:
+    port = free_port()
+    srv = subprocess.Popen(server_argv + ["-p", str(port), "-t", str(args.threads)],
+                           stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    try:
+        wait_listening(port, srv)
+        cmd = [str(ref / "llama-bench"), "-m", str(m), "-ngl", "99", "--rpc", f"127.0.0.1:{port}",
+               "-t", str(args.threads), "-p", str(args.pp), "-n", str(args.tg), "-r", str(args.reps),
+               "-o", "json"]
+        r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+        if r.returncode != 0:
+            lines = r.stderr.strip().splitlines()
+            errs = [l for l in lines if "error" in l.lower() or "abort" in l.lower()]
+            return {"error": (errs or lines or ["failed"])[0][:200]}
+        res = {}
+        for row in json.loads(r.stdout):
+            key = "pp" if row["n_prompt"] else "tg"
+            res[key] = row["avg_ts"]
+        return res
+    except subprocess.TimeoutExpired:
+        return {"error": "timeout"}
+    finally:
+        srv.terminate()
+        try:
+            srv.wait(10)
+        except subprocess.TimeoutExpired:
+            srv.kill()
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", nargs="+", default=["Q8_0", "Q4_0"])
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pp", type=int, default=64)
+    ap.add_argument("--tg", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=2, help="llama-bench -r")
+    ap.add_argument("--rounds", type=int, default=2, help="alternating rounds per server")
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--embd", type=int, default=1024)
+    ap.add_argument("--ff", type=int, default=2816)
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+
+    ref = reference_bin()
+    ours = shutil.which("ggml-rpc-server")
+    ours_argv = [ours] if ours and Path(ours).resolve() != (ref / "ggml-rpc-server").resolve() \
+        else [sys.executable, "-m", "ggmlrpc.cli.server"]
+    servers = {"reference": [str(ref / "ggml-rpc-server")], "ours": ours_argv}
+    shape = LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64,
+                       n_head_kv=args.embd // 64)
+    results = []
+    for qtype in args.types:
+        m = model(ref, qtype, shape)
+        runs = {name: [] for name in servers}
+        for _ in range(args.rounds):
+            for name, argv_ in servers.items():
+                runs[name].append(run_once(ref, argv_, m, args))
+        row = {"type": qtype, "model": m.name, "threads": args.threads}
+        for name, rs in runs.items():
+            ok = [r for r in rs if "error" not in r]
+            for k in ("pp", "tg"):
+                row[f"{name}_{k}"] = statistics.median(r[k] for r in ok) if ok else None
+            if not ok:
+                row[f"{name}_error"] = rs[-1]["error"]
+        for k in ("pp", "tg"):
+            o, r = row.get(f"ours_{k}"), row.get(f"reference_{k}")
+            row[f"ratio_{k}"] = (o / r) if o and r else None
+        results.append(row)
+
+    print(f"{'type':6} {'ref pp' + str(args.pp):>11} {'ours pp':>9} {'ratio':>6}  "
+          f"{'ref tg' + str(args.tg):>10} {'ours tg':>9} {'ratio':>6}")
+    fmt = lambda v, w, p=1: f"{v:{w}.{p}f}" if isinstance(v, float) else f"{'-':>{w}}"
+    for r in results:
+        print(f"{r['type']:6} {fmt(r['reference_pp'], 11)} {fmt(r['ours_pp'], 9)} "
+              f"{fmt(r['ratio_pp'], 6, 2)}  {fmt(r['reference_tg'], 10)} {fmt(r['ours_tg'], 9)} "
+              f"{fmt(r['ratio_tg'], 6, 2)}")
+        if r.get("ours_error"):
+            print(f"  ours failed: {r['ours_error']}")
+    print(json.dumps(results, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=2))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,1 @@
+"""GGUF models: loading, synthesis of test models, placement over devices."""
