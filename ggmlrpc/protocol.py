@@ -140,7 +140,7 @@ def encode_tensor(t: RpcTensor) -> bytes:
 def decode_tensor(buf, offset: int = 0) -> RpcTensor:
     v = TENSOR_STRUCT.unpack_from(buf, offset)
     return RpcTensor(v[0], v[1], v[2], v[3:7], v[7:11], v[11], v[12:28], v[28], v[29:39],
-                     v[39], v[40], v[41], v[42], v[43])
+                     v[39], v[40], v[41], v[42].split(b"\0", 1)[0], v[43])
 
 
 def check_tensor_shape(t: RpcTensor) -> int:
