@@ -124,6 +124,14 @@ def serialize_graph(device: int, nodes: Sequence[Tensor]) -> bytes:
                                  [t.to_rpc(uses.get(t.id, 0)) for t in tensors])
 
 
+def _closed_by_server(e: ConnectionLost) -> bool:
+    """An orderly close, or a reset: a server that closes with our next request still
+    unread in its socket makes the kernel answer RST (ECONNRESET, then EPIPE)."""
+    msg = str(e)
+    return any(s in msg for s in ("closed by peer", "reset by peer", "Broken pipe")) or \
+        isinstance(e.__cause__, (ConnectionResetError, BrokenPipeError))
+
+
 class RemoteBuffer:
     """A buffer on the server: handle (remote_ptr), size and base address."""
 
@@ -219,8 +227,11 @@ class RemoteBackend:
                 self.conn.send(head, payload[0])
             else:
                 self.conn.send(head, *payload) if payload else self.conn.send(head)
-        except ConnectionLost:
+        except ConnectionLost as e:
             self.close()
+            if _closed_by_server(e):
+                raise ServerClosed(f"{self.endpoint} had closed the connection before "
+                                   f"{Cmd(cmd).name}") from e
             raise
 
     def _recv_rsp(self, cmd: int, size: int | None = None, into=None):
@@ -235,7 +246,7 @@ class RemoteBackend:
             return self.conn.recv_exact(n)
         except ConnectionLost as e:
             self.close()
-            if "closed by peer" in str(e):
+            if _closed_by_server(e):
                 raise ServerClosed(f"{self.endpoint} closed the connection after "
                                    f"{Cmd(cmd).name} (it rejects bad requests so)") from e
             raise
@@ -290,20 +301,27 @@ class RemoteBackend:
         self._post(Cmd.BUFFER_CLEAR, struct.pack("<QB", h, value))
 
     # -- tensors -------------------------------------------------------------
-    def set_tensor(self, tensor: Tensor, data, offset: int = 0, weights: bool = False) -> None:
+    def set_tensor(self, tensor: Tensor, data, offset: int = 0, weights: bool = False) -> bool:
         """Write bytes into a tensor. With weights=True, writes above 10 MiB go hash
-        first: SET_TENSOR_HASH, and the bytes only if the server has no cached copy."""
+        first: SET_TENSOR_HASH, and the bytes only if the server has no cached copy.
+        True when the server's cache supplied the bytes (nothing else was sent)."""
         mv = memoryview(data).cast("B") if not isinstance(data, np.ndarray) else \
             memoryview(np.ascontiguousarray(data)).cast("B")
         rt = protocol.encode_tensor(tensor.to_rpc())
         cache_flag = 0
         with self._lock:
             if weights and len(mv) > protocol.HASH_THRESHOLD:
-                h = protocol.codec().fnv1a(mv)
-                if self._call(Cmd.SET_TENSOR_HASH, rt + struct.pack("<QQ", offset, h))[0]:
-                    return
+                if self.set_tensor_hash(tensor, protocol.codec().fnv1a(mv), offset):
+                    return True
                 cache_flag = 1
             self._send(Cmd.SET_TENSOR, rt + struct.pack("<BQ", cache_flag, offset), mv)
+        return False
+
+    def set_tensor_hash(self, tensor: Tensor, hash: int, offset: int = 0) -> bool:
+        """Ask the server to fill the tensor from its cache file for `hash` (FNV-1a
+        of the bytes); True when it had the file and wrote it."""
+        req = protocol.encode_tensor(tensor.to_rpc()) + struct.pack("<QQ", offset, hash)
+        return bool(self._call(Cmd.SET_TENSOR_HASH, req)[0])
 
     def get_tensor(self, tensor: Tensor, offset: int = 0, size: int | None = None,
                    out=None):
