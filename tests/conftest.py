@@ -7,6 +7,7 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 
@@ -79,12 +80,25 @@ def endpoint(server):
 
 
 class Proc:
+    """A server process. Its stdout and stderr are drained as they come (a chatty
+    server, GGML_RPC_DEBUG on, would otherwise block on a full pipe)."""
+
     def __init__(self, argv, port, env=None):
         self.port = port
         self.endpoint = f"127.0.0.1:{port}"
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                     text=True, env=env)
+                                     text=True, errors="replace", env=env)
+        self._out: list[str] = []
+        self._err: list[str] = []
+        self._readers = [threading.Thread(target=lambda f=f, acc=acc: acc.extend(f), daemon=True)
+                         for f, acc in ((self.proc.stdout, self._out), (self.proc.stderr, self._err))]
+        for t in self._readers:
+            t.start()
         wait_port(port, self.proc)
+
+    def output(self) -> tuple[str, str]:
+        """(stdout, stderr) read so far, while the process runs."""
+        return "".join(self._out), "".join(self._err)
 
     def stop(self):
         if self.proc.poll() is None:
@@ -94,8 +108,9 @@ class Proc:
             except subprocess.TimeoutExpired:
                 self.proc.kill()
                 self.proc.wait()
-        out, err = self.proc.communicate()
-        return out, err
+        for t in self._readers:
+            t.join(10)
+        return self.output()
 
 
 def our_server_argv(*args):
