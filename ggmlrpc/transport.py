@@ -73,8 +73,8 @@ class Conn:
             n -= k
 
     def _py_recv_into(self, view: memoryview) -> None:
-        self.sock.settimeout(self.timeout)
         try:
+            self.sock.settimeout(self.timeout)
             while len(view):
                 k = self.sock.recv_into(view)
                 if k == 0:
@@ -87,7 +87,15 @@ class Conn:
                 raise
             raise ConnectionLost(f"recv failed: {e}") from e
         finally:
+            self._untimed()
+
+    def _untimed(self) -> None:
+        """Back to a blocking fd. Another thread may have closed the socket meanwhile
+        (Server.close ends sessions so): the recv/send error stands, not EBADF here."""
+        try:
             self.sock.settimeout(None)
+        except OSError:
+            pass
 
     # -- writing -----------------------------------------------------------
     def send(self, *parts) -> None:
@@ -99,8 +107,8 @@ class Conn:
                 for p in parts:
                     _wire.send_all(self.fd, p, _ms(self.timeout))
             return
-        self.sock.settimeout(self.timeout)
         try:
+            self.sock.settimeout(self.timeout)
             for p in parts:
                 self.sock.sendall(p)
         except socket.timeout as e:
@@ -108,21 +116,21 @@ class Conn:
         except OSError as e:
             raise ConnectionLost(f"send failed: {e}") from e
         finally:
-            self.sock.settimeout(None)
+            self._untimed()
 
     def send_from_buffer(self, header: bytes, buffer, offset: int, n: int) -> None:
         """Send header then n bytes of a device buffer, from the buffer's memory."""
         if self.native:
             buffer.send_from(self.fd, header, offset, n, _ms(self.timeout))
         else:
-            self.sock.settimeout(self.timeout)
             try:
+                self.sock.settimeout(self.timeout)
                 self.sock.sendall(header)
                 self.sock.sendall(buffer.view()[offset:offset + n])
             except OSError as e:
                 raise ConnectionLost(f"send failed: {e}") from e
             finally:
-                self.sock.settimeout(None)
+                self._untimed()
 
     def close(self) -> None:
         try:
