@@ -27,6 +27,14 @@ HELLO_ANSWER = struct.pack("<Q", 28) + bytes([7, 0, 0, 0]) + bytes(24)
 DEVICE_COUNT_ANSWER = struct.pack("<QI", 4, 1)  # one device
 
 
+def u32(v: int) -> bytes:
+    return struct.pack("<I", v)
+
+
+def u64(v: int) -> bytes:
+    return struct.pack("<Q", v)
+
+
 def frame(cmd: int, payload: bytes = b"", size: int | None = None) -> bytes:
     """| cmd u8 | size u64 | payload |; `size` overrides the length field."""
     return struct.pack("<B", cmd) + struct.pack("<Q", len(payload) if size is None else size) + payload
@@ -204,3 +212,25 @@ def logged(caplog, text: str, level: int = logging.ERROR, timeout: float = 10.0)
     except AssertionError:
         msgs = [r.getMessage() for r in caplog.records]
         raise AssertionError(f"no log record mentioning {text!r}; got {msgs}") from None
+
+
+class Watch:
+    """A server under attack: a bystander client on it, and its log records.
+
+    aftermath() checks what every misbehaving connection must leave behind once it is
+    gone: only the bystander's session and buffer, no internal error logged, and the
+    bystander's bytes intact with a working connection."""
+
+    def __init__(self, server, caplog):
+        self.server = server
+        self.caplog = caplog
+        caplog.set_level(logging.INFO, logger="ggmlrpc")
+        self.bystander = Bystander(server.port)
+        wait_stats(server, sessions=1, buffers=1)
+
+    def aftermath(self) -> None:
+        wait_stats(self.server, sessions=1, buffers=1, buffer_bytes=Bystander.SIZE)
+        internal = [r.getMessage() for r in self.caplog.records
+                    if r.levelno >= logging.ERROR and "internal error" in r.getMessage()]
+        assert not internal, internal
+        self.bystander.check()

@@ -7,7 +7,6 @@ buffer and bytes survive every example.
 """
 from __future__ import annotations
 
-import logging
 import socket
 import struct
 
@@ -19,30 +18,14 @@ from tests.protocol.rawclient import (
     ALLOC_BUFFER, BUFFER_CLEAR, BUFFER_GET_BASE, COPY_TENSOR, DEVICE_COUNT, F32, FLAG_COMPUTE,
     FREE_BUFFER, GET_ALIGNMENT, GET_ALLOC_SIZE, GET_DEVICE_MEMORY, GET_MAX_SIZE, GET_TENSOR,
     GRAPH_COMPUTE, GRAPH_RECOMPUTE, HELLO, HELLO_ANSWER, INIT_TENSOR, MEMSET_TENSOR, OP_ADD,
-    OP_VIEW, Q4_0, SET_TENSOR, SET_TENSOR_HASH, Bystander, Raw, frame, graph, tensor,
-    wait_stats)
+    OP_VIEW, Q4_0, SET_TENSOR, SET_TENSOR_HASH, Raw, Watch, frame, graph, tensor, u32, u64)
 
 FUZZ_BUFFER = 4096
 FUZZ = dict(deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture,
                                                   HealthCheck.too_slow])
 
 
-def u64(v: int) -> bytes:
-    return struct.pack("<Q", v)
-
-
-def u32(v: int) -> bytes:
-    return struct.pack("<I", v)
-
-
-class Fuzzer:
-    def __init__(self, server, caplog):
-        self.server = server
-        self.caplog = caplog
-        caplog.set_level(logging.INFO, logger="ggmlrpc")
-        self.bystander = Bystander(server.port)
-        wait_stats(server, sessions=1, buffers=1)
-
+class Fuzzer(Watch):
     def connect(self, alloc: bool = False) -> tuple[Raw, int, int]:
         self.caplog.clear()
         raw = Raw(self.server.port)
@@ -64,11 +47,7 @@ class Fuzzer:
             pass  # the server closed first (EPIPE, ECONNRESET, ENOTCONN)
         finally:
             raw.close()
-        wait_stats(self.server, sessions=1, buffers=1, buffer_bytes=Bystander.SIZE)
-        internal = [r.getMessage() for r in self.caplog.records
-                    if r.levelno >= logging.ERROR and "internal error" in r.getMessage()]
-        assert not internal, internal
-        self.bystander.check()
+        self.aftermath()
 
 
 @pytest.fixture

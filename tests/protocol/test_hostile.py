@@ -8,28 +8,18 @@ must be intact and its connection fully working.
 """
 from __future__ import annotations
 
-import logging
-import struct
-
 import pytest
 
 from tests.protocol.rawclient import (
-    ALLOC_BUFFER, BUFFER_CLEAR, BUFFER_GET_BASE, COPY_TENSOR, DEVICE_COUNT, F32, FREE_BUFFER,
+    ALLOC_BUFFER, BUFFER_CLEAR, BUFFER_GET_BASE, COPY_TENSOR, DEVICE_COUNT, FREE_BUFFER,
     GET_ALIGNMENT, GET_ALLOC_SIZE, GET_DEVICE_MEMORY, GET_MAX_SIZE, GET_TENSOR, GRAPH_COMPUTE,
     GRAPH_RECOMPUTE, HELLO, HELLO_ANSWER, INIT_TENSOR, MEMSET_TENSOR, OP_ADD, OP_VIEW, Q4_0,
-    SET_TENSOR, SET_TENSOR_HASH, Bystander, Raw, fnv1a, frame, graph, logged, tensor, wait_stats)
+    SET_TENSOR, SET_TENSOR_HASH, Raw, Watch, fnv1a, frame, graph, logged, tensor, u32, u64,
+    wait_stats)
 from tests.conftest import start_server
 
 U64_MAX = (1 << 64) - 1
 VICTIM_SIZE = 1 << 16
-
-
-def u64(v: int) -> bytes:
-    return struct.pack("<Q", v)
-
-
-def u32(v: int) -> bytes:
-    return struct.pack("<I", v)
 
 
 class Attacker:
@@ -59,14 +49,7 @@ class Attacker:
             pass  # the server may close before all of a bad request arrived
 
 
-class Arena:
-    def __init__(self, server, caplog):
-        self.server = server
-        self.caplog = caplog
-        caplog.set_level(logging.INFO, logger="ggmlrpc")
-        self.bystander = Bystander(server.port)
-        wait_stats(server, sessions=1, buffers=1)
-
+class Arena(Watch):
     def attacker(self, hello: bool = True, alloc: bool = True) -> Attacker:
         a = Attacker(self.server.port, hello, alloc)
         wait_stats(self.server, sessions=2, buffers=1 + alloc)
@@ -79,12 +62,9 @@ class Arena:
         else:
             a.raw.expect_closed()
             a.raw.close()
-        wait_stats(self.server, sessions=1, buffers=1, buffer_bytes=Bystander.SIZE)
         if reason is not None:
             logged(self.caplog, reason)
-        internal = [r.getMessage() for r in self.caplog.records if "internal error" in r.getMessage()]
-        assert not internal, internal
-        self.bystander.check()
+        self.aftermath()
 
     def run(self, attack, reason: str | None, hello: bool = True, alloc: bool = True) -> None:
         a = self.attacker(hello, alloc)
