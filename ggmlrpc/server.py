@@ -13,6 +13,7 @@ import itertools
 import logging
 import mmap
 import os
+import pwd
 import socket
 import struct
 import sys
@@ -77,7 +78,8 @@ def cache_directory(env=os.environ) -> str:
     if env.get("XDG_CACHE_HOME"):
         base = env["XDG_CACHE_HOME"]
     else:
-        home = env.get("HOME") or os.path.expanduser("~")
+        # not expanduser("~"): it turns an empty HOME into "/" where llama.cpp asks passwd
+        home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
         base = os.path.join(home, ".cache")
     return os.path.join(base, "llama.cpp", "rpc")
 
@@ -426,8 +428,14 @@ class Session:
         cache = self.server.cache
         if cache is not None and cache_flag:
             h = b.mem.fnv1a(at, n) if n else protocol.FNV_OFFSET
-            path = cache.store(h, b.view()[at:at + n] if n else b"")
-            log.info("[set_tensor] saved to '%s'", path)
+            try:
+                path = cache.store(h, b.view()[at:at + n] if n else b"")
+            except OSError as e:
+                # the data is in place; a full or broken cache must not cost the
+                # client its connection (llama.cpp ignores a failed write as well)
+                log.warning("[set_tensor] cannot write cache file for %016x: %s", h, e)
+            else:
+                log.info("[set_tensor] saved to '%s'", path)
 
     def cmd_set_tensor_hash(self, size):
         req = self.fixed(Cmd.SET_TENSOR_HASH, size)

@@ -1,0 +1,349 @@
+"""The local tensor cache: hash-first weight writes, cache files, their directory.
+
+Large writes (> 10 MiB, weights=True) go through RemoteBackend exactly as
+llama.cpp's client sends them; the file rules are also driven with raw
+SET_TENSOR / SET_TENSOR_HASH on small payloads, where an independent FNV-1a loop
+names the file.
+"""
+from __future__ import annotations
+
+import os
+import re
+import struct
+import subprocess
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from ggmlrpc import protocol
+from ggmlrpc.client import RemoteBackend
+from ggmlrpc.ggml import GGMLType
+from ggmlrpc.protocol import Cmd
+from ggmlrpc.server import cache_directory
+from tests.conftest import our_server_argv, start_server
+
+BIG = protocol.HASH_THRESHOLD + 4096          # strictly above the client's threshold
+HEX16 = re.compile(r"^[0-9a-f]{16}$")
+
+
+def fnv1a_loop(data: bytes) -> int:
+    """FNV-1a 64, written out here so the file names are not checked against themselves."""
+    h = 0xCBF29CE484222325
+    for b in data:
+        h = ((h ^ b) * 0x100000001B3) & 0xFFFFFFFFFFFFFFFF
+    return h
+
+
+def cache_files(d) -> list[str]:
+    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+
+
+@pytest.fixture
+def cache_dir(tmp_path):
+    d = tmp_path / "rpc"
+    d.mkdir()
+    return d
+
+
+def cached_server(cache_dir, codec_name="native"):
+    return start_server(codec_name, cache_dir=str(cache_dir))
+
+
+@pytest.fixture
+def native_cached(cache_dir):
+    srv = cached_server(cache_dir)
+    yield f"127.0.0.1:{srv.port}", srv
+    srv.close()
+
+
+@pytest.fixture
+def any_cached(cache_dir, codec_name):
+    srv = cached_server(cache_dir, codec_name)
+    yield f"127.0.0.1:{srv.port}", srv
+    srv.close()
+
+
+def big_payload(seed: int, n: int = BIG) -> bytes:
+    return np.random.default_rng(seed).integers(0, 256, n, dtype=np.uint8).tobytes()
+
+
+def fresh_tensor(rb: RemoteBackend, n: int, pad: int = 0):
+    buf = rb.alloc_buffer(n + pad)
+    return buf, buf.tensor(GGMLType.I8, (n + pad,), name="weights")
+
+
+# -- the hash-first protocol, big writes ---------------------------------------------
+
+def test_miss_then_hit_on_another_client(native_cached, cache_dir, seed):
+    endpoint, _ = native_cached
+    data = big_payload(seed)
+    h = protocol.codec("native").fnv1a(data)
+    with RemoteBackend(endpoint) as a:
+        _, t = fresh_tensor(a, len(data))
+        assert a.set_tensor(t, data, weights=True) is False  # miss: the bytes were sent
+        assert a.get_tensor(t) == data
+    assert cache_files(cache_dir) == [f"{h:016x}"]
+    assert (cache_dir / f"{h:016x}").read_bytes() == data
+
+    with RemoteBackend(endpoint) as b:
+        # the hit fills a tensor at an offset in another buffer of another session
+        _, t = fresh_tensor(b, len(data), pad=4096)
+        assert b.set_tensor(t, data, offset=4096, weights=True) is True
+        got = b.get_tensor(t)
+        assert got[:4096] == bytes(4096) and got[4096:] == data
+        # the hit wrote no new file
+        assert cache_files(cache_dir) == [f"{h:016x}"]
+
+
+def test_weights_false_and_small_writes_store_nothing(native_cached, cache_dir, seed):
+    endpoint, _ = native_cached
+    data = big_payload(seed)
+    with RemoteBackend(endpoint) as rb:
+        _, t = fresh_tensor(rb, len(data))
+        assert rb.set_tensor(t, data) is False            # not weights: plain SET_TENSOR
+        small = data[:protocol.HASH_THRESHOLD]             # exactly 10 MiB is not "above"
+        _, s = fresh_tensor(rb, len(small))
+        assert rb.set_tensor(s, small, weights=True) is False
+        assert rb.get_tensor(t) == data and rb.get_tensor(s) == small
+    assert cache_files(cache_dir) == []
+
+
+def test_no_half_written_file_is_visible(native_cached, cache_dir, seed):
+    """A watcher lists the directory while three big writes are stored: every cache
+    file it ever sees is complete."""
+    endpoint, _ = native_cached
+    payloads = [big_payload(seed + i) for i in range(3)]
+    seen: dict[str, int] = {}
+    stop = threading.Event()
+    polls = 0
+
+    def watch():
+        nonlocal polls
+        while not stop.is_set():
+            polls += 1
+            for e in os.scandir(cache_dir):
+                if HEX16.match(e.name):
+                    try:
+                        seen[e.name] = min(seen.get(e.name, BIG), e.stat().st_size)
+                    except FileNotFoundError:
+                        pass
+
+    w = threading.Thread(target=watch)
+    w.start()
+    try:
+        with RemoteBackend(endpoint) as rb:
+            for data in payloads:
+                _, t = fresh_tensor(rb, len(data))
+                assert rb.set_tensor(t, data, weights=True) is False
+            rb.synchronize()
+    finally:
+        stop.set()
+        w.join()
+    names = {f"{protocol.codec('native').fnv1a(d):016x}" for d in payloads}
+    assert polls > 0 and set(seen) <= names
+    assert all(size == BIG for size in seen.values()), seen
+    assert set(cache_files(cache_dir)) == names  # and no temporary file stayed behind
+
+
+# -- file rules with raw requests, both codecs ----------------------------------------
+
+def raw_set(rb: RemoteBackend, t, data: bytes, cache_flag: int, offset: int = 0) -> None:
+    """SET_TENSOR exactly as given: | rpc_tensor | cache_flag u8 | offset u64 | data |."""
+    rb._post(Cmd.SET_TENSOR, protocol.encode_tensor(t.to_rpc()) + struct.pack("<BQ", cache_flag, offset),
+             data)
+
+
+def test_files_only_with_cache_flag(any_cached, cache_dir, seed):
+    endpoint, _ = any_cached
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, 3000, dtype=np.uint8).tobytes()
+    name = f"{fnv1a_loop(data):016x}"
+    with RemoteBackend(endpoint) as rb:
+        _, t = fresh_tensor(rb, len(data))
+        raw_set(rb, t, data, cache_flag=0)
+        rb.synchronize()
+        assert cache_files(cache_dir) == []
+        raw_set(rb, t, data, cache_flag=1)
+        rb.synchronize()
+        assert cache_files(cache_dir) == [name]
+        assert (cache_dir / name).read_bytes() == data
+        # the file is named by the bytes received, whatever the offset
+        raw_set(rb, t, data[:1000], cache_flag=1, offset=2000)
+        rb.synchronize()
+        assert cache_files(cache_dir) == sorted([name, f"{fnv1a_loop(data[:1000]):016x}"])
+        # ... and the write itself happened
+        assert rb.get_tensor(t) == data[:2000] + data[:1000]
+
+
+def test_hash_hit_and_corrupt_files(any_cached, cache_dir, seed):
+    endpoint, _ = any_cached
+    rng = np.random.default_rng(seed)
+    data = rng.integers(0, 256, 4096, dtype=np.uint8).tobytes()
+    h = fnv1a_loop(data)
+    path = cache_dir / f"{h:016x}"
+    with RemoteBackend(endpoint) as rb:
+        _, t = fresh_tensor(rb, len(data))
+        assert rb.set_tensor_hash(t, h) is False          # nothing cached yet
+        path.write_bytes(data)
+        assert rb.set_tensor_hash(t, h) is True
+        assert rb.get_tensor(t) == data
+
+        _, u = fresh_tensor(rb, len(data))
+        for bad in (data[:-1] + bytes([data[-1] ^ 1]),    # one bit off
+                    data[:2048],                          # truncated
+                    data + b"\0",                         # one byte longer
+                    b""):                                 # emptied
+            path.write_bytes(bad)
+            assert rb.set_tensor_hash(u, h) is False, len(bad)
+            assert rb.get_tensor(u) == bytes(len(data))   # nothing written
+        # a file with the right content under the name of other bytes is not used either
+        other = fnv1a_loop(data[::-1])
+        (cache_dir / f"{other:016x}").write_bytes(data)
+        assert rb.set_tensor_hash(u, other) is False
+        assert rb.get_tensor(u) == bytes(len(data))
+
+
+def test_cache_write_failure_keeps_the_connection(native_cached, cache_dir, seed):
+    """The file name is taken by a directory: the rename fails, no temporary file
+    stays, and the client goes on (llama.cpp ignores failed cache writes too)."""
+    endpoint, srv = native_cached
+    data = np.random.default_rng(seed).integers(0, 256, 2048, dtype=np.uint8).tobytes()
+    blocker = cache_dir / f"{fnv1a_loop(data):016x}"
+    blocker.mkdir()
+    with RemoteBackend(endpoint) as rb:
+        _, t = fresh_tensor(rb, len(data))
+        raw_set(rb, t, data, cache_flag=1)
+        assert rb.get_tensor(t) == data
+        assert rb.set_tensor_hash(t, fnv1a_loop(data)) is False  # a directory is no cache file
+    assert cache_files(cache_dir) == [blocker.name]
+    assert os.listdir(blocker) == []
+
+
+def test_without_cache_dir(server, endpoint, tmp_path, monkeypatch):
+    """A server without a cache never answers 1 and writes no file anywhere."""
+    monkeypatch.chdir(tmp_path)
+    data = os.urandom(1024)
+    with RemoteBackend(endpoint) as rb:
+        _, t = fresh_tensor(rb, len(data))
+        raw_set(rb, t, data, cache_flag=1)
+        assert rb.get_tensor(t) == data
+        assert rb.set_tensor_hash(t, fnv1a_loop(data)) is False
+    assert os.listdir(tmp_path) == []
+
+
+# -- the directory, through the command line ------------------------------------------------
+
+def clean_env(**values) -> dict:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("LLAMA_CACHE", "XDG_CACHE_HOME", "HOME", "GGML_RPC_DEBUG")}
+    env.update(values)
+    return env
+
+
+def banner_cache_line(out: str) -> str:
+    m = re.search(r"^  local cache    : (.*)$", out, re.M)
+    assert m, out
+    return m.group(1)
+
+
+def wait_output(proc, needle: str, timeout: float = 10.0) -> str:
+    deadline = time.monotonic() + timeout
+    while True:
+        out, _ = proc.output()
+        if needle in out or time.monotonic() > deadline:
+            return out
+        time.sleep(0.02)
+
+
+def dir_cases(tmp_path):
+    """(env, expected directory) for each rule of the lookup order."""
+    lc, xdg, home = tmp_path / "lc", tmp_path / "xdg", tmp_path / "home"
+    return {
+        "LLAMA_CACHE": (clean_env(LLAMA_CACHE=str(lc), XDG_CACHE_HOME=str(xdg), HOME=str(home)),
+                        lc / "rpc"),
+        "XDG_CACHE_HOME": (clean_env(LLAMA_CACHE="", XDG_CACHE_HOME=str(xdg), HOME=str(home)),
+                           xdg / "llama.cpp" / "rpc"),
+        "HOME": (clean_env(XDG_CACHE_HOME="", HOME=str(home)), home / ".cache" / "llama.cpp" / "rpc"),
+    }
+
+
+@pytest.mark.parametrize("rule", ["LLAMA_CACHE", "XDG_CACHE_HOME", "HOME"])
+def test_cache_directory_rules(server_proc, tmp_path, rule):
+    env, want = dir_cases(tmp_path)[rule]
+    assert not want.exists()
+    p = server_proc("-c", env=env)
+    out = wait_output(p, "transport")
+    assert banner_cache_line(out) == str(want)
+    assert want.is_dir()
+    # and the server uses it
+    data = os.urandom(512)
+    with RemoteBackend(p.endpoint) as rb:
+        _, t = fresh_tensor(rb, len(data))
+        raw_set(rb, t, data, cache_flag=1)
+        rb.synchronize()
+    assert os.listdir(want) == [f"{fnv1a_loop(data):016x}"]
+
+
+def test_no_cache_banner(server_proc):
+    p = server_proc()
+    assert banner_cache_line(wait_output(p, "transport")) == "n/a"
+
+
+def test_cache_directory_empty_home_uses_passwd():
+    import pwd
+    home = pwd.getpwuid(os.getuid()).pw_dir
+    want = os.path.join(home, ".cache", "llama.cpp", "rpc")
+    assert cache_directory({"HOME": "", "XDG_CACHE_HOME": "", "LLAMA_CACHE": ""}) == want
+    assert cache_directory({}) == want
+    assert cache_directory({"LLAMA_CACHE": "/x/"}) == "/x/rpc"
+
+
+def uncreatable(tmp_path) -> dict:
+    blocker = tmp_path / "file"
+    blocker.write_text("a file where a directory should go")
+    return clean_env(LLAMA_CACHE=str(blocker / "sub"))
+
+
+def test_uncreatable_cache_directory_exits_1(tmp_path):
+    env = uncreatable(tmp_path)
+    r = subprocess.run(our_server_argv("-p", "1", "-c"), env=env, capture_output=True,
+                       text=True, timeout=60)
+    assert r.returncode == 1
+    assert f"Failed to create cache directory: {tmp_path / 'file' / 'sub' / 'rpc'}" in r.stderr
+    assert "Starting RPC server" not in r.stdout
+
+
+# -- against the reference ------------------------------------------------------------------
+
+@pytest.mark.interop
+def test_reference_cache_directory_and_exit(ref_bin, ref_server, tmp_path):
+    for rule, (env, want) in dir_cases(tmp_path).items():
+        p = ref_server("-c", env=env)
+        RemoteBackend(p.endpoint).close()  # a connection makes it flush its banner
+        assert banner_cache_line(wait_output(p, "Accepted client connection")) == str(want), rule
+        assert want.is_dir()
+        p.stop()
+    r = subprocess.run([str(ref_bin / "ggml-rpc-server"), "-p", "1", "-c"], env=uncreatable(tmp_path),
+                       capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1
+    assert f"Failed to create cache directory: {tmp_path / 'file' / 'sub' / 'rpc'}" in r.stderr
+
+
+@pytest.mark.interop
+def test_reference_writes_the_same_file(ref_server, native_cached, cache_dir, tmp_path, seed):
+    data = big_payload(seed)
+    ref_dir = tmp_path / "ref"
+    ref = ref_server("-c", env=clean_env(LLAMA_CACHE=str(ref_dir), HOME=str(tmp_path)))
+    for endpoint in (ref.endpoint, native_cached[0]):
+        with RemoteBackend(endpoint) as rb:
+            _, t = fresh_tensor(rb, len(data))
+            assert rb.set_tensor(t, data, weights=True) is False
+            rb.synchronize()
+        with RemoteBackend(endpoint) as rb:  # the reference serves one client at a time
+            _, t = fresh_tensor(rb, len(data))
+            assert rb.set_tensor(t, data, weights=True) is True
+            assert rb.get_tensor(t) == data
+    assert cache_files(ref_dir / "rpc") == cache_files(cache_dir) != []
+    assert (ref_dir / "rpc" / cache_files(cache_dir)[0]).read_bytes() == data
