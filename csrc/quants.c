@@ -1,0 +1,1706 @@
+/* ggml's quantized formats on the CPU: conversion to and from float, and the dot
+ * products of MUL_MAT. See quants.h for the contract; the semantics (block
+ * layouts, scales, rounding) are ggml's, the code is ours.
+ *
+ * Layout of this file: helpers; fp16/bf16 rows; dequantize (to_float); quantize
+ * (from_float); scalar dot products; AVX2 kernels; dispatch tables.
+ */
+#include "quants.h"
+#include "fp16.h"
+
+#include <float.h>
+#include <math.h>
+#include <stdbool.h>
+#include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define GR_HAVE_X86 1
+/* kernels compiled for AVX2/FMA/F16C and picked at run time: the build itself
+ * stays baseline x86-64 */
+#define GR_AVX2 __attribute__((target("avx2,fma,f16c")))
+#else
+#define GR_HAVE_X86 0
+#endif
+
+#define GR_QK 32   /* elements per block of the 32-wide formats */
+
+_Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
+_Static_assert(sizeof(block_q4_1) == 20, "block_q4_1 size");
+_Static_assert(sizeof(block_q5_0) == 22, "block_q5_0 size");
+_Static_assert(sizeof(block_q5_1) == 24, "block_q5_1 size");
+_Static_assert(sizeof(block_q8_0) == 34, "block_q8_0 size");
+_Static_assert(sizeof(block_q8_1) == 36, "block_q8_1 size");
+_Static_assert(sizeof(block_mxfp4) == 17, "block_mxfp4 size");
+_Static_assert(sizeof(block_nvfp4) == 36, "block_nvfp4 size");
+_Static_assert(sizeof(block_q1_0) == 18, "block_q1_0 size");
+_Static_assert(sizeof(block_q2_0) == 18, "block_q2_0 size");
+_Static_assert(sizeof(block_q2_K) == 84, "block_q2_K size");
+_Static_assert(sizeof(block_q3_K) == 110, "block_q3_K size");
+_Static_assert(sizeof(block_q4_K) == 144, "block_q4_K size");
+_Static_assert(sizeof(block_q5_K) == 176, "block_q5_K size");
+_Static_assert(sizeof(block_q6_K) == 210, "block_q6_K size");
+_Static_assert(sizeof(block_q8_K) == 292, "block_q8_K size");
+_Static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl size");
+_Static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
+_Static_assert(sizeof(block_tq1_0) == 54, "block_tq1_0 size");
+_Static_assert(sizeof(block_tq2_0) == 66, "block_tq2_0 size");
+
+/* ------------------------------------------------------------------------- */
+/* helpers                                                                    */
+/* ------------------------------------------------------------------------- */
+
+/* The 16 levels of IQ4_NL/IQ4_XS (a non-uniform 4-bit grid, ascending). */
+static const int8_t kvalues_iq4nl[16] = {
+    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
+};
+
+/* E2M1 values times two, shared by MXFP4 and NVFP4 (index bit 3 is the sign). */
+static const int8_t kvalues_fp4[16] = {
+    0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
+};
+
+/* float -> int32 the way CVTTSS2SI does it: truncation toward zero, and
+ * INT32_MIN for NaN or out of range. ggml's `(int8_t)(v)` casts compile to
+ * this on x86, followed by keeping the low byte. */
+static inline int32_t gr_cvtt_i32(float v) {
+    if (v >= -2147483648.0f && v < 2147483648.0f) {
+        return (int32_t)v;
+    }
+    return INT32_MIN;
+}
+
+/* float -> int32 like CVTPS2DQ in the default rounding mode (nearest even),
+ * INT32_MIN for NaN or out of range */
+static inline int32_t gr_cvtn_i32(float v) {
+    if (v >= -2147483648.0f && v < 2147483648.0f) {
+        return (int32_t)__builtin_rintf(v);
+    }
+    return INT32_MIN;
+}
+
+/* low byte of an int32, as a signed byte */
+static inline int8_t gr_low_i8(int32_t v) {
+    return (int8_t)(uint8_t)((uint32_t)v & 0xffu);
+}
+
+/* signed saturation to int8 (PACKSSDW then PACKSSWB) */
+static inline int8_t gr_sat_i8(int32_t v) {
+    return (int8_t)(v < -128 ? -128 : v > 127 ? 127 : v);
+}
+
+/* Round to nearest even for |v| < 2^22: adding 1.5*2^23 leaves round(v) in the
+ * low mantissa bits. ggml's K-quant code rounds this way. */
+static inline int gr_nearest_int(float v) {
+    const float t = v + 12582912.0f;
+    return (int)(gr_f32_bits(t) & 0x7fffffu) - 0x400000;
+}
+
+/* MAXPS semantics: the second operand unless the first is strictly greater
+ * (so a NaN in either position yields the second operand) */
+static inline float gr_maxps(float a, float b) {
+    return a > b ? a : b;
+}
+
+/* max |x[j]| over 32 floats, reduced in the lane order of ggml's AVX Q8_0/Q8_1
+ * quantizer (four 8-lane MAXPS, then halves, pairs, neighbours), so that NaNs
+ * propagate exactly as there */
+static float gr_amax32_lanes(const float *x /* (32,) */) {
+    float m[8];
+    for (int l = 0; l < 8; l++) {
+        m[l] = fabsf(x[l]);
+    }
+    for (int r = 1; r < 4; r++) {
+        for (int l = 0; l < 8; l++) {
+            m[l] = gr_maxps(m[l], fabsf(x[8 * r + l]));
+        }
+    }
+    float h[4];
+    for (int l = 0; l < 4; l++) {
+        h[l] = gr_maxps(m[4 + l], m[l]);
+    }
+    const float p0 = gr_maxps(h[0], h[2]);
+    const float p1 = gr_maxps(h[1], h[3]);
+    return gr_maxps(p0, p1);
+}
+
+/* E8M0 exponent byte -> 2^(e-128), i.e. half the block scale: MXFP4 levels are
+ * stored doubled */
+static inline float gr_e8m0_half(uint8_t e) {
+    return gr_bits_f32(e < 2 ? (0x00200000u << e) : ((uint32_t)(e - 1) << 23));
+}
+
+/* UE4M3 scale byte (bias 7, no sign) -> scale/2 (NVFP4 levels are doubled);
+ * 0 and 0x7f (NaN) read as 0 */
+static inline float gr_ue4m3_half(uint8_t v) {
+    if (v == 0 || v == 0x7f) {
+        return 0.0f;
+    }
+    const int exp = (v >> 3) & 0xf;
+    const int man = v & 7;
+    /* subnormal man*2^-9, normal (8+man)*2^(exp-10); both exact */
+    const float raw = exp == 0 ? (float)man * 0x1p-9f
+                               : (float)(8 + man) * gr_bits_f32((uint32_t)(exp - 10 + 127) << 23);
+    return raw * 0.5f;
+}
+
+/* 12 bytes of Q4_K/Q5_K scales -> 8 six-bit scales and 8 six-bit mins:
+ * bytes 0-3 hold scales 0-3 (+ top bits of scales 4-7), bytes 4-7 mins 0-3
+ * (+ top bits of mins 4-7), bytes 8-11 the low nibbles of scales/mins 4-7 */
+static inline void gr_k4_scales(const uint8_t *q /* (12,) */, uint8_t *sc /* (8,) */,
+                                uint8_t *mn /* (8,) */) {
+    for (int j = 0; j < 4; j++) {
+        sc[j] = q[j] & 63;
+        mn[j] = q[j + 4] & 63;
+        sc[j + 4] = (uint8_t)((q[j + 8] & 0xf) | ((q[j] >> 6) << 4));
+        mn[j + 4] = (uint8_t)((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
+    }
+}
+
+/* 12 bytes of Q3_K scales -> 16 signed scales (six bits, bias 32): low nibbles
+ * in bytes 0-7 (scales 0-7 low, 8-15 high nibble), top two bits in bytes 8-11 */
+static inline void gr_k3_scales(const uint8_t *q /* (12,) */, int8_t *sc /* (16,) */) {
+    for (int j = 0; j < 16; j++) {
+        const int lo = j < 8 ? (q[j] & 0xf) : (q[j - 8] >> 4);
+        const int hi = (q[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
+        sc[j] = (int8_t)((lo | (hi << 4)) - 32);
+    }
+}
+
+/* IQ4_XS: six-bit scale of sub-block ib (0..7), minus its bias */
+static inline int gr_iq4xs_scale(const block_iq4_xs *b, int ib) {
+    const int lo = (b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf;
+    const int hi = (b->scales_h >> (2 * ib)) & 3;
+    return (lo | (hi << 4)) - 32;
+}
+
+/* TQ1_0 packs five (qs) or four (qh) base-3 digits per byte as a fixed-point
+ * fraction; digit k is the top base-3 digit of byte*3^k (mod 256), in 0..2 */
+static inline int gr_trit(uint8_t byte, int k) {
+    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    const uint8_t q = (uint8_t)(byte * pow3[k]);
+    return ((int)q * 3) >> 8;
+}
+
+/* element e (0..255) of a TQ1_0 block, as code 0..2 (value = code - 1) */
+static inline void gr_tq1_codes(const block_tq1_0 *b, int8_t *c /* (256,) */) {
+    int e = 0;
+    for (int k = 0; k < 5; k++) {
+        for (int m = 0; m < 32; m++) {
+            c[e + m] = (int8_t)gr_trit(b->qs[m], k);
+        }
+        e += 32;
+    }
+    for (int k = 0; k < 5; k++) {
+        for (int m = 0; m < 16; m++) {
+            c[e + m] = (int8_t)gr_trit(b->qs[32 + m], k);
+        }
+        e += 16;
+    }
+    for (int k = 0; k < 4; k++) {
+        for (int m = 0; m < 4; m++) {
+            c[e + m] = (int8_t)gr_trit(b->qh[m], k);
+        }
+        e += 4;
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* fp16 / bf16                                                                */
+/* ------------------------------------------------------------------------- */
+
+float ggmlrpc_fp16_to_fp32(gr_fp16_t h) { return gr_fp16_to_fp32(h); }
+gr_fp16_t ggmlrpc_fp32_to_fp16(float f) { return gr_fp32_to_fp16(f); }
+float ggmlrpc_bf16_to_fp32(gr_bf16_t h) { return gr_bf16_to_fp32(h); }
+gr_bf16_t ggmlrpc_fp32_to_bf16(float f) { return gr_fp32_to_bf16(f); }
+
+static void gr_f16_to_f32_row(const void *vx /* (n,) f16 */, float *y /* (n,) */, int64_t n) {
+    const uint16_t *x = vx;
+    for (int64_t i = 0; i < n; i++) {
+        y[i] = gr_fp16_to_fp32(x[i]);
+    }
+}
+
+static void gr_f32_to_f16_row(const float *x /* (n,) */, void *vy /* (n,) f16 */, int64_t n) {
+    uint16_t *y = vy;
+    for (int64_t i = 0; i < n; i++) {
+        y[i] = gr_fp32_to_fp16(x[i]);
+    }
+}
+
+static void gr_bf16_to_f32_row(const void *vx /* (n,) bf16 */, float *y /* (n,) */, int64_t n) {
+    const uint16_t *x = vx;
+    for (int64_t i = 0; i < n; i++) {
+        y[i] = gr_bf16_to_fp32(x[i]);
+    }
+}
+
+static void gr_f32_to_bf16_row(const float *x /* (n,) */, void *vy /* (n,) bf16 */, int64_t n) {
+    uint16_t *y = vy;
+    for (int64_t i = 0; i < n; i++) {
+        y[i] = gr_fp32_to_bf16(x[i]);
+    }
+}
+
+static void gr_f32_copy_row(const void *vx /* (n,) f32 */, float *y /* (n,) */, int64_t n) {
+    memcpy(y, vx, (size_t)n * sizeof(float));
+}
+
+static void gr_f32_store_row(const float *x /* (n,) */, void *vy /* (n,) f32 */, int64_t n) {
+    memcpy(vy, x, (size_t)n * sizeof(float));
+}
+
+/* ------------------------------------------------------------------------- */
+/* dequantize: block rows -> float                                            */
+/* ------------------------------------------------------------------------- */
+
+static void dequantize_row_q4_0(const void *vx /* (n/32,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_q4_0 *x = vx;
+    for (int64_t i = 0; i < n / GR_QK; i++, y += GR_QK) {
+        const float d = gr_fp16_to_fp32(x[i].d);
+        for (int j = 0; j < 16; j++) {
+            y[j] = (float)((x[i].qs[j] & 0xf) - 8) * d;
+            y[j + 16] = (float)((x[i].qs[j] >> 4) - 8) * d;
+        }
+    }
+}
+
+static void dequantize_row_q4_1(const void *vx /* (n/32,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_q4_1 *x = vx;
+    for (int64_t i = 0; i < n / GR_QK; i++, y += GR_QK) {
+        const float d = gr_fp16_to_fp32(x[i].d);
+        const float m = gr_fp16_to_fp32(x[i].m);
+        for (int j = 0; j < 16; j++) {
+            y[j] = (float)(x[i].qs[j] & 0xf) * d + m;
+            y[j + 16] = (float)(x[i].qs[j] >> 4) * d + m;
+        }
+    }
+}
+
+/* the 5-bit codes of a Q5_0/Q5_1 block: low nibbles in qs, bit j of qh on top */
+static inline void gr_q5_codes(const uint8_t *qh4 /* (4,) */, const uint8_t *qs /* (16,) */,
+                               int *c /* (32,) */) {
+    uint32_t qh;
+    memcpy(&qh, qh4, sizeof qh);
+    for (int j = 0; j < 16; j++) {
+        c[j] = (qs[j] & 0xf) | (int)(((qh >> j) & 1u) << 4);
+        c[j + 16] = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);
+    }
+}
+
+static void dequantize_row_q5_0(const void *vx /* (n/32,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_q5_0 *x = vx;
+    int c[GR_QK];
+    for (int64_t i = 0; i < n / GR_QK; i++, y += GR_QK) {
+        const float d = gr_fp16_to_fp32(x[i].d);
+        gr_q5_codes(x[i].qh, x[i].qs, c);
+        for (int j = 0; j < GR_QK; j++) {
+            y[j] = (float)(c[j] - 16) * d;
+        }
+    }
+}
+
+static void dequantize_row_q5_1(const void *vx /* (n/32,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_q5_1 *x = vx;
+    int c[GR_QK];
+    for (int64_t i = 0; i < n / GR_QK; i++, y += GR_QK) {
+        const float d = gr_fp16_to_fp32(x[i].d);
+        const float m = gr_fp16_to_fp32(x[i].m);
+        gr_q5_codes(x[i].qh, x[i].qs, c);
+        for (int j = 0; j < GR_QK; j++) {
+            y[j] = (float)c[j] * d + m;
+        }
+    }
+}
+
+static void dequantize_row_q8_0(const void *vx /* (n/32,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_q8_0 *x = vx;
+    for (int64_t i = 0; i < n / GR_QK; i++, y += GR_QK) {
+        const float d = gr_fp16_to_fp32(x[i].d);
+        for (int j = 0; j < GR_QK; j++) {
+            y[j] = (float)x[i].qs[j] * d;
+        }
+    }
+}
+
+static void dequantize_row_q8_K(const void *vx /* (n/256,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_q8_K *x = vx;
+    for (int64_t i = 0; i < n / GR_QK_K; i++, y += GR_QK_K) {
+        for (int j = 0; j < GR_QK_K; j++) {
+            y[j] = x[i].d * (float)x[i].qs[j];
+        }
+    }
+}
+
+/* 16-level formats with one float scale per 32 elements (IQ4_NL, MXFP4) */
+static inline void gr_dequant_lut32(const uint8_t *qs /* (16,) */, const int8_t *lut /* (16,) */,
+                                    float d, float *y /* (32,) */) {
+    for (int j = 0; j < 16; j++) {
+        y[j] = (float)lut[qs[j] & 0xf] * d;
+        y[j + 16] = (float)lut[qs[j] >> 4] * d;
+    }
+}
+
+static void dequantize_row_iq4_nl(const void *vx /* (n/32,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_iq4_nl *x = vx;
+    for (int64_t i = 0; i < n / GR_QK; i++, y += GR_QK) {
+        gr_dequant_lut32(x[i].qs, kvalues_iq4nl, gr_fp16_to_fp32(x[i].d), y);
+    }
+}
+
+static void dequantize_row_mxfp4(const void *vx /* (n/32,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_mxfp4 *x = vx;
+    for (int64_t i = 0; i < n / GR_QK; i++, y += GR_QK) {
+        gr_dequant_lut32(x[i].qs, kvalues_fp4, gr_e8m0_half(x[i].e), y);
+    }
+}
+
+static void dequantize_row_nvfp4(const void *vx /* (n/64,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_nvfp4 *x = vx;
+    for (int64_t i = 0; i < n / 64; i++) {
+        for (int s = 0; s < 4; s++, y += 16) {
+            const float d = gr_ue4m3_half(x[i].d[s]);
+            const uint8_t *qs = x[i].qs + 8 * s;
+            for (int j = 0; j < 8; j++) {
+                y[j] = (float)kvalues_fp4[qs[j] & 0xf] * d;
+                y[j + 8] = (float)kvalues_fp4[qs[j] >> 4] * d;
+            }
+        }
+    }
+}
+
+static void dequantize_row_iq4_xs(const void *vx /* (n/256,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_iq4_xs *x = vx;
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        const float d = gr_fp16_to_fp32(x[i].d);
+        for (int ib = 0; ib < 8; ib++, y += 32) {
+            gr_dequant_lut32(x[i].qs + 16 * ib, kvalues_iq4nl, d * (float)gr_iq4xs_scale(&x[i], ib), y);
+        }
+    }
+}
+
+static void dequantize_row_q1_0(const void *vx /* (n/128,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_q1_0 *x = vx;
+    for (int64_t i = 0; i < n / 128; i++, y += 128) {
+        const float d = gr_fp16_to_fp32(x[i].d);
+        for (int j = 0; j < 128; j++) {
+            y[j] = ((x[i].qs[j / 8] >> (j % 8)) & 1) ? d : -d;
+        }
+    }
+}
+
+static void dequantize_row_q2_0(const void *vx /* (n/64,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_q2_0 *x = vx;
+    for (int64_t i = 0; i < n / 64; i++, y += 64) {
+        const float d = gr_fp16_to_fp32(x[i].d);
+        for (int j = 0; j < 64; j++) {
+            const int q = (x[i].qs[j / 4] >> (2 * (j % 4))) & 3;
+            y[j] = (float)(q - 1) * d;
+        }
+    }
+}
+
+/* Q2_K and Q3_K share their element order: in each half of 128, four passes of
+ * a 2-bit field (shift 0,2,4,6) over the 32 bytes qs[32*half ..]; element
+ * 128*half + 32*pass + l comes from byte l. */
+static inline int gr_k2bits(const uint8_t *qs /* (64,) */, int e) {
+    return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+}
+
+static void dequantize_row_q2_K(const void *vx /* (n/256,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_q2_K *x = vx;
+    for (int64_t i = 0; i < n / GR_QK_K; i++, y += GR_QK_K) {
+        const float d = gr_fp16_to_fp32(x[i].d);
+        const float dmin = gr_fp16_to_fp32(x[i].dmin);
+        for (int g = 0; g < 16; g++) {
+            const float dl = d * (float)(x[i].scales[g] & 0xf);
+            const float ml = dmin * (float)(x[i].scales[g] >> 4);
+            for (int e = 16 * g; e < 16 * g + 16; e++) {
+                y[e] = dl * (float)gr_k2bits(x[i].qs, e) - ml;
+            }
+        }
+    }
+}
+
+/* Q3_K codes in -4..3: two low bits as Q2_K, minus 4 where the hmask bit
+ * (bit 4*half + pass of hmask[l]) is clear */
+static inline int gr_k3code(const block_q3_K *b, int e) {
+    const int bit = 4 * (e / 128) + (e % 128) / 32;
+    return gr_k2bits(b->qs, e) - ((b->hmask[e % 32] >> bit) & 1 ? 0 : 4);
+}
+
+static void dequantize_row_q3_K(const void *vx /* (n/256,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_q3_K *x = vx;
+    int8_t sc[16];
+    for (int64_t i = 0; i < n / GR_QK_K; i++, y += GR_QK_K) {
+        const float d = gr_fp16_to_fp32(x[i].d);
+        gr_k3_scales(x[i].scales, sc);
+        for (int g = 0; g < 16; g++) {
+            const float dl = d * (float)sc[g];
+            for (int e = 16 * g; e < 16 * g + 16; e++) {
+                y[e] = dl * (float)gr_k3code(&x[i], e);
+            }
+        }
+    }
+}
+
+/* Q4_K/Q5_K: chunk c of 64 elements reads bytes qs[32c ..]: low nibbles are
+ * sub-block 2c, high nibbles sub-block 2c+1; Q5_K adds bit (sub-block) of
+ * qh[l] as 16 */
+static inline int gr_k4code(const uint8_t *qs /* (128,) */, int e) {
+    const uint8_t b = qs[32 * (e / 64) + e % 32];
+    return (e / 32) % 2 ? b >> 4 : b & 0xf;
+}
+
+static inline int gr_k5code(const block_q5_K *b, int e) {
+    return gr_k4code(b->qs, e) + (((b->qh[e % 32] >> (e / 32)) & 1) << 4);
+}
+
+static void dequantize_row_q4_K(const void *vx /* (n/256,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_q4_K *x = vx;
+    uint8_t sc[8], mn[8];
+    for (int64_t i = 0; i < n / GR_QK_K; i++, y += GR_QK_K) {
+        const float d = gr_fp16_to_fp32(x[i].d);
+        const float dmin = gr_fp16_to_fp32(x[i].dmin);
+        gr_k4_scales(x[i].scales, sc, mn);
+        for (int s = 0; s < 8; s++) {
+            const float dl = d * (float)sc[s];
+            const float ml = dmin * (float)mn[s];
+            for (int e = 32 * s; e < 32 * s + 32; e++) {
+                y[e] = dl * (float)gr_k4code(x[i].qs, e) - ml;
+            }
+        }
+    }
+}
+
+static void dequantize_row_q5_K(const void *vx /* (n/256,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_q5_K *x = vx;
+    uint8_t sc[8], mn[8];
+    for (int64_t i = 0; i < n / GR_QK_K; i++, y += GR_QK_K) {
+        const float d = gr_fp16_to_fp32(x[i].d);
+        const float dmin = gr_fp16_to_fp32(x[i].dmin);
+        gr_k4_scales(x[i].scales, sc, mn);
+        for (int s = 0; s < 8; s++) {
+            const float dl = d * (float)sc[s];
+            const float ml = dmin * (float)mn[s];
+            for (int e = 32 * s; e < 32 * s + 32; e++) {
+                y[e] = dl * (float)gr_k5code(&x[i], e) - ml;
+            }
+        }
+    }
+}
+
+/* Q6_K: element 128*h + 32*k + l takes a nibble of ql[64h + l + 32*(k%2)]
+ * (low for k<2, high for k>=2) and bits 2k..2k+1 of qh[32h + l]; code - 32 */
+static inline int gr_k6code(const block_q6_K *b, int e) {
+    const int h = e / 128, k = (e % 128) / 32, l = e % 32;
+    const uint8_t lo = b->ql[64 * h + l + 32 * (k % 2)];
+    const int nib = k < 2 ? (lo & 0xf) : (lo >> 4);
+    const int hi = (b->qh[32 * h + l] >> (2 * k)) & 3;
+    return (nib | (hi << 4)) - 32;
+}
+
+static void dequantize_row_q6_K(const void *vx /* (n/256,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_q6_K *x = vx;
+    for (int64_t i = 0; i < n / GR_QK_K; i++, y += GR_QK_K) {
+        const float d = gr_fp16_to_fp32(x[i].d);
+        for (int g = 0; g < 16; g++) {
+            const float dl = d * (float)x[i].scales[g];
+            for (int e = 16 * g; e < 16 * g + 16; e++) {
+                y[e] = dl * (float)gr_k6code(&x[i], e);
+            }
+        }
+    }
+}
+
+static void dequantize_row_tq1_0(const void *vx /* (n/256,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_tq1_0 *x = vx;
+    int8_t c[GR_QK_K];
+    for (int64_t i = 0; i < n / GR_QK_K; i++, y += GR_QK_K) {
+        const float d = gr_fp16_to_fp32(x[i].d);
+        gr_tq1_codes(&x[i], c);
+        for (int e = 0; e < GR_QK_K; e++) {
+            y[e] = (float)(c[e] - 1) * d;
+        }
+    }
+}
+
+/* TQ2_0: element 128*h + 32*k + m is bits 2k..2k+1 of qs[32h + m], minus 1 */
+static void dequantize_row_tq2_0(const void *vx /* (n/256,) blocks */, float *y /* (n,) */, int64_t n) {
+    const block_tq2_0 *x = vx;
+    for (int64_t i = 0; i < n / GR_QK_K; i++, y += GR_QK_K) {
+        const float d = gr_fp16_to_fp32(x[i].d);
+        for (int e = 0; e < GR_QK_K; e++) {
+            y[e] = (float)(gr_k2bits(x[i].qs, e) - 1) * d;
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* quantize: float -> block rows (ggml's CPU from_float)                      */
+/* ------------------------------------------------------------------------- */
+
+/* Q4_0/Q5_0: the scale is the element of largest magnitude (first one on ties)
+ * over -2^(bits-1), so that element lands exactly on the lowest level */
+static inline float gr_signed_absmax(const float *x /* (32,) */) {
+    float amax = 0.0f, max = 0.0f;
+    for (int j = 0; j < GR_QK; j++) {
+        if (amax < fabsf(x[j])) {
+            amax = fabsf(x[j]);
+            max = x[j];
+        }
+    }
+    return max;
+}
+
+static inline void gr_minmax(const float *x /* (32,) */, float *min, float *max) {
+    float lo = FLT_MAX, hi = -FLT_MAX;
+    for (int j = 0; j < GR_QK; j++) {
+        if (x[j] < lo) lo = x[j];
+        if (x[j] > hi) hi = x[j];
+    }
+    *min = lo;
+    *max = hi;
+}
+
+static void quantize_row_q4_0(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+    block_q4_0 *y = vy;
+    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
+        const float d = gr_signed_absmax(x) / -8.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = gr_fp32_to_fp16(d);
+        for (int j = 0; j < 16; j++) {
+            /* ggml truncates q + 8.5 through an int8 cast: round half up, then clamp */
+            const int8_t a = gr_low_i8(gr_cvtt_i32(x[j] * id + 8.5f));
+            const int8_t b = gr_low_i8(gr_cvtt_i32(x[j + 16] * id + 8.5f));
+            const uint8_t qa = (uint8_t)(a < 15 ? a : 15);
+            const uint8_t qb = (uint8_t)(b < 15 ? b : 15);
+            y[i].qs[j] = (uint8_t)(qa | (qb << 4));
+        }
+    }
+}
+
+static void quantize_row_q4_1(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+    block_q4_1 *y = vy;
+    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
+        float min, max;
+        gr_minmax(x, &min, &max);
+        const float d = (max - min) / 15.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = gr_fp32_to_fp16(d);
+        y[i].m = gr_fp32_to_fp16(min);
+        for (int j = 0; j < 16; j++) {
+            const int8_t a = gr_low_i8(gr_cvtt_i32((x[j] - min) * id + 0.5f));
+            const int8_t b = gr_low_i8(gr_cvtt_i32((x[j + 16] - min) * id + 0.5f));
+            const uint8_t qa = (uint8_t)(a < 15 ? a : 15);
+            const uint8_t qb = (uint8_t)(b < 15 ? b : 15);
+            y[i].qs[j] = (uint8_t)(qa | (qb << 4));
+        }
+    }
+}
+
+/* pack 32 five-bit codes: low nibbles pairwise into qs, bit 4 into qh */
+static inline void gr_pack_q5(const uint8_t *c /* (32,) */, uint8_t *qh4 /* (4,) */,
+                              uint8_t *qs /* (16,) */) {
+    uint32_t qh = 0;
+    for (int j = 0; j < 16; j++) {
+        qs[j] = (uint8_t)((c[j] & 0xf) | ((c[j + 16] & 0xf) << 4));
+        qh |= (uint32_t)((c[j] >> 4) & 1) << j;
+        qh |= (uint32_t)((c[j + 16] >> 4) & 1) << (j + 16);
+    }
+    memcpy(qh4, &qh, sizeof qh);
+}
+
+static void quantize_row_q5_0(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+    block_q5_0 *y = vy;
+    uint8_t c[GR_QK];
+    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
+        const float d = gr_signed_absmax(x) / -16.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = gr_fp32_to_fp16(d);
+        for (int j = 0; j < GR_QK; j++) {
+            const int8_t q = gr_low_i8(gr_cvtt_i32(x[j] * id + 16.5f));
+            c[j] = (uint8_t)(q < 31 ? q : 31);
+        }
+        gr_pack_q5(c, y[i].qh, y[i].qs);
+    }
+}
+
+static void quantize_row_q5_1(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+    block_q5_1 *y = vy;
+    uint8_t c[GR_QK];
+    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
+        float min, max;
+        gr_minmax(x, &min, &max);
+        const float d = (max - min) / 31.0f;
+        const float id = d != 0.0f ? 1.0f / d : 0.0f;
+        y[i].d = gr_fp32_to_fp16(d);
+        y[i].m = gr_fp32_to_fp16(min);
+        for (int j = 0; j < GR_QK; j++) {
+            /* no clamp here in ggml: the cast keeps the low byte */
+            c[j] = (uint8_t)gr_cvtt_i32((x[j] - min) * id + 0.5f);
+        }
+        gr_pack_q5(c, y[i].qh, y[i].qs);
+    }
+}
+
+/* Q8_0/Q8_1 as ggml's AVX quantizer: d = amax/127 and q = rint(x * (127/amax)),
+ * with CVTPS2DQ + saturating packs for whatever is out of range. Returns d;
+ * *sum gets the wrapped int32 sum of the unsaturated codes (Q8_1 stores
+ * d times it). */
+static inline float gr_q8_block_x86(const float *x /* (32,) */, int8_t *qs /* (32,) */, int32_t *sum) {
+    const float amax = gr_amax32_lanes(x);
+    const float d = amax / 127.0f;
+    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
+    uint32_t acc = 0;
+    for (int j = 0; j < GR_QK; j++) {
+        const int32_t v = gr_cvtn_i32(x[j] * id);
+        qs[j] = gr_sat_i8(v);
+        acc += (uint32_t)v;
+    }
+    *sum = (int32_t)acc;
+    return d;
+}
+
+static void quantize_row_q8_0(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+    block_q8_0 *y = vy;
+    int32_t sum;
+    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
+        y[i].d = gr_fp32_to_fp16(gr_q8_block_x86(x, y[i].qs, &sum));
+    }
+}
+
+static void quantize_row_q8_1(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+    block_q8_1 *y = vy;
+    int32_t sum;
+    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
+        const float d = gr_q8_block_x86(x, y[i].qs, &sum);
+        y[i].d = gr_fp32_to_fp16(d);
+        y[i].s = gr_fp32_to_fp16(d * (float)sum);
+    }
+}
+
+/* Q8_0/Q8_1 as ggml-quants.c's reference (and gguf-py): id = 1/d and rounding
+ * half away from zero. ggml's CPU backend runs this only where it has no SIMD
+ * quantizer; kept for comparison with gguf-py. */
+static inline float gr_q8_block_ref(const float *x /* (32,) */, int8_t *qs /* (32,) */, int32_t *sum) {
+    float amax = 0.0f;
+    for (int j = 0; j < GR_QK; j++) {
+        amax = amax > fabsf(x[j]) ? amax : fabsf(x[j]);
+    }
+    const float d = amax / 127.0f;
+    const float id = d != 0.0f ? 1.0f / d : 0.0f;
+    int32_t acc = 0;
+    for (int j = 0; j < GR_QK; j++) {
+        qs[j] = gr_low_i8(gr_cvtt_i32(roundf(x[j] * id)));
+        acc += qs[j];
+    }
+    *sum = acc;
+    return d;
+}
+
+static void quantize_row_q8_0_ref(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+    block_q8_0 *y = vy;
+    int32_t sum;
+    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
+        y[i].d = gr_fp32_to_fp16(gr_q8_block_ref(x, y[i].qs, &sum));
+    }
+}
+
+static void quantize_row_q8_1_ref(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+    block_q8_1 *y = vy;
+    int32_t sum;
+    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
+        const float d = gr_q8_block_ref(x, y[i].qs, &sum);
+        y[i].d = gr_fp32_to_fp16(d);
+        y[i].s = gr_fp32_to_fp16((float)sum * d);
+    }
+}
+
+/* Q8_K (the K-quants' activations): scale from the signed element of largest
+ * magnitude, -127/max, so that element maps to -127; float d = 1/scale; bsums
+ * are sums of 16 codes. ggml leaves bsums of an all-zero block unwritten; we
+ * write zeros. */
+static void quantize_row_q8_K(const float *x /* (n,) */, void *vy /* (n/256,) blocks */, int64_t n) {
+    block_q8_K *y = vy;
+    for (int64_t i = 0; i < n / GR_QK_K; i++, x += GR_QK_K) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < GR_QK_K; j++) {
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        }
+        if (amax == 0.0f) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        const float iscale = -127.0f / max;
+        for (int j = 0; j < GR_QK_K; j++) {
+            const int v = gr_nearest_int(iscale * x[j]);
+            y[i].qs[j] = (int8_t)(v < 127 ? v : 127);
+        }
+        for (int g = 0; g < 16; g++) {
+            int s = 0;
+            for (int j = 0; j < 16; j++) {
+                s += y[i].qs[16 * g + j];
+            }
+            y[i].bsums[g] = (int16_t)s;
+        }
+        y[i].d = 1.0f / iscale;
+    }
+}
+
+/* index of the IQ4_NL level nearest to v: the bracketing pair, then the closer
+ * one (the upper on a tie, and the top one for NaN) */
+static inline int gr_iq4nl_index(float v) {
+    if (v <= (float)kvalues_iq4nl[0]) return 0;
+    if (v >= (float)kvalues_iq4nl[15]) return 15;
+    int hi = 1;
+    while (hi < 15 && !(v < (float)kvalues_iq4nl[hi])) {
+        hi++;
+    }
+    return v - (float)kvalues_iq4nl[hi - 1] < (float)kvalues_iq4nl[hi] - v ? hi - 1 : hi;
+}
+
+/* IQ4_NL as ggml's from_float (no importance weights, no scale search): the
+ * first guess max/-127 picks the levels, then d is the weighted least-squares
+ * scale for them with weights x^2. A block with amax < 1e-15 gets d = 0 and,
+ * as in ggml, keeps the previous block's codes (zeros for the first block of a
+ * call; ggml has stack garbage there). */
+static void quantize_row_iq4_nl(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+    block_iq4_nl *y = vy;
+    uint8_t L[GR_QK] = {0};
+    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
+        float amax = 0.0f, max = 0.0f;
+        for (int j = 0; j < GR_QK; j++) {
+            if (fabsf(x[j]) > amax) {
+                amax = fabsf(x[j]);
+                max = x[j];
+            }
+        }
+        float d = 0.0f;
+        if (!(amax < 1e-15f)) {
+            const float id = 1.0f / (max / (float)kvalues_iq4nl[0]);
+            float sumqx = 0.0f, sumq2 = 0.0f;
+            for (int j = 0; j < GR_QK; j++) {
+                const int l = gr_iq4nl_index(id * x[j]);
+                const float q = (float)kvalues_iq4nl[l];
+                const float w = x[j] * x[j];
+                L[j] = (uint8_t)l;
+                sumqx += w * q * x[j];
+                sumq2 += w * q * q;
+            }
+            d = sumq2 > 0.0f ? sumqx / sumq2 : 0.0f;
+        }
+        y[i].d = gr_fp32_to_fp16(d);
+        for (int j = 0; j < 16; j++) {
+            y[i].qs[j] = (uint8_t)(L[j] | (L[j + 16] << 4));
+        }
+    }
+}
+
+/* MXFP4: shared exponent floor(log2 amax) - 2 (so amax lands in the top
+ * levels), each element to the nearest level (first on ties) */
+static void quantize_row_mxfp4(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+    block_mxfp4 *y = vy;
+    uint8_t c[GR_QK];
+    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
+        float amax = 0.0f;
+        for (int j = 0; j < GR_QK; j++) {
+            if (amax < fabsf(x[j])) amax = fabsf(x[j]);
+        }
+        const uint8_t e = amax > 0.0f
+            ? (uint8_t)gr_cvtt_i32(floorf(log2f(amax)) - 2.0f + 127.0f) : 0;
+        const float d = gr_e8m0_half(e);
+        for (int j = 0; j < GR_QK; j++) {
+            int best = 0;
+            float best_err = fabsf((float)kvalues_fp4[0] * d - x[j]);
+            for (int l = 1; l < 16; l++) {
+                const float err = fabsf((float)kvalues_fp4[l] * d - x[j]);
+                if (err < best_err) {
+                    best = l;
+                    best_err = err;
+                }
+            }
+            c[j] = (uint8_t)best;
+        }
+        y[i].e = e;
+        for (int j = 0; j < 16; j++) {
+            y[i].qs[j] = (uint8_t)(c[j] | (c[j + 16] << 4));
+        }
+    }
+}
+
+/* ------------------------------------------------------------------------- */
+/* dot products, portable C                                                   */
+/* ------------------------------------------------------------------------- */
+/* Each sums exact integer products per block (per super-block for K-quants)
+ * and accumulates the scaled block sums in float, as ggml's kernels do. */
+
+static void vec_dot_f32_f32(int64_t n, float *s, const void *vx /* (n,) f32 */, const void *vy /* (n,) f32 */) {
+    const float *x = vx, *y = vy;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        sum += (double)(x[i] * y[i]);
+    }
+    *s = (float)sum;
+}
+
+static void vec_dot_f16_f16(int64_t n, float *s, const void *vx /* (n,) f16 */, const void *vy /* (n,) f16 */) {
+    const uint16_t *x = vx, *y = vy;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        sum += (double)(gr_fp16_to_fp32(x[i]) * gr_fp16_to_fp32(y[i]));
+    }
+    *s = (float)sum;
+}
+
+static void vec_dot_bf16_bf16(int64_t n, float *s, const void *vx /* (n,) bf16 */, const void *vy /* (n,) bf16 */) {
+    const uint16_t *x = vx, *y = vy;
+    double sum = 0.0;
+    for (int64_t i = 0; i < n; i++) {
+        sum += (double)(gr_bf16_to_fp32(x[i]) * gr_bf16_to_fp32(y[i]));
+    }
+    *s = (float)sum;
+}
+
+static void vec_dot_q4_0_q8_0(int64_t n, float *s, const void *vx /* (n/32,) q4_0 */, const void *vy /* (n/32,) q8_0 */) {
+    const block_q4_0 *x = vx;
+    const block_q8_0 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        int isum = 0;
+        for (int j = 0; j < 16; j++) {
+            isum += ((x[i].qs[j] & 0xf) - 8) * y[i].qs[j];
+            isum += ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + 16];
+        }
+        sum += (float)isum * (gr_fp16_to_fp32(x[i].d) * gr_fp16_to_fp32(y[i].d));
+    }
+    *s = sum;
+}
+
+static void vec_dot_q4_1_q8_1(int64_t n, float *s, const void *vx /* (n/32,) q4_1 */, const void *vy /* (n/32,) q8_1 */) {
+    const block_q4_1 *x = vx;
+    const block_q8_1 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        int isum = 0;
+        for (int j = 0; j < 16; j++) {
+            isum += (x[i].qs[j] & 0xf) * y[i].qs[j];
+            isum += (x[i].qs[j] >> 4) * y[i].qs[j + 16];
+        }
+        /* the min times the activation block's stored d*sum(q) */
+        sum += (gr_fp16_to_fp32(x[i].d) * gr_fp16_to_fp32(y[i].d)) * (float)isum
+             + gr_fp16_to_fp32(x[i].m) * gr_fp16_to_fp32(y[i].s);
+    }
+    *s = sum;
+}
+
+static void vec_dot_q5_0_q8_0(int64_t n, float *s, const void *vx /* (n/32,) q5_0 */, const void *vy /* (n/32,) q8_0 */) {
+    const block_q5_0 *x = vx;
+    const block_q8_0 *y = vy;
+    int c[GR_QK];
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        gr_q5_codes(x[i].qh, x[i].qs, c);
+        int isum = 0;
+        for (int j = 0; j < GR_QK; j++) {
+            isum += (c[j] - 16) * y[i].qs[j];
+        }
+        sum += (gr_fp16_to_fp32(x[i].d) * gr_fp16_to_fp32(y[i].d)) * (float)isum;
+    }
+    *s = sum;
+}
+
+static void vec_dot_q5_1_q8_1(int64_t n, float *s, const void *vx /* (n/32,) q5_1 */, const void *vy /* (n/32,) q8_1 */) {
+    const block_q5_1 *x = vx;
+    const block_q8_1 *y = vy;
+    int c[GR_QK];
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        gr_q5_codes(x[i].qh, x[i].qs, c);
+        int isum = 0;
+        for (int j = 0; j < GR_QK; j++) {
+            isum += c[j] * y[i].qs[j];
+        }
+        sum += (gr_fp16_to_fp32(x[i].d) * gr_fp16_to_fp32(y[i].d)) * (float)isum
+             + gr_fp16_to_fp32(x[i].m) * gr_fp16_to_fp32(y[i].s);
+    }
+    *s = sum;
+}
+
+static void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *vx /* (n/32,) q8_0 */, const void *vy /* (n/32,) q8_0 */) {
+    const block_q8_0 *x = vx;
+    const block_q8_0 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        int isum = 0;
+        for (int j = 0; j < GR_QK; j++) {
+            isum += x[i].qs[j] * y[i].qs[j];
+        }
+        sum += (float)isum * (gr_fp16_to_fp32(x[i].d) * gr_fp16_to_fp32(y[i].d));
+    }
+    *s = sum;
+}
+
+/* sum over 32 elements of lut[code] * q8, codes packed as in Q4_0 */
+static inline int gr_dot_lut32(const uint8_t *qs /* (16,) */, const int8_t *lut /* (16,) */,
+                               const int8_t *q8 /* (32,) */) {
+    int a = 0, b = 0;
+    for (int j = 0; j < 16; j++) {
+        a += lut[qs[j] & 0xf] * q8[j];
+        b += lut[qs[j] >> 4] * q8[j + 16];
+    }
+    return a + b;
+}
+
+static void vec_dot_iq4_nl_q8_0(int64_t n, float *s, const void *vx /* (n/32,) iq4_nl */, const void *vy /* (n/32,) q8_0 */) {
+    const block_iq4_nl *x = vx;
+    const block_q8_0 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        const float d = gr_fp16_to_fp32(y[i].d) * gr_fp16_to_fp32(x[i].d);
+        sum += d * (float)gr_dot_lut32(x[i].qs, kvalues_iq4nl, y[i].qs);
+    }
+    *s = sum;
+}
+
+static void vec_dot_mxfp4_q8_0(int64_t n, float *s, const void *vx /* (n/32,) mxfp4 */, const void *vy /* (n/32,) q8_0 */) {
+    const block_mxfp4 *x = vx;
+    const block_q8_0 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        const float d = gr_fp16_to_fp32(y[i].d) * gr_e8m0_half(x[i].e);
+        sum += d * (float)gr_dot_lut32(x[i].qs, kvalues_fp4, y[i].qs);
+    }
+    *s = sum;
+}
+
+/* NVFP4: a 64-element block spans two Q8_0 blocks, one scale per 16 */
+static void vec_dot_nvfp4_q8_0(int64_t n, float *s, const void *vx /* (n/64,) nvfp4 */, const void *vy /* (n/32,) q8_0 */) {
+    const block_nvfp4 *x = vx;
+    const block_q8_0 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / 64; i++) {
+        for (int sb = 0; sb < 4; sb++) {
+            const block_q8_0 *yb = &y[2 * i + sb / 2];
+            const int8_t *q8 = yb->qs + 16 * (sb % 2);
+            const uint8_t *qs = x[i].qs + 8 * sb;
+            int isum = 0;
+            for (int j = 0; j < 8; j++) {
+                isum += kvalues_fp4[qs[j] & 0xf] * q8[j];
+                isum += kvalues_fp4[qs[j] >> 4] * q8[j + 8];
+            }
+            sum += gr_fp16_to_fp32(yb->d) * gr_ue4m3_half(x[i].d[sb]) * (float)isum;
+        }
+    }
+    *s = sum;
+}
+
+/* Q1_0: 128 elements (4 Q8_0 blocks), +q8 where the bit is set, -q8 where not */
+static void vec_dot_q1_0_q8_0(int64_t n, float *s, const void *vx /* (n/128,) q1_0 */, const void *vy /* (n/32,) q8_0 */) {
+    const block_q1_0 *x = vx;
+    const block_q8_0 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / 128; i++) {
+        float bsum = 0.0f;
+        for (int k = 0; k < 4; k++) {
+            const block_q8_0 *yb = &y[4 * i + k];
+            int isum = 0;
+            for (int j = 0; j < GR_QK; j++) {
+                const int e = 32 * k + j;
+                isum += ((x[i].qs[e / 8] >> (e % 8)) & 1) ? yb->qs[j] : -yb->qs[j];
+            }
+            bsum += gr_fp16_to_fp32(yb->d) * (float)isum;
+        }
+        sum += gr_fp16_to_fp32(x[i].d) * bsum;
+    }
+    *s = sum;
+}
+
+/* Q2_0: 64 elements (2 Q8_0 blocks) of codes {0..3} -> {-1..2} */
+static void vec_dot_q2_0_q8_0(int64_t n, float *s, const void *vx /* (n/64,) q2_0 */, const void *vy /* (n/32,) q8_0 */) {
+    const block_q2_0 *x = vx;
+    const block_q8_0 *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / 64; i++) {
+        float bsum = 0.0f;
+        for (int k = 0; k < 2; k++) {
+            const block_q8_0 *yb = &y[2 * i + k];
+            int isum = 0;
+            for (int j = 0; j < GR_QK; j++) {
+                const int e = 32 * k + j;
+                isum += (((x[i].qs[e / 4] >> (2 * (e % 4))) & 3) - 1) * yb->qs[j];
+            }
+            bsum += gr_fp16_to_fp32(yb->d) * (float)isum;
+        }
+        sum += gr_fp16_to_fp32(x[i].d) * bsum;
+    }
+    *s = sum;
+}
+
+/* K-quants: the min terms use the activation's bsums (sums of 16 codes), so
+ * only the scale terms touch every element */
+static void vec_dot_q2_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q2_K */, const void *vy /* (n/256,) q8_K */) {
+    const block_q2_K *x = vx;
+    const block_q8_K *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        int summ = 0, isum = 0;
+        for (int g = 0; g < 16; g++) {
+            summ += y[i].bsums[g] * (x[i].scales[g] >> 4);
+            int gsum = 0;
+            for (int e = 16 * g; e < 16 * g + 16; e++) {
+                gsum += gr_k2bits(x[i].qs, e) * y[i].qs[e];
+            }
+            isum += (x[i].scales[g] & 0xf) * gsum;
+        }
+        const float dall = y[i].d * gr_fp16_to_fp32(x[i].d);
+        const float dmin = y[i].d * gr_fp16_to_fp32(x[i].dmin);
+        sum += dall * (float)isum - dmin * (float)summ;
+    }
+    *s = sum;
+}
+
+static void vec_dot_q3_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q3_K */, const void *vy /* (n/256,) q8_K */) {
+    const block_q3_K *x = vx;
+    const block_q8_K *y = vy;
+    int8_t sc[16];
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        gr_k3_scales(x[i].scales, sc);
+        int isum = 0;
+        for (int g = 0; g < 16; g++) {
+            int gsum = 0;
+            for (int e = 16 * g; e < 16 * g + 16; e++) {
+                gsum += gr_k3code(&x[i], e) * y[i].qs[e];
+            }
+            isum += sc[g] * gsum;
+        }
+        sum += (gr_fp16_to_fp32(x[i].d) * y[i].d) * (float)isum;
+    }
+    *s = sum;
+}
+
+static void vec_dot_q4_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q4_K */, const void *vy /* (n/256,) q8_K */) {
+    const block_q4_K *x = vx;
+    const block_q8_K *y = vy;
+    uint8_t sc[8], mn[8];
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        gr_k4_scales(x[i].scales, sc, mn);
+        int summ = 0, isum = 0;
+        for (int sb = 0; sb < 8; sb++) {
+            summ += mn[sb] * (y[i].bsums[2 * sb] + y[i].bsums[2 * sb + 1]);
+            int ssum = 0;
+            for (int e = 32 * sb; e < 32 * sb + 32; e++) {
+                ssum += gr_k4code(x[i].qs, e) * y[i].qs[e];
+            }
+            isum += sc[sb] * ssum;
+        }
+        sum += (gr_fp16_to_fp32(x[i].d) * y[i].d) * (float)isum;
+        sum -= (gr_fp16_to_fp32(x[i].dmin) * y[i].d) * (float)summ;
+    }
+    *s = sum;
+}
+
+static void vec_dot_q5_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q5_K */, const void *vy /* (n/256,) q8_K */) {
+    const block_q5_K *x = vx;
+    const block_q8_K *y = vy;
+    uint8_t sc[8], mn[8];
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        gr_k4_scales(x[i].scales, sc, mn);
+        int summ = 0, isum = 0;
+        for (int sb = 0; sb < 8; sb++) {
+            summ += mn[sb] * (y[i].bsums[2 * sb] + y[i].bsums[2 * sb + 1]);
+            int ssum = 0;
+            for (int e = 32 * sb; e < 32 * sb + 32; e++) {
+                ssum += gr_k5code(&x[i], e) * y[i].qs[e];
+            }
+            isum += sc[sb] * ssum;
+        }
+        sum += (gr_fp16_to_fp32(x[i].d) * y[i].d) * (float)isum;
+        sum -= (gr_fp16_to_fp32(x[i].dmin) * y[i].d) * (float)summ;
+    }
+    *s = sum;
+}
+
+static void vec_dot_q6_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q6_K */, const void *vy /* (n/256,) q8_K */) {
+    const block_q6_K *x = vx;
+    const block_q8_K *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        int isum = 0;
+        for (int g = 0; g < 16; g++) {
+            int gsum = 0;
+            for (int e = 16 * g; e < 16 * g + 16; e++) {
+                gsum += gr_k6code(&x[i], e) * y[i].qs[e];
+            }
+            isum += x[i].scales[g] * gsum;
+        }
+        sum += (gr_fp16_to_fp32(x[i].d) * y[i].d) * (float)isum;
+    }
+    *s = sum;
+}
+
+static void vec_dot_iq4_xs_q8_K(int64_t n, float *s, const void *vx /* (n/256,) iq4_xs */, const void *vy /* (n/256,) q8_K */) {
+    const block_iq4_xs *x = vx;
+    const block_q8_K *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        const float d = gr_fp16_to_fp32(x[i].d) * y[i].d;
+        for (int ib = 0; ib < 8; ib++) {
+            const int isum = gr_dot_lut32(x[i].qs + 16 * ib, kvalues_iq4nl, y[i].qs + 32 * ib);
+            sum += (d * (float)gr_iq4xs_scale(&x[i], ib)) * (float)isum;
+        }
+    }
+    *s = sum;
+}
+
+static void vec_dot_tq1_0_q8_K(int64_t n, float *s, const void *vx /* (n/256,) tq1_0 */, const void *vy /* (n/256,) q8_K */) {
+    const block_tq1_0 *x = vx;
+    const block_q8_K *y = vy;
+    int8_t c[GR_QK_K];
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        gr_tq1_codes(&x[i], c);
+        int isum = 0;
+        for (int e = 0; e < GR_QK_K; e++) {
+            isum += (c[e] - 1) * y[i].qs[e];
+        }
+        sum += (float)isum * (gr_fp16_to_fp32(x[i].d) * y[i].d);
+    }
+    *s = sum;
+}
+
+static void vec_dot_tq2_0_q8_K(int64_t n, float *s, const void *vx /* (n/256,) tq2_0 */, const void *vy /* (n/256,) q8_K */) {
+    const block_tq2_0 *x = vx;
+    const block_q8_K *y = vy;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        int isum = 0;
+        for (int e = 0; e < GR_QK_K; e++) {
+            isum += (gr_k2bits(x[i].qs, e) - 1) * y[i].qs[e];
+        }
+        sum += (float)isum * (y[i].d * gr_fp16_to_fp32(x[i].d));
+    }
+    *s = sum;
+}
+
+/* ------------------------------------------------------------------------- */
+/* AVX2 + FMA + F16C kernels                                                  */
+/* ------------------------------------------------------------------------- */
+#if GR_HAVE_X86
+
+GR_AVX2 static inline float gr_hsum_ps8(__m256 v) {
+    __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
+    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
+    r = _mm_add_ss(r, _mm_movehdup_ps(r));
+    return _mm_cvtss_f32(r);
+}
+
+GR_AVX2 static inline int32_t gr_hsum_epi32x8(__m256i v) {
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    r = _mm_add_epi32(r, _mm_unpackhi_epi64(r, r));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(r);
+}
+
+/* 16 bytes of packed nibbles -> 32 bytes in 0..15: low nibbles first, then high */
+GR_AVX2 static inline __m256i gr_nibbles32(const uint8_t *p /* (16,) */) {
+    const __m128i t = _mm_loadu_si128((const __m128i *)p);
+    const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+    return _mm256_and_si256(b, _mm256_set1_epi8(0x0f));
+}
+
+/* signed int8 x signed int8, 32 lanes -> 8 int32 lanes of 4-product sums
+ * (the sign of x moves onto y so that PMADDUBSW sees |x| unsigned) */
+GR_AVX2 static inline __m256i gr_dot_i8(__m256i x, __m256i y) {
+    const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
+    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
+}
+
+/* two int16 scales, one per 128-bit half (16 elements each of a 32-byte
+ * PMADDUBSW), or the same one twice */
+GR_AVX2 static inline __m256i gr_scales16(int lo, int hi) {
+    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)lo)),
+                                   _mm_set1_epi16((short)hi), 1);
+}
+
+GR_AVX2 static void gr_f16_to_f32_row_f16c(const void *vx /* (n,) f16 */, float *y /* (n,) */, int64_t n) {
+    const uint16_t *x = vx;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
+    }
+    for (; i < n; i++) {
+        y[i] = _cvtsh_ss(x[i]);
+    }
+}
+
+GR_AVX2 static void gr_f32_to_f16_row_f16c(const float *x /* (n,) */, void *vy /* (n,) f16 */, int64_t n) {
+    uint16_t *y = vy;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
+        _mm_storeu_si128((__m128i *)(y + i), h);
+    }
+    for (; i < n; i++) {
+        y[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
+    }
+}
+
+GR_AVX2 static void gr_bf16_to_f32_row_avx2(const void *vx /* (n,) bf16 */, float *y /* (n,) */, int64_t n) {
+    const uint16_t *x = vx;
+    int64_t i = 0;
+    for (; i + 8 <= n; i += 8) {
+        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i)));
+        _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
+    }
+    for (; i < n; i++) {
+        y[i] = gr_bf16_to_fp32(x[i]);
+    }
+}
+
+/* one Q8_0/Q8_1 block the way ggml's AVX quantizer computes it (same lane
+ * order as gr_amax32_lanes/gr_q8_block_x86, which it must equal bit for bit) */
+GR_AVX2 static inline float gr_q8_block_avx2(const float *x /* (32,) */, int8_t *qs /* (32,) */, int32_t *sum) {
+    __m256 v0 = _mm256_loadu_ps(x);
+    __m256 v1 = _mm256_loadu_ps(x + 8);
+    __m256 v2 = _mm256_loadu_ps(x + 16);
+    __m256 v3 = _mm256_loadu_ps(x + 24);
+    const __m256 sign = _mm256_set1_ps(-0.0f);
+    __m256 m = _mm256_andnot_ps(sign, v0);
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v1));
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v2));
+    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v3));
+    __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
+    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
+    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
+    const float amax = _mm_cvtss_f32(m4);
+
+    const float d = amax / 127.0f;
+    const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
+    const int rn = _MM_FROUND_TO_NEAREST_INT;
+    const __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, id), rn));
+    const __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, id), rn));
+    const __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, id), rn));
+    const __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, id), rn));
+    *sum = gr_hsum_epi32x8(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
+
+    /* the packs work per 128-bit lane: dwords come out as 0 4 1 5 2 6 3 7 */
+    const __m256i w01 = _mm256_packs_epi32(i0, i1);
+    const __m256i w23 = _mm256_packs_epi32(i2, i3);
+    const __m256i b = _mm256_packs_epi16(w01, w23);
+    const __m256i q = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256((__m256i *)qs, q);
+    return d;
+}
+
+GR_AVX2 static void quantize_row_q8_0_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+    block_q8_0 *y = vy;
+    int32_t sum;
+    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
+        y[i].d = _cvtss_sh(gr_q8_block_avx2(x, y[i].qs, &sum), _MM_FROUND_TO_NEAREST_INT);
+    }
+}
+
+GR_AVX2 static void quantize_row_q8_1_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+    block_q8_1 *y = vy;
+    int32_t sum;
+    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
+        const float d = gr_q8_block_avx2(x, y[i].qs, &sum);
+        y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
+        y[i].s = _cvtss_sh(d * (float)sum, _MM_FROUND_TO_NEAREST_INT);
+    }
+}
+
+/* F32/F16: four 8-lane FMA accumulators over steps of 32, reduced pairwise,
+ * then the tail; F16 keeps the tail in double like ggml */
+GR_AVX2 static inline float gr_reduce4_ps8(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
+    const __m256 a = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
+    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
+    const __m128 t1 = _mm_hadd_ps(t0, t0);
+    return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+}
+
+GR_AVX2 static void vec_dot_f32_f32_avx2(int64_t n, float *s, const void *vx /* (n,) f32 */, const void *vy /* (n,) f32 */) {
+    const float *x = vx, *y = vy;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const int64_t np = n & ~(int64_t)31;
+    for (int64_t i = 0; i < np; i += 32) {
+        for (int j = 0; j < 4; j++) {
+            acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * j), _mm256_loadu_ps(y + i + 8 * j), acc[j]);
+        }
+    }
+    float sum = gr_reduce4_ps8(acc[0], acc[1], acc[2], acc[3]);
+    for (int64_t i = np; i < n; i++) {
+        sum += x[i] * y[i];
+    }
+    *s = sum;
+}
+
+GR_AVX2 static void vec_dot_f16_f16_avx2(int64_t n, float *s, const void *vx /* (n,) f16 */, const void *vy /* (n,) f16 */) {
+    const uint16_t *x = vx, *y = vy;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    const int64_t np = n & ~(int64_t)31;
+    for (int64_t i = 0; i < np; i += 32) {
+        for (int j = 0; j < 4; j++) {
+            const __m256 ax = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i + 8 * j)));
+            const __m256 ay = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i + 8 * j)));
+            acc[j] = _mm256_fmadd_ps(ax, ay, acc[j]);
+        }
+    }
+    double sum = gr_reduce4_ps8(acc[0], acc[1], acc[2], acc[3]);
+    for (int64_t i = np; i < n; i++) {
+        sum += (double)(_cvtsh_ss(x[i]) * _cvtsh_ss(y[i]));
+    }
+    *s = (float)sum;
+}
+
+/* BF16: ggml multiplies and adds separately here (no FMA) */
+GR_AVX2 static inline __m256 gr_load_bf16x8(const uint16_t *p /* (8,) */) {
+    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
+    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
+}
+
+GR_AVX2 static void vec_dot_bf16_bf16_avx2(int64_t n, float *s, const void *vx /* (n,) bf16 */, const void *vy /* (n,) bf16 */) {
+    const uint16_t *x = vx, *y = vy;
+    __m256 c[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 32 <= n; i += 32) {
+        for (int j = 0; j < 4; j++) {
+            c[j] = _mm256_add_ps(_mm256_mul_ps(gr_load_bf16x8(x + i + 8 * j), gr_load_bf16x8(y + i + 8 * j)), c[j]);
+        }
+    }
+    double sum = gr_hsum_ps8(_mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3])));
+    for (; i < n; i++) {
+        sum += (double)(gr_bf16_to_fp32(x[i]) * gr_bf16_to_fp32(y[i]));
+    }
+    *s = (float)sum;
+}
+
+GR_AVX2 static void vec_dot_q4_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_0 */, const void *vy /* (n/32,) q8_0 */) {
+    const block_q4_0 *x = vx;
+    const block_q8_0 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d));
+        const __m256i qx = _mm256_sub_epi8(gr_nibbles32(x[i].qs), _mm256_set1_epi8(8));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc);
+    }
+    *s = gr_hsum_ps8(acc);
+}
+
+GR_AVX2 static void vec_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q8_0 */, const void *vy /* (n/32,) q8_0 */) {
+    const block_q8_0 *x = vx;
+    const block_q8_0 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d));
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc);
+    }
+    *s = gr_hsum_ps8(acc);
+}
+
+/* Q4_K/Q5_K min term: dmin * sum over sub-blocks of min * (sum of its 32 q8) */
+static inline int gr_k4_minsum(const uint8_t *mn /* (8,) */, const int16_t *bsums /* (16,) */) {
+    int summ = 0;
+    for (int sb = 0; sb < 8; sb++) {
+        summ += mn[sb] * (bsums[2 * sb] + bsums[2 * sb + 1]);
+    }
+    return summ;
+}
+
+GR_AVX2 static void vec_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q4_K */, const void *vy /* (n/256,) q8_K */) {
+    const block_q4_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc = _mm256_setzero_ps();
+    float acc_m = 0.0f;
+    uint8_t sc[8], mn[8];
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        const float d = y[i].d * _cvtsh_ss(x[i].d);
+        const float dmin = -y[i].d * _cvtsh_ss(x[i].dmin);
+        gr_k4_scales(x[i].scales, sc, mn);
+        acc_m += dmin * (float)gr_k4_minsum(mn, y[i].bsums);
+
+        const uint8_t *q4 = x[i].qs;
+        const int8_t *q8 = y[i].qs;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++, q4 += 32, q8 += 64) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)q4);
+            const __m256i lo = _mm256_and_si256(bits, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q8));
+            const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j]), pl));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1]), ph));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = gr_hsum_ps8(acc) + acc_m;
+}
+
+GR_AVX2 static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q5_K */, const void *vy /* (n/256,) q8_K */) {
+    const block_q5_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc = _mm256_setzero_ps();
+    float acc_m = 0.0f;
+    uint8_t sc[8], mn[8];
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        const float d = y[i].d * _cvtsh_ss(x[i].d);
+        const float dmin = -y[i].d * _cvtsh_ss(x[i].dmin);
+        gr_k4_scales(x[i].scales, sc, mn);
+        acc_m += dmin * (float)gr_k4_minsum(mn, y[i].bsums);
+
+        const uint8_t *q5 = x[i].qs;
+        const int8_t *q8 = y[i].qs;
+        const __m256i hbits = _mm256_loadu_si256((const __m256i *)x[i].qh);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++, q5 += 32, q8 += 64) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)q5);
+            /* bit 2j of qh[l] is the 5th bit of the low nibble, bit 2j+1 of the high */
+            const __m256i hl = _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), _mm256_set1_epi8(1));
+            const __m256i hh = _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), _mm256_set1_epi8(1));
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(bits, m4), _mm256_slli_epi16(hl, 4));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
+                                               _mm256_slli_epi16(hh, 4));
+            const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q8));
+            const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j]), pl));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1]), ph));
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = gr_hsum_ps8(acc) + acc_m;
+}
+
+/* Q6_K: the unsigned codes 0..63 go through PMADDUBSW; the bias of 32 comes
+ * off at the end as 32 * sum(scale * bsum) */
+GR_AVX2 static void vec_dot_q6_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q6_K */, const void *vy /* (n/256,) q8_K */) {
+    const block_q6_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m256i m15 = _mm256_set1_epi8(15);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        const float d = y[i].d * _cvtsh_ss(x[i].d);
+        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
+
+        const uint8_t *ql = x[i].ql;
+        const uint8_t *qh = x[i].qh;
+        const int8_t *q8 = y[i].qs;
+        const int8_t *sc = x[i].scales;
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++, ql += 64, qh += 32, q8 += 128, sc += 8) {
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m15),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m15),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
+            for (int k = 0; k < 4; k++) {
+                const __m256i p16 = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(q8 + 32 * k)));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(gr_scales16(sc[2 * k], sc[2 * k + 1]), p16));
+            }
+        }
+        sumi = _mm256_sub_epi32(sumi, bias);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = gr_hsum_ps8(acc);
+}
+
+#endif /* GR_HAVE_X86 */
+
+/* ------------------------------------------------------------------------- */
+/* dispatch                                                                   */
+/* ------------------------------------------------------------------------- */
+
+#define GR_NTYPES 43   /* ggml_type ids 0..42 */
+
+typedef struct {
+    int32_t blck;                       /* elements per block; 0 = not handled here */
+    int32_t vec_dot_type;               /* ggml's activation type for MUL_MAT, -1 none */
+    ggmlrpc_to_float_fn to_float;
+    ggmlrpc_from_float_fn from_float;
+    ggmlrpc_from_float_fn from_float_ref;   /* NULL: same as from_float */
+    ggmlrpc_vec_dot_fn vec_dot;
+} gr_qtraits;
+
+static const gr_qtraits gr_traits[GR_NTYPES] = {
+    [GR_TYPE_F32] = {1, GR_TYPE_F32, gr_f32_copy_row, gr_f32_store_row, NULL, vec_dot_f32_f32},
+    [GR_TYPE_F16] = {1, GR_TYPE_F16, gr_f16_to_f32_row, gr_f32_to_f16_row, NULL, vec_dot_f16_f16},
+    [GR_TYPE_BF16] = {1, GR_TYPE_BF16, gr_bf16_to_f32_row, gr_f32_to_bf16_row, NULL, vec_dot_bf16_bf16},
+    [GR_TYPE_Q4_0] = {32, GR_TYPE_Q8_0, dequantize_row_q4_0, quantize_row_q4_0, NULL, vec_dot_q4_0_q8_0},
+    [GR_TYPE_Q4_1] = {32, GR_TYPE_Q8_1, dequantize_row_q4_1, quantize_row_q4_1, NULL, vec_dot_q4_1_q8_1},
+    [GR_TYPE_Q5_0] = {32, GR_TYPE_Q8_0, dequantize_row_q5_0, quantize_row_q5_0, NULL, vec_dot_q5_0_q8_0},
+    [GR_TYPE_Q5_1] = {32, GR_TYPE_Q8_1, dequantize_row_q5_1, quantize_row_q5_1, NULL, vec_dot_q5_1_q8_1},
+    [GR_TYPE_Q8_0] = {32, GR_TYPE_Q8_0, dequantize_row_q8_0, quantize_row_q8_0, quantize_row_q8_0_ref,
+                      vec_dot_q8_0_q8_0},
+    [GR_TYPE_Q8_1] = {32, -1, NULL, quantize_row_q8_1, quantize_row_q8_1_ref, NULL},
+    [GR_TYPE_Q2_K] = {256, GR_TYPE_Q8_K, dequantize_row_q2_K, NULL, NULL, vec_dot_q2_K_q8_K},
+    [GR_TYPE_Q3_K] = {256, GR_TYPE_Q8_K, dequantize_row_q3_K, NULL, NULL, vec_dot_q3_K_q8_K},
+    [GR_TYPE_Q4_K] = {256, GR_TYPE_Q8_K, dequantize_row_q4_K, NULL, NULL, vec_dot_q4_K_q8_K},
+    [GR_TYPE_Q5_K] = {256, GR_TYPE_Q8_K, dequantize_row_q5_K, NULL, NULL, vec_dot_q5_K_q8_K},
+    [GR_TYPE_Q6_K] = {256, GR_TYPE_Q8_K, dequantize_row_q6_K, NULL, NULL, vec_dot_q6_K_q8_K},
+    [GR_TYPE_Q8_K] = {256, -1, dequantize_row_q8_K, quantize_row_q8_K, NULL, NULL},
+    /* the grid-based IQ formats: ggml multiplies them with Q8_K activations,
+     * this library has no kernels for them */
+    [GR_TYPE_IQ2_XXS] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
+    [GR_TYPE_IQ2_XS] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
+    [GR_TYPE_IQ3_XXS] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
+    [GR_TYPE_IQ1_S] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
+    [GR_TYPE_IQ3_S] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
+    [GR_TYPE_IQ2_S] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
+    [GR_TYPE_IQ1_M] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
+    [GR_TYPE_IQ4_NL] = {32, GR_TYPE_Q8_0, dequantize_row_iq4_nl, quantize_row_iq4_nl, NULL, vec_dot_iq4_nl_q8_0},
+    [GR_TYPE_IQ4_XS] = {256, GR_TYPE_Q8_K, dequantize_row_iq4_xs, NULL, NULL, vec_dot_iq4_xs_q8_K},
+    [GR_TYPE_TQ1_0] = {256, GR_TYPE_Q8_K, dequantize_row_tq1_0, NULL, NULL, vec_dot_tq1_0_q8_K},
+    [GR_TYPE_TQ2_0] = {256, GR_TYPE_Q8_K, dequantize_row_tq2_0, NULL, NULL, vec_dot_tq2_0_q8_K},
+    [GR_TYPE_MXFP4] = {32, GR_TYPE_Q8_0, dequantize_row_mxfp4, quantize_row_mxfp4, NULL, vec_dot_mxfp4_q8_0},
+    [GR_TYPE_NVFP4] = {64, GR_TYPE_Q8_0, dequantize_row_nvfp4, NULL, NULL, vec_dot_nvfp4_q8_0},
+    [GR_TYPE_Q1_0] = {128, GR_TYPE_Q8_0, dequantize_row_q1_0, NULL, NULL, vec_dot_q1_0_q8_0},
+    [GR_TYPE_Q2_0] = {64, GR_TYPE_Q8_0, dequantize_row_q2_0, NULL, NULL, vec_dot_q2_0_q8_0},
+};
+
+#if GR_HAVE_X86
+/* the AVX2 replacements; NULL entries keep the portable kernel */
+typedef struct {
+    ggmlrpc_to_float_fn to_float;
+    ggmlrpc_from_float_fn from_float;
+    ggmlrpc_vec_dot_fn vec_dot;
+} gr_simd_kernels;
+
+static const gr_simd_kernels gr_avx2[GR_NTYPES] = {
+    [GR_TYPE_F32] = {NULL, NULL, vec_dot_f32_f32_avx2},
+    [GR_TYPE_F16] = {gr_f16_to_f32_row_f16c, gr_f32_to_f16_row_f16c, vec_dot_f16_f16_avx2},
+    [GR_TYPE_BF16] = {gr_bf16_to_f32_row_avx2, NULL, vec_dot_bf16_bf16_avx2},
+    [GR_TYPE_Q4_0] = {NULL, NULL, vec_dot_q4_0_q8_0_avx2},
+    [GR_TYPE_Q8_0] = {NULL, quantize_row_q8_0_avx2, vec_dot_q8_0_q8_0_avx2},
+    [GR_TYPE_Q8_1] = {NULL, quantize_row_q8_1_avx2, NULL},
+    [GR_TYPE_Q4_K] = {NULL, NULL, vec_dot_q4_K_q8_K_avx2},
+    [GR_TYPE_Q5_K] = {NULL, NULL, vec_dot_q5_K_q8_K_avx2},
+    [GR_TYPE_Q6_K] = {NULL, NULL, vec_dot_q6_K_q8_K_avx2},
+};
+#endif
+
+/* -1 until first use, then the level in force (0 portable, 1 AVX2) */
+static int gr_level = -1;
+
+static int gr_cpu_level(void) {
+#if GR_HAVE_X86
+    __builtin_cpu_init();
+    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
+        return 1;
+    }
+#endif
+    return 0;
+}
+
+static int gr_simd_level(void) {
+    int level = __atomic_load_n(&gr_level, __ATOMIC_RELAXED);
+    if (level < 0) {
+        /* every thread that races here computes the same value */
+        level = gr_cpu_level();
+        __atomic_store_n(&gr_level, level, __ATOMIC_RELAXED);
+    }
+    return level;
+}
+
+int ggmlrpc_quants_simd(int level) {
+    if (level < 0) {
+        return gr_simd_level();
+    }
+    const int hw = gr_cpu_level();
+    const int set = level < hw ? level : hw;
+    __atomic_store_n(&gr_level, set, __ATOMIC_RELAXED);
+    return set;
+}
+
+static const gr_qtraits *gr_find(uint32_t type) {
+    return type < GR_NTYPES && gr_traits[type].blck > 0 ? &gr_traits[type] : NULL;
+}
+
+ggmlrpc_to_float_fn ggmlrpc_get_to_float(uint32_t type) {
+    const gr_qtraits *t = gr_find(type);
+    if (t == NULL) return NULL;
+#if GR_HAVE_X86
+    if (gr_simd_level() >= 1 && gr_avx2[type].to_float) return gr_avx2[type].to_float;
+#endif
+    return t->to_float;
+}
+
+ggmlrpc_from_float_fn ggmlrpc_get_from_float(uint32_t type) {
+    const gr_qtraits *t = gr_find(type);
+    if (t == NULL) return NULL;
+#if GR_HAVE_X86
+    if (gr_simd_level() >= 1 && gr_avx2[type].from_float) return gr_avx2[type].from_float;
+#endif
+    return t->from_float;
+}
+
+ggmlrpc_vec_dot_fn ggmlrpc_get_vec_dot(uint32_t weight_type) {
+    const gr_qtraits *t = gr_find(weight_type);
+    if (t == NULL) return NULL;
+#if GR_HAVE_X86
+    if (gr_simd_level() >= 1 && gr_avx2[weight_type].vec_dot) return gr_avx2[weight_type].vec_dot;
+#endif
+    return t->vec_dot;
+}
+
+int ggmlrpc_vec_dot_type(uint32_t weight_type) {
+    const gr_qtraits *t = gr_find(weight_type);
+    return t ? t->vec_dot_type : -1;
+}
+
+static bool gr_whole_blocks(uint32_t type, int64_t n) {
+    const gr_qtraits *t = gr_find(type);
+    return t != NULL && n >= 0 && n % t->blck == 0;
+}
+
+int ggmlrpc_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n) {
+    const ggmlrpc_to_float_fn f = ggmlrpc_get_to_float(type);
+    if (f == NULL || !gr_whole_blocks(type, n)) return -1;
+    f(src, dst, n);
+    return 0;
+}
+
+int ggmlrpc_quantize_row(uint32_t type, const float *src, void *dst, int64_t n) {
+    const ggmlrpc_from_float_fn f = ggmlrpc_get_from_float(type);
+    if (f == NULL || !gr_whole_blocks(type, n)) return -1;
+    f(src, dst, n);
+    return 0;
+}
+
+int ggmlrpc_quantize_row_ref(uint32_t type, const float *src, void *dst, int64_t n) {
+    const gr_qtraits *t = gr_find(type);
+    if (t == NULL || t->from_float_ref == NULL) {
+        return ggmlrpc_quantize_row(type, src, dst, n);
+    }
+    if (!gr_whole_blocks(type, n)) return -1;
+    t->from_float_ref(src, dst, n);
+    return 0;
+}
+
+int ggmlrpc_vec_dot(uint32_t weight_type, int64_t n, float *s, const void *w_row, const void *act_row) {
+    const ggmlrpc_vec_dot_fn f = ggmlrpc_get_vec_dot(weight_type);
+    if (f == NULL || !gr_whole_blocks(weight_type, n)) return -1;
+    const int act = ggmlrpc_vec_dot_type(weight_type);
+    if (act < 0 || !gr_whole_blocks((uint32_t)act, n)) return -1;
+    f(n, s, w_row, act_row);
+    return 0;
+}

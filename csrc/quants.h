@@ -1,0 +1,166 @@
+/* ggml's quantized formats: fp16/bf16 conversion, row (de)quantization and the
+ * quantized dot products that GET_ROWS, CPY/SET_ROWS and MUL_MAT run on the CPU.
+ * Plain C: no Python.h.
+ *
+ * Every function here is thread-safe, allocates nothing and works on one row or
+ * one chunk of a row: `n` counts elements and must be a multiple of the type's
+ * block size (ggmlrpc_blck_size in rpc.h), which the executor checks once when it
+ * plans a node. Pointers need no alignment beyond that of their element type
+ * (blocks are byte arrays; every SIMD load is unaligned).
+ *
+ * Numerics follow ggml's CPU backend as built for an x86-64 host with AVX2/F16C:
+ *  - quantize_row (from_float) is bit-exact with what that backend writes, which
+ *    for Q8_0 and Q8_1 is its AVX path (multiplier 127/amax, round half to even),
+ *    not ggml-quants.c's reference (1/d, round half away from zero) that gguf-py
+ *    mirrors; quantize_row_ref gives the latter;
+ *  - fp16 conversion behaves like the F16C instructions everywhere, NaNs included
+ *    (they come out quiet with their top payload bits kept), whether or not this
+ *    build or this CPU has F16C;
+ *  - vec_dot sums in the same order as ggml's kernels per block, so results agree
+ *    to float rounding (not bit for bit: FMA and lane order differ by path).
+ */
+#ifndef GGMLRPC_QUANTS_H
+#define GGMLRPC_QUANTS_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ggml_type ids (shared/spec/PROTOCOL.md, "ggml_type") used by this library. */
+enum gr_type {
+    GR_TYPE_F32 = 0,
+    GR_TYPE_F16 = 1,
+    GR_TYPE_Q4_0 = 2,
+    GR_TYPE_Q4_1 = 3,
+    GR_TYPE_Q5_0 = 6,
+    GR_TYPE_Q5_1 = 7,
+    GR_TYPE_Q8_0 = 8,
+    GR_TYPE_Q8_1 = 9,
+    GR_TYPE_Q2_K = 10,
+    GR_TYPE_Q3_K = 11,
+    GR_TYPE_Q4_K = 12,
+    GR_TYPE_Q5_K = 13,
+    GR_TYPE_Q6_K = 14,
+    GR_TYPE_Q8_K = 15,
+    GR_TYPE_IQ2_XXS = 16,
+    GR_TYPE_IQ2_XS = 17,
+    GR_TYPE_IQ3_XXS = 18,
+    GR_TYPE_IQ1_S = 19,
+    GR_TYPE_IQ4_NL = 20,
+    GR_TYPE_IQ3_S = 21,
+    GR_TYPE_IQ2_S = 22,
+    GR_TYPE_IQ4_XS = 23,
+    GR_TYPE_IQ1_M = 29,
+    GR_TYPE_BF16 = 30,
+    GR_TYPE_TQ1_0 = 34,
+    GR_TYPE_TQ2_0 = 35,
+    GR_TYPE_MXFP4 = 39,
+    GR_TYPE_NVFP4 = 40,
+    GR_TYPE_Q1_0 = 41,
+    GR_TYPE_Q2_0 = 42,
+};
+
+#define GR_QK_K 256   /* elements per K-quant super-block */
+
+/* ---- block layouts (ggml-common.h); all sizes pinned in quants.c ---------- */
+
+typedef uint16_t gr_fp16_t;   /* IEEE binary16 bits */
+typedef uint16_t gr_bf16_t;   /* bfloat16 bits */
+
+/* | d f16 | qs u8[16] |: x[j] = d*((qs[j]&15)-8), x[j+16] = d*((qs[j]>>4)-8) */
+typedef struct { gr_fp16_t d; uint8_t qs[16]; } block_q4_0;
+/* | d f16 | m f16 | qs u8[16] |: x = d*q + m */
+typedef struct { gr_fp16_t d; gr_fp16_t m; uint8_t qs[16]; } block_q4_1;
+/* | d f16 | qh u8[4] | qs u8[16] |: bit j of qh is the 5th bit of element j */
+typedef struct { gr_fp16_t d; uint8_t qh[4]; uint8_t qs[16]; } block_q5_0;
+typedef struct { gr_fp16_t d; gr_fp16_t m; uint8_t qh[4]; uint8_t qs[16]; } block_q5_1;
+/* | d f16 | qs i8[32] | */
+typedef struct { gr_fp16_t d; int8_t qs[32]; } block_q8_0;
+/* | d f16 | s f16 = d*sum(qs) | qs i8[32] | */
+typedef struct { gr_fp16_t d; gr_fp16_t s; int8_t qs[32]; } block_q8_1;
+/* | e u8 (E8M0) | qs u8[16] (E2M1 indices) | */
+typedef struct { uint8_t e; uint8_t qs[16]; } block_mxfp4;
+/* | d u8[4] (UE4M3, one per 16 elements) | qs u8[32] (E2M1 indices) | */
+typedef struct { uint8_t d[4]; uint8_t qs[32]; } block_nvfp4;
+/* | d f16 | qs u8[16] |: bit j set -> +d, clear -> -d (128 elements) */
+typedef struct { gr_fp16_t d; uint8_t qs[16]; } block_q1_0;
+/* | d f16 | qs u8[16] |: 2-bit codes {0,1,2,3} -> {-1,0,1,2} * d (64 elements) */
+typedef struct { gr_fp16_t d; uint8_t qs[16]; } block_q2_0;
+/* | scales u8[16] (4-bit scale | 4-bit min) | qs u8[64] | d f16 | dmin f16 | */
+typedef struct { uint8_t scales[16]; uint8_t qs[64]; gr_fp16_t d; gr_fp16_t dmin; } block_q2_K;
+/* | hmask u8[32] | qs u8[64] | scales u8[12] (16 six-bit) | d f16 | */
+typedef struct { uint8_t hmask[32]; uint8_t qs[64]; uint8_t scales[12]; gr_fp16_t d; } block_q3_K;
+/* | d f16 | dmin f16 | scales u8[12] (8 six-bit scales, 8 six-bit mins) | qs u8[128] | */
+typedef struct { gr_fp16_t d; gr_fp16_t dmin; uint8_t scales[12]; uint8_t qs[128]; } block_q4_K;
+/* | d f16 | dmin f16 | scales u8[12] | qh u8[32] | qs u8[128] | */
+typedef struct { gr_fp16_t d; gr_fp16_t dmin; uint8_t scales[12]; uint8_t qh[32]; uint8_t qs[128]; } block_q5_K;
+/* | ql u8[128] | qh u8[64] | scales i8[16] | d f16 | */
+typedef struct { uint8_t ql[128]; uint8_t qh[64]; int8_t scales[16]; gr_fp16_t d; } block_q6_K;
+/* | d f32 | qs i8[256] | bsums i16[16] (sums of 16 qs) | */
+typedef struct { float d; int8_t qs[256]; int16_t bsums[16]; } block_q8_K;
+/* | d f16 | qs u8[16] |: x = d * kvalues_iq4nl[q] */
+typedef struct { gr_fp16_t d; uint8_t qs[16]; } block_iq4_nl;
+/* | d f16 | scales_h u16 | scales_l u8[4] | qs u8[128] | (8 six-bit scales - 32) */
+typedef struct { gr_fp16_t d; uint16_t scales_h; uint8_t scales_l[4]; uint8_t qs[128]; } block_iq4_xs;
+/* | qs u8[48] (5 trits a byte) | qh u8[4] (4 trits a byte) | d f16 | */
+typedef struct { uint8_t qs[48]; uint8_t qh[4]; gr_fp16_t d; } block_tq1_0;
+/* | qs u8[64] (2-bit codes - 1) | d f16 | */
+typedef struct { uint8_t qs[64]; gr_fp16_t d; } block_tq2_0;
+
+/* ---- scalar conversions (F16C semantics; round to nearest even) ----------- */
+
+float ggmlrpc_fp16_to_fp32(gr_fp16_t h);
+gr_fp16_t ggmlrpc_fp32_to_fp16(float f);
+float ggmlrpc_bf16_to_fp32(gr_bf16_t h);
+gr_bf16_t ggmlrpc_fp32_to_bf16(float f);   /* ggml: nearest even; NaN -> quiet NaN */
+
+/* ---- rows ---------------------------------------------------------------- */
+
+/* Function shapes the executor can resolve once per node. */
+typedef void (*ggmlrpc_to_float_fn)(const void *src, float *dst, int64_t n);
+typedef void (*ggmlrpc_from_float_fn)(const float *src, void *dst, int64_t n);
+/* *s = dot(w_row, act_row) over n elements; w_row holds n/blck(weight) blocks,
+ * act_row n/blck(vec_dot_type) blocks. */
+typedef void (*ggmlrpc_vec_dot_fn)(int64_t n, float *s, const void *w_row, const void *act_row);
+
+/* NULL for a type this library cannot convert. The returned kernels use the
+ * best SIMD path this CPU has (see ggmlrpc_quants_simd). */
+ggmlrpc_to_float_fn ggmlrpc_get_to_float(uint32_t type);
+ggmlrpc_from_float_fn ggmlrpc_get_from_float(uint32_t type);
+ggmlrpc_vec_dot_fn ggmlrpc_get_vec_dot(uint32_t weight_type);
+
+/* The same through a switch; each returns 0, or -1 when the type is not
+ * supported or n is not a whole number of blocks (nothing is written then).
+ *   dequantize_row: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_K, Q2_K..Q6_K,
+ *                   IQ4_NL, IQ4_XS, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0, Q2_0
+ *   quantize_row:   F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K,
+ *                   IQ4_NL, MXFP4 (ggml's CPU from_float)
+ *   quantize_row_ref: as quantize_row, but Q8_0/Q8_1 follow ggml-quants.c */
+int ggmlrpc_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
+int ggmlrpc_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
+int ggmlrpc_quantize_row_ref(uint32_t type, const float *src, void *dst, int64_t n);
+
+/* The type ggml's CPU backend converts MUL_MAT activations (src1) to before the
+ * dot product with a weight row of weight_type (type_traits_cpu.vec_dot_type):
+ * F32->F32, F16->F16, BF16->BF16, Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4/NVFP4/Q1_0/Q2_0->Q8_0,
+ * Q4_1/Q5_1->Q8_1, K-quants, IQ4_XS, the grid IQ types and TQ1_0/TQ2_0->Q8_K. -1 for types ggml cannot multiply. */
+int ggmlrpc_vec_dot_type(uint32_t weight_type);
+
+/* *s = dot of one weight row with one activation row already converted to
+ * ggmlrpc_vec_dot_type(weight_type). 0, or -1 (unsupported type, bad n). */
+int ggmlrpc_vec_dot(uint32_t weight_type, int64_t n, float *s, const void *w_row, const void *act_row);
+
+/* Which kernels get_* hands out: 0 portable C, 1 AVX2+FMA+F16C. With level < 0
+ * only reports the current level; otherwise sets it (clamped to what the CPU
+ * has) and returns the level in force. Process-wide: meant for tests and
+ * benchmarks comparing paths, not to be flipped while kernels run. */
+int ggmlrpc_quants_simd(int level);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif /* GGMLRPC_QUANTS_H */
