@@ -119,13 +119,13 @@ def main(argv: list[str] | None = None) -> int:
         return 1
     logging.basicConfig(level=logging.DEBUG if "GGML_RPC_DEBUG" in os.environ else logging.INFO,
                         format="%(message)s", stream=sys.stderr)
+    if params.host != "127.0.0.1":  # llama.cpp warns first, whatever the host
+        sys.stderr.write(host_warning(params.host))
     try:
         ipaddress.IPv4Address(params.host)
     except ValueError:
         sys.stderr.write(f"error: host must be a numeric IPv4 address: {params.host}\n")
         return 1
-    if params.host != "127.0.0.1":
-        sys.stderr.write(host_warning(params.host))
 
     try:
         devices = select_devices(params.devices, params.threads or default_threads())
@@ -133,6 +133,7 @@ def main(argv: list[str] | None = None) -> int:
         sys.stderr.write(f"error: {e.args[0]}\navailable devices:\n")
         for d in e.args[1]:
             sys.stderr.write(device_line(d) + "\n")
+        sys.stderr.write("No devices found\n")  # llama.cpp's last word here as well
         return 1
     if not devices:
         sys.stderr.write("No devices found\n")
