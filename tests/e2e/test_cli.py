@@ -104,6 +104,7 @@ def usage_body(text: str) -> list[str]:
     return [re.sub(r"^Usage: \S+", "Usage: PROG", lines[i])] + lines[i + 1:]
 
 
+@pytest.mark.interop
 def test_help(ref_bin):
     ours = run(our_server_argv("-h"), QUIET)
     assert ours.returncode == 0 and ours.stdout == ""
@@ -117,6 +118,7 @@ def test_help(ref_bin):
     assert body == usage_body(ref.stderr)
 
 
+@pytest.mark.interop
 def test_unknown_argument_prints_usage(ref_bin):
     ours = run(our_server_argv("--bogus"), QUIET)
     assert "error: unknown argument: --bogus" in ours.stderr.splitlines()
@@ -128,6 +130,7 @@ def test_unknown_argument_prints_usage(ref_bin):
     assert ours.returncode == 1
 
 
+@pytest.mark.interop
 @pytest.mark.parametrize("args", [("-t", "0"), ("-p", "0"), ("-p", "70000"), ("-p",), ("-t",),
                                   ("-d", "NOPE"), ("-d", "CPU,NOPE")])
 def test_rejected_like_reference(ref_bin, args):
