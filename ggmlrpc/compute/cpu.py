@@ -1,43 +1,107 @@
 """CPU graph executor.
 
 ``compile(graph)`` turns a validated graph into a plan and ``run(plan)`` executes it.
-An op or type without a kernel raises UnsupportedError naming it: llama.cpp's
-client assumes every op is supported, so the server must close the connection
-rather than compute something wrong. Kernels arrive with the executor work; until
-then only graphs whose runnable nodes are all covered by KERNELS compile.
+
+Compiling checks every runnable node against the rules of its op (types, shapes,
+op_params; ggml's CPU backend asserts these and would abort), picks a kernel and
+resolves each tensor to a host address inside the buffer the graph validation
+approved. The result is a flat array of C node records (ggmlrpc._native.executor)
+that one C call runs on the device's thread pool with the GIL released.
+
+An op or type combination without a kernel raises UnsupportedError naming it:
+llama.cpp's client assumes every op is supported, so the server must close the
+connection rather than compute something wrong. A run that fails (a GET_ROWS
+index out of range) raises ValidationError; nothing is read or written out of
+bounds before that.
 """
 from __future__ import annotations
 
-from .. import ggml
-from ..errors import UnsupportedError
+import threading
 
-# op -> kernel; filled by the native executor
-KERNELS: dict[int, object] = {}
+from .. import ggml
+from ..errors import DeviceError, UnsupportedError, ValidationError
+from ..ggml import GGMLOp as Op, GGMLType as T
+from . import cpu_ops
+
+# the most scratch memory one graph may ask for (a hostile shape could ask for more)
+MAX_SCRATCH = 8 << 30
 
 
 class CpuPlan:
-    def __init__(self, graph, steps):
+    """A compiled graph: the native plan plus what its addresses point into."""
+
+    def __init__(self, graph, native, names):
         self.graph = graph
-        self.steps = steps
+        self.native = native
+        self.names = names      # plan index -> "name (op)" for error messages
+
+    def __len__(self):
+        return len(self.native)
+
+
+def _native():
+    from .._native import executor
+    return executor
 
 
 class CpuExecutor:
     def __init__(self, n_threads: int):
-        self.n_threads = n_threads
+        self.n_threads = max(1, int(n_threads))
+        self._pool = None
+        self._lock = threading.Lock()
+
+    @property
+    def pool(self):
+        with self._lock:
+            if self._pool is None:
+                self._pool = _native().Pool(self.n_threads)
+            return self._pool
 
     def compile(self, graph) -> CpuPlan:
-        steps = []
+        ex = _native()
+        records = []
+        names = []
+        keep = {}
         for node in graph.runnable():
-            kernel = KERNELS.get(node.op)
-            if kernel is None:
-                srcs = [graph.tensors[s] for s in node.src if s]
-                types = ", ".join(ggml.type_name(s.type) for s in srcs)
-                raise UnsupportedError(
-                    f"op {ggml.op_name(node.op)} ({ggml.type_name(node.type)} <- {types or '-'}) "
-                    f"of node {node.name_str!r} is not supported by the CPU executor")
-            steps.append((kernel, node))
-        return CpuPlan(graph, steps)
+            rule = cpu_ops.RULES.get(node.op)
+            srcs = [graph.tensors[s] if s else None for s in node.src]
+            while srcs and srcs[-1] is None:
+                srcs.pop()
+            if rule is None:
+                raise UnsupportedError(cpu_ops.describe(node, srcs, "is not supported by the CPU executor"))
+            spec = rule(node, srcs)
+            tensors = [_resolve(graph, node, keep)]
+            used = [_resolve(graph, s, keep) if s is not None else None for s in spec.srcs]
+            op_params = tuple(node.op_params) + (0,) * (16 - len(node.op_params))
+            records.append((spec.kernel, spec.sub, len(names), op_params, spec.iparams,
+                            tensors[0], used))
+            names.append(f"{node.name_str!r} ({ggml.op_name(node.op)})")
+        try:
+            native = ex.Plan(records, self.n_threads, list(keep.values()), MAX_SCRATCH)
+        except MemoryError as e:
+            raise ValidationError(f"graph rejected: {e}") from None
+        return CpuPlan(graph, native, names)
 
     def run(self, plan: CpuPlan) -> None:
-        for kernel, node in plan.steps:
-            kernel(plan.graph, node)
+        ex = _native()
+        try:
+            plan.native.run(self.pool)
+        except ex.ExecError as e:
+            where = plan.names[e.node] if 0 <= e.node < len(plan.names) else "?"
+            if e.code == ex.EXEC_EINDEX:
+                raise ValidationError(f"node {where}: {e}") from None
+            raise DeviceError(f"node {where}: {e}") from None
+
+
+def _resolve(graph, t, keep):
+    """(host address, type, ne, nb) of a tensor the graph placed in a host buffer."""
+    p = graph.placement.get(t.id)
+    if p is None:
+        raise ValidationError(f"tensor {t.name_str!r} of a computed node has no buffer on this server")
+    mem = p.buffer.mem
+    host = getattr(mem, "mem", None)
+    addr = getattr(mem, "addr", None)
+    if host is None or addr is None:
+        raise UnsupportedError(f"tensor {t.name_str!r} is not in host memory")
+    keep[id(host)] = host
+    return (addr + p.offset, t.type, tuple(t.ne), tuple(t.nb))

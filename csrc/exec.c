@@ -1,0 +1,337 @@
+/* Thread pool, barrier and the node loop of the CPU executor (see exec.h). */
+#include <errno.h>
+#include <pthread.h>
+#include <sched.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdio.h>
+#include <stdlib.h>
+
+#include "exec_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define GR_PAUSE() _mm_pause()
+#else
+#define GR_PAUSE() ((void)0)
+#endif
+
+/* ---- kernel table ------------------------------------------------------ */
+
+/* Every kernel runs `phases` passes over the node with a barrier after each
+ * pass: a matmul converts src1 in pass 0 and multiplies in pass 1. */
+typedef struct { gr_kernel_fn fn; int phases; } gr_kernel_entry;
+
+/* filled in by the ops files through gr_register_kernels() */
+static gr_kernel_entry KERNELS[GR_K_COUNT];
+
+void gr_register_more_kernels(void (*set)(int, gr_kernel_fn, int));
+
+static void set_kernel(int id, gr_kernel_fn fn, int phases) {
+    if (id > 0 && id < GR_K_COUNT) {
+        KERNELS[id].fn = fn;
+        KERNELS[id].phases = phases;
+    }
+}
+
+static pthread_once_t init_once = PTHREAD_ONCE_INIT;
+static int simd_enabled;
+
+static void exec_init(void) {
+    set_kernel(GR_K_DUP, gr_k_dup, 1);
+    set_kernel(GR_K_BINARY, gr_k_binary, 1);
+    set_kernel(GR_K_UNARY, gr_k_unary, 1);
+    set_kernel(GR_K_GLU, gr_k_glu, 1);
+    set_kernel(GR_K_SCALE, gr_k_scale, 1);
+    set_kernel(GR_K_GET_ROWS, gr_k_get_rows, 1);
+    set_kernel(GR_K_SET_ROWS, gr_k_set_rows, 1);
+    set_kernel(GR_K_RMS_NORM, gr_k_rms_norm, 1);
+    set_kernel(GR_K_NORM, gr_k_norm, 1);
+    set_kernel(GR_K_L2_NORM, gr_k_l2_norm, 1);
+    set_kernel(GR_K_GROUP_NORM, gr_k_group_norm, 1);
+    set_kernel(GR_K_SOFT_MAX, gr_k_soft_max, 1);
+    set_kernel(GR_K_ROPE, gr_k_rope, 1);
+    set_kernel(GR_K_MUL_MAT, gr_k_mul_mat, 2);
+    set_kernel(GR_K_FLASH_ATTN, gr_k_flash_attn, 1);
+    gr_register_more_kernels(set_kernel);
+    simd_enabled = gr_vec_simd_available();
+    gr_vec_init(simd_enabled);
+}
+
+int ggmlrpc_exec_simd_level(void) {
+    pthread_once(&init_once, exec_init);
+    return simd_enabled;
+}
+
+int ggmlrpc_exec_set_simd(int enable) {
+    pthread_once(&init_once, exec_init);
+    const int old = simd_enabled;
+    simd_enabled = enable && gr_vec_simd_available();
+    gr_vec_init(simd_enabled);
+    return old;
+}
+
+size_t ggmlrpc_exec_wsize(const gr_node *node, int nth) {
+    pthread_once(&init_once, exec_init);
+    const int64_t ne00 = node->src[0].ne[0];
+    switch (node->kernel) {
+    case GR_K_MUL_MAT:
+    case GR_K_MUL_MAT_ID:
+        return gr_wsize_mul_mat(node, nth);
+    case GR_K_FLASH_ATTN:
+        return gr_wsize_flash_attn(node, nth);
+    case GR_K_SOFT_MAX:
+    case GR_K_DUP:
+    case GR_K_BINARY:
+    case GR_K_UNARY:
+    case GR_K_GLU:
+    case GR_K_SET_ROWS:
+    case GR_K_GET_ROWS:
+    case GR_K_ARGSORT:
+    case GR_K_TOP_K:
+    case GR_K_CONCAT:
+    case GR_K_ADD_ID:
+    case GR_K_OUT_PROD:
+    case GR_K_ACC:
+    case GR_K_SET:
+        /* per-thread rows of floats: the widest row among dst and the sources */
+        {
+            int64_t w = node->dst.ne[0] > ne00 ? node->dst.ne[0] : ne00;
+            for (int i = 1; i < node->n_src; i++)
+                if (node->src[i].ne[0] > w) w = node->src[i].ne[0];
+            return (size_t)nth * (size_t)(3 * w + 48) * sizeof(float);
+        }
+    case GR_K_ROPE:
+        return (size_t)nth * (size_t)(node->dst.ne[0] + 16) * sizeof(float);
+    case GR_K_COUNT_EQUAL:
+        return (size_t)nth * 64;
+    default:
+        return 0;
+    }
+}
+
+/* ---- barrier ------------------------------------------------------------ */
+
+/* Threads spin briefly (between nodes the wait is usually microseconds), then
+ * sleep on a condition variable so that an oversubscribed host is not burned. */
+#define GR_SPIN 4096
+
+typedef struct {
+    atomic_int count;
+    atomic_int gen;
+    atomic_int sleepers;
+    int n;
+    pthread_mutex_t mu;
+    pthread_cond_t cv;
+} gr_barrier;
+
+static void barrier_init(gr_barrier *b, int n) {
+    atomic_init(&b->count, 0);
+    atomic_init(&b->gen, 0);
+    atomic_init(&b->sleepers, 0);
+    b->n = n;
+    pthread_mutex_init(&b->mu, NULL);
+    pthread_cond_init(&b->cv, NULL);
+}
+
+static void barrier_destroy(gr_barrier *b) {
+    pthread_mutex_destroy(&b->mu);
+    pthread_cond_destroy(&b->cv);
+}
+
+static void barrier_wait(gr_barrier *b) {
+    if (b->n == 1) return;
+    const int gen = atomic_load(&b->gen);
+    if (atomic_fetch_add(&b->count, 1) == b->n - 1) {
+        atomic_store(&b->count, 0);
+        atomic_fetch_add(&b->gen, 1);
+        if (atomic_load(&b->sleepers)) {
+            pthread_mutex_lock(&b->mu);
+            pthread_cond_broadcast(&b->cv);
+            pthread_mutex_unlock(&b->mu);
+        }
+        return;
+    }
+    for (int i = 0; i < GR_SPIN; i++) {
+        if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
+        GR_PAUSE();
+    }
+    pthread_mutex_lock(&b->mu);
+    atomic_fetch_add(&b->sleepers, 1);
+    while (atomic_load(&b->gen) == gen) pthread_cond_wait(&b->cv, &b->mu);
+    atomic_fetch_sub(&b->sleepers, 1);
+    pthread_mutex_unlock(&b->mu);
+}
+
+/* ---- runs --------------------------------------------------------------- */
+
+struct gr_run {
+    const gr_node *nodes;
+    int n_nodes;
+    char *wdata;
+    size_t wsize;
+    atomic_int failed;
+    gr_exec_status *status;
+};
+
+void gr_fail(gr_job *job, int code, const char *fmt, ...) {
+    int expected = 0;
+    if (!atomic_compare_exchange_strong(&job->run->failed, &expected, code)) return;
+    gr_exec_status *st = job->run->status;
+    st->code = code;
+    st->node = job->node->index;
+    va_list ap;
+    va_start(ap, fmt);
+    vsnprintf(st->msg, sizeof st->msg, fmt, ap);
+    va_end(ap);
+}
+
+int gr_failed(const gr_job *job) {
+    return atomic_load_explicit(&((gr_run *)job->run)->failed, memory_order_relaxed) != 0;
+}
+
+struct gr_pool {
+    int n_threads;
+    pthread_t *threads;
+    gr_barrier barrier;
+    pthread_mutex_t run_mu;      /* one run at a time */
+    pthread_mutex_t mu;          /* guards start_gen / stop */
+    pthread_cond_t cv;
+    pthread_cond_t done_cv;
+    int start_gen;
+    int stop;
+    int active;                  /* workers still inside the current run */
+    gr_run *run;
+};
+
+typedef struct { gr_pool *pool; int ith; } gr_worker_arg;
+
+static void run_nodes(gr_pool *pool, gr_run *run, int ith) {
+    const int nth = pool->n_threads;
+    for (int i = 0; i < run->n_nodes; i++) {
+        const gr_node *node = &run->nodes[i];
+        const gr_kernel_entry *k = &KERNELS[node->kernel];
+        gr_job job = { node, ith, nth, run->wdata, run->wsize, run };
+        for (int phase = 0; phase < k->phases; phase++) {
+            k->fn(&job, phase);
+            barrier_wait(&pool->barrier);
+            if (atomic_load(&run->failed)) return;
+        }
+    }
+}
+
+static void *worker_main(void *p) {
+    gr_worker_arg *arg = p;
+    gr_pool *pool = arg->pool;
+    const int ith = arg->ith;
+    free(arg);
+    int seen = 0;
+    for (;;) {
+        pthread_mutex_lock(&pool->mu);
+        while (pool->start_gen == seen && !pool->stop) pthread_cond_wait(&pool->cv, &pool->mu);
+        if (pool->stop) {
+            pthread_mutex_unlock(&pool->mu);
+            return NULL;
+        }
+        seen = pool->start_gen;
+        gr_run *run = pool->run;
+        pthread_mutex_unlock(&pool->mu);
+        run_nodes(pool, run, ith);
+        /* the run lives on the caller's stack: say we are done with it */
+        pthread_mutex_lock(&pool->mu);
+        if (--pool->active == 0) pthread_cond_signal(&pool->done_cv);
+        pthread_mutex_unlock(&pool->mu);
+    }
+}
+
+gr_pool *ggmlrpc_pool_new(int n_threads) {
+    pthread_once(&init_once, exec_init);
+    if (n_threads < 1) n_threads = 1;
+    if (n_threads > GR_EXEC_MAX_THREADS) n_threads = GR_EXEC_MAX_THREADS;
+    gr_pool *pool = calloc(1, sizeof *pool);
+    if (!pool) return NULL;
+    pool->n_threads = n_threads;
+    barrier_init(&pool->barrier, n_threads);
+    pthread_mutex_init(&pool->run_mu, NULL);
+    pthread_mutex_init(&pool->mu, NULL);
+    pthread_cond_init(&pool->cv, NULL);
+    pthread_cond_init(&pool->done_cv, NULL);
+    pool->threads = calloc((size_t)n_threads, sizeof(pthread_t));
+    if (!pool->threads) {
+        ggmlrpc_pool_free(pool);
+        return NULL;
+    }
+    for (int i = 1; i < n_threads; i++) {
+        gr_worker_arg *arg = malloc(sizeof *arg);
+        if (arg) {
+            arg->pool = pool;
+            arg->ith = i;
+        }
+        if (!arg || pthread_create(&pool->threads[i], NULL, worker_main, arg) != 0) {
+            free(arg);
+            pool->n_threads = i;   /* join the ones that started */
+            ggmlrpc_pool_free(pool);
+            return NULL;
+        }
+    }
+    return pool;
+}
+
+void ggmlrpc_pool_free(gr_pool *pool) {
+    if (!pool) return;
+    pthread_mutex_lock(&pool->mu);
+    pool->stop = 1;
+    pthread_cond_broadcast(&pool->cv);
+    pthread_mutex_unlock(&pool->mu);
+    if (pool->threads)
+        for (int i = 1; i < pool->n_threads; i++) pthread_join(pool->threads[i], NULL);
+    free(pool->threads);
+    barrier_destroy(&pool->barrier);
+    pthread_mutex_destroy(&pool->run_mu);
+    pthread_mutex_destroy(&pool->mu);
+    pthread_cond_destroy(&pool->cv);
+    pthread_cond_destroy(&pool->done_cv);
+    free(pool);
+}
+
+int ggmlrpc_pool_threads(const gr_pool *pool) { return pool->n_threads; }
+
+int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
+                     void *wdata, size_t wsize, gr_exec_status *status) {
+    status->code = 0;
+    status->node = -1;
+    status->msg[0] = 0;
+    for (int i = 0; i < n_nodes; i++) {
+        const int k = nodes[i].kernel;
+        if (k < 0 || k >= GR_K_COUNT || (k != GR_K_NOP && KERNELS[k].fn == NULL)) {
+            status->code = GR_EXEC_EINTERNAL;
+            status->node = nodes[i].index;
+            snprintf(status->msg, sizeof status->msg, "no kernel %d", k);
+            return status->code;
+        }
+        if (nodes[i].wsize > wsize) {
+            status->code = GR_EXEC_ENOMEM;
+            status->node = nodes[i].index;
+            snprintf(status->msg, sizeof status->msg, "scratch of %zu bytes, node needs %zu",
+                     wsize, nodes[i].wsize);
+            return status->code;
+        }
+    }
+    gr_run run = { nodes, n_nodes, wdata, wsize, 0, status };
+    atomic_init(&run.failed, 0);
+    pthread_mutex_lock(&pool->run_mu);
+    pthread_mutex_lock(&pool->mu);
+    pool->run = &run;
+    pool->active = pool->n_threads - 1;
+    pool->start_gen++;
+    pthread_cond_broadcast(&pool->cv);
+    pthread_mutex_unlock(&pool->mu);
+    run_nodes(pool, &run, 0);
+    /* a failed run leaves early on every thread after the same barrier; wait
+     * until no worker looks at `run` any more */
+    pthread_mutex_lock(&pool->mu);
+    while (pool->active > 0) pthread_cond_wait(&pool->done_cv, &pool->mu);
+    pthread_mutex_unlock(&pool->mu);
+    pthread_mutex_unlock(&pool->run_mu);
+    return atomic_load(&run.failed) ? status->code : 0;
+}

@@ -1,0 +1,147 @@
+/* The CPU graph executor: a flat array of node records run by a team of threads.
+ *
+ * Cython (ggmlrpc/_native/executor.pyx) turns a validated graph into gr_node
+ * records: kernel id, resolved host addresses, ne/nb, op params and the scratch
+ * each node needs. ggmlrpc_exec_run() runs the whole array on a thread pool:
+ * every thread walks the same nodes, splits each node's rows by its index, and
+ * all threads meet at a barrier after every phase of every node. No Python, no
+ * allocation and no locks on that path.
+ *
+ * Errors found while running (a GET_ROWS index out of range...) stop the run at
+ * the next barrier; the first one is reported as code + node index + message.
+ * Kernels check such data before touching memory, so a failed run never reads or
+ * writes outside the tensors the compiler validated. Plain C: no Python.h.
+ */
+#ifndef GGMLRPC_EXEC_H
+#define GGMLRPC_EXEC_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define GR_EXEC_MAX_SRC 6   /* FLASH_ATTN_EXT: q, k, v, mask, sinks */
+#define GR_EXEC_MAX_THREADS 512
+
+/* One tensor as a kernel sees it: a resolved address and ggml's ne/nb. */
+typedef struct gr_tensor {
+    char *data;        /* host address of element (0,0,0,0); NULL for an absent source */
+    int32_t type;      /* ggml_type */
+    int32_t pad_;
+    int64_t ne[4];     /* elements per dimension */
+    int64_t nb[4];     /* strides in bytes */
+} gr_tensor;
+
+/* Kernels. The compiler (Python) picks one per node after checking types and
+ * shapes; `sub` selects a variant inside a kernel (which binary op, which unary
+ * op, the vec_dot type of a matmul...). */
+enum gr_kernel {
+    GR_K_NOP = 0,
+    GR_K_DUP,            /* DUP / CPY / CONT: element order copy with type conversion */
+    GR_K_BINARY,         /* ADD / SUB / MUL / DIV with src1 broadcast; sub = enum gr_binop */
+    GR_K_UNARY,          /* UNARY, SQR, SQRT, LOG, SIN, COS, LEAKY_RELU...; sub = enum gr_unop */
+    GR_K_GLU,            /* sub = ggml_glu_op */
+    GR_K_SCALE,          /* y = x*s + b */
+    GR_K_GET_ROWS,
+    GR_K_SET_ROWS,
+    GR_K_RMS_NORM,
+    GR_K_NORM,
+    GR_K_L2_NORM,
+    GR_K_GROUP_NORM,
+    GR_K_SOFT_MAX,
+    GR_K_ROPE,
+    GR_K_MUL_MAT,        /* sub = vec_dot type (phase 0 converts src1 into scratch) */
+    GR_K_FLASH_ATTN,
+    GR_K_CLAMP,
+    GR_K_ADD1,
+    GR_K_ACC,
+    GR_K_SUM,
+    GR_K_SUM_ROWS,
+    GR_K_MEAN,
+    GR_K_CUMSUM,
+    GR_K_ARGMAX,
+    GR_K_REPEAT,
+    GR_K_CONCAT,
+    GR_K_PAD,
+    GR_K_ARANGE,
+    GR_K_TRI,
+    GR_K_FILL,
+    GR_K_DIAG_MASK,      /* sub 0: -inf, 1: zero */
+    GR_K_ARGSORT,
+    GR_K_TOP_K,
+    GR_K_MUL_MAT_ID,
+    GR_K_ADD_ID,
+    GR_K_OUT_PROD,
+    GR_K_COUNT_EQUAL,
+    GR_K_SET,
+    GR_K_DIAG,
+    GR_K_REPEAT_BACK,
+    GR_K_COUNT
+};
+
+enum gr_binop { GR_BIN_ADD = 0, GR_BIN_SUB, GR_BIN_MUL, GR_BIN_DIV };
+
+/* Element-wise float functions; the first 22 are ggml_unary_op in order. */
+enum gr_unop {
+    GR_UN_ABS = 0, GR_UN_SGN, GR_UN_NEG, GR_UN_STEP, GR_UN_TANH, GR_UN_ELU, GR_UN_RELU,
+    GR_UN_SIGMOID, GR_UN_GELU, GR_UN_GELU_QUICK, GR_UN_SILU, GR_UN_HARDSWISH,
+    GR_UN_HARDSIGMOID, GR_UN_EXP, GR_UN_EXPM1, GR_UN_SOFTPLUS, GR_UN_GELU_ERF, GR_UN_XIELU,
+    GR_UN_FLOOR, GR_UN_CEIL, GR_UN_ROUND, GR_UN_TRUNC,
+    /* ops of their own in ggml */
+    GR_UN_SQR = 32, GR_UN_SQRT, GR_UN_LOG, GR_UN_SIN, GR_UN_COS, GR_UN_LEAKY_RELU
+};
+
+typedef struct gr_node {
+    int32_t kernel;               /* enum gr_kernel */
+    int32_t sub;                  /* kernel variant */
+    int32_t index;                /* position in the graph's node list (for errors) */
+    int32_t n_src;
+    int32_t op_params[16];        /* as on the wire */
+    int64_t iparams[4];           /* values the compiler derived (kernel-specific) */
+    gr_tensor dst;
+    gr_tensor src[GR_EXEC_MAX_SRC];
+    size_t wsize;                 /* scratch bytes this node uses (all threads together) */
+} gr_node;
+
+/* Run errors. */
+enum gr_exec_error {
+    GR_EXEC_OK = 0,
+    GR_EXEC_EINDEX = 1,      /* a row index out of range (GET_ROWS, SET_ROWS, MUL_MAT_ID...) */
+    GR_EXEC_EINTERNAL = 2,   /* a kernel met a state the compiler should have rejected */
+    GR_EXEC_ENOMEM = 3,
+};
+
+typedef struct gr_exec_status {
+    int32_t code;             /* enum gr_exec_error */
+    int32_t node;             /* gr_node.index of the failing node, -1 if none */
+    char msg[240];
+} gr_exec_status;
+
+typedef struct gr_pool gr_pool;
+
+/* A pool of n_threads - 1 workers (the caller is thread 0). NULL on failure. */
+gr_pool *ggmlrpc_pool_new(int n_threads);
+void ggmlrpc_pool_free(gr_pool *pool);
+int ggmlrpc_pool_threads(const gr_pool *pool);
+
+/* Run nodes[0..n_nodes) with the pool's threads. wdata is scratch of wsize bytes
+ * (at least the largest node->wsize; 64-byte aligned). Runs are serialized per
+ * pool. Returns 0, or an enum gr_exec_error with *status filled in. */
+int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
+                     void *wdata, size_t wsize, gr_exec_status *status);
+
+/* Scratch bytes a node needs with n_threads threads (0 when it needs none).
+ * The compiler calls this after filling in the node. */
+size_t ggmlrpc_exec_wsize(const gr_node *node, int n_threads);
+
+/* 1 when the AVX2/FMA/F16C kernels are in use on this CPU. */
+int ggmlrpc_exec_simd_level(void);
+/* Force the portable kernels (tests compare both paths); returns the old level. */
+int ggmlrpc_exec_set_simd(int enable);
+
+#ifdef __cplusplus
+}
+#endif
+#endif

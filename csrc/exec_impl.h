@@ -1,0 +1,181 @@
+/* What the CPU kernels share: the job a thread runs, row splitting, F16/BF16
+ * conversion and the vector primitives chosen at run time (AVX2/FMA/F16C or the
+ * portable twins in exec_vec.c). Internal to csrc/: not part of the exported API.
+ */
+#ifndef GGMLRPC_EXEC_IMPL_H
+#define GGMLRPC_EXEC_IMPL_H
+
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "exec.h"
+#include "fp16.h"
+#include "quants.h"
+
+/* ggml_type ids that quants.h leaves out */
+enum { GR_T_I8 = 24, GR_T_I16 = 25, GR_T_I32 = 26, GR_T_I64 = 27, GR_T_F64 = 28 };
+
+typedef struct gr_run gr_run;
+
+/* One thread's view of one node. */
+typedef struct gr_job {
+    const gr_node *node;
+    int ith, nth;        /* this thread, number of threads */
+    char *wdata;         /* scratch shared by all threads of the node */
+    size_t wsize;
+    gr_run *run;
+} gr_job;
+
+typedef void (*gr_kernel_fn)(gr_job *job, int phase);
+
+/* Report a run error; the first one wins and the run stops at the next barrier. */
+void gr_fail(gr_job *job, int code, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+int gr_failed(const gr_job *job);
+
+/* Rows [*r0, *r1) of n for thread ith of nth: contiguous, nearly equal shares. */
+static inline void gr_range(int64_t n, int ith, int nth, int64_t *r0, int64_t *r1) {
+    const int64_t dr = (n + nth - 1) / nth;
+    int64_t a = dr * ith;
+    if (a > n) a = n;
+    int64_t b = a + dr;
+    if (b > n) b = n;
+    *r0 = a;
+    *r1 = b;
+}
+
+static inline int64_t gr_nrows(const gr_tensor *t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
+static inline int64_t gr_nelements(const gr_tensor *t) {
+    return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+}
+
+/* Address of row ir (flattened over dims 1..3) of t. */
+static inline char *gr_row(const gr_tensor *t, int64_t ir) {
+    const int64_t i1 = ir % t->ne[1];
+    const int64_t i2 = (ir / t->ne[1]) % t->ne[2];
+    const int64_t i3 = ir / (t->ne[1] * t->ne[2]);
+    return t->data + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+}
+
+static inline char *gr_at(const gr_tensor *t, int64_t i0, int64_t i1, int64_t i2, int64_t i3) {
+    return t->data + i0 * t->nb[0] + i1 * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+}
+
+/* Per-thread float scratch of n floats (plus a cache line of slack) at wdata. */
+static inline float *gr_thread_f32(const gr_job *job, int64_t n) {
+    return (float *)job->wdata + (size_t)job->ith * (size_t)(n + 16);
+}
+
+/* ---- rows as floats --------------------------------------------------- */
+
+/* Read n elements (stride `stride` bytes) of a float-like type as floats. */
+static inline void gr_load_f32(int32_t type, const char *src, int64_t stride, float *dst, int64_t n);
+/* Write n floats as `type` (F32, F16, BF16, I32) with element stride `stride`. */
+static inline void gr_store_f32(int32_t type, char *dst, int64_t stride, const float *src, int64_t n);
+
+/* ---- vector primitives (exec_vec.c) ----------------------------------- */
+
+typedef struct gr_vec_ops {
+    /* ggml_vec_dot_f32's order: four 8-lane accumulators over blocks of 32 */
+    float (*dot_f32)(int64_t n, const float *x, const float *y);
+    /* the prompt-time GEMM's order: one 8-lane accumulator (n % 8 == 0) */
+    float (*dot_f32_x8)(int64_t n, const float *x, const float *y);
+    float (*dot_f16)(int64_t n, const uint16_t *x, const uint16_t *y);
+    float (*dot_f16_x8)(int64_t n, const uint16_t *x, const uint16_t *y);
+    void (*fp16_to_fp32)(int64_t n, const uint16_t *x, float *y);
+    void (*fp32_to_fp16)(int64_t n, const float *x, uint16_t *y);
+    /* y = exp(x - max) with ggml's vector exp; returns the sum (as ggml adds it) */
+    double (*soft_max)(int64_t n, float *y, const float *x, float max);
+    void (*silu)(int64_t n, float *y, const float *x);
+    void (*swiglu)(int64_t n, float *y, const float *x, const float *g);
+    void (*mad_f32)(int64_t n, float *y, const float *x, float v);   /* y += x*v (fused) */
+    void (*mad_f16)(int64_t n, uint16_t *y, const uint16_t *x, float v);
+} gr_vec_ops;
+
+extern gr_vec_ops gr_vec;
+void gr_vec_init(int use_simd);
+int gr_vec_simd_available(void);
+
+/* ggml's vector exp (max error ~1.5 ulp) for one float, the exact twin of the
+ * 8-lane version, so that scalar and SIMD paths agree bit for bit. */
+float gr_expf_vec1(float x);
+
+/* ---- inline definitions ----------------------------------------------- */
+
+static inline void gr_load_f32(int32_t type, const char *src, int64_t stride, float *dst, int64_t n) {
+    switch (type) {
+    case GR_TYPE_F32:
+        if (stride == 4) { memcpy(dst, src, (size_t)n * 4); return; }
+        for (int64_t i = 0; i < n; i++) memcpy(&dst[i], src + i * stride, 4);
+        return;
+    case GR_TYPE_F16:
+        if (stride == 2) { gr_vec.fp16_to_fp32(n, (const uint16_t *)src, dst); return; }
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h; memcpy(&h, src + i * stride, 2); dst[i] = gr_fp16_to_fp32(h);
+        }
+        return;
+    case GR_TYPE_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h; memcpy(&h, src + i * stride, 2); dst[i] = gr_bf16_to_fp32(h);
+        }
+        return;
+    case GR_T_I32:
+        for (int64_t i = 0; i < n; i++) {
+            int32_t v; memcpy(&v, src + i * stride, 4); dst[i] = (float)v;
+        }
+        return;
+    default:
+        for (int64_t i = 0; i < n; i++) dst[i] = 0.0f;
+    }
+}
+
+static inline void gr_store_f32(int32_t type, char *dst, int64_t stride, const float *src, int64_t n) {
+    switch (type) {
+    case GR_TYPE_F32:
+        if (stride == 4) { memmove(dst, src, (size_t)n * 4); return; }
+        for (int64_t i = 0; i < n; i++) memcpy(dst + i * stride, &src[i], 4);
+        return;
+    case GR_TYPE_F16:
+        if (stride == 2) { gr_vec.fp32_to_fp16(n, src, (uint16_t *)dst); return; }
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h = gr_fp32_to_fp16(src[i]); memcpy(dst + i * stride, &h, 2);
+        }
+        return;
+    case GR_TYPE_BF16:
+        for (int64_t i = 0; i < n; i++) {
+            uint16_t h = gr_fp32_to_bf16(src[i]); memcpy(dst + i * stride, &h, 2);
+        }
+        return;
+    case GR_T_I32:
+        for (int64_t i = 0; i < n; i++) {
+            int32_t v = (int32_t)src[i]; memcpy(dst + i * stride, &v, 4);
+        }
+        return;
+    default:
+        return;
+    }
+}
+
+/* Kernel entry points, one per enum gr_kernel (ops_*.c). */
+void gr_k_dup(gr_job *job, int phase);
+void gr_k_binary(gr_job *job, int phase);
+void gr_k_unary(gr_job *job, int phase);
+void gr_k_glu(gr_job *job, int phase);
+void gr_k_scale(gr_job *job, int phase);
+void gr_k_get_rows(gr_job *job, int phase);
+void gr_k_set_rows(gr_job *job, int phase);
+void gr_k_rms_norm(gr_job *job, int phase);
+void gr_k_norm(gr_job *job, int phase);
+void gr_k_l2_norm(gr_job *job, int phase);
+void gr_k_group_norm(gr_job *job, int phase);
+void gr_k_soft_max(gr_job *job, int phase);
+void gr_k_rope(gr_job *job, int phase);
+void gr_k_mul_mat(gr_job *job, int phase);
+void gr_k_flash_attn(gr_job *job, int phase);
+
+/* Scratch needs, per kernel. */
+size_t gr_wsize_mul_mat(const gr_node *n, int nth);
+size_t gr_wsize_flash_attn(const gr_node *n, int nth);
+
+#endif

@@ -1,0 +1,345 @@
+/* Vector primitives of the CPU kernels, in two builds chosen at run time:
+ * AVX2+FMA+F16C (functions compiled with a target attribute, so the library
+ * itself still runs on any x86-64) and portable C.
+ *
+ * Both follow the summation order of ggml's x86 kernels on purpose: dot
+ * products accumulate in 8-lane partial sums in the same lane pattern and are
+ * reduced in the same order, and exp uses the same polynomial, so a model gives
+ * the same floats through our server as through llama.cpp's CPU backend. The
+ * portable twins emulate the lanes with fmaf, so they agree with the SIMD path
+ * bit for bit (tests check this).
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "exec_impl.h"
+
+#if defined(__x86_64__) || defined(__i386__)
+#define GR_X86 1
+#include <immintrin.h>
+#else
+#define GR_X86 0
+#endif
+
+gr_vec_ops gr_vec;
+
+/* ---- ggml's vector exp, one lane --------------------------------------- */
+
+/* exp(x) = 2^n * (1 + p(b)) with n = round(x / ln 2), b = x - n ln 2 (ln 2
+ * split in a high and a low part), p a degree-5 polynomial; lanes whose |n|
+ * exceeds 126 rescale in two steps so that the result under/overflows
+ * gracefully. The constants are those of the 8-lane version in ggml. */
+static inline float expf_lane(float x) {
+    const float shift = 0x1.8p23f;
+    const float z = fmaf(x, 0x1.715476p+0f, shift);
+    const float n = z - shift;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    const uint32_t e = gr_f32_bits(z) << 23;
+    const float k = gr_bits_f32(e + gr_f32_bits(1.0f));
+    const float u = b * b;
+    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                              fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                         u, 0x1.ffffecp-1f * b);
+    if (!(fabsf(n) > 126.0f)) return fmaf(j, k, k);
+    const uint32_t g = (n <= 0.0f) ? 0x82000000u : 0u;
+    const float s1 = gr_bits_f32(g + 0x7f000000u);
+    const float s2 = gr_bits_f32(e - g);
+    if (fabsf(n) > 192.0f) return s1 * s1;
+    return fmaf(s2, j, s2) * s1;
+}
+
+float gr_expf_vec1(float x) { return expf_lane(x); }
+
+/* ---- portable twins ----------------------------------------------------- */
+
+/* reduce four 8-lane accumulators as ggml does: pairwise, then halves, then
+ * two horizontal adds */
+static inline float reduce_4x8(float acc[4][8]) {
+    float t[4];
+    for (int l = 0; l < 8; l++) {
+        acc[0][l] += acc[2][l];
+        acc[1][l] += acc[3][l];
+    }
+    for (int l = 0; l < 8; l++) acc[0][l] += acc[1][l];
+    for (int l = 0; l < 4; l++) t[l] = acc[0][l] + acc[0][l + 4];
+    return (t[0] + t[1]) + (t[2] + t[3]);
+}
+
+/* one 8-lane accumulator: high half onto low half, then (0+2)+(1+3) */
+static inline float hsum_8(const float a[8]) {
+    float t[4];
+    for (int l = 0; l < 4; l++) t[l] = a[l + 4] + a[l];
+    return (t[0] + t[2]) + (t[1] + t[3]);
+}
+
+static float dot_f32_c(int64_t n, const float *x, const float *y) {
+    const int64_t np = n & ~(int64_t)31;
+    float acc[4][8] = {{0}};
+    for (int64_t i = 0; i < np; i += 32)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 8; l++)
+                acc[j][l] = fmaf(x[i + j * 8 + l], y[i + j * 8 + l], acc[j][l]);
+    float s = reduce_4x8(acc);
+    for (int64_t i = np; i < n; i++) s = fmaf(x[i], y[i], s);
+    return s;
+}
+
+static float dot_f32_x8_c(int64_t n, const float *x, const float *y) {
+    float acc[8] = {0};
+    for (int64_t i = 0; i < n; i += 8)
+        for (int l = 0; l < 8; l++) acc[l] = fmaf(x[i + l], y[i + l], acc[l]);
+    return hsum_8(acc);
+}
+
+static float dot_f16_c(int64_t n, const uint16_t *x, const uint16_t *y) {
+    const int64_t np = n & ~(int64_t)31;
+    float acc[4][8] = {{0}};
+    for (int64_t i = 0; i < np; i += 32)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < 8; l++)
+                acc[j][l] = fmaf(gr_fp16_to_fp32(x[i + j * 8 + l]), gr_fp16_to_fp32(y[i + j * 8 + l]),
+                                 acc[j][l]);
+    double s = reduce_4x8(acc);
+    for (int64_t i = np; i < n; i++) s += (double)(gr_fp16_to_fp32(x[i]) * gr_fp16_to_fp32(y[i]));
+    return (float)s;
+}
+
+static float dot_f16_x8_c(int64_t n, const uint16_t *x, const uint16_t *y) {
+    float acc[8] = {0};
+    for (int64_t i = 0; i < n; i += 8)
+        for (int l = 0; l < 8; l++)
+            acc[l] = fmaf(gr_fp16_to_fp32(x[i + l]), gr_fp16_to_fp32(y[i + l]), acc[l]);
+    return hsum_8(acc);
+}
+
+static void fp16_to_fp32_c(int64_t n, const uint16_t *x, float *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = gr_fp16_to_fp32(x[i]);
+}
+
+static void fp32_to_fp16_c(int64_t n, const float *x, uint16_t *y) {
+    for (int64_t i = 0; i < n; i++) y[i] = gr_fp32_to_fp16(x[i]);
+}
+
+static double soft_max_c(int64_t n, float *y, const float *x, float max) {
+    double sum = 0.0;
+    int64_t i = 0;
+    for (; i + 7 < n; i += 8) {
+        float v[8];
+        for (int l = 0; l < 8; l++) v[l] = y[i + l] = expf_lane(x[i + l] - max);
+        sum += (double)hsum_8(v);
+    }
+    for (; i < n; i++) {
+        const float v = expf(x[i] - max);
+        sum += (double)v;
+        y[i] = v;
+    }
+    return sum;
+}
+
+static void silu_c(int64_t n, float *y, const float *x) {
+    int64_t i = 0;
+    for (; i + 7 < n; i += 8)
+        for (int l = 0; l < 8; l++) y[i + l] = x[i + l] / (1.0f + expf_lane(0.0f - x[i + l]));
+    for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+static void swiglu_c(int64_t n, float *y, const float *x, const float *g) {
+    int64_t i = 0;
+    for (; i + 7 < n; i += 8)
+        for (int l = 0; l < 8; l++)
+            y[i + l] = (x[i + l] / (1.0f + expf_lane(0.0f - x[i + l]))) * g[i + l];
+    for (; i < n; i++) y[i] = (x[i] / (1.0f + expf(-x[i]))) * g[i];
+}
+
+static void mad_f32_c(int64_t n, float *y, const float *x, float v) {
+    for (int64_t i = 0; i < n; i++) y[i] = fmaf(x[i], v, y[i]);
+}
+
+static void mad_f16_c(int64_t n, uint16_t *y, const uint16_t *x, float v) {
+    for (int64_t i = 0; i < n; i++)
+        y[i] = gr_fp32_to_fp16(fmaf(gr_fp16_to_fp32(x[i]), v, gr_fp16_to_fp32(y[i])));
+}
+
+/* ---- AVX2 + FMA + F16C -------------------------------------------------- */
+
+#if GR_X86
+#define GR_AVX2 __attribute__((target("avx2,fma,f16c")))
+
+GR_AVX2 static inline __m256 load_h8(const uint16_t *p) {
+    return _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)p));
+}
+
+GR_AVX2 static inline float reduce_4x8_avx(__m256 a[4]) {
+    a[0] = _mm256_add_ps(a[0], a[2]);
+    a[1] = _mm256_add_ps(a[1], a[3]);
+    a[0] = _mm256_add_ps(a[0], a[1]);
+    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(a[0]), _mm256_extractf128_ps(a[0], 1));
+    const __m128 t1 = _mm_hadd_ps(t0, t0);
+    return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
+}
+
+GR_AVX2 static inline float hsum_8_avx(__m256 a) {
+    __m128 t = _mm_add_ps(_mm256_extractf128_ps(a, 1), _mm256_castps256_ps128(a));
+    t = _mm_add_ps(t, _mm_movehl_ps(t, t));
+    t = _mm_add_ss(t, _mm_movehdup_ps(t));
+    return _mm_cvtss_f32(t);
+}
+
+GR_AVX2 static float dot_f32_avx(int64_t n, const float *x, const float *y) {
+    const int64_t np = n & ~(int64_t)31;
+    __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    for (int64_t i = 0; i < np; i += 32)
+        for (int j = 0; j < 4; j++)
+            acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + j * 8), _mm256_loadu_ps(y + i + j * 8), acc[j]);
+    float s = reduce_4x8_avx(acc);
+    for (int64_t i = np; i < n; i++) s = fmaf(x[i], y[i], s);
+    return s;
+}
+
+GR_AVX2 static float dot_f32_x8_avx(int64_t n, const float *x, const float *y) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8)
+        acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc);
+    return hsum_8_avx(acc);
+}
+
+GR_AVX2 static float dot_f16_avx(int64_t n, const uint16_t *x, const uint16_t *y) {
+    const int64_t np = n & ~(int64_t)31;
+    __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
+    for (int64_t i = 0; i < np; i += 32)
+        for (int j = 0; j < 4; j++)
+            acc[j] = _mm256_fmadd_ps(load_h8(x + i + j * 8), load_h8(y + i + j * 8), acc[j]);
+    double s = reduce_4x8_avx(acc);
+    for (int64_t i = np; i < n; i++) s += (double)(gr_fp16_to_fp32(x[i]) * gr_fp16_to_fp32(y[i]));
+    return (float)s;
+}
+
+GR_AVX2 static float dot_f16_x8_avx(int64_t n, const uint16_t *x, const uint16_t *y) {
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(load_h8(x + i), load_h8(y + i), acc);
+    return hsum_8_avx(acc);
+}
+
+GR_AVX2 static void fp16_to_fp32_avx(int64_t n, const uint16_t *x, float *y) {
+    int64_t i = 0;
+    for (; i + 7 < n; i += 8) _mm256_storeu_ps(y + i, load_h8(x + i));
+    for (; i < n; i++) y[i] = gr_fp16_to_fp32(x[i]);
+}
+
+GR_AVX2 static void fp32_to_fp16_avx(int64_t n, const float *x, uint16_t *y) {
+    int64_t i = 0;
+    for (; i + 7 < n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), 0));
+    for (; i < n; i++) y[i] = gr_fp32_to_fp16(x[i]);
+}
+
+/* the 8-lane exp; lane for lane the same arithmetic as expf_lane() */
+GR_AVX2 static inline __m256 expf_avx(__m256 x) {
+    const __m256 shift = _mm256_set1_ps(0x1.8p23f);
+    const __m256 z = _mm256_fmadd_ps(x, _mm256_set1_ps(0x1.715476p+0f), shift);
+    const __m256 n = _mm256_sub_ps(z, shift);
+    const __m256 b = _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm256_fnmadd_ps(n, _mm256_set1_ps(0x1.62e4p-1f), x));
+    const __m256i e = _mm256_slli_epi32(_mm256_castps_si256(z), 23);
+    const __m256 k = _mm256_castsi256_ps(_mm256_add_epi32(e, _mm256_castps_si256(_mm256_set1_ps(1.0f))));
+    const __m256 absn = _mm256_andnot_ps(_mm256_set1_ps(-0.0f), n);
+    const __m256 big = _mm256_cmp_ps(absn, _mm256_set1_ps(126.0f), _CMP_GT_OQ);
+    const __m256 u = _mm256_mul_ps(b, b);
+    const __m256 j = _mm256_fmadd_ps(
+        _mm256_fmadd_ps(_mm256_fmadd_ps(_mm256_set1_ps(0x1.0e4020p-7f), b, _mm256_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm256_fmadd_ps(_mm256_set1_ps(0x1.555e66p-3f), b, _mm256_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm256_mul_ps(_mm256_set1_ps(0x1.ffffecp-1f), b));
+    const __m256 normal = _mm256_fmadd_ps(j, k, k);
+    if (!_mm256_movemask_ps(big)) return normal;
+    const __m256i g = _mm256_and_si256(_mm256_castps_si256(_mm256_cmp_ps(n, _mm256_setzero_ps(), _CMP_LE_OQ)),
+                                       _mm256_set1_epi32((int)0x82000000u));
+    const __m256 s1 = _mm256_castsi256_ps(_mm256_add_epi32(g, _mm256_set1_epi32(0x7f000000)));
+    const __m256 s2 = _mm256_castsi256_ps(_mm256_sub_epi32(e, g));
+    const __m256 huge = _mm256_cmp_ps(absn, _mm256_set1_ps(192.0f), _CMP_GT_OQ);
+    const __m256 scaled = _mm256_mul_ps(_mm256_fmadd_ps(s2, j, s2), s1);
+    const __m256 r = _mm256_blendv_ps(normal, scaled, big);
+    return _mm256_blendv_ps(r, _mm256_mul_ps(s1, s1), huge);
+}
+
+GR_AVX2 static double soft_max_avx(int64_t n, float *y, const float *x, float max) {
+    double sum = 0.0;
+    int64_t i = 0;
+    const __m256 vmax = _mm256_set1_ps(max);
+    for (; i + 7 < n; i += 8) {
+        const __m256 v = expf_avx(_mm256_sub_ps(_mm256_loadu_ps(x + i), vmax));
+        _mm256_storeu_ps(y + i, v);
+        sum += (double)hsum_8_avx(v);
+    }
+    for (; i < n; i++) {
+        const float v = expf(x[i] - max);
+        sum += (double)v;
+        y[i] = v;
+    }
+    return sum;
+}
+
+GR_AVX2 static inline __m256 silu_avx8(__m256 x) {
+    const __m256 e = expf_avx(_mm256_sub_ps(_mm256_setzero_ps(), x));
+    return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
+}
+
+GR_AVX2 static void silu_avx(int64_t n, float *y, const float *x) {
+    int64_t i = 0;
+    for (; i + 7 < n; i += 8) _mm256_storeu_ps(y + i, silu_avx8(_mm256_loadu_ps(x + i)));
+    for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+GR_AVX2 static void swiglu_avx(int64_t n, float *y, const float *x, const float *g) {
+    int64_t i = 0;
+    for (; i + 7 < n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_mul_ps(silu_avx8(_mm256_loadu_ps(x + i)), _mm256_loadu_ps(g + i)));
+    for (; i < n; i++) y[i] = (x[i] / (1.0f + expf(-x[i]))) * g[i];
+}
+
+GR_AVX2 static void mad_f32_avx(int64_t n, float *y, const float *x, float v) {
+    int64_t i = 0;
+    const __m256 vv = _mm256_set1_ps(v);
+    for (; i + 7 < n; i += 8)
+        _mm256_storeu_ps(y + i, _mm256_fmadd_ps(_mm256_loadu_ps(x + i), vv, _mm256_loadu_ps(y + i)));
+    for (; i < n; i++) y[i] = fmaf(x[i], v, y[i]);
+}
+
+GR_AVX2 static void mad_f16_avx(int64_t n, uint16_t *y, const uint16_t *x, float v) {
+    int64_t i = 0;
+    const __m256 vv = _mm256_set1_ps(v);
+    for (; i + 7 < n; i += 8) {
+        const __m256 r = _mm256_fmadd_ps(load_h8(x + i), vv, load_h8(y + i));
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(r, 0));
+    }
+    for (; i < n; i++) y[i] = gr_fp32_to_fp16(fmaf(gr_fp16_to_fp32(x[i]), v, gr_fp16_to_fp32(y[i])));
+}
+#endif /* GR_X86 */
+
+int gr_vec_simd_available(void) {
+#if GR_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
+           __builtin_cpu_supports("f16c");
+#else
+    return 0;
+#endif
+}
+
+void gr_vec_init(int use_simd) {
+    gr_vec_ops v = {
+        dot_f32_c, dot_f32_x8_c, dot_f16_c, dot_f16_x8_c, fp16_to_fp32_c, fp32_to_fp16_c,
+        soft_max_c, silu_c, swiglu_c, mad_f32_c, mad_f16_c,
+    };
+#if GR_X86
+    if (use_simd) {
+        v = (gr_vec_ops){
+            dot_f32_avx, dot_f32_x8_avx, dot_f16_avx, dot_f16_x8_avx, fp16_to_fp32_avx,
+            fp32_to_fp16_avx, soft_max_avx, silu_avx, swiglu_avx, mad_f32_avx, mad_f16_avx,
+        };
+    }
+#else
+    (void)use_simd;
+#endif
+    gr_vec = v;
+}

@@ -1,0 +1,434 @@
+"""What the CPU executor accepts, op by op: types, shapes and op_params.
+
+Each rule takes a graph node and its sources and returns a Spec (kernel id,
+variant, derived integers, the sources the kernel reads) or raises:
+UnsupportedError for valid ggml we have no kernel for, ValidationError for what
+ggml itself would reject (its CPU backend asserts and aborts the process).
+
+The kernels rely on these checks for memory safety: a kernel walks each tensor
+only inside its own ne/nb, and these rules make sure that the shapes a kernel
+combines (a row of src0 with a row of src1...) agree. Rules mirror the asserts of
+ggml's ggml.c and ggml-cpu/ops.cpp at protocol v7.0.0.
+"""
+from __future__ import annotations
+
+import struct
+from dataclasses import dataclass, field
+
+from .. import ggml
+from ..errors import UnsupportedError, ValidationError
+from ..ggml import GGMLOp as Op, GGMLType as T
+
+
+def _ex():
+    from .._native import executor
+    return executor
+
+
+class _Ids:
+    """Kernel and function ids from the native module (loaded on first use)."""
+
+    def __getattr__(self, name):
+        ex = _ex()
+        self.K = type("K", (), ex.KERNEL)
+        self.UN = type("UN", (), ex.UNOP)
+        return getattr(self, name)
+
+
+ids = _Ids()
+
+FLOAT_TYPES = (T.F32, T.F16, T.BF16)
+PREC_OK = (0, 10)          # GGML_PREC_DEFAULT, GGML_PREC_F32
+MAX_UNARY = 22
+MAX_GLU = 7
+ROPE_MODES = (0, 2, 8, 24, 40)
+
+
+@dataclass
+class Spec:
+    kernel: int
+    sub: int = 0
+    iparams: tuple = ()
+    srcs: list = field(default_factory=list)
+
+
+def describe(node, srcs, what: str) -> str:
+    types = ", ".join(ggml.type_name(s.type) if s is not None else "-" for s in srcs)
+    return (f"op {ggml.op_name(node.op)} ({ggml.type_name(node.type)} <- {types or '-'}) "
+            f"of node {node.name_str!r} {what}")
+
+
+def unsupported(node, srcs, why: str = "is not supported by the CPU executor"):
+    return UnsupportedError(describe(node, srcs, why))
+
+
+def invalid(node, srcs, why: str):
+    return ValidationError(describe(node, srcs, f"is invalid: {why}"))
+
+
+# ---- shape helpers ------------------------------------------------------------
+
+def ts(t) -> int:
+    return ggml.type_size(t.type)
+
+
+def blck(t) -> int:
+    return ggml.blck_size(t.type)
+
+
+def nelements(t) -> int:
+    return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]
+
+
+def nrows(t) -> int:
+    return t.ne[1] * t.ne[2] * t.ne[3]
+
+
+def row_bytes(t) -> int:
+    return t.ne[0] // blck(t) * ts(t)
+
+
+def rows_contiguous(t) -> bool:
+    return t.nb[0] == ts(t) or t.ne[0] == blck(t)
+
+
+def contiguous(t, from_dim: int = 0) -> bool:
+    """ggml_is_contiguous (from_dim 0) / _1 / _2: dims above from_dim packed."""
+    if not rows_contiguous(t):
+        return False
+    nxt = ts(t) * (t.ne[0] // blck(t))
+    for i in range(1, 4):
+        if i > from_dim:
+            if t.ne[i] != 1 and t.nb[i] != nxt:
+                return False
+            nxt *= t.ne[i]
+        else:
+            nxt = t.ne[i] * t.nb[i]
+    return True
+
+
+def same_shape(a, b) -> bool:
+    return tuple(a.ne) == tuple(b.ne)
+
+
+def can_repeat(small, big) -> bool:
+    return all(s > 0 and b % s == 0 for s, b in zip(small.ne, big.ne))
+
+
+def f32_param(node, i: int) -> float:
+    return struct.unpack("<f", struct.pack("<i", node.op_params[i]))[0]
+
+
+def need(node, srcs, count: int, optional: int = 0):
+    if len(srcs) < count or any(s is None for s in srcs[:count]):
+        raise invalid(node, srcs, f"needs {count} sources")
+    if len(srcs) > count + optional:
+        raise invalid(node, srcs, f"has {len(srcs)} sources (at most {count + optional})")
+
+
+def need_types(node, srcs, ok: bool):
+    if not ok:
+        raise unsupported(node, srcs, "has a type combination the CPU executor does not support")
+
+
+def need_rows(node, srcs, *tensors):
+    for t in tensors:
+        if t is not None and not rows_contiguous(t):
+            raise invalid(node, srcs, f"tensor {t.name_str!r} has non-contiguous rows (nb[0]={t.nb[0]})")
+
+
+def need_quant(node, srcs, t, to_float=False, from_float=False):
+    ex = _ex()
+    if to_float and t.type not in FLOAT_TYPES and not ex.has_to_float(t.type):
+        raise unsupported(node, srcs, f"needs {ggml.type_name(t.type)} -> F32, which is not implemented")
+    if from_float and t.type not in FLOAT_TYPES and not ex.has_from_float(t.type):
+        raise unsupported(node, srcs, f"needs F32 -> {ggml.type_name(t.type)}, which is not implemented")
+
+
+# ---- rules ----------------------------------------------------------------------
+
+def rule_dup(node, srcs):
+    """DUP, CONT, CPY: src0 copied into the node in element order (same count)."""
+    need(node, srcs, 2 if node.op == Op.CPY else 1)
+    s = srcs[0]
+    if nelements(s) != nelements(node):
+        raise invalid(node, srcs, "element counts differ")
+    st, dt = s.type, node.type
+    if st == dt and not ggml.is_quantized(st):
+        return Spec(ids.K.DUP, iparams=(ts(s),), srcs=[s])
+    conv = {T.F32, T.F16, T.BF16}
+    if st in conv and dt in conv or {st, dt} == {T.F32, T.I32}:
+        return Spec(ids.K.DUP, iparams=(4,), srcs=[s])
+    raise unsupported(node, srcs)
+
+
+def rule_binary(node, srcs):
+    need(node, srcs, 2)
+    a, b = srcs
+    if not same_shape(a, node):
+        raise invalid(node, srcs, "src0 and the result differ in shape")
+    if not can_repeat(b, a):
+        raise invalid(node, srcs, "src1 does not repeat to src0's shape")
+    combos = {(T.F32, T.F32, T.F32), (T.F16, T.F16, T.F16), (T.BF16, T.BF16, T.BF16),
+              (T.BF16, T.F32, T.BF16), (T.BF16, T.F32, T.F32), (T.F16, T.F32, T.F16),
+              (T.F16, T.F32, T.F32)}
+    need_types(node, srcs, (a.type, b.type, node.type) in combos)
+    need_rows(node, srcs, a, node)
+    sub = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}[node.op]
+    return Spec(ids.K.BINARY, sub, srcs=[a, b])
+
+
+def _elementwise(node, srcs, sub, types=FLOAT_TYPES):
+    need(node, srcs, 1)
+    s = srcs[0]
+    if not same_shape(s, node):
+        raise invalid(node, srcs, "source and result differ in shape")
+    need_types(node, srcs, s.type == node.type and s.type in types)
+    need_rows(node, srcs, s, node)
+    return Spec(ids.K.UNARY, sub, srcs=[s])
+
+
+def rule_unary(node, srcs):
+    u = node.op_params[0]
+    if not 0 <= u < MAX_UNARY:
+        raise invalid(node, srcs, f"unknown unary op {u}")
+    if u == 17:  # XIELU: F32 only in ggml
+        return _elementwise(node, srcs, u, (T.F32,))
+    return _elementwise(node, srcs, u)
+
+
+def rule_simple_unary(node, srcs):
+    sub = getattr(ids.UN, ggml.op_name(node.op))
+    return _elementwise(node, srcs, sub, (T.F32, T.F16))
+
+
+def rule_glu(node, srcs):
+    need(node, srcs, 1, optional=1)
+    g = node.op_params[0]
+    if not 0 <= g < MAX_GLU:
+        raise invalid(node, srcs, f"unknown glu op {g}")
+    a = srcs[0]
+    b = srcs[1] if len(srcs) > 1 else None
+    need_types(node, srcs, a.type == node.type and a.type in (T.F32, T.F16)
+               and (b is None or b.type == a.type))
+    if g in (3, 6) and a.type != T.F32:   # SWIGLU_OAI and SWIGLU_CLAMP: F32 only in ggml
+        raise unsupported(node, srcs)
+    if b is not None:
+        if not (same_shape(a, b) and same_shape(a, node)):
+            raise invalid(node, srcs, "sources and result differ in shape")
+    elif a.ne[0] != 2 * node.ne[0] or tuple(a.ne[1:]) != tuple(node.ne[1:]):
+        raise invalid(node, srcs, "the result is not half of src0")
+    need_rows(node, srcs, a, b, node)
+    return Spec(ids.K.GLU, g, srcs=[a] + ([b] if b is not None else []))
+
+
+def rule_scale(node, srcs):
+    need(node, srcs, 1)
+    s = srcs[0]
+    if not same_shape(s, node):
+        raise invalid(node, srcs, "source and result differ in shape")
+    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+    need_rows(node, srcs, s, node)
+    return Spec(ids.K.SCALE, srcs=[s])
+
+
+def rule_get_rows(node, srcs):
+    need(node, srcs, 2)
+    a, idx = srcs
+    need_types(node, srcs, idx.type == T.I32 and (
+        (a.type == node.type and a.type in (T.F32, T.I32))
+        or (node.type == T.F32 and a.type in (T.F16, T.BF16))))
+    if (node.ne[0] != a.ne[0] or node.ne[1] != idx.ne[0] or node.ne[2] != idx.ne[1]
+            or node.ne[3] != idx.ne[2] or idx.ne[3] != 1):
+        raise invalid(node, srcs, "result shape does not match the indices")
+    if a.ne[2] != idx.ne[1] or a.ne[3] != idx.ne[2]:
+        raise invalid(node, srcs, "src0 and the indices differ in dims 2 and 3")
+    need_rows(node, srcs, a, node)
+    return Spec(ids.K.GET_ROWS, iparams=(row_bytes(a),), srcs=[a, idx])
+
+
+def rule_set_rows(node, srcs):
+    need(node, srcs, 2, optional=1)
+    a, idx = srcs[0], srcs[1]
+    need_types(node, srcs, a.type in (T.F32, T.F16) and idx.type in (T.I64, T.I32)
+               and node.type in (T.F32, T.F16, T.BF16))
+    if node.ne[0] != a.ne[0] or node.ne[2] != a.ne[2] or node.ne[3] != a.ne[3]:
+        raise invalid(node, srcs, "src0 and the result differ in shape")
+    if (idx.ne[0] != a.ne[1] or idx.ne[3] != 1 or a.ne[2] % idx.ne[1]
+            or a.ne[3] % idx.ne[2]):
+        raise invalid(node, srcs, "indices do not match src0")
+    need_rows(node, srcs, a, node)
+    return Spec(ids.K.SET_ROWS, iparams=(row_bytes(a),), srcs=[a, idx])
+
+
+def _norm(kernel_name):
+    def rule(node, srcs):
+        need(node, srcs, 1)
+        s = srcs[0]
+        if not same_shape(s, node):
+            raise invalid(node, srcs, "source and result differ in shape")
+        need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+        need_rows(node, srcs, s, node)
+        eps = f32_param(node, 0 if node.op != Op.GROUP_NORM else 1)
+        if not eps >= 0.0:
+            raise invalid(node, srcs, f"eps {eps} < 0")
+        if node.op == Op.GROUP_NORM:
+            if node.op_params[0] <= 0:
+                raise invalid(node, srcs, "n_groups <= 0")
+            if not contiguous(s) or not contiguous(node):
+                raise unsupported(node, srcs, "needs contiguous tensors")
+        return Spec(getattr(ids.K, kernel_name), srcs=[s])
+    return rule
+
+
+def rule_soft_max(node, srcs):
+    need(node, srcs, 1, optional=2)
+    s = srcs[0]
+    m = srcs[1] if len(srcs) > 1 else None
+    sk = srcs[2] if len(srcs) > 2 else None
+    if not same_shape(s, node):
+        raise invalid(node, srcs, "source and result differ in shape")
+    need_types(node, srcs, s.type == T.F32 and node.type == T.F32
+               and (m is None or m.type in (T.F16, T.F32)) and (sk is None or sk.type == T.F32))
+    need_rows(node, srcs, s, node, m, sk)
+    if m is not None:
+        if m.ne[0] < s.ne[0] or m.ne[1] < s.ne[1] or s.ne[2] % m.ne[2] or s.ne[3] % m.ne[3]:
+            raise invalid(node, srcs, "mask does not cover src0")
+    if sk is not None and nelements(sk) < s.ne[2]:
+        raise invalid(node, srcs, "fewer sinks than heads")
+    max_bias = f32_param(node, 1)
+    if max_bias > 0.0 and m is None:
+        raise invalid(node, srcs, "ALiBi without a mask")
+    return Spec(ids.K.SOFT_MAX, srcs=[s, m, sk])
+
+
+def rule_rope(node, srcs):
+    need(node, srcs, 2, optional=1)
+    s, pos = srcs[0], srcs[1]
+    ff = srcs[2] if len(srcs) > 2 else None
+    need_types(node, srcs, s.type in (T.F32, T.F16) and node.type == s.type and pos.type == T.I32
+               and (ff is None or ff.type == T.F32))
+    if not same_shape(s, node):
+        raise invalid(node, srcs, "source and result differ in shape")
+    need_rows(node, srcs, s, node)
+    p = node.op_params
+    n_dims, mode, n_offs = p[1], p[2], p[15]
+    ne0 = node.ne[0]
+    if mode not in ROPE_MODES:
+        raise unsupported(node, srcs, f"has rope mode {mode}")
+    if not (0 < n_dims <= ne0 and n_dims % 2 == 0):
+        raise invalid(node, srcs, f"n_dims {n_dims} for ne0 {ne0}")
+    if n_offs < 0 or n_offs % 2 or n_offs + n_dims > ne0:
+        raise invalid(node, srcs, f"n_offs {n_offs}")
+    multi = bool(mode & 8)
+    if not contiguous(pos) or pos.ne[0] < node.ne[2] * (4 if multi else 1):
+        raise invalid(node, srcs, "positions do not cover the tokens")
+    if multi:
+        sections = p[11:15]
+        if any(x < 0 for x in sections) or not 0 < sum(sections) <= ne0:
+            raise invalid(node, srcs, f"rope sections {sections}")
+    if mode == 24 and (n_dims * 2 != ne0 or n_offs):
+        raise invalid(node, srcs, "vision rope needs n_dims == ne0/2")
+    if ff is not None and (not contiguous(ff) or ff.ne[0] < n_dims // 2):
+        raise invalid(node, srcs, "too few frequency factors")
+    return Spec(ids.K.ROPE, 1 if node.op == Op.ROPE_BACK else 0, srcs=[s, pos, ff])
+
+
+def rule_mul_mat(node, srcs):
+    need(node, srcs, 2)
+    w, x = srcs
+    ex = _ex()
+    if node.op_params[1] != 0:
+        raise unsupported(node, srcs, f"has hint {node.op_params[1]}")
+    vdt = ex.vec_dot_type(w.type) if w.type not in (T.F32, T.F16) else w.type
+    if vdt < 0 or node.type != T.F32:
+        raise unsupported(node, srcs)
+    if w.type not in (T.F32, T.F16) and not ex.has_vec_dot(w.type):
+        raise unsupported(node, srcs)
+    if x.type != vdt:
+        ok = (x.type == T.F32 and (vdt in (T.F32, T.F16) or ex.has_from_float(vdt))) or \
+             (vdt == T.F32 and x.type in (T.F16, T.BF16))
+        need_types(node, srcs, ok)
+    if w.ne[0] != x.ne[0]:
+        raise invalid(node, srcs, "inner dimensions differ")
+    if (node.ne[0] != w.ne[1] or node.ne[1] != x.ne[1] or node.ne[2] != x.ne[2]
+            or node.ne[3] != x.ne[3]):
+        raise invalid(node, srcs, "result shape is not (src0.ne1, src1.ne1, src1.ne2, src1.ne3)")
+    if x.ne[2] % w.ne[2] or x.ne[3] % w.ne[3]:
+        raise invalid(node, srcs, "src0 does not broadcast over src1")
+    need_rows(node, srcs, w, x, node)
+    if w.nb[0] != ts(w) or x.nb[0] != ts(x) or node.nb[0] != 4:
+        raise invalid(node, srcs, "permuted or transposed operands")
+    K, M, N = w.ne[0], w.ne[1], x.ne[1]
+    if K % ggml.blck_size(vdt):
+        raise invalid(node, srcs, "rows are not whole blocks of the activation type")
+    gemm = int(w.type in (T.F32, T.F16) and N >= 2 and K % 8 == 0 and M % 4 == 0
+               and (x.type != vdt or contiguous(x)))
+    row_size = K // ggml.blck_size(vdt) * ggml.type_size(vdt)
+    return Spec(ids.K.MUL_MAT, iparams=(vdt, gemm, row_size), srcs=[w, x])
+
+
+def rule_flash_attn(node, srcs):
+    need(node, srcs, 3, optional=2)
+    q, k, v = srcs[:3]
+    m = srcs[3] if len(srcs) > 3 else None
+    sk = srcs[4] if len(srcs) > 4 else None
+    ex = _ex()
+    if node.op_params[3] not in PREC_OK:
+        raise invalid(node, srcs, f"precision {node.op_params[3]}")
+    vdt = k.type if k.type in (T.F32, T.F16) else ex.vec_dot_type(k.type)
+    ok = (q.type == T.F32 and node.type == T.F32 and vdt >= 0
+          and (k.type in (T.F32, T.F16) or (ex.has_vec_dot(k.type) and ex.has_from_float(vdt)))
+          and (v.type in (T.F32, T.F16) or ex.has_to_float(v.type))
+          and (m is None or m.type == T.F16) and (sk is None or sk.type == T.F32))
+    need_types(node, srcs, ok)
+    DK, DV = k.ne[0], v.ne[0]
+    if q.ne[0] != DK or v.ne[1] != k.ne[1]:
+        raise invalid(node, srcs, "q, k and v do not agree")
+    if q.ne[2] % k.ne[2] or q.ne[3] % k.ne[3] or q.ne[2] % v.ne[2] or q.ne[3] % v.ne[3]:
+        raise invalid(node, srcs, "k/v heads do not divide q heads")
+    if tuple(node.ne) != (DV, q.ne[2], q.ne[1], q.ne[3]) or not contiguous(node):
+        raise invalid(node, srcs, "result is not a contiguous (DV, heads, queries, ne3) tensor")
+    need_rows(node, srcs, q, k, v, m, sk)
+    if q.nb[0] != 4 or k.nb[0] != ts(k) or v.nb[0] != ts(v):
+        raise invalid(node, srcs, "rows of q, k or v are not contiguous")
+    if m is not None and (m.ne[0] < k.ne[1] or m.ne[1] < q.ne[1] or q.ne[2] % m.ne[2]
+                          or q.ne[3] % m.ne[3]):
+        raise invalid(node, srcs, "mask does not cover the scores")
+    if sk is not None and nelements(sk) < q.ne[2]:
+        raise invalid(node, srcs, "fewer sinks than heads")
+    if DK % ggml.blck_size(vdt) or DV % blck(v):
+        raise invalid(node, srcs, "head size is not whole blocks")
+    tiled = int(k.type == v.type and k.type in (T.F32, T.F16) and q.ne[1] >= 64)
+    return Spec(ids.K.FLASH_ATTN, iparams=(vdt, tiled), srcs=[q, k, v, m, sk])
+
+
+RULES = {
+    Op.DUP: rule_dup,
+    Op.CONT: rule_dup,
+    Op.CPY: rule_dup,
+    Op.ADD: rule_binary,
+    Op.SUB: rule_binary,
+    Op.MUL: rule_binary,
+    Op.DIV: rule_binary,
+    Op.UNARY: rule_unary,
+    Op.SQR: rule_simple_unary,
+    Op.SQRT: rule_simple_unary,
+    Op.LOG: rule_simple_unary,
+    Op.SIN: rule_simple_unary,
+    Op.COS: rule_simple_unary,
+    Op.LEAKY_RELU: rule_simple_unary,
+    Op.GLU: rule_glu,
+    Op.SCALE: rule_scale,
+    Op.GET_ROWS: rule_get_rows,
+    Op.SET_ROWS: rule_set_rows,
+    Op.RMS_NORM: _norm("RMS_NORM"),
+    Op.NORM: _norm("NORM"),
+    Op.L2_NORM: _norm("L2_NORM"),
+    Op.GROUP_NORM: _norm("GROUP_NORM"),
+    Op.SOFT_MAX: rule_soft_max,
+    Op.ROPE: rule_rope,
+    Op.ROPE_BACK: rule_rope,
+    Op.MUL_MAT: rule_mul_mat,
+    Op.FLASH_ATTN_EXT: rule_flash_attn,
+}
