@@ -1,0 +1,78 @@
+"""llama.cpp's llama-completion prints the same text through our server as on its own CPU.
+
+For each shared model, with the prompt and flash-attention choice of its recorded
+session: greedy decoding of 16 tokens with every layer on our server
+(`--rpc ours -ngl 99`) against the same run on llama.cpp's local CPU backend
+(`-ngl 0`), and against the output recorded through llama.cpp's own RPC server
+(shared/traces/<session>/stdout.txt). Greedy decoding turns the smallest logit
+difference at a near-tie into different text, so equal text over 16 tokens is a
+strong check of the whole executor.
+"""
+from __future__ import annotations
+
+import os
+import shlex
+import subprocess
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import MODELS, TRACES
+
+pytestmark = pytest.mark.interop
+
+SESSIONS = {  # model file -> recorded session with the flags to reuse
+    "llama-f32.gguf": "llama-f32",
+    "llama-f16.gguf": "llama-f16-fa",
+    "llama-q8_0.gguf": "llama-q8_0",
+    "llama-q4_0.gguf": "llama-q4_0-nofa",
+}
+
+
+def recorded_args(session: str) -> list[str]:
+    """The recorded command's flags after the model, minus the endpoint and -ngl:
+    -p's value is everything up to the next flag (command.txt is not shell-quoted)."""
+    words = (TRACES / session / "command.txt").read_text().split()
+    words = words[words.index("-m") + 2:]
+    out: list[str] = []
+    i = 0
+    while i < len(words):
+        w = words[i]
+        if w in ("--rpc", "-ngl"):
+            i += 2
+            continue
+        if w == "-p":
+            j = i + 1
+            while j < len(words) and not words[j].startswith("-"):
+                j += 1
+            out += ["-p", " ".join(words[i + 1:j])]
+            i = j
+            continue
+        out.append(w)
+        i += 1
+    return out
+
+
+def completion(ref_bin: Path, model: Path, args: list[str], rpc: str | None) -> str:
+    argv = [str(ref_bin / "llama-completion"), "-m", str(model), *args]
+    argv += ["--rpc", rpc, "-ngl", "99"] if rpc else ["-ngl", "0"]
+    env = dict(os.environ, GGML_NO_BACKTRACE="1")
+    r = subprocess.run(argv, capture_output=True, env=env, timeout=300)
+    assert r.returncode == 0, f"{shlex.join(argv)}\n{r.stderr.decode(errors='replace')[-3000:]}"
+    return r.stdout.decode("utf-8", "surrogateescape")
+
+
+@pytest.mark.parametrize("model_file", sorted(SESSIONS))
+def test_same_text_as_local_cpu(ref_bin, server_proc, model_file):
+    session = SESSIONS[model_file]
+    model = MODELS / model_file
+    args = recorded_args(session)
+    assert args[args.index("-n") + 1] == "16" and "-ngl" not in args
+    srv = server_proc("-t", "2")
+    ours = completion(ref_bin, model, args, srv.endpoint)
+    local = completion(ref_bin, model, args, None)
+    recorded = (TRACES / session / "stdout.txt").read_bytes().decode("utf-8", "surrogateescape")
+    prompt = args[args.index("-p") + 1]
+    assert ours.startswith(" " + prompt) and len(ours) > len(prompt) + 1
+    assert ours == local
+    assert ours.strip() == recorded.strip()
