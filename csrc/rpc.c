@@ -175,6 +175,22 @@ int ggmlrpc_send2(int fd, const void *a, size_t na, const void *b, size_t nb, in
     return 0;
 }
 
+int ggmlrpc_recv_some(int fd, void *dst, size_t cap, size_t min, int timeout_ms, size_t *got) {
+    uint8_t *p = (uint8_t *)dst;
+    size_t have = 0;
+    while (have < min) {
+        int w = gr_wait(fd, POLLIN, timeout_ms);
+        if (w) return w;
+        ssize_t r = recv(fd, p + have, cap - have, timeout_ms < 0 ? 0 : MSG_DONTWAIT);
+        if (r > 0) { have += (size_t)r; continue; }
+        if (r == 0) return -2;
+        if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
+        return -1;
+    }
+    *got = have;
+    return 0;
+}
+
 int ggmlrpc_discard(int fd, uint64_t n, int timeout_ms) {
     uint8_t scratch[65536];
     while (n > 0) {

@@ -150,6 +150,10 @@ int ggmlrpc_send_all(int fd, const void *src, size_t n, int timeout_ms);
 int ggmlrpc_send2(int fd, const void *a, size_t na, const void *b, size_t nb, int timeout_ms);
 /* Read and drop n bytes. */
 int ggmlrpc_discard(int fd, uint64_t n, int timeout_ms);
+/* Receive at least `min` and at most `cap` bytes, whatever the peer has sent
+ * by then, so that one call takes a header together with the payload behind it.
+ * *got holds the count on success. */
+int ggmlrpc_recv_some(int fd, void *dst, size_t cap, size_t min, int timeout_ms, size_t *got);
 
 /* Host memory for CPU buffers: anonymous mappings, zero-filled, page aligned. */
 void *ggmlrpc_host_alloc(size_t size);

@@ -38,11 +38,14 @@ class Conn:
         self.native = (_wire is not None) if native is None else (native and _wire is not None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(None)  # blocking fd: the native loops poll for timeouts
+        # native reads go through a read-ahead buffer (one recv per small message);
+        # nothing may read this socket around it
+        self._rbuf = _wire.RecvBuffer() if self.native else None
 
     # -- reading -----------------------------------------------------------
     def recv_exact(self, n: int) -> bytearray:
         if self.native:
-            return _wire.recv_exact(self.fd, n, _ms(self.timeout))
+            return self._rbuf.read(self.fd, n, _ms(self.timeout))
         buf = bytearray(n)
         self._py_recv_into(memoryview(buf))
         return buf
@@ -50,21 +53,26 @@ class Conn:
     def recv_into(self, buf) -> None:
         """Fill a writable buffer completely."""
         if self.native:
-            _wire.recv_into(self.fd, buf, _ms(self.timeout))
+            self._rbuf.read_into(self.fd, buf, _ms(self.timeout))
         else:
             self._py_recv_into(memoryview(buf).cast("B"))
 
     def recv_into_buffer(self, buffer, offset: int, n: int) -> None:
         """Receive n bytes straight into a device buffer at offset (no staging copy)."""
         if self.native:
-            buffer.recv_into(self.fd, offset, n, _ms(self.timeout))
+            head = self._rbuf.take(n)  # the payload's start may be read ahead already
+            if head:
+                buffer.write(offset, head)
+                offset, n = offset + len(head), n - len(head)
+            if n:
+                buffer.recv_into(self.fd, offset, n, _ms(self.timeout))
         else:
             view = buffer.view()[offset:offset + n]
             self._py_recv_into(view)
 
     def discard(self, n: int) -> None:
         if self.native:
-            _wire.discard(self.fd, n, _ms(self.timeout))
+            self._rbuf.discard(self.fd, n, _ms(self.timeout))
             return
         scratch = memoryview(bytearray(min(n, 1 << 16) or 1))
         while n:

@@ -92,5 +92,6 @@ cdef extern from "rpc.h" nogil:
     int ggmlrpc_send_all(int fd, const void *src, size_t n, int timeout_ms)
     int ggmlrpc_send2(int fd, const void *a, size_t na, const void *b, size_t nb, int timeout_ms)
     int ggmlrpc_discard(int fd, uint64_t n, int timeout_ms)
+    int ggmlrpc_recv_some(int fd, void *dst, size_t cap, size_t min, int timeout_ms, size_t *got)
     void *ggmlrpc_host_alloc(size_t size)
     void ggmlrpc_host_free(void *ptr, size_t size)

@@ -9,6 +9,9 @@ from cpython.buffer cimport PyBUF_WRITABLE, PyObject_GetBuffer, PyBuffer_Release
 from libc.errno cimport errno
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memcpy, memmove, memset
+from libc.stdlib cimport free, malloc
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
+from cpython.bytes cimport PyBytes_FromStringAndSize
 
 from ggmlrpc._native.rpc cimport *
 
@@ -314,6 +317,107 @@ def discard(int fd, uint64_t n, int timeout_ms=-1):
     with nogil:
         r = ggmlrpc_discard(fd, n, timeout_ms)
     _check(r, "recv")
+
+
+cdef class RecvBuffer:
+    """Read-ahead for one socket.
+
+    Small messages arrive whole (a request header with its payload, a response
+    size with its answer): one recv takes them together instead of one recv per
+    field. Bulk payloads bypass it: what is already buffered is copied out and the
+    rest goes from the kernel straight into its destination. Everything read from
+    the socket must go through the same RecvBuffer, or buffered bytes are lost.
+    """
+    cdef uint8_t *buf
+    cdef size_t cap
+    cdef size_t start   # buf[start:end] holds received, unread bytes
+    cdef size_t end
+
+    def __cinit__(self, size_t capacity=65536):
+        self.buf = <uint8_t *>malloc(capacity)
+        if self.buf == NULL:
+            raise MemoryError()
+        self.cap = capacity
+        self.start = self.end = 0
+
+    def __dealloc__(self):
+        free(self.buf)
+
+    @property
+    def pending(self):
+        """Bytes received and not read yet."""
+        return self.end - self.start
+
+    cdef int _fill(self, int fd, size_t n, int timeout_ms) except -1:
+        """Make at least n <= cap bytes pending."""
+        cdef size_t have = self.end - self.start
+        cdef size_t got = 0
+        cdef int r
+        if have >= n:
+            return 0
+        if self.cap - self.start < n:
+            memmove(self.buf, self.buf + self.start, have)
+            self.start, self.end = 0, have
+        with nogil:
+            r = ggmlrpc_recv_some(fd, self.buf + self.end, self.cap - self.end, n - have,
+                                  timeout_ms, &got)
+        _check(r, "recv")
+        self.end += got
+        return 0
+
+    cdef int _read(self, int fd, uint8_t *dst, size_t n, int timeout_ms) except -1:
+        """Exactly n bytes into dst: small reads through the buffer, large ones
+        from what is buffered and then straight from the socket."""
+        cdef size_t k
+        if n <= self.cap:
+            self._fill(fd, n, timeout_ms)
+            memcpy(dst, self.buf + self.start, n)
+            self.start += n
+        else:
+            k = self.end - self.start
+            memcpy(dst, self.buf + self.start, k)
+            self.start += k
+            _check(_recv(fd, dst + k, n - k, timeout_ms), "recv")
+        if self.start == self.end:
+            self.start = self.end = 0
+        return 0
+
+    def read(self, int fd, size_t n, int timeout_ms=-1):
+        """Exactly n bytes as a new bytearray."""
+        out = PyByteArray_FromStringAndSize(NULL, n)
+        if n:
+            self._read(fd, <uint8_t *>PyByteArray_AS_STRING(out), n, timeout_ms)
+        return out
+
+    def read_into(self, int fd, buf, int timeout_ms=-1):
+        """Fill a writable buffer (bytearray, numpy array, memoryview) completely."""
+        cdef Py_buffer pb
+        PyObject_GetBuffer(buf, &pb, PyBUF_WRITABLE)
+        try:
+            if pb.len:
+                self._read(fd, <uint8_t *>pb.buf, pb.len, timeout_ms)
+        finally:
+            PyBuffer_Release(&pb)
+
+    def take(self, size_t n):
+        """Up to n of the pending bytes, without touching the socket."""
+        cdef size_t k = min(n, self.end - self.start)
+        out = PyBytes_FromStringAndSize(<char *>self.buf + self.start, k)
+        self.start += k
+        if self.start == self.end:
+            self.start = self.end = 0
+        return out
+
+    def discard(self, int fd, uint64_t n, int timeout_ms=-1):
+        cdef size_t k = <size_t>min(n, <uint64_t>(self.end - self.start))
+        cdef int r = 0
+        self.start += k
+        if self.start == self.end:
+            self.start = self.end = 0
+        if n > k:
+            with nogil:
+                r = ggmlrpc_discard(fd, n - k, timeout_ms)
+            _check(r, "recv")
 
 
 def blck_size(uint32_t t):

@@ -49,11 +49,15 @@ def trace_graph_ops(trace: str) -> set[int]:
 
 
 def unsupported_ops(ops: set[int]) -> set[int]:
-    """The ops our CPU executor has no kernel for (empty once it covers the model)."""
+    """The ops our CPU executor has no kernel for (empty once it covers the model).
+    The executor's op table: compute.cpu_ops.RULES, or the older compute.cpu.KERNELS."""
     from ggmlrpc.compute import cpu
 
-    cpu.CpuExecutor(1)  # an executor may register its kernels when first built
-    return {o for o in ops if o not in cpu.KERNELS}
+    table = getattr(cpu, "KERNELS", None)
+    if table is None:
+        from ggmlrpc.compute import cpu_ops
+        table = cpu_ops.RULES
+    return ops - set(table)
 
 
 def offloaded_weights(model: Path) -> list[tuple[int, int, int]]:
