@@ -1,0 +1,185 @@
+"""Copies and row indexing: CPY/DUP/CONT across types, shapes and strides; GET_ROWS and
+SET_ROWS, including indices out of range (the connection closes, nothing is written
+outside the tensors, other clients keep working)."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggmlrpc.errors import ServerClosed
+from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
+from tests.ops.conftest import Ctx, assert_close, from_bf16, to_bf16
+
+CONV = [(T.F32, T.F16), (T.F16, T.F32), (T.F32, T.BF16), (T.BF16, T.F32), (T.F16, T.BF16),
+        (T.F32, T.F32), (T.F16, T.F16), (T.I32, T.I32), (T.F32, T.I32), (T.I32, T.F32)]
+
+
+def as_type(x, t):
+    if t == T.F16:
+        return np.asarray(x, np.float32).astype(np.float16).astype(np.float32)
+    if t == T.BF16:
+        return from_bf16(to_bf16(x))
+    if t == T.I32:
+        return np.trunc(np.asarray(x, np.float32))
+    return np.asarray(x, np.float32)
+
+
+@pytest.mark.parametrize("src_t, dst_t", CONV, ids=lambda t: t.name)
+def test_cpy_types(ctx, rng, src_t, dst_t):
+    ne = (19, 4, 3, 1)
+    x = as_type(rng.standard_normal(ne[::-1]) * 50, src_t)
+    dst = ctx.new(dst_t, ne)
+    node = ctx.op(Op.CPY, dst_t, ne, ctx.new(src_t, ne, x), dst)
+    node.data, node.view_src = dst.data, dst          # CPY's result is a view of its target
+    ctx.compute()
+    np.testing.assert_array_equal(ctx.read(dst).astype(np.float32), as_type(x, dst_t).reshape(1, 3, 4, 19))
+
+
+def test_cont_of_permuted(ctx, rng):
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)     # ne (5, 4, 3, 2)
+    p = ctx.permute(ctx.new(T.F32, (5, 4, 3, 2), x), 0, 2, 1, 3)  # ne (5, 3, 4, 2)
+    out = ctx.op(Op.CONT, T.F32, p.ne, p)
+    ctx.compute()
+    np.testing.assert_array_equal(ctx.read(out), x.transpose(0, 2, 1, 3))
+
+
+def test_cont_of_transposed_f16(ctx, rng):
+    x = rng.standard_normal((6, 33)).astype(np.float16)
+    tp = ctx.transpose(ctx.new(T.F16, (33, 6), x))                 # nb0 = 66
+    out = ctx.op(Op.CONT, T.F16, tp.ne, tp)
+    ctx.compute()
+    np.testing.assert_array_equal(ctx.read(out).reshape(33, 6), x.T)
+
+
+def test_dup_reshapes_in_element_order(ctx, rng):
+    """Different shapes, same element count: elements follow logical row-major order,
+    through the source's strides (a transposed source)."""
+    x = rng.standard_normal((10, 12)).astype(np.float32)
+    tp = ctx.transpose(ctx.new(T.F32, (12, 10), x))               # logical (10, 12) in numpy: x.T
+    out = ctx.op(Op.DUP, T.F16, (8, 15, 1, 1), tp)
+    ctx.compute()
+    ref = x.T.reshape(-1).astype(np.float16).reshape(15, 8)
+    np.testing.assert_array_equal(ctx.read(out).reshape(15, 8), ref)
+
+
+def test_cpy_into_strided_view(ctx, rng):
+    """The KV-cache pattern: rows written into a view of a bigger tensor."""
+    cache = ctx.new(T.F16, (64, 16), np.zeros((16, 64), np.float16))
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+    view = ctx.view(cache, (64, 3), (2, 128, 128 * 3, 128 * 3), offset=5 * 128)
+    node = ctx.op(Op.CPY, T.F16, (64, 3), ctx.new(T.F32, (64, 3), x), view)
+    node.data, node.view_src = view.data, cache
+    ctx.compute()
+    got = ctx.read(cache).reshape(16, 64)
+    ref = np.zeros((16, 64), np.float16)
+    ref[5:8] = x.astype(np.float16)
+    np.testing.assert_array_equal(got, ref)
+
+
+@pytest.mark.parametrize("src_t", [T.F32, T.F16, T.BF16, T.I32], ids=lambda t: t.name)
+def test_get_rows(ctx, rng, src_t):
+    nc, nr, ne2 = 24, 10, 3
+    x = as_type(rng.standard_normal((ne2, nr, nc)) * 10, src_t)
+    idx = rng.integers(0, nr, (ne2, 5)).astype(np.int32)           # (5, ne2) in ggml order
+    dst_t = T.I32 if src_t == T.I32 else T.F32
+    out = ctx.op(Op.GET_ROWS, dst_t, (nc, 5, ne2, 1), ctx.new(src_t, (nc, nr, ne2), x),
+                 ctx.new(T.I32, (5, ne2), idx))
+    ctx.compute()
+    ref = np.stack([x[k][idx[k]] for k in range(ne2)])
+    np.testing.assert_array_equal(ctx.read(out).reshape(ref.shape).astype(np.float32), ref)
+
+
+@pytest.mark.parametrize("idx_t", [T.I64, T.I32], ids=lambda t: t.name)
+@pytest.mark.parametrize("dst_t", [T.F16, T.F32, T.BF16], ids=lambda t: t.name)
+def test_set_rows(ctx, rng, dst_t, idx_t):
+    nc, n_dst, n_src, ne2 = 32, 12, 4, 2
+    base = as_type(rng.standard_normal((ne2, n_dst, nc)), dst_t)
+    dst = ctx.new(dst_t, (nc, n_dst, ne2), base)
+    x = rng.standard_normal((ne2, n_src, nc)).astype(np.float32)
+    idx = np.array([[7, 0, 11, 3]], dtype=np.int64 if idx_t == T.I64 else np.int32)   # broadcast over ne2
+    node = ctx.op(Op.SET_ROWS, dst_t, dst.ne, ctx.new(T.F32, (nc, n_src, ne2), x),
+                  ctx.new(idx_t, (n_src, 1), idx), dst)
+    node.data, node.view_src = dst.data, dst
+    ctx.compute()
+    ref = base.copy()
+    ref[:, idx[0]] = as_type(x, dst_t)
+    np.testing.assert_array_equal(ctx.read(dst).reshape(ref.shape).astype(np.float32), ref)
+
+
+@pytest.mark.parametrize("bad", [-1, 10, 0x7FFFFFFF])
+def test_get_rows_index_out_of_range_closes(server, rng, caplog, bad):
+    c = Ctx(f"127.0.0.1:{server.port}")
+    try:
+        x = rng.standard_normal((10, 8)).astype(np.float32)
+        idx = np.array([1, 2, bad], dtype=np.int32)
+        c.op(Op.GET_ROWS, T.F32, (8, 3), c.new(T.F32, (8, 10), x), c.new(T.I32, (3,), idx))
+        c.rb.graph_compute(c.nodes)
+        with pytest.raises(ServerClosed):
+            c.rb.synchronize()
+        assert f"GET_ROWS index {bad} out of range [0, 10)" in caplog.text
+    finally:
+        c.close()
+    # the server still serves everyone else
+    ok = Ctx(f"127.0.0.1:{server.port}")
+    try:
+        assert ok.rb.device_count() == 1
+    finally:
+        ok.close()
+
+
+def test_set_rows_index_out_of_range_closes(server, caplog):
+    """Index 4 into a 4-row view of an 8-row tensor would land inside the buffer, so
+    only the check stops it (the next test runs the same graph with index 3)."""
+    c = Ctx(f"127.0.0.1:{server.port}")
+    try:
+        big = c.new(T.F32, (16, 8), np.full((8, 16), 7.0, np.float32))
+        dst = c.view(big, (16, 4), (64, 64 * 4, 64 * 4, 64 * 4))   # rows 0..3 of 8
+        node = c.op(Op.SET_ROWS, T.F32, dst.ne, c.new(T.F32, (16, 2), np.ones((2, 16), np.float32)),
+                    c.new(T.I64, (2,), np.array([1, 4], np.int64)), dst)
+        node.data, node.view_src = dst.data, big
+        c.rb.graph_compute(c.nodes)
+        with pytest.raises(ServerClosed):
+            c.read(big)
+        assert "SET_ROWS index 4 out of range [0, 4)" in caplog.text
+    finally:
+        c.close()
+
+
+def test_set_rows_in_range_leaves_the_rest(server):
+    """The graph above with index 3: rows 1 and 3 written, rows 4..7 untouched."""
+    c = Ctx(f"127.0.0.1:{server.port}")
+    try:
+        big = c.new(T.F32, (16, 8), np.full((8, 16), 7.0, np.float32))
+        dst = c.view(big, (16, 4), (64, 64 * 4, 64 * 4, 64 * 4))
+        node = c.op(Op.SET_ROWS, T.F32, dst.ne, c.new(T.F32, (16, 2), np.ones((2, 16), np.float32)),
+                    c.new(T.I64, (2,), np.array([1, 3], np.int64)), dst)
+        node.data, node.view_src = dst.data, big
+        c.compute()
+        got = c.read(big).reshape(8, 16)
+        ref = np.full((8, 16), 7.0, np.float32)
+        ref[[1, 3]] = 1.0
+        np.testing.assert_array_equal(got, ref)
+    finally:
+        c.close()
+
+
+def test_get_rows_in_recompute_checks_new_indices(server, rng, caplog):
+    """Indices are checked when the graph runs: a recompute after the client wrote
+    a bad index closes the connection."""
+    c = Ctx(f"127.0.0.1:{server.port}")
+    try:
+        x = rng.standard_normal((10, 8)).astype(np.float32)
+        idx = c.new(T.I32, (2,), np.array([3, 4], np.int32))
+        out = c.op(Op.GET_ROWS, T.F32, (8, 2), c.new(T.F32, (8, 10), x), idx)
+        c.compute()
+        assert_close(c.read(out), x[[3, 4]], 0)
+        c.write(idx, np.array([9, 0], np.int32))
+        c.recompute()
+        assert_close(c.read(out), x[[9, 0]], 0)
+        c.write(idx, np.array([0, 10], np.int32))
+        c.rb.graph_recompute()
+        with pytest.raises(ServerClosed):
+            c.rb.synchronize()
+        assert "GET_ROWS index 10 out of range [0, 10)" in caplog.text
+    finally:
+        c.close()
