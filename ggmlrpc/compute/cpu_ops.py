@@ -272,11 +272,8 @@ def _norm(kernel_name):
         eps = f32_param(node, 0 if node.op != Op.GROUP_NORM else 1)
         if not eps >= 0.0:
             raise invalid(node, srcs, f"eps {eps} < 0")
-        if node.op == Op.GROUP_NORM:
-            if node.op_params[0] <= 0:
-                raise invalid(node, srcs, "n_groups <= 0")
-            if not contiguous(s) or not contiguous(node):
-                raise unsupported(node, srcs, "needs contiguous tensors")
+        if node.op == Op.GROUP_NORM and node.op_params[0] <= 0:
+            raise invalid(node, srcs, "n_groups <= 0")
         return Spec(getattr(ids.K, kernel_name), srcs=[s])
     return rule
 
