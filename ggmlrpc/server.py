@@ -201,7 +201,7 @@ class Server:
             sessions = list(self._sessions)
             threads = list(self._threads)
         for s in sessions:
-            s.conn.close()
+            s.conn.shutdown()  # each session thread closes its own socket
         for t in threads:
             t.join(timeout)
 
@@ -246,6 +246,7 @@ class Session:
         self.conn = Conn(sock, native=server.native)
         self.buffers: dict[int, ServerBuffer] = {}
         self.graphs: dict[int, StoredGraph] = {}
+        self.request: bytearray | None = None  # payload of the current fixed-size request
         self.next_base = BASE_START
         try:
             self.peer = "%s:%d" % sock.getpeername()[:2]
@@ -257,8 +258,8 @@ class Session:
         try:
             self.hello()
             while True:
-                head = self.conn.recv_exact(9)
-                cmd, size = protocol.HEADER.unpack(head)
+                # a fixed-size request comes with its payload, read in the same call
+                cmd, size, self.request = self.conn.recv_request()
                 self.dispatch(cmd, size)
         except ConnectionLost as e:
             if not self.server._closing.is_set():
@@ -296,13 +297,14 @@ class Session:
         del client_caps
 
     def reply(self, payload: bytes) -> None:
-        self.conn.send(protocol.SIZE.pack(len(payload)), payload)
+        self.conn.send_sized(payload)
 
     def fixed(self, cmd: int, size: int) -> bytearray:
         want = REQUEST_SIZE[cmd]
         if size != want:
             raise ProtocolError(f"{Cmd(cmd).name} payload of {size} bytes (expected {want})")
-        return self.conn.recv_exact(size)
+        req = self.request
+        return req if req is not None else self.conn.recv_exact(size)
 
     def device_index(self, dev: int) -> int:
         if dev >= len(self.devices):

@@ -12,7 +12,7 @@ import os
 import socket
 
 from .errors import ConnectionLost, RpcTimeout
-from .protocol import CONN_CAPS_SIZE
+from .protocol import CMD_COUNT, CONN_CAPS_SIZE, HEADER, REQUEST_SIZE, SIZE
 
 log = logging.getLogger("ggmlrpc.transport")
 
@@ -49,6 +49,16 @@ class Conn:
         buf = bytearray(n)
         self._py_recv_into(memoryview(buf))
         return buf
+
+    def recv_request(self) -> tuple[int, int, bytearray | None]:
+        """(cmd, size, payload): a request header and, when the command has a fixed
+        payload size and `size` is it, the payload; otherwise the payload stays unread."""
+        if self.native:
+            return self._rbuf.read_request(self.fd, _ms(self.timeout))
+        cmd, size = HEADER.unpack(self.recv_exact(9))
+        if cmd < CMD_COUNT and REQUEST_SIZE[cmd] == size:
+            return cmd, size, self.recv_exact(size)
+        return cmd, size, None
 
     def recv_into(self, buf) -> None:
         """Fill a writable buffer completely."""
@@ -126,6 +136,13 @@ class Conn:
         finally:
             self._untimed()
 
+    def send_sized(self, payload) -> None:
+        """A response: | size u64 | payload |."""
+        if self.native:
+            _wire.send_sized(self.fd, payload, _ms(self.timeout))
+        else:
+            self.send(SIZE.pack(len(payload)), payload)
+
     def send_from_buffer(self, header: bytes, buffer, offset: int, n: int) -> None:
         """Send header then n bytes of a device buffer, from the buffer's memory."""
         if self.native:
@@ -140,11 +157,16 @@ class Conn:
             finally:
                 self._untimed()
 
-    def close(self) -> None:
+    def shutdown(self) -> None:
+        """Wake any thread blocked on this socket (it sees EOF) without closing the fd,
+        so that the fd number cannot be reused under that thread's feet."""
         try:
             self.sock.shutdown(socket.SHUT_RDWR)
         except OSError:
             pass
+
+    def close(self) -> None:
+        self.shutdown()
         self.sock.close()
 
 
