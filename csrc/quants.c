@@ -174,37 +174,6 @@ static inline int gr_iq4xs_scale(const block_iq4_xs *b, int ib) {
     return (lo | (hi << 4)) - 32;
 }
 
-/* TQ1_0 packs five (qs) or four (qh) base-3 digits per byte as a fixed-point
- * fraction; digit k is the top base-3 digit of byte*3^k (mod 256), in 0..2 */
-static inline int gr_trit(uint8_t byte, int k) {
-    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
-    const uint8_t q = (uint8_t)(byte * pow3[k]);
-    return ((int)q * 3) >> 8;
-}
-
-/* element e (0..255) of a TQ1_0 block, as code 0..2 (value = code - 1) */
-static inline void gr_tq1_codes(const block_tq1_0 *b, int8_t *c /* (256,) */) {
-    int e = 0;
-    for (int k = 0; k < 5; k++) {
-        for (int m = 0; m < 32; m++) {
-            c[e + m] = (int8_t)gr_trit(b->qs[m], k);
-        }
-        e += 32;
-    }
-    for (int k = 0; k < 5; k++) {
-        for (int m = 0; m < 16; m++) {
-            c[e + m] = (int8_t)gr_trit(b->qs[32 + m], k);
-        }
-        e += 16;
-    }
-    for (int k = 0; k < 4; k++) {
-        for (int m = 0; m < 4; m++) {
-            c[e + m] = (int8_t)gr_trit(b->qh[m], k);
-        }
-        e += 4;
-    }
-}
-
 /* ------------------------------------------------------------------------- */
 /* fp16 / bf16                                                                */
 /* ------------------------------------------------------------------------- */
@@ -251,49 +220,153 @@ static void gr_f32_store_row(const float *x /* (n,) */, void *vy /* (n,) f32 */,
 }
 
 /* ------------------------------------------------------------------------- */
+/* unpacking: blocks -> small integer codes                                   */
+/* ------------------------------------------------------------------------- */
+/* Kernels unpack a block into int8 codes with plain loops (which compilers
+ * vectorize) and then sum products of small integers. */
+#define GR_BODY static inline
+
+/* 16 bytes of nibbles -> 32 codes: low nibbles are elements 0-15, high 16-31 */
+GR_BODY void gr_unpack_nibbles(const uint8_t *qs /* (16,) */, int8_t *c /* (32,) */) {
+    for (int j = 0; j < 16; j++) {
+        c[j] = (int8_t)(qs[j] & 0xf);
+        c[j + 16] = (int8_t)(qs[j] >> 4);
+    }
+}
+
+/* Q5_0/Q5_1: nibbles plus bit j of qh as bit 4 of element j (codes 0..31) */
+GR_BODY void gr_unpack_q5(const uint8_t *qh4 /* (4,) */, const uint8_t *qs /* (16,) */,
+                          int8_t *c /* (32,) */) {
+    uint32_t qh;
+    memcpy(&qh, qh4, sizeof qh);
+    gr_unpack_nibbles(qs, c);
+    for (int j = 0; j < 32; j++) {
+        c[j] = (int8_t)(c[j] | (int8_t)(((qh >> j) & 1u) << 4));
+    }
+}
+
+/* 2-bit fields of 64 bytes -> 256 codes 0..3 (Q2_K, low bits of Q3_K, TQ2_0):
+ * element 128h + 32p + l is bits 2p..2p+1 of qs[32h + l] */
+GR_BODY void gr_unpack_2bit(const uint8_t *qs /* (64,) */, int8_t *a /* (256,) */) {
+    for (int h = 0; h < 2; h++) {
+        for (int p = 0; p < 4; p++) {
+            for (int l = 0; l < 32; l++) {
+                a[128 * h + 32 * p + l] = (int8_t)((qs[32 * h + l] >> (2 * p)) & 3);
+            }
+        }
+    }
+}
+
+/* Q3_K codes -4..3: the 2-bit field minus 4 where bit 4h+p of hmask[l] is clear */
+GR_BODY void gr_unpack_q3_K(const block_q3_K *b, int8_t *a /* (256,) */) {
+    gr_unpack_2bit(b->qs, a);
+    for (int hp = 0; hp < 8; hp++) {
+        for (int l = 0; l < 32; l++) {
+            a[32 * hp + l] = (int8_t)(a[32 * hp + l] - (((b->hmask[l] >> hp) & 1) ? 0 : 4));
+        }
+    }
+}
+
+/* Q4_K codes 0..15: chunk c of 64 elements is the low then the high nibbles of
+ * qs[32c .. 32c+31] (sub-blocks 2c and 2c+1) */
+GR_BODY void gr_unpack_q4_K(const uint8_t *qs /* (128,) */, int8_t *a /* (256,) */) {
+    for (int c = 0; c < 4; c++) {
+        for (int l = 0; l < 32; l++) {
+            a[64 * c + l] = (int8_t)(qs[32 * c + l] & 0xf);
+            a[64 * c + 32 + l] = (int8_t)(qs[32 * c + l] >> 4);
+        }
+    }
+}
+
+/* Q5_K codes 0..31: Q4_K's plus bit sb of qh[l] as 16 (sb = sub-block) */
+GR_BODY void gr_unpack_q5_K(const block_q5_K *b, int8_t *a /* (256,) */) {
+    gr_unpack_q4_K(b->qs, a);
+    for (int sb = 0; sb < 8; sb++) {
+        for (int l = 0; l < 32; l++) {
+            a[32 * sb + l] = (int8_t)(a[32 * sb + l] | (((b->qh[l] >> sb) & 1) << 4));
+        }
+    }
+}
+
+/* Q6_K codes -32..31: element 128h + 32k + l is a nibble of ql[64h + l + 32(k%2)]
+ * (low for k < 2) with bits 2k..2k+1 of qh[32h + l] on top */
+GR_BODY void gr_unpack_q6_K(const block_q6_K *b, int8_t *a /* (256,) */) {
+    for (int h = 0; h < 2; h++) {
+        const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
+        int8_t *o = a + 128 * h;
+        for (int l = 0; l < 32; l++) {
+            o[l] = (int8_t)(((ql[l] & 0xf) | ((qh[l] & 3) << 4)) - 32);
+            o[l + 32] = (int8_t)(((ql[l + 32] & 0xf) | (((qh[l] >> 2) & 3) << 4)) - 32);
+            o[l + 64] = (int8_t)(((ql[l] >> 4) | (((qh[l] >> 4) & 3) << 4)) - 32);
+            o[l + 96] = (int8_t)(((ql[l + 32] >> 4) | (((qh[l] >> 6) & 3) << 4)) - 32);
+        }
+    }
+}
+
+/* TQ1_0 codes 0..2: five base-3 digits per qs byte, four per qh byte, stored as
+ * a fixed-point fraction: digit k is the top base-3 digit of byte*3^k mod 256 */
+GR_BODY void gr_unpack_tq1(const block_tq1_0 *b, int8_t *a /* (256,) */) {
+    static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
+    for (int k = 0; k < 5; k++) {
+        for (int m = 0; m < 32; m++) {
+            a[32 * k + m] = (int8_t)(((uint8_t)(b->qs[m] * pow3[k]) * 3) >> 8);
+        }
+        for (int m = 0; m < 16; m++) {
+            a[160 + 16 * k + m] = (int8_t)(((uint8_t)(b->qs[32 + m] * pow3[k]) * 3) >> 8);
+        }
+    }
+    for (int k = 0; k < 4; k++) {
+        for (int m = 0; m < 4; m++) {
+            a[240 + 4 * k + m] = (int8_t)(((uint8_t)(b->qh[m] * pow3[k]) * 3) >> 8);
+        }
+    }
+}
+
+/* sum of n products of small integers */
+GR_BODY int gr_sum_i8(const int8_t *a /* (n,) */, const int8_t *b /* (n,) */, int n) {
+    int s = 0;
+    for (int j = 0; j < n; j++) {
+        s += a[j] * b[j];
+    }
+    return s;
+}
+
+
+/* ------------------------------------------------------------------------- */
 /* dequantize: block rows -> float                                            */
 /* ------------------------------------------------------------------------- */
 
 static void dequantize_row_q4_0(const void *vx /* (n/32,) blocks */, float *y /* (n,) */, int64_t n) {
     const block_q4_0 *x = vx;
+    int8_t c[GR_QK];
     for (int64_t i = 0; i < n / GR_QK; i++, y += GR_QK) {
         const float d = gr_fp16_to_fp32(x[i].d);
-        for (int j = 0; j < 16; j++) {
-            y[j] = (float)((x[i].qs[j] & 0xf) - 8) * d;
-            y[j + 16] = (float)((x[i].qs[j] >> 4) - 8) * d;
+        gr_unpack_nibbles(x[i].qs, c);
+        for (int j = 0; j < GR_QK; j++) {
+            y[j] = (float)(c[j] - 8) * d;
         }
     }
 }
 
 static void dequantize_row_q4_1(const void *vx /* (n/32,) blocks */, float *y /* (n,) */, int64_t n) {
     const block_q4_1 *x = vx;
+    int8_t c[GR_QK];
     for (int64_t i = 0; i < n / GR_QK; i++, y += GR_QK) {
         const float d = gr_fp16_to_fp32(x[i].d);
         const float m = gr_fp16_to_fp32(x[i].m);
-        for (int j = 0; j < 16; j++) {
-            y[j] = (float)(x[i].qs[j] & 0xf) * d + m;
-            y[j + 16] = (float)(x[i].qs[j] >> 4) * d + m;
+        gr_unpack_nibbles(x[i].qs, c);
+        for (int j = 0; j < GR_QK; j++) {
+            y[j] = (float)c[j] * d + m;
         }
-    }
-}
-
-/* the 5-bit codes of a Q5_0/Q5_1 block: low nibbles in qs, bit j of qh on top */
-static inline void gr_q5_codes(const uint8_t *qh4 /* (4,) */, const uint8_t *qs /* (16,) */,
-                               int *c /* (32,) */) {
-    uint32_t qh;
-    memcpy(&qh, qh4, sizeof qh);
-    for (int j = 0; j < 16; j++) {
-        c[j] = (qs[j] & 0xf) | (int)(((qh >> j) & 1u) << 4);
-        c[j + 16] = (qs[j] >> 4) | (int)(((qh >> (j + 16)) & 1u) << 4);
     }
 }
 
 static void dequantize_row_q5_0(const void *vx /* (n/32,) blocks */, float *y /* (n,) */, int64_t n) {
     const block_q5_0 *x = vx;
-    int c[GR_QK];
+    int8_t c[GR_QK];
     for (int64_t i = 0; i < n / GR_QK; i++, y += GR_QK) {
         const float d = gr_fp16_to_fp32(x[i].d);
-        gr_q5_codes(x[i].qh, x[i].qs, c);
+        gr_unpack_q5(x[i].qh, x[i].qs, c);
         for (int j = 0; j < GR_QK; j++) {
             y[j] = (float)(c[j] - 16) * d;
         }
@@ -302,11 +375,11 @@ static void dequantize_row_q5_0(const void *vx /* (n/32,) blocks */, float *y /*
 
 static void dequantize_row_q5_1(const void *vx /* (n/32,) blocks */, float *y /* (n,) */, int64_t n) {
     const block_q5_1 *x = vx;
-    int c[GR_QK];
+    int8_t c[GR_QK];
     for (int64_t i = 0; i < n / GR_QK; i++, y += GR_QK) {
         const float d = gr_fp16_to_fp32(x[i].d);
         const float m = gr_fp16_to_fp32(x[i].m);
-        gr_q5_codes(x[i].qh, x[i].qs, c);
+        gr_unpack_q5(x[i].qh, x[i].qs, c);
         for (int j = 0; j < GR_QK; j++) {
             y[j] = (float)c[j] * d + m;
         }
@@ -332,7 +405,8 @@ static void dequantize_row_q8_K(const void *vx /* (n/256,) blocks */, float *y /
     }
 }
 
-/* 16-level formats with one float scale per 32 elements (IQ4_NL, MXFP4) */
+/* 16-level formats with one float scale per 32 elements (IQ4_NL, MXFP4, the
+ * sub-blocks of IQ4_XS) */
 static inline void gr_dequant_lut32(const uint8_t *qs /* (16,) */, const int8_t *lut /* (16,) */,
                                     float d, float *y /* (32,) */) {
     for (int j = 0; j < 16; j++) {
@@ -400,138 +474,115 @@ static void dequantize_row_q2_0(const void *vx /* (n/64,) blocks */, float *y /*
     }
 }
 
-/* Q2_K and Q3_K share their element order: in each half of 128, four passes of
- * a 2-bit field (shift 0,2,4,6) over the 32 bytes qs[32*half ..]; element
- * 128*half + 32*pass + l comes from byte l. */
-static inline int gr_k2bits(const uint8_t *qs /* (64,) */, int e) {
-    return (qs[32 * (e / 128) + e % 32] >> (2 * ((e % 128) / 32))) & 3;
+/* K-quants with a scale and a min per group: y = (d*scale) * code - dmin*min */
+GR_BODY void gr_dequant_groups(const int8_t *a /* (256,) */, int group, const float *dl /* (256/group,) */,
+                               const float *ml /* (256/group,) or NULL */, float *y /* (256,) */) {
+    for (int e = 0; e < GR_QK_K; e++) {
+        y[e] = ml ? dl[e / group] * (float)a[e] - ml[e / group] : dl[e / group] * (float)a[e];
+    }
 }
 
 static void dequantize_row_q2_K(const void *vx /* (n/256,) blocks */, float *y /* (n,) */, int64_t n) {
     const block_q2_K *x = vx;
+    int8_t a[GR_QK_K];
+    float dl[16], ml[16];
     for (int64_t i = 0; i < n / GR_QK_K; i++, y += GR_QK_K) {
         const float d = gr_fp16_to_fp32(x[i].d);
         const float dmin = gr_fp16_to_fp32(x[i].dmin);
         for (int g = 0; g < 16; g++) {
-            const float dl = d * (float)(x[i].scales[g] & 0xf);
-            const float ml = dmin * (float)(x[i].scales[g] >> 4);
-            for (int e = 16 * g; e < 16 * g + 16; e++) {
-                y[e] = dl * (float)gr_k2bits(x[i].qs, e) - ml;
-            }
+            dl[g] = d * (float)(x[i].scales[g] & 0xf);
+            ml[g] = dmin * (float)(x[i].scales[g] >> 4);
         }
+        gr_unpack_2bit(x[i].qs, a);
+        gr_dequant_groups(a, 16, dl, ml, y);
     }
-}
-
-/* Q3_K codes in -4..3: two low bits as Q2_K, minus 4 where the hmask bit
- * (bit 4*half + pass of hmask[l]) is clear */
-static inline int gr_k3code(const block_q3_K *b, int e) {
-    const int bit = 4 * (e / 128) + (e % 128) / 32;
-    return gr_k2bits(b->qs, e) - ((b->hmask[e % 32] >> bit) & 1 ? 0 : 4);
 }
 
 static void dequantize_row_q3_K(const void *vx /* (n/256,) blocks */, float *y /* (n,) */, int64_t n) {
     const block_q3_K *x = vx;
-    int8_t sc[16];
+    int8_t a[GR_QK_K], sc[16];
+    float dl[16];
     for (int64_t i = 0; i < n / GR_QK_K; i++, y += GR_QK_K) {
         const float d = gr_fp16_to_fp32(x[i].d);
         gr_k3_scales(x[i].scales, sc);
         for (int g = 0; g < 16; g++) {
-            const float dl = d * (float)sc[g];
-            for (int e = 16 * g; e < 16 * g + 16; e++) {
-                y[e] = dl * (float)gr_k3code(&x[i], e);
-            }
+            dl[g] = d * (float)sc[g];
         }
+        gr_unpack_q3_K(&x[i], a);
+        gr_dequant_groups(a, 16, dl, NULL, y);
     }
 }
 
-/* Q4_K/Q5_K: chunk c of 64 elements reads bytes qs[32c ..]: low nibbles are
- * sub-block 2c, high nibbles sub-block 2c+1; Q5_K adds bit (sub-block) of
- * qh[l] as 16 */
-static inline int gr_k4code(const uint8_t *qs /* (128,) */, int e) {
-    const uint8_t b = qs[32 * (e / 64) + e % 32];
-    return (e / 32) % 2 ? b >> 4 : b & 0xf;
-}
-
-static inline int gr_k5code(const block_q5_K *b, int e) {
-    return gr_k4code(b->qs, e) + (((b->qh[e % 32] >> (e / 32)) & 1) << 4);
+/* Q4_K and Q5_K: 8 sub-blocks of 32 with six-bit scales and mins */
+GR_BODY void gr_k4_group_scales(gr_fp16_t dh, gr_fp16_t dminh, const uint8_t *scales /* (12,) */,
+                                float *dl /* (8,) */, float *ml /* (8,) */) {
+    uint8_t sc[8], mn[8];
+    const float d = gr_fp16_to_fp32(dh);
+    const float dmin = gr_fp16_to_fp32(dminh);
+    gr_k4_scales(scales, sc, mn);
+    for (int s = 0; s < 8; s++) {
+        dl[s] = d * (float)sc[s];
+        ml[s] = dmin * (float)mn[s];
+    }
 }
 
 static void dequantize_row_q4_K(const void *vx /* (n/256,) blocks */, float *y /* (n,) */, int64_t n) {
     const block_q4_K *x = vx;
-    uint8_t sc[8], mn[8];
+    int8_t a[GR_QK_K];
+    float dl[8], ml[8];
     for (int64_t i = 0; i < n / GR_QK_K; i++, y += GR_QK_K) {
-        const float d = gr_fp16_to_fp32(x[i].d);
-        const float dmin = gr_fp16_to_fp32(x[i].dmin);
-        gr_k4_scales(x[i].scales, sc, mn);
-        for (int s = 0; s < 8; s++) {
-            const float dl = d * (float)sc[s];
-            const float ml = dmin * (float)mn[s];
-            for (int e = 32 * s; e < 32 * s + 32; e++) {
-                y[e] = dl * (float)gr_k4code(x[i].qs, e) - ml;
-            }
-        }
+        gr_k4_group_scales(x[i].d, x[i].dmin, x[i].scales, dl, ml);
+        gr_unpack_q4_K(x[i].qs, a);
+        gr_dequant_groups(a, 32, dl, ml, y);
     }
 }
 
 static void dequantize_row_q5_K(const void *vx /* (n/256,) blocks */, float *y /* (n,) */, int64_t n) {
     const block_q5_K *x = vx;
-    uint8_t sc[8], mn[8];
+    int8_t a[GR_QK_K];
+    float dl[8], ml[8];
     for (int64_t i = 0; i < n / GR_QK_K; i++, y += GR_QK_K) {
-        const float d = gr_fp16_to_fp32(x[i].d);
-        const float dmin = gr_fp16_to_fp32(x[i].dmin);
-        gr_k4_scales(x[i].scales, sc, mn);
-        for (int s = 0; s < 8; s++) {
-            const float dl = d * (float)sc[s];
-            const float ml = dmin * (float)mn[s];
-            for (int e = 32 * s; e < 32 * s + 32; e++) {
-                y[e] = dl * (float)gr_k5code(&x[i], e) - ml;
-            }
-        }
+        gr_k4_group_scales(x[i].d, x[i].dmin, x[i].scales, dl, ml);
+        gr_unpack_q5_K(&x[i], a);
+        gr_dequant_groups(a, 32, dl, ml, y);
     }
-}
-
-/* Q6_K: element 128*h + 32*k + l takes a nibble of ql[64h + l + 32*(k%2)]
- * (low for k<2, high for k>=2) and bits 2k..2k+1 of qh[32h + l]; code - 32 */
-static inline int gr_k6code(const block_q6_K *b, int e) {
-    const int h = e / 128, k = (e % 128) / 32, l = e % 32;
-    const uint8_t lo = b->ql[64 * h + l + 32 * (k % 2)];
-    const int nib = k < 2 ? (lo & 0xf) : (lo >> 4);
-    const int hi = (b->qh[32 * h + l] >> (2 * k)) & 3;
-    return (nib | (hi << 4)) - 32;
 }
 
 static void dequantize_row_q6_K(const void *vx /* (n/256,) blocks */, float *y /* (n,) */, int64_t n) {
     const block_q6_K *x = vx;
+    int8_t a[GR_QK_K];
+    float dl[16];
     for (int64_t i = 0; i < n / GR_QK_K; i++, y += GR_QK_K) {
         const float d = gr_fp16_to_fp32(x[i].d);
         for (int g = 0; g < 16; g++) {
-            const float dl = d * (float)x[i].scales[g];
-            for (int e = 16 * g; e < 16 * g + 16; e++) {
-                y[e] = dl * (float)gr_k6code(&x[i], e);
-            }
+            dl[g] = d * (float)x[i].scales[g];
         }
+        gr_unpack_q6_K(&x[i], a);
+        gr_dequant_groups(a, 16, dl, NULL, y);
     }
 }
 
+/* ternary formats: y = (code - 1) * d */
 static void dequantize_row_tq1_0(const void *vx /* (n/256,) blocks */, float *y /* (n,) */, int64_t n) {
     const block_tq1_0 *x = vx;
-    int8_t c[GR_QK_K];
+    int8_t a[GR_QK_K];
     for (int64_t i = 0; i < n / GR_QK_K; i++, y += GR_QK_K) {
         const float d = gr_fp16_to_fp32(x[i].d);
-        gr_tq1_codes(&x[i], c);
+        gr_unpack_tq1(&x[i], a);
         for (int e = 0; e < GR_QK_K; e++) {
-            y[e] = (float)(c[e] - 1) * d;
+            y[e] = (float)(a[e] - 1) * d;
         }
     }
 }
 
-/* TQ2_0: element 128*h + 32*k + m is bits 2k..2k+1 of qs[32h + m], minus 1 */
 static void dequantize_row_tq2_0(const void *vx /* (n/256,) blocks */, float *y /* (n,) */, int64_t n) {
     const block_tq2_0 *x = vx;
+    int8_t a[GR_QK_K];
     for (int64_t i = 0; i < n / GR_QK_K; i++, y += GR_QK_K) {
         const float d = gr_fp16_to_fp32(x[i].d);
+        gr_unpack_2bit(x[i].qs, a);
         for (int e = 0; e < GR_QK_K; e++) {
-            y[e] = (float)(gr_k2bits(x[i].qs, e) - 1) * d;
+            y[e] = (float)(a[e] - 1) * d;
         }
     }
 }
@@ -835,10 +886,11 @@ static void quantize_row_mxfp4(const float *x /* (n,) */, void *vy /* (n/32,) bl
 /* ------------------------------------------------------------------------- */
 /* dot products, portable C                                                   */
 /* ------------------------------------------------------------------------- */
-/* Each sums exact integer products per block (per super-block for K-quants)
- * and accumulates the scaled block sums in float, as ggml's kernels do. */
+/* Each sums exact integer products per block (per group for K-quants) and
+ * accumulates the scaled block sums in float, as ggml's kernels do. */
 
-static void vec_dot_f32_f32(int64_t n, float *s, const void *vx /* (n,) f32 */, const void *vy /* (n,) f32 */) {
+static void vec_dot_f32_f32(int64_t n, float *s, const void *vx /* (n,) f32 */,
+                            const void *vy /* (n,) f32 */) {
     const float *x = vx, *y = vy;
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++) {
@@ -847,7 +899,8 @@ static void vec_dot_f32_f32(int64_t n, float *s, const void *vx /* (n,) f32 */, 
     *s = (float)sum;
 }
 
-static void vec_dot_f16_f16(int64_t n, float *s, const void *vx /* (n,) f16 */, const void *vy /* (n,) f16 */) {
+static void vec_dot_f16_f16(int64_t n, float *s, const void *vx /* (n,) f16 */,
+                            const void *vy /* (n,) f16 */) {
     const uint16_t *x = vx, *y = vy;
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++) {
@@ -856,7 +909,8 @@ static void vec_dot_f16_f16(int64_t n, float *s, const void *vx /* (n,) f16 */, 
     *s = (float)sum;
 }
 
-static void vec_dot_bf16_bf16(int64_t n, float *s, const void *vx /* (n,) bf16 */, const void *vy /* (n,) bf16 */) {
+static void vec_dot_bf16_bf16(int64_t n, float *s, const void *vx /* (n,) bf16 */,
+                              const void *vy /* (n,) bf16 */) {
     const uint16_t *x = vx, *y = vy;
     double sum = 0.0;
     for (int64_t i = 0; i < n; i++) {
@@ -865,31 +919,32 @@ static void vec_dot_bf16_bf16(int64_t n, float *s, const void *vx /* (n,) bf16 *
     *s = (float)sum;
 }
 
-static void vec_dot_q4_0_q8_0(int64_t n, float *s, const void *vx /* (n/32,) q4_0 */, const void *vy /* (n/32,) q8_0 */) {
+static void vec_dot_q4_0_q8_0(int64_t n, float *s, const void *vx /* (n/32,) q4_0 */,
+                              const void *vy /* (n/32,) q8_0 */) {
     const block_q4_0 *x = vx;
     const block_q8_0 *y = vy;
+    int8_t c[GR_QK];
     float sum = 0.0f;
     for (int64_t i = 0; i < n / GR_QK; i++) {
+        gr_unpack_nibbles(x[i].qs, c);
         int isum = 0;
-        for (int j = 0; j < 16; j++) {
-            isum += ((x[i].qs[j] & 0xf) - 8) * y[i].qs[j];
-            isum += ((x[i].qs[j] >> 4) - 8) * y[i].qs[j + 16];
+        for (int j = 0; j < GR_QK; j++) {
+            isum += (c[j] - 8) * y[i].qs[j];
         }
         sum += (float)isum * (gr_fp16_to_fp32(x[i].d) * gr_fp16_to_fp32(y[i].d));
     }
     *s = sum;
 }
 
-static void vec_dot_q4_1_q8_1(int64_t n, float *s, const void *vx /* (n/32,) q4_1 */, const void *vy /* (n/32,) q8_1 */) {
+static void vec_dot_q4_1_q8_1(int64_t n, float *s, const void *vx /* (n/32,) q4_1 */,
+                              const void *vy /* (n/32,) q8_1 */) {
     const block_q4_1 *x = vx;
     const block_q8_1 *y = vy;
+    int8_t c[GR_QK];
     float sum = 0.0f;
     for (int64_t i = 0; i < n / GR_QK; i++) {
-        int isum = 0;
-        for (int j = 0; j < 16; j++) {
-            isum += (x[i].qs[j] & 0xf) * y[i].qs[j];
-            isum += (x[i].qs[j] >> 4) * y[i].qs[j + 16];
-        }
+        gr_unpack_nibbles(x[i].qs, c);
+        const int isum = gr_sum_i8(c, y[i].qs, GR_QK);
         /* the min times the activation block's stored d*sum(q) */
         sum += (gr_fp16_to_fp32(x[i].d) * gr_fp16_to_fp32(y[i].d)) * (float)isum
              + gr_fp16_to_fp32(x[i].m) * gr_fp16_to_fp32(y[i].s);
@@ -897,48 +952,45 @@ static void vec_dot_q4_1_q8_1(int64_t n, float *s, const void *vx /* (n/32,) q4_
     *s = sum;
 }
 
-static void vec_dot_q5_0_q8_0(int64_t n, float *s, const void *vx /* (n/32,) q5_0 */, const void *vy /* (n/32,) q8_0 */) {
+static void vec_dot_q5_0_q8_0(int64_t n, float *s, const void *vx /* (n/32,) q5_0 */,
+                              const void *vy /* (n/32,) q8_0 */) {
     const block_q5_0 *x = vx;
     const block_q8_0 *y = vy;
-    int c[GR_QK];
+    int8_t c[GR_QK];
     float sum = 0.0f;
     for (int64_t i = 0; i < n / GR_QK; i++) {
-        gr_q5_codes(x[i].qh, x[i].qs, c);
-        int isum = 0;
+        gr_unpack_q5(x[i].qh, x[i].qs, c);
         for (int j = 0; j < GR_QK; j++) {
-            isum += (c[j] - 16) * y[i].qs[j];
+            c[j] = (int8_t)(c[j] - 16);
         }
+        const int isum = gr_sum_i8(c, y[i].qs, GR_QK);
         sum += (gr_fp16_to_fp32(x[i].d) * gr_fp16_to_fp32(y[i].d)) * (float)isum;
     }
     *s = sum;
 }
 
-static void vec_dot_q5_1_q8_1(int64_t n, float *s, const void *vx /* (n/32,) q5_1 */, const void *vy /* (n/32,) q8_1 */) {
+static void vec_dot_q5_1_q8_1(int64_t n, float *s, const void *vx /* (n/32,) q5_1 */,
+                              const void *vy /* (n/32,) q8_1 */) {
     const block_q5_1 *x = vx;
     const block_q8_1 *y = vy;
-    int c[GR_QK];
+    int8_t c[GR_QK];
     float sum = 0.0f;
     for (int64_t i = 0; i < n / GR_QK; i++) {
-        gr_q5_codes(x[i].qh, x[i].qs, c);
-        int isum = 0;
-        for (int j = 0; j < GR_QK; j++) {
-            isum += c[j] * y[i].qs[j];
-        }
+        gr_unpack_q5(x[i].qh, x[i].qs, c);
+        const int isum = gr_sum_i8(c, y[i].qs, GR_QK);
         sum += (gr_fp16_to_fp32(x[i].d) * gr_fp16_to_fp32(y[i].d)) * (float)isum
              + gr_fp16_to_fp32(x[i].m) * gr_fp16_to_fp32(y[i].s);
     }
     *s = sum;
 }
 
-static void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *vx /* (n/32,) q8_0 */, const void *vy /* (n/32,) q8_0 */) {
+static void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *vx /* (n/32,) q8_0 */,
+                              const void *vy /* (n/32,) q8_0 */) {
     const block_q8_0 *x = vx;
     const block_q8_0 *y = vy;
     float sum = 0.0f;
     for (int64_t i = 0; i < n / GR_QK; i++) {
-        int isum = 0;
-        for (int j = 0; j < GR_QK; j++) {
-            isum += x[i].qs[j] * y[i].qs[j];
-        }
+        const int isum = gr_sum_i8(x[i].qs, y[i].qs, GR_QK);
         sum += (float)isum * (gr_fp16_to_fp32(x[i].d) * gr_fp16_to_fp32(y[i].d));
     }
     *s = sum;
@@ -955,7 +1007,8 @@ static inline int gr_dot_lut32(const uint8_t *qs /* (16,) */, const int8_t *lut 
     return a + b;
 }
 
-static void vec_dot_iq4_nl_q8_0(int64_t n, float *s, const void *vx /* (n/32,) iq4_nl */, const void *vy /* (n/32,) q8_0 */) {
+static void vec_dot_iq4_nl_q8_0(int64_t n, float *s, const void *vx /* (n/32,) iq4_nl */,
+                                const void *vy /* (n/32,) q8_0 */) {
     const block_iq4_nl *x = vx;
     const block_q8_0 *y = vy;
     float sum = 0.0f;
@@ -966,7 +1019,8 @@ static void vec_dot_iq4_nl_q8_0(int64_t n, float *s, const void *vx /* (n/32,) i
     *s = sum;
 }
 
-static void vec_dot_mxfp4_q8_0(int64_t n, float *s, const void *vx /* (n/32,) mxfp4 */, const void *vy /* (n/32,) q8_0 */) {
+static void vec_dot_mxfp4_q8_0(int64_t n, float *s, const void *vx /* (n/32,) mxfp4 */,
+                               const void *vy /* (n/32,) q8_0 */) {
     const block_mxfp4 *x = vx;
     const block_q8_0 *y = vy;
     float sum = 0.0f;
@@ -978,7 +1032,8 @@ static void vec_dot_mxfp4_q8_0(int64_t n, float *s, const void *vx /* (n/32,) mx
 }
 
 /* NVFP4: a 64-element block spans two Q8_0 blocks, one scale per 16 */
-static void vec_dot_nvfp4_q8_0(int64_t n, float *s, const void *vx /* (n/64,) nvfp4 */, const void *vy /* (n/32,) q8_0 */) {
+static void vec_dot_nvfp4_q8_0(int64_t n, float *s, const void *vx /* (n/64,) nvfp4 */,
+                               const void *vy /* (n/32,) q8_0 */) {
     const block_nvfp4 *x = vx;
     const block_q8_0 *y = vy;
     float sum = 0.0f;
@@ -999,7 +1054,8 @@ static void vec_dot_nvfp4_q8_0(int64_t n, float *s, const void *vx /* (n/64,) nv
 }
 
 /* Q1_0: 128 elements (4 Q8_0 blocks), +q8 where the bit is set, -q8 where not */
-static void vec_dot_q1_0_q8_0(int64_t n, float *s, const void *vx /* (n/128,) q1_0 */, const void *vy /* (n/32,) q8_0 */) {
+static void vec_dot_q1_0_q8_0(int64_t n, float *s, const void *vx /* (n/128,) q1_0 */,
+                              const void *vy /* (n/32,) q8_0 */) {
     const block_q1_0 *x = vx;
     const block_q8_0 *y = vy;
     float sum = 0.0f;
@@ -1020,7 +1076,8 @@ static void vec_dot_q1_0_q8_0(int64_t n, float *s, const void *vx /* (n/128,) q1
 }
 
 /* Q2_0: 64 elements (2 Q8_0 blocks) of codes {0..3} -> {-1..2} */
-static void vec_dot_q2_0_q8_0(int64_t n, float *s, const void *vx /* (n/64,) q2_0 */, const void *vy /* (n/32,) q8_0 */) {
+static void vec_dot_q2_0_q8_0(int64_t n, float *s, const void *vx /* (n/64,) q2_0 */,
+                              const void *vy /* (n/32,) q8_0 */) {
     const block_q2_0 *x = vx;
     const block_q8_0 *y = vy;
     float sum = 0.0f;
@@ -1042,19 +1099,18 @@ static void vec_dot_q2_0_q8_0(int64_t n, float *s, const void *vx /* (n/64,) q2_
 
 /* K-quants: the min terms use the activation's bsums (sums of 16 codes), so
  * only the scale terms touch every element */
-static void vec_dot_q2_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q2_K */, const void *vy /* (n/256,) q8_K */) {
+static void vec_dot_q2_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q2_K */,
+                              const void *vy /* (n/256,) q8_K */) {
     const block_q2_K *x = vx;
     const block_q8_K *y = vy;
+    int8_t a[GR_QK_K];
     float sum = 0.0f;
     for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        gr_unpack_2bit(x[i].qs, a);
         int summ = 0, isum = 0;
         for (int g = 0; g < 16; g++) {
             summ += y[i].bsums[g] * (x[i].scales[g] >> 4);
-            int gsum = 0;
-            for (int e = 16 * g; e < 16 * g + 16; e++) {
-                gsum += gr_k2bits(x[i].qs, e) * y[i].qs[e];
-            }
-            isum += (x[i].scales[g] & 0xf) * gsum;
+            isum += (x[i].scales[g] & 0xf) * gr_sum_i8(a + 16 * g, y[i].qs + 16 * g, 16);
         }
         const float dall = y[i].d * gr_fp16_to_fp32(x[i].d);
         const float dmin = y[i].d * gr_fp16_to_fp32(x[i].dmin);
@@ -1063,89 +1119,91 @@ static void vec_dot_q2_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q2
     *s = sum;
 }
 
-static void vec_dot_q3_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q3_K */, const void *vy /* (n/256,) q8_K */) {
+static void vec_dot_q3_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q3_K */,
+                              const void *vy /* (n/256,) q8_K */) {
     const block_q3_K *x = vx;
     const block_q8_K *y = vy;
-    int8_t sc[16];
+    int8_t a[GR_QK_K], sc[16];
     float sum = 0.0f;
     for (int64_t i = 0; i < n / GR_QK_K; i++) {
         gr_k3_scales(x[i].scales, sc);
+        gr_unpack_q3_K(&x[i], a);
         int isum = 0;
         for (int g = 0; g < 16; g++) {
-            int gsum = 0;
-            for (int e = 16 * g; e < 16 * g + 16; e++) {
-                gsum += gr_k3code(&x[i], e) * y[i].qs[e];
-            }
-            isum += sc[g] * gsum;
+            isum += sc[g] * gr_sum_i8(a + 16 * g, y[i].qs + 16 * g, 16);
         }
         sum += (gr_fp16_to_fp32(x[i].d) * y[i].d) * (float)isum;
     }
     *s = sum;
 }
 
-static void vec_dot_q4_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q4_K */, const void *vy /* (n/256,) q8_K */) {
+/* Q4_K/Q5_K min term: sum over sub-blocks of min * (sum of its 32 q8) */
+static inline int gr_k4_minsum(const uint8_t *mn /* (8,) */, const int16_t *bsums /* (16,) */) {
+    int summ = 0;
+    for (int sb = 0; sb < 8; sb++) {
+        summ += mn[sb] * (bsums[2 * sb] + bsums[2 * sb + 1]);
+    }
+    return summ;
+}
+
+/* Q4_K/Q5_K once unpacked: 8 sub-blocks of 32 codes */
+GR_BODY float gr_dot_k4(const uint8_t *scales /* (12,) */, gr_fp16_t dh, gr_fp16_t dminh,
+                        const int8_t *a /* (256,) */, const block_q8_K *y) {
+    uint8_t sc[8], mn[8];
+    gr_k4_scales(scales, sc, mn);
+    int isum = 0;
+    for (int sb = 0; sb < 8; sb++) {
+        isum += sc[sb] * gr_sum_i8(a + 32 * sb, y->qs + 32 * sb, 32);
+    }
+    return (gr_fp16_to_fp32(dh) * y->d) * (float)isum
+         - (gr_fp16_to_fp32(dminh) * y->d) * (float)gr_k4_minsum(mn, y->bsums);
+}
+
+static void vec_dot_q4_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q4_K */,
+                              const void *vy /* (n/256,) q8_K */) {
     const block_q4_K *x = vx;
     const block_q8_K *y = vy;
-    uint8_t sc[8], mn[8];
+    int8_t a[GR_QK_K];
     float sum = 0.0f;
     for (int64_t i = 0; i < n / GR_QK_K; i++) {
-        gr_k4_scales(x[i].scales, sc, mn);
-        int summ = 0, isum = 0;
-        for (int sb = 0; sb < 8; sb++) {
-            summ += mn[sb] * (y[i].bsums[2 * sb] + y[i].bsums[2 * sb + 1]);
-            int ssum = 0;
-            for (int e = 32 * sb; e < 32 * sb + 32; e++) {
-                ssum += gr_k4code(x[i].qs, e) * y[i].qs[e];
-            }
-            isum += sc[sb] * ssum;
-        }
-        sum += (gr_fp16_to_fp32(x[i].d) * y[i].d) * (float)isum;
-        sum -= (gr_fp16_to_fp32(x[i].dmin) * y[i].d) * (float)summ;
+        gr_unpack_q4_K(x[i].qs, a);
+        sum += gr_dot_k4(x[i].scales, x[i].d, x[i].dmin, a, &y[i]);
     }
     *s = sum;
 }
 
-static void vec_dot_q5_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q5_K */, const void *vy /* (n/256,) q8_K */) {
+static void vec_dot_q5_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q5_K */,
+                              const void *vy /* (n/256,) q8_K */) {
     const block_q5_K *x = vx;
     const block_q8_K *y = vy;
-    uint8_t sc[8], mn[8];
+    int8_t a[GR_QK_K];
     float sum = 0.0f;
     for (int64_t i = 0; i < n / GR_QK_K; i++) {
-        gr_k4_scales(x[i].scales, sc, mn);
-        int summ = 0, isum = 0;
-        for (int sb = 0; sb < 8; sb++) {
-            summ += mn[sb] * (y[i].bsums[2 * sb] + y[i].bsums[2 * sb + 1]);
-            int ssum = 0;
-            for (int e = 32 * sb; e < 32 * sb + 32; e++) {
-                ssum += gr_k5code(&x[i], e) * y[i].qs[e];
-            }
-            isum += sc[sb] * ssum;
-        }
-        sum += (gr_fp16_to_fp32(x[i].d) * y[i].d) * (float)isum;
-        sum -= (gr_fp16_to_fp32(x[i].dmin) * y[i].d) * (float)summ;
+        gr_unpack_q5_K(&x[i], a);
+        sum += gr_dot_k4(x[i].scales, x[i].d, x[i].dmin, a, &y[i]);
     }
     *s = sum;
 }
 
-static void vec_dot_q6_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q6_K */, const void *vy /* (n/256,) q8_K */) {
+static void vec_dot_q6_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q6_K */,
+                              const void *vy /* (n/256,) q8_K */) {
     const block_q6_K *x = vx;
     const block_q8_K *y = vy;
+    int8_t a[GR_QK_K];
     float sum = 0.0f;
     for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        gr_unpack_q6_K(&x[i], a);
         int isum = 0;
         for (int g = 0; g < 16; g++) {
-            int gsum = 0;
-            for (int e = 16 * g; e < 16 * g + 16; e++) {
-                gsum += gr_k6code(&x[i], e) * y[i].qs[e];
-            }
-            isum += x[i].scales[g] * gsum;
+            isum += x[i].scales[g] * gr_sum_i8(a + 16 * g, y[i].qs + 16 * g, 16);
         }
         sum += (gr_fp16_to_fp32(x[i].d) * y[i].d) * (float)isum;
     }
     *s = sum;
 }
 
-static void vec_dot_iq4_xs_q8_K(int64_t n, float *s, const void *vx /* (n/256,) iq4_xs */, const void *vy /* (n/256,) q8_K */) {
+static void vec_dot_iq4_xs_q8_K(int64_t n, float *s, const void *vx /* (n/256,) iq4_xs */,
+                                const void *vy /* (n/256,) q8_K */) {
     const block_iq4_xs *x = vx;
     const block_q8_K *y = vy;
     float sum = 0.0f;
@@ -1159,32 +1217,35 @@ static void vec_dot_iq4_xs_q8_K(int64_t n, float *s, const void *vx /* (n/256,) 
     *s = sum;
 }
 
-static void vec_dot_tq1_0_q8_K(int64_t n, float *s, const void *vx /* (n/256,) tq1_0 */, const void *vy /* (n/256,) q8_K */) {
+/* ternary: sum((code - 1) * q8) */
+static void vec_dot_tq1_0_q8_K(int64_t n, float *s, const void *vx /* (n/256,) tq1_0 */,
+                               const void *vy /* (n/256,) q8_K */) {
     const block_tq1_0 *x = vx;
     const block_q8_K *y = vy;
-    int8_t c[GR_QK_K];
+    int8_t a[GR_QK_K];
     float sum = 0.0f;
     for (int64_t i = 0; i < n / GR_QK_K; i++) {
-        gr_tq1_codes(&x[i], c);
-        int isum = 0;
+        gr_unpack_tq1(&x[i], a);
         for (int e = 0; e < GR_QK_K; e++) {
-            isum += (c[e] - 1) * y[i].qs[e];
+            a[e] = (int8_t)(a[e] - 1);
         }
-        sum += (float)isum * (gr_fp16_to_fp32(x[i].d) * y[i].d);
+        sum += (float)gr_sum_i8(a, y[i].qs, GR_QK_K) * (gr_fp16_to_fp32(x[i].d) * y[i].d);
     }
     *s = sum;
 }
 
-static void vec_dot_tq2_0_q8_K(int64_t n, float *s, const void *vx /* (n/256,) tq2_0 */, const void *vy /* (n/256,) q8_K */) {
+static void vec_dot_tq2_0_q8_K(int64_t n, float *s, const void *vx /* (n/256,) tq2_0 */,
+                               const void *vy /* (n/256,) q8_K */) {
     const block_tq2_0 *x = vx;
     const block_q8_K *y = vy;
+    int8_t a[GR_QK_K];
     float sum = 0.0f;
     for (int64_t i = 0; i < n / GR_QK_K; i++) {
-        int isum = 0;
+        gr_unpack_2bit(x[i].qs, a);
         for (int e = 0; e < GR_QK_K; e++) {
-            isum += (gr_k2bits(x[i].qs, e) - 1) * y[i].qs[e];
+            a[e] = (int8_t)(a[e] - 1);
         }
-        sum += (float)isum * (y[i].d * gr_fp16_to_fp32(x[i].d));
+        sum += (float)gr_sum_i8(a, y[i].qs, GR_QK_K) * (y[i].d * gr_fp16_to_fp32(x[i].d));
     }
     *s = sum;
 }
@@ -1266,7 +1327,8 @@ GR_AVX2 static void gr_bf16_to_f32_row_avx2(const void *vx /* (n,) bf16 */, floa
 
 /* one Q8_0/Q8_1 block the way ggml's AVX quantizer computes it (same lane
  * order as gr_amax32_lanes/gr_q8_block_x86, which it must equal bit for bit) */
-GR_AVX2 static inline float gr_q8_block_avx2(const float *x /* (32,) */, int8_t *qs /* (32,) */, int32_t *sum) {
+GR_AVX2 static inline float gr_q8_block_avx2(const float *x /* (32,) */, int8_t *qs /* (32,) */,
+                                             int32_t *sum) {
     __m256 v0 = _mm256_loadu_ps(x);
     __m256 v1 = _mm256_loadu_ps(x + 8);
     __m256 v2 = _mm256_loadu_ps(x + 16);
@@ -1299,7 +1361,8 @@ GR_AVX2 static inline float gr_q8_block_avx2(const float *x /* (32,) */, int8_t 
     return d;
 }
 
-GR_AVX2 static void quantize_row_q8_0_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+GR_AVX2 static void quantize_row_q8_0_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */,
+                                           int64_t n) {
     block_q8_0 *y = vy;
     int32_t sum;
     for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
@@ -1307,7 +1370,8 @@ GR_AVX2 static void quantize_row_q8_0_avx2(const float *x /* (n,) */, void *vy /
     }
 }
 
-GR_AVX2 static void quantize_row_q8_1_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+GR_AVX2 static void quantize_row_q8_1_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */,
+                                           int64_t n) {
     block_q8_1 *y = vy;
     int32_t sum;
     for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
@@ -1326,7 +1390,8 @@ GR_AVX2 static inline float gr_reduce4_ps8(__m256 a0, __m256 a1, __m256 a2, __m2
     return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
 }
 
-GR_AVX2 static void vec_dot_f32_f32_avx2(int64_t n, float *s, const void *vx /* (n,) f32 */, const void *vy /* (n,) f32 */) {
+GR_AVX2 static void vec_dot_f32_f32_avx2(int64_t n, float *s, const void *vx /* (n,) f32 */,
+                                         const void *vy /* (n,) f32 */) {
     const float *x = vx, *y = vy;
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     const int64_t np = n & ~(int64_t)31;
@@ -1342,7 +1407,8 @@ GR_AVX2 static void vec_dot_f32_f32_avx2(int64_t n, float *s, const void *vx /* 
     *s = sum;
 }
 
-GR_AVX2 static void vec_dot_f16_f16_avx2(int64_t n, float *s, const void *vx /* (n,) f16 */, const void *vy /* (n,) f16 */) {
+GR_AVX2 static void vec_dot_f16_f16_avx2(int64_t n, float *s, const void *vx /* (n,) f16 */,
+                                         const void *vy /* (n,) f16 */) {
     const uint16_t *x = vx, *y = vy;
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     const int64_t np = n & ~(int64_t)31;
@@ -1366,7 +1432,8 @@ GR_AVX2 static inline __m256 gr_load_bf16x8(const uint16_t *p /* (8,) */) {
     return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
 }
 
-GR_AVX2 static void vec_dot_bf16_bf16_avx2(int64_t n, float *s, const void *vx /* (n,) bf16 */, const void *vy /* (n,) bf16 */) {
+GR_AVX2 static void vec_dot_bf16_bf16_avx2(int64_t n, float *s, const void *vx /* (n,) bf16 */,
+                                           const void *vy /* (n,) bf16 */) {
     const uint16_t *x = vx, *y = vy;
     __m256 c[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     int64_t i = 0;
@@ -1382,7 +1449,8 @@ GR_AVX2 static void vec_dot_bf16_bf16_avx2(int64_t n, float *s, const void *vx /
     *s = (float)sum;
 }
 
-GR_AVX2 static void vec_dot_q4_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_0 */, const void *vy /* (n/32,) q8_0 */) {
+GR_AVX2 static void vec_dot_q4_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_0 */,
+                                           const void *vy /* (n/32,) q8_0 */) {
     const block_q4_0 *x = vx;
     const block_q8_0 *y = vy;
     __m256 acc = _mm256_setzero_ps();
@@ -1395,7 +1463,8 @@ GR_AVX2 static void vec_dot_q4_0_q8_0_avx2(int64_t n, float *s, const void *vx /
     *s = gr_hsum_ps8(acc);
 }
 
-GR_AVX2 static void vec_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q8_0 */, const void *vy /* (n/32,) q8_0 */) {
+GR_AVX2 static void vec_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q8_0 */,
+                                           const void *vy /* (n/32,) q8_0 */) {
     const block_q8_0 *x = vx;
     const block_q8_0 *y = vy;
     __m256 acc = _mm256_setzero_ps();
@@ -1408,27 +1477,26 @@ GR_AVX2 static void vec_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vx /
     *s = gr_hsum_ps8(acc);
 }
 
-/* Q4_K/Q5_K min term: dmin * sum over sub-blocks of min * (sum of its 32 q8) */
-static inline int gr_k4_minsum(const uint8_t *mn /* (8,) */, const int16_t *bsums /* (16,) */) {
-    int summ = 0;
-    for (int sb = 0; sb < 8; sb++) {
-        summ += mn[sb] * (bsums[2 * sb] + bsums[2 * sb + 1]);
-    }
-    return summ;
-}
-
-GR_AVX2 static void vec_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q4_K */, const void *vy /* (n/256,) q8_K */) {
+/* Q4_K: the min term goes to a 4-lane accumulator (pairs of sub-blocks), the
+ * scale term to an 8-lane one, as in ggml's AVX2 kernel */
+GR_AVX2 static void vec_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q4_K */,
+                                           const void *vy /* (n/256,) q8_K */) {
     const block_q4_K *x = vx;
     const block_q8_K *y = vy;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc = _mm256_setzero_ps();
-    float acc_m = 0.0f;
+    __m128 acc_m = _mm_setzero_ps();
     uint8_t sc[8], mn[8];
     for (int64_t i = 0; i < n / GR_QK_K; i++) {
         const float d = y[i].d * _cvtsh_ss(x[i].d);
         const float dmin = -y[i].d * _cvtsh_ss(x[i].dmin);
         gr_k4_scales(x[i].scales, sc, mn);
-        acc_m += dmin * (float)gr_k4_minsum(mn, y[i].bsums);
+
+        /* sums of 32 q8 per sub-block, times the mins, two sub-blocks a lane */
+        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
+        const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins, q8s)), acc_m);
 
         const uint8_t *q4 = x[i].qs;
         const int8_t *q8 = y[i].qs;
@@ -1444,10 +1512,13 @@ GR_AVX2 static void vec_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *vx /
         }
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    *s = gr_hsum_ps8(acc) + acc_m;
+    acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+    acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
+    *s = gr_hsum_ps8(acc) + _mm_cvtss_f32(acc_m);
 }
 
-GR_AVX2 static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q5_K */, const void *vy /* (n/256,) q8_K */) {
+GR_AVX2 static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q5_K */,
+                                           const void *vy /* (n/256,) q8_K */) {
     const block_q5_K *x = vx;
     const block_q8_K *y = vy;
     const __m256i m4 = _mm256_set1_epi8(0x0f);
@@ -1484,7 +1555,8 @@ GR_AVX2 static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx /
 
 /* Q6_K: the unsigned codes 0..63 go through PMADDUBSW; the bias of 32 comes
  * off at the end as 32 * sum(scale * bsum) */
-GR_AVX2 static void vec_dot_q6_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q6_K */, const void *vy /* (n/256,) q8_K */) {
+GR_AVX2 static void vec_dot_q6_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q6_K */,
+                                           const void *vy /* (n/256,) q8_K */) {
     const block_q6_K *x = vx;
     const block_q8_K *y = vy;
     const __m256i m3 = _mm256_set1_epi8(3);
@@ -1520,6 +1592,213 @@ GR_AVX2 static void vec_dot_q6_K_q8_K_avx2(int64_t n, float *s, const void *vx /
         }
         sumi = _mm256_sub_epi32(sumi, bias);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = gr_hsum_ps8(acc);
+}
+
+/* 32 bits -> 32 bytes, 0xff where the bit is set (bit j -> byte j) */
+GR_AVX2 static inline __m256i gr_bits_to_bytes32(const uint8_t *p /* (4,) */) {
+    uint32_t b;
+    memcpy(&b, p, sizeof b);
+    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
+                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
+    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)b), pick);
+    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
+}
+
+/* unsigned codes x signed q8 -> 8 int32 lanes as float */
+GR_AVX2 static inline __m256 gr_dot_u8_ps(__m256i qx, __m256i qy) {
+    const __m256i p16 = _mm256_maddubs_epi16(qx, qy);
+    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
+}
+
+/* Q5_0/Q5_1 codes 0..31: nibbles with bit 4 from qh */
+GR_AVX2 static inline __m256i gr_q5_codes32(const uint8_t *qh /* (4,) */, const uint8_t *qs /* (16,) */) {
+    const __m256i hi = _mm256_and_si256(gr_bits_to_bytes32(qh), _mm256_set1_epi8(0x10));
+    return _mm256_or_si256(gr_nibbles32(qs), hi);
+}
+
+/* Q4_1/Q5_1: the min term m * s (s = the activation's d*sum(q)) is summed
+ * apart in float, as ggml's AVX2 kernels do */
+GR_AVX2 static void vec_dot_q4_1_q8_1_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_1 */,
+                                           const void *vy /* (n/32,) q8_1 */) {
+    const block_q4_1 *x = vx;
+    const block_q8_1 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        summs += _cvtsh_ss(x[i].m) * _cvtsh_ss(y[i].s);
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        acc = _mm256_fmadd_ps(d, gr_dot_u8_ps(gr_nibbles32(x[i].qs), qy), acc);
+    }
+    *s = gr_hsum_ps8(acc) + summs;
+}
+
+GR_AVX2 static void vec_dot_q5_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q5_0 */,
+                                           const void *vy /* (n/32,) q8_0 */) {
+    const block_q5_0 *x = vx;
+    const block_q8_0 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d));
+        const __m256i qx = _mm256_sub_epi8(gr_q5_codes32(x[i].qh, x[i].qs), _mm256_set1_epi8(16));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc);
+    }
+    *s = gr_hsum_ps8(acc);
+}
+
+GR_AVX2 static void vec_dot_q5_1_q8_1_avx2(int64_t n, float *s, const void *vx /* (n/32,) q5_1 */,
+                                           const void *vy /* (n/32,) q8_1 */) {
+    const block_q5_1 *x = vx;
+    const block_q8_1 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    float summs = 0.0f;
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        summs += _cvtsh_ss(x[i].m) * _cvtsh_ss(y[i].s);
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d));
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        acc = _mm256_fmadd_ps(d, gr_dot_u8_ps(gr_q5_codes32(x[i].qh, x[i].qs), qy), acc);
+    }
+    *s = gr_hsum_ps8(acc) + summs;
+}
+
+/* Q2_K/Q3_K: pass p of half h is the 2-bit field p of 32 bytes; its 32
+ * elements are groups 8h+2p and 8h+2p+1 (one per 128-bit half). Q2_K's min
+ * term goes into the same accumulator first, as in ggml's AVX2 kernel. */
+GR_AVX2 static void vec_dot_q2_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q2_K */,
+                                           const void *vy /* (n/256,) q8_K */) {
+    const block_q2_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        const uint8_t *sc = x[i].scales;
+        const float d = y[i].d * _cvtsh_ss(x[i].d);
+        const float dmin = -y[i].d * _cvtsh_ss(x[i].dmin);
+        const __m128i packed = _mm_loadu_si128((const __m128i *)sc);
+        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0xf)));
+        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, bsums)), acc);
+
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+            for (int p = 0; p < 4; p++) {
+                const int g = 8 * h + 2 * p;
+                const __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * p), m3);
+                const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * p));
+                const __m256i p16 = _mm256_maddubs_epi16(q, q8);
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(gr_scales16(sc[g] & 0xf, sc[g + 1] & 0xf), p16));
+            }
+        }
+        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = gr_hsum_ps8(acc);
+}
+
+GR_AVX2 static void vec_dot_q3_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q3_K */,
+                                           const void *vy /* (n/256,) q8_K */) {
+    const block_q3_K *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m256i one = _mm256_set1_epi8(1);
+    int8_t sc[16];
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        gr_k3_scales(x[i].scales, sc);
+        const __m256i hm = _mm256_loadu_si256((const __m256i *)x[i].hmask);
+        __m256i sumi = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
+            for (int p = 0; p < 4; p++) {
+                const int g = 8 * h + 2 * p;
+                const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * p), m3);
+                /* 4 off where the high bit (bit 4h+p of hmask[l]) is clear */
+                const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + p), one);
+                const __m256i q = _mm256_sub_epi8(lo, _mm256_slli_epi16(_mm256_xor_si256(hb, one), 2));
+                const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * p));
+                const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(q8, q));
+                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(gr_scales16(sc[g], sc[g + 1]), p16));
+            }
+        }
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d) * y[i].d);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
+    }
+    *s = gr_hsum_ps8(acc);
+}
+
+/* 16-level formats: PSHUFB looks the 4-bit codes up in the level table */
+GR_AVX2 static inline __m256i gr_lut_nibbles32(const uint8_t *qs /* (16,) */, __m256i lut) {
+    return _mm256_shuffle_epi8(lut, gr_nibbles32(qs));
+}
+
+GR_AVX2 static inline __m256i gr_lut_load(const int8_t *levels /* (16,) */) {
+    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels));
+}
+
+/* IQ4_NL/MXFP4 like ggml's AVX2 kernels: even and odd blocks go to two
+ * accumulators; an odd last block is added in scalar float. A block is its
+ * scale (f16, or an E8M0 byte when e8m0) followed by 16 bytes of codes. */
+GR_AVX2 static inline float gr_block_scale(const uint8_t *b, int e8m0) {
+    if (e8m0) return gr_e8m0_half(b[0]);
+    uint16_t h;
+    memcpy(&h, b, sizeof h);
+    return _cvtsh_ss(h);
+}
+
+GR_AVX2 static inline float gr_dot_lut_row(int64_t nb, const uint8_t *x /* (nb,) blocks */, int e8m0,
+                                           const block_q8_0 *y /* (nb,) */, const int8_t *levels /* (16,) */) {
+    const size_t stride = e8m0 ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
+    const size_t qoff = e8m0 ? 1 : 2;
+    const __m256i lut = gr_lut_load(levels);
+    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
+    int64_t i = 0;
+    for (; i + 1 < nb; i += 2) {
+        for (int k = 0; k < 2; k++) {
+            const uint8_t *b = x + (size_t)(i + k) * stride;
+            const __m256i qx = gr_lut_nibbles32(b + qoff, lut);
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i + k].qs);
+            const __m256 d = _mm256_set1_ps(_cvtsh_ss(y[i + k].d) * gr_block_scale(b, e8m0));
+            acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[k]);
+        }
+    }
+    float sum = gr_hsum_ps8(_mm256_add_ps(acc[0], acc[1]));
+    if (i < nb) {
+        const uint8_t *b = x + (size_t)i * stride;
+        sum += (_cvtsh_ss(y[i].d) * gr_block_scale(b, e8m0)) * (float)gr_dot_lut32(b + qoff, levels, y[i].qs);
+    }
+    return sum;
+}
+
+GR_AVX2 static void vec_dot_iq4_nl_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) iq4_nl */,
+                                             const void *vy /* (n/32,) q8_0 */) {
+    *s = gr_dot_lut_row(n / GR_QK, vx, 0, vy, kvalues_iq4nl);
+}
+
+GR_AVX2 static void vec_dot_mxfp4_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) mxfp4 */,
+                                            const void *vy /* (n/32,) q8_0 */) {
+    *s = gr_dot_lut_row(n / GR_QK, vx, 1, vy, kvalues_fp4);
+}
+
+GR_AVX2 static void vec_dot_iq4_xs_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) iq4_xs */,
+                                             const void *vy /* (n/256,) q8_K */) {
+    const block_iq4_xs *x = vx;
+    const block_q8_K *y = vy;
+    const __m256i lut = gr_lut_load(kvalues_iq4nl);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        __m256i sumi = _mm256_setzero_si256();
+        for (int ib = 0; ib < 8; ib++) {
+            const __m256i qx = gr_lut_nibbles32(x[i].qs + 16 * ib, lut);
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * ib));
+            const __m256i p = gr_dot_i8(qx, qy);
+            sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(p, _mm256_set1_epi32(gr_iq4xs_scale(&x[i], ib))));
+        }
+        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d) * y[i].d);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     *s = gr_hsum_ps8(acc);
 }
@@ -1590,11 +1869,19 @@ static const gr_simd_kernels gr_avx2[GR_NTYPES] = {
     [GR_TYPE_F16] = {gr_f16_to_f32_row_f16c, gr_f32_to_f16_row_f16c, vec_dot_f16_f16_avx2},
     [GR_TYPE_BF16] = {gr_bf16_to_f32_row_avx2, NULL, vec_dot_bf16_bf16_avx2},
     [GR_TYPE_Q4_0] = {NULL, NULL, vec_dot_q4_0_q8_0_avx2},
+    [GR_TYPE_Q4_1] = {NULL, NULL, vec_dot_q4_1_q8_1_avx2},
+    [GR_TYPE_Q5_0] = {NULL, NULL, vec_dot_q5_0_q8_0_avx2},
+    [GR_TYPE_Q5_1] = {NULL, NULL, vec_dot_q5_1_q8_1_avx2},
     [GR_TYPE_Q8_0] = {NULL, quantize_row_q8_0_avx2, vec_dot_q8_0_q8_0_avx2},
     [GR_TYPE_Q8_1] = {NULL, quantize_row_q8_1_avx2, NULL},
+    [GR_TYPE_Q2_K] = {NULL, NULL, vec_dot_q2_K_q8_K_avx2},
+    [GR_TYPE_Q3_K] = {NULL, NULL, vec_dot_q3_K_q8_K_avx2},
     [GR_TYPE_Q4_K] = {NULL, NULL, vec_dot_q4_K_q8_K_avx2},
     [GR_TYPE_Q5_K] = {NULL, NULL, vec_dot_q5_K_q8_K_avx2},
     [GR_TYPE_Q6_K] = {NULL, NULL, vec_dot_q6_K_q8_K_avx2},
+    [GR_TYPE_IQ4_NL] = {NULL, NULL, vec_dot_iq4_nl_q8_0_avx2},
+    [GR_TYPE_IQ4_XS] = {NULL, NULL, vec_dot_iq4_xs_q8_K_avx2},
+    [GR_TYPE_MXFP4] = {NULL, NULL, vec_dot_mxfp4_q8_0_avx2},
 };
 #endif
 

@@ -16,8 +16,13 @@
  *  - fp16 conversion behaves like the F16C instructions everywhere, NaNs included
  *    (they come out quiet with their top payload bits kept), whether or not this
  *    build or this CPU has F16C;
- *  - vec_dot sums in the same order as ggml's kernels per block, so results agree
- *    to float rounding (not bit for bit: FMA and lane order differ by path).
+ *  - vec_dot: the AVX2 kernels (F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0,
+ *    Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4) sum in the lane order of ggml's AVX2
+ *    kernels and give the same floats as a native AVX2 ggml build; the portable
+ *    kernels (and the other types) sum per block in ggml's generic order and
+ *    agree to float rounding. ggml on AVX-512 hosts, and ggml's tinyBLAS path
+ *    (MUL_MAT with 2+ activation columns for F32/F16/BF16/Q8_0/Q4_0/Q5_0/IQ4_NL)
+ *    sum in other orders: those agree to float rounding only.
  */
 #ifndef GGMLRPC_QUANTS_H
 #define GGMLRPC_QUANTS_H
@@ -145,8 +150,11 @@ int ggmlrpc_quantize_row_ref(uint32_t type, const float *src, void *dst, int64_t
 
 /* The type ggml's CPU backend converts MUL_MAT activations (src1) to before the
  * dot product with a weight row of weight_type (type_traits_cpu.vec_dot_type):
- * F32->F32, F16->F16, BF16->BF16, Q4_0/Q5_0/Q8_0/IQ4_NL/MXFP4/NVFP4/Q1_0/Q2_0->Q8_0,
- * Q4_1/Q5_1->Q8_1, K-quants, IQ4_XS, the grid IQ types and TQ1_0/TQ2_0->Q8_K. -1 for types ggml cannot multiply. */
+ *   F32->F32, F16->F16, BF16->BF16,
+ *   Q4_0, Q5_0, Q8_0, IQ4_NL, MXFP4, NVFP4, Q1_0, Q2_0 -> Q8_0,
+ *   Q4_1, Q5_1 -> Q8_1,
+ *   Q2_K..Q6_K, IQ4_XS, TQ1_0, TQ2_0 and the grid IQ types -> Q8_K.
+ * -1 for types ggml cannot multiply (Q8_1, Q8_K, integers, unknown ids). */
 int ggmlrpc_vec_dot_type(uint32_t weight_type);
 
 /* *s = dot of one weight row with one activation row already converted to

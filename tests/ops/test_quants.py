@@ -435,7 +435,9 @@ def test_vec_dot(simd, wt, rng):
     The only inexact step is float32 accumulation (and for Q4_1/Q5_1 the f16
     rounding of the activation's d*sum, modelled here), so the bound is far
     below ggml's 5e-4."""
-    n, rows = 1024, 16
+    # odd block counts and F32/F16/BF16 tails past the 32-wide SIMD steps
+    n = {1: 1061, 32: 1056, 64: 1088, 128: 1152, 256: 1024}[TYPE_TRAITS[wt][0]]
+    rows = 16
     wa = np.stack([random_blocks(rng, wt, n) for _ in range(rows)])
     at = quants.vec_dot_type(wt)
     x = activations(rng, n)
@@ -460,7 +462,8 @@ def test_vec_dot(simd, wt, rng):
 
 
 @pytest.mark.skipif(len(LEVELS) < 2, reason="no AVX2 on this CPU")
-@pytest.mark.parametrize("wt", [T.F32, T.F16, T.BF16, T.Q4_0, T.Q8_0, T.Q4_K, T.Q5_K, T.Q6_K],
+@pytest.mark.parametrize("wt", [T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K,
+                                T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS, T.MXFP4],
                          ids=lambda t: T(t).name)
 def test_vec_dot_simd_agrees_with_c(wt, rng):
     """The AVX2 kernels and the portable ones sum in different orders only."""
