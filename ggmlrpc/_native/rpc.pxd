@@ -74,6 +74,7 @@ cdef extern from "rpc.h" nogil:
         uint8_t value
 
     enum:
+        RPC_CMD_COUNT
         GR_OK
         GR_ERR_TYPE
         GR_ERR_BLOCK

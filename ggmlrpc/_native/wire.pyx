@@ -5,23 +5,32 @@ The functions mirror ``ggmlrpc.protocol.PurePythonCodec``; the tests run the sam
 cases against both. Socket loops release the GIL and move bytes straight between
 the kernel and their destination memory.
 """
-from cpython.buffer cimport PyBUF_WRITABLE, PyObject_GetBuffer, PyBuffer_Release, Py_buffer
+from cpython.buffer cimport (PyBUF_SIMPLE, PyBUF_WRITABLE, PyObject_GetBuffer, PyBuffer_Release,
+                             Py_buffer)
 from libc.errno cimport errno
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memcpy, memmove, memset
 from libc.stdlib cimport free, malloc
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
 from cpython.bytes cimport PyBytes_FromStringAndSize
+from cpython.pyport cimport PY_SSIZE_T_MAX
 
 from ggmlrpc._native.rpc cimport *
 
 from ggmlrpc import ggml
 from ggmlrpc.errors import ConnectionLost, ProtocolError, RpcTimeout, ValidationError
-from ggmlrpc.protocol import RpcTensor, TENSOR_SIZE
+from ggmlrpc.protocol import CMD_COUNT, REQUEST_SIZE, RpcTensor, TENSOR_SIZE
 
 import os
 
 assert sizeof(rpc_tensor) == 296
+assert CMD_COUNT == RPC_CMD_COUNT
+
+# payload size of each fixed-size request; _VARIABLE marks SET_TENSOR and GRAPH_COMPUTE
+cdef uint64_t _VARIABLE = 0xFFFFFFFFFFFFFFFF
+cdef uint64_t _fixed_size[RPC_CMD_COUNT]
+for _cmd, _n in REQUEST_SIZE.items():
+    _fixed_size[_cmd] = _n if _n is not None else _VARIABLE
 
 
 cdef object _tensor_from_c(const rpc_tensor *t):
@@ -94,9 +103,15 @@ cdef class NativeCodec:
         return (<char *>&c)[:296]
 
     def check_tensor_shape(self, t):
+        # the check reads type, ne and nb only: convert just those (this runs for
+        # every tensor of every request)
         cdef rpc_tensor c
         cdef uint64_t n = 0
-        _tensor_to_c(t, &c)
+        ne, nb = t.ne, t.nb
+        c.type = t.type
+        for i in range(4):
+            c.ne[i] = ne[i]
+            c.nb[i] = nb[i]
         cdef int err = ggmlrpc_tensor_check_shape(&c, &n)
         if err != GR_OK:
             raise _shape_error(err, t)
@@ -384,6 +399,8 @@ cdef class RecvBuffer:
 
     def read(self, int fd, size_t n, int timeout_ms=-1):
         """Exactly n bytes as a new bytearray."""
+        if n > <size_t>PY_SSIZE_T_MAX:
+            raise MemoryError(f"cannot receive {n} bytes")
         out = PyByteArray_FromStringAndSize(NULL, n)
         if n:
             self._read(fd, <uint8_t *>PyByteArray_AS_STRING(out), n, timeout_ms)
@@ -398,6 +415,20 @@ cdef class RecvBuffer:
                 self._read(fd, <uint8_t *>pb.buf, pb.len, timeout_ms)
         finally:
             PyBuffer_Release(&pb)
+
+    def read_request(self, int fd, int timeout_ms=-1):
+        """A request's | cmd u8 | size u64 | and, when the command has a fixed payload
+        size and `size` is it, the payload too: (cmd, size, payload or None)."""
+        cdef uint8_t head[9]
+        cdef uint64_t size
+        self._read(fd, head, 9, timeout_ms)
+        memcpy(&size, head + 1, 8)
+        payload = None
+        if head[0] < RPC_CMD_COUNT and _fixed_size[head[0]] == size and size != _VARIABLE:
+            payload = PyByteArray_FromStringAndSize(NULL, size)
+            if size:
+                self._read(fd, <uint8_t *>PyByteArray_AS_STRING(payload), size, timeout_ms)
+        return head[0], size, payload
 
     def take(self, size_t n):
         """Up to n of the pending bytes, without touching the socket."""
@@ -418,6 +449,21 @@ cdef class RecvBuffer:
             with nogil:
                 r = ggmlrpc_discard(fd, n - k, timeout_ms)
             _check(r, "recv")
+
+
+def send_sized(int fd, payload, int timeout_ms=-1):
+    """A response, | size u64 | payload |, in one writev."""
+    cdef Py_buffer pb
+    cdef uint64_t n
+    cdef int r
+    PyObject_GetBuffer(payload, &pb, PyBUF_SIMPLE)
+    try:
+        n = pb.len
+        with nogil:
+            r = ggmlrpc_send2(fd, &n, 8, pb.buf, pb.len, timeout_ms)
+    finally:
+        PyBuffer_Release(&pb)
+    _check(r, "send")
 
 
 def blck_size(uint32_t t):
