@@ -52,7 +52,7 @@ static void exec_init(void) {
     set_kernel(GR_K_SOFT_MAX, gr_k_soft_max, 1);
     set_kernel(GR_K_ROPE, gr_k_rope, 1);
     set_kernel(GR_K_MUL_MAT, gr_k_mul_mat, 2);
-    set_kernel(GR_K_FLASH_ATTN, gr_k_flash_attn, 1);
+    set_kernel(GR_K_FLASH_ATTN, gr_k_flash_attn, 2);
     gr_register_more_kernels(set_kernel);
     simd_enabled = gr_vec_simd_available();
     gr_vec_init(simd_enabled);

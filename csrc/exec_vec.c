@@ -53,6 +53,20 @@ float gr_expf_vec1(float x) { return expf_lane(x); }
 
 /* ---- portable twins ----------------------------------------------------- */
 
+/* The tail of ggml_vec_dot_f32 after its 32-element blocks, as GCC compiles it for
+ * the x86 build we match: whole groups of four as rounded products added in
+ * order, the last one to three elements with fused multiply-adds. */
+static inline float leftovers_f32(float s, int64_t i, int64_t n, const float *x, const float *y) {
+    if (n - i >= 4)
+        for (; i + 3 < n; i += 4)
+            for (int k = 0; k < 4; k++) {
+                const float p = x[i + k] * y[i + k];
+                s += p;
+            }
+    for (; i < n; i++) s = fmaf(x[i], y[i], s);
+    return s;
+}
+
 /* reduce four 8-lane accumulators as ggml does: pairwise, then halves, then
  * two horizontal adds */
 static inline float reduce_4x8(float acc[4][8]) {
@@ -80,9 +94,7 @@ static float dot_f32_c(int64_t n, const float *x, const float *y) {
         for (int j = 0; j < 4; j++)
             for (int l = 0; l < 8; l++)
                 acc[j][l] = fmaf(x[i + j * 8 + l], y[i + j * 8 + l], acc[j][l]);
-    float s = reduce_4x8(acc);
-    for (int64_t i = np; i < n; i++) s = fmaf(x[i], y[i], s);
-    return s;
+    return leftovers_f32(reduce_4x8(acc), np, n, x, y);
 }
 
 static float dot_f32_x8_c(int64_t n, const float *x, const float *y) {
@@ -192,9 +204,7 @@ GR_AVX2 static float dot_f32_avx(int64_t n, const float *x, const float *y) {
     for (int64_t i = 0; i < np; i += 32)
         for (int j = 0; j < 4; j++)
             acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + j * 8), _mm256_loadu_ps(y + i + j * 8), acc[j]);
-    float s = reduce_4x8_avx(acc);
-    for (int64_t i = np; i < n; i++) s = fmaf(x[i], y[i], s);
-    return s;
+    return leftovers_f32(reduce_4x8_avx(acc), np, n, x, y);
 }
 
 GR_AVX2 static float dot_f32_x8_avx(int64_t n, const float *x, const float *y) {

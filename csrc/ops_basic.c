@@ -607,7 +607,7 @@ static inline void rope_yarn(float theta_extrap, float freq_scale, const float c
     if (ext_factor != 0.0f) {
         const float y = (i0 / 2 - corr[0]) / fmaxf(0.001f, corr[1] - corr[0]);
         const float ramp_mix = (1 - fminf(1, fmaxf(0, y))) * ext_factor;
-        theta = fmaf(theta_extrap, ramp_mix, theta_interp * (1 - ramp_mix));
+        theta = fmaf(theta_interp, 1 - ramp_mix, theta_extrap * ramp_mix);
         mscale *= fmaf(0.1f, logf(1.0f / freq_scale), 1.0f);
     }
     *c = cosf(theta) * mscale;

@@ -396,8 +396,15 @@ def rule_flash_attn(node, srcs):
         raise invalid(node, srcs, "fewer sinks than heads")
     if DK % ggml.blck_size(vdt) or DV % blck(v):
         raise invalid(node, srcs, "head size is not whole blocks")
-    tiled = int(k.type == v.type and k.type in (T.F32, T.F16) and q.ne[1] >= 64)
-    return Spec(ids.K.FLASH_ATTN, iparams=(vdt, tiled), srcs=[q, k, v, m, sk])
+    # ggml's three paths: per query row, 64x64 tiles from 64 queries on, and for
+    # one query over 512 keys or more, keys split between threads
+    path = 0
+    if k.type == v.type and k.type in (T.F32, T.F16):
+        if q.ne[1] == 1 and q.ne[3] == 1 and k.ne[1] >= 512:
+            path = 2
+        elif q.ne[1] >= 64:
+            path = 1
+    return Spec(ids.K.FLASH_ATTN, iparams=(vdt, path), srcs=[q, k, v, m, sk])
 
 
 RULES = {
