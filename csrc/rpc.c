@@ -150,24 +150,32 @@ int ggmlrpc_send_all(int fd, const void *src, size_t n, int timeout_ms) {
 }
 
 int ggmlrpc_send2(int fd, const void *a, size_t na, const void *b, size_t nb, int timeout_ms) {
-    struct iovec iov[2] = {{(void *)a, na}, {(void *)b, nb}};
+    const void *bufs[2] = {a, b};
+    size_t lens[2] = {na, nb};
+    return ggmlrpc_sendv(fd, bufs, lens, 2, timeout_ms);
+}
+
+int ggmlrpc_sendv(int fd, const void *const *bufs, const size_t *lens, int n, int timeout_ms) {
+    struct iovec iov[GR_SENDV_MAX];
+    if (n < 0 || n > GR_SENDV_MAX) { errno = EINVAL; return -1; }
+    for (int i = 0; i < n; i++) { iov[i].iov_base = (void *)bufs[i]; iov[i].iov_len = lens[i]; }
     int idx = 0;
-    while (idx < 2) {
+    while (idx < n) {
         if (iov[idx].iov_len == 0) { idx++; continue; }
         int w = gr_wait(fd, POLLOUT, timeout_ms);
         if (w) return w;
         struct msghdr msg;
         memset(&msg, 0, sizeof msg);
         msg.msg_iov = &iov[idx];
-        msg.msg_iovlen = (size_t)(2 - idx);
+        msg.msg_iovlen = (size_t)(n - idx);
         ssize_t r = sendmsg(fd, &msg, MSG_NOSIGNAL | (timeout_ms < 0 ? 0 : MSG_DONTWAIT));
         if (r < 0) {
             if (errno == EINTR || errno == EAGAIN || errno == EWOULDBLOCK) continue;
             return -1;
         }
         size_t left = (size_t)r;
-        while (idx < 2 && left >= iov[idx].iov_len) { left -= iov[idx].iov_len; iov[idx].iov_len = 0; idx++; }
-        if (idx < 2) {
+        while (idx < n && left >= iov[idx].iov_len) { left -= iov[idx].iov_len; iov[idx].iov_len = 0; idx++; }
+        if (idx < n) {
             iov[idx].iov_base = (uint8_t *)iov[idx].iov_base + left;
             iov[idx].iov_len -= left;
         }

@@ -148,6 +148,9 @@ int ggmlrpc_recv_all(int fd, void *dst, size_t n, int timeout_ms);
 int ggmlrpc_send_all(int fd, const void *src, size_t n, int timeout_ms);
 /* Send two pieces as one message (header + payload) with writev. */
 int ggmlrpc_send2(int fd, const void *a, size_t na, const void *b, size_t nb, int timeout_ms);
+/* Send n <= GR_SENDV_MAX pieces as one message (a request's header, fields and data). */
+#define GR_SENDV_MAX 8
+int ggmlrpc_sendv(int fd, const void *const *bufs, const size_t *lens, int n, int timeout_ms);
 /* Read and drop n bytes. */
 int ggmlrpc_discard(int fd, uint64_t n, int timeout_ms);
 /* Receive at least `min` and at most `cap` bytes, whatever the peer has sent

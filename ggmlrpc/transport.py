@@ -117,13 +117,9 @@ class Conn:
 
     # -- writing -----------------------------------------------------------
     def send(self, *parts) -> None:
-        """Send byte strings back to back (one writev for two parts)."""
+        """Send byte strings back to back (natively: one message, one writev)."""
         if self.native:
-            if len(parts) == 2:
-                _wire.send2(self.fd, parts[0], parts[1], _ms(self.timeout))
-            else:
-                for p in parts:
-                    _wire.send_all(self.fd, p, _ms(self.timeout))
+            _wire.sendv(self.fd, parts, _ms(self.timeout))
             return
         try:
             self.sock.settimeout(self.timeout)

@@ -75,6 +75,7 @@ cdef extern from "rpc.h" nogil:
 
     enum:
         RPC_CMD_COUNT
+        GR_SENDV_MAX
         GR_OK
         GR_ERR_TYPE
         GR_ERR_BLOCK
@@ -92,6 +93,7 @@ cdef extern from "rpc.h" nogil:
     int ggmlrpc_recv_all(int fd, void *dst, size_t n, int timeout_ms)
     int ggmlrpc_send_all(int fd, const void *src, size_t n, int timeout_ms)
     int ggmlrpc_send2(int fd, const void *a, size_t na, const void *b, size_t nb, int timeout_ms)
+    int ggmlrpc_sendv(int fd, const void *const *bufs, const size_t *lens, int n, int timeout_ms)
     int ggmlrpc_discard(int fd, uint64_t n, int timeout_ms)
     int ggmlrpc_recv_some(int fd, void *dst, size_t cap, size_t min, int timeout_ms, size_t *got)
     void *ggmlrpc_host_alloc(size_t size)

@@ -451,6 +451,29 @@ cdef class RecvBuffer:
             _check(r, "recv")
 
 
+def sendv(int fd, parts, int timeout_ms=-1):
+    """Send up to GR_SENDV_MAX byte strings as one message (one sendmsg when the
+    socket takes it all), so a request never leaves as several small segments."""
+    cdef Py_buffer pbs[GR_SENDV_MAX]
+    cdef const void *bufs[GR_SENDV_MAX]
+    cdef size_t lens[GR_SENDV_MAX]
+    cdef int n = len(parts), got = 0, r = 0, i
+    if n > GR_SENDV_MAX:
+        raise ValueError(f"at most {GR_SENDV_MAX} parts, got {n}")
+    try:
+        for i in range(n):
+            PyObject_GetBuffer(parts[i], &pbs[i], PyBUF_SIMPLE)
+            got += 1
+            bufs[i] = pbs[i].buf
+            lens[i] = pbs[i].len
+        with nogil:
+            r = ggmlrpc_sendv(fd, bufs, lens, n, timeout_ms)
+    finally:
+        for i in range(got):
+            PyBuffer_Release(&pbs[i])
+    _check(r, "send")
+
+
 def send_sized(int fd, payload, int timeout_ms=-1):
     """A response, | size u64 | payload |, in one writev."""
     cdef Py_buffer pb
