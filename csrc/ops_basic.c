@@ -274,10 +274,15 @@ void gr_k_glu(gr_job *job, int phase) {
         gr_load_f32(tb, pb, s1 ? s1->nb[0] : s0->nb[0], xb, nc);
         switch (n->sub) {
         case 0: /* REGLU */
-            for (int64_t i = 0; i < nc; i++) y[i] = (xa[i] > 0.0f ? xa[i] : 0.0f) * xb[i];
+            for (int64_t i = 0; i < nc; i++) y[i] = xa[i] > 0.0f ? xa[i] * xb[i] : 0.0f;
             break;
-        case 1: /* GEGLU */
-            for (int64_t i = 0; i < nc; i++) y[i] = (f16 ? gelu_f32(xa[i]) : gelu_tab(xa[i])) * xb[i];
+        case 1: /* GEGLU: F16 data goes through ggml's F16 table, F32 too within +-10 */
+            if (f16) {
+                for (int64_t i = 0; i < nc; i++) y[i] = round_f16(gelu_f32(xa[i])) * xb[i];
+            } else {
+                for (int64_t i = 0; i < nc; i++)
+                    y[i] = xa[i] <= -10.0f ? 0.0f : xa[i] >= 10.0f ? xa[i] * xb[i] : gelu_tab(xa[i]) * xb[i];
+            }
             break;
         case 2: /* SWIGLU */
             if (f16) for (int64_t i = 0; i < nc; i++) y[i] = (xa[i] / (1.0f + expf(-xa[i]))) * xb[i];
@@ -294,8 +299,9 @@ void gr_k_glu(gr_job *job, int phase) {
         case 4: /* GEGLU_ERF */
             for (int64_t i = 0; i < nc; i++) y[i] = gelu_erf(xa[i]) * xb[i];
             break;
-        case 5: /* GEGLU_QUICK */
-            for (int64_t i = 0; i < nc; i++) y[i] = (f16 ? gelu_quick_f32(xa[i]) : gelu_quick_tab(xa[i])) * xb[i];
+        case 5: /* GEGLU_QUICK: through the F16 table for F16 and F32 data alike */
+            if (f16) for (int64_t i = 0; i < nc; i++) y[i] = round_f16(gelu_quick_f32(xa[i])) * xb[i];
+            else for (int64_t i = 0; i < nc; i++) y[i] = gelu_quick_tab(xa[i]) * xb[i];
             break;
         default: /* SWIGLU_CLAMP: silu(min(x, limit)) * clamp(g, -limit, limit) */
             for (int64_t i = 0; i < nc; i++) {
