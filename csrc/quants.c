@@ -222,12 +222,11 @@ static void gr_f32_store_row(const float *x /* (n,) */, void *vy /* (n,) f32 */,
 /* ------------------------------------------------------------------------- */
 /* unpacking: blocks -> small integer codes                                   */
 /* ------------------------------------------------------------------------- */
-/* Kernels unpack a block into int8 codes with plain loops (which compilers
- * vectorize) and then sum products of small integers. */
-#define GR_BODY static inline
+/* The portable kernels unpack a block into int8 codes with plain loops (which
+ * compilers vectorize) and then sum products of small integers. */
 
 /* 16 bytes of nibbles -> 32 codes: low nibbles are elements 0-15, high 16-31 */
-GR_BODY void gr_unpack_nibbles(const uint8_t *qs /* (16,) */, int8_t *c /* (32,) */) {
+static inline void gr_unpack_nibbles(const uint8_t *qs /* (16,) */, int8_t *c /* (32,) */) {
     for (int j = 0; j < 16; j++) {
         c[j] = (int8_t)(qs[j] & 0xf);
         c[j + 16] = (int8_t)(qs[j] >> 4);
@@ -235,7 +234,7 @@ GR_BODY void gr_unpack_nibbles(const uint8_t *qs /* (16,) */, int8_t *c /* (32,)
 }
 
 /* Q5_0/Q5_1: nibbles plus bit j of qh as bit 4 of element j (codes 0..31) */
-GR_BODY void gr_unpack_q5(const uint8_t *qh4 /* (4,) */, const uint8_t *qs /* (16,) */,
+static inline void gr_unpack_q5(const uint8_t *qh4 /* (4,) */, const uint8_t *qs /* (16,) */,
                           int8_t *c /* (32,) */) {
     uint32_t qh;
     memcpy(&qh, qh4, sizeof qh);
@@ -247,7 +246,7 @@ GR_BODY void gr_unpack_q5(const uint8_t *qh4 /* (4,) */, const uint8_t *qs /* (1
 
 /* 2-bit fields of 64 bytes -> 256 codes 0..3 (Q2_K, low bits of Q3_K, TQ2_0):
  * element 128h + 32p + l is bits 2p..2p+1 of qs[32h + l] */
-GR_BODY void gr_unpack_2bit(const uint8_t *qs /* (64,) */, int8_t *a /* (256,) */) {
+static inline void gr_unpack_2bit(const uint8_t *qs /* (64,) */, int8_t *a /* (256,) */) {
     for (int h = 0; h < 2; h++) {
         for (int p = 0; p < 4; p++) {
             for (int l = 0; l < 32; l++) {
@@ -258,7 +257,7 @@ GR_BODY void gr_unpack_2bit(const uint8_t *qs /* (64,) */, int8_t *a /* (256,) *
 }
 
 /* Q3_K codes -4..3: the 2-bit field minus 4 where bit 4h+p of hmask[l] is clear */
-GR_BODY void gr_unpack_q3_K(const block_q3_K *b, int8_t *a /* (256,) */) {
+static inline void gr_unpack_q3_K(const block_q3_K *b, int8_t *a /* (256,) */) {
     gr_unpack_2bit(b->qs, a);
     for (int hp = 0; hp < 8; hp++) {
         for (int l = 0; l < 32; l++) {
@@ -269,7 +268,7 @@ GR_BODY void gr_unpack_q3_K(const block_q3_K *b, int8_t *a /* (256,) */) {
 
 /* Q4_K codes 0..15: chunk c of 64 elements is the low then the high nibbles of
  * qs[32c .. 32c+31] (sub-blocks 2c and 2c+1) */
-GR_BODY void gr_unpack_q4_K(const uint8_t *qs /* (128,) */, int8_t *a /* (256,) */) {
+static inline void gr_unpack_q4_K(const uint8_t *qs /* (128,) */, int8_t *a /* (256,) */) {
     for (int c = 0; c < 4; c++) {
         for (int l = 0; l < 32; l++) {
             a[64 * c + l] = (int8_t)(qs[32 * c + l] & 0xf);
@@ -279,7 +278,7 @@ GR_BODY void gr_unpack_q4_K(const uint8_t *qs /* (128,) */, int8_t *a /* (256,) 
 }
 
 /* Q5_K codes 0..31: Q4_K's plus bit sb of qh[l] as 16 (sb = sub-block) */
-GR_BODY void gr_unpack_q5_K(const block_q5_K *b, int8_t *a /* (256,) */) {
+static inline void gr_unpack_q5_K(const block_q5_K *b, int8_t *a /* (256,) */) {
     gr_unpack_q4_K(b->qs, a);
     for (int sb = 0; sb < 8; sb++) {
         for (int l = 0; l < 32; l++) {
@@ -290,7 +289,7 @@ GR_BODY void gr_unpack_q5_K(const block_q5_K *b, int8_t *a /* (256,) */) {
 
 /* Q6_K codes -32..31: element 128h + 32k + l is a nibble of ql[64h + l + 32(k%2)]
  * (low for k < 2) with bits 2k..2k+1 of qh[32h + l] on top */
-GR_BODY void gr_unpack_q6_K(const block_q6_K *b, int8_t *a /* (256,) */) {
+static inline void gr_unpack_q6_K(const block_q6_K *b, int8_t *a /* (256,) */) {
     for (int h = 0; h < 2; h++) {
         const uint8_t *ql = b->ql + 64 * h, *qh = b->qh + 32 * h;
         int8_t *o = a + 128 * h;
@@ -305,7 +304,7 @@ GR_BODY void gr_unpack_q6_K(const block_q6_K *b, int8_t *a /* (256,) */) {
 
 /* TQ1_0 codes 0..2: five base-3 digits per qs byte, four per qh byte, stored as
  * a fixed-point fraction: digit k is the top base-3 digit of byte*3^k mod 256 */
-GR_BODY void gr_unpack_tq1(const block_tq1_0 *b, int8_t *a /* (256,) */) {
+static inline void gr_unpack_tq1(const block_tq1_0 *b, int8_t *a /* (256,) */) {
     static const uint8_t pow3[5] = {1, 3, 9, 27, 81};
     for (int k = 0; k < 5; k++) {
         for (int m = 0; m < 32; m++) {
@@ -323,7 +322,7 @@ GR_BODY void gr_unpack_tq1(const block_tq1_0 *b, int8_t *a /* (256,) */) {
 }
 
 /* sum of n products of small integers */
-GR_BODY int gr_sum_i8(const int8_t *a /* (n,) */, const int8_t *b /* (n,) */, int n) {
+static inline int gr_sum_i8(const int8_t *a /* (n,) */, const int8_t *b /* (n,) */, int n) {
     int s = 0;
     for (int j = 0; j < n; j++) {
         s += a[j] * b[j];
@@ -475,7 +474,7 @@ static void dequantize_row_q2_0(const void *vx /* (n/64,) blocks */, float *y /*
 }
 
 /* K-quants with a scale and a min per group: y = (d*scale) * code - dmin*min */
-GR_BODY void gr_dequant_groups(const int8_t *a /* (256,) */, int group, const float *dl /* (256/group,) */,
+static inline void gr_dequant_groups(const int8_t *a /* (256,) */, int group, const float *dl /* (256/group,) */,
                                const float *ml /* (256/group,) or NULL */, float *y /* (256,) */) {
     for (int e = 0; e < GR_QK_K; e++) {
         y[e] = ml ? dl[e / group] * (float)a[e] - ml[e / group] : dl[e / group] * (float)a[e];
@@ -514,7 +513,7 @@ static void dequantize_row_q3_K(const void *vx /* (n/256,) blocks */, float *y /
 }
 
 /* Q4_K and Q5_K: 8 sub-blocks of 32 with six-bit scales and mins */
-GR_BODY void gr_k4_group_scales(gr_fp16_t dh, gr_fp16_t dminh, const uint8_t *scales /* (12,) */,
+static inline void gr_k4_group_scales(gr_fp16_t dh, gr_fp16_t dminh, const uint8_t *scales /* (12,) */,
                                 float *dl /* (8,) */, float *ml /* (8,) */) {
     uint8_t sc[8], mn[8];
     const float d = gr_fp16_to_fp32(dh);
@@ -713,22 +712,35 @@ static inline float gr_q8_block_x86(const float *x /* (32,) */, int8_t *qs /* (3
     return d;
 }
 
-static void quantize_row_q8_0(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+/* Q8_0 and Q8_1 rows from a block quantizer that returns d and the code sum */
+typedef float (*gr_q8_block_fn)(const float *x /* (32,) */, int8_t *qs /* (32,) */, int32_t *sum);
+
+static inline void gr_q8_0_row(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n,
+                               gr_q8_block_fn block) {
     block_q8_0 *y = vy;
     int32_t sum;
     for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
-        y[i].d = gr_fp32_to_fp16(gr_q8_block_x86(x, y[i].qs, &sum));
+        y[i].d = gr_fp32_to_fp16(block(x, y[i].qs, &sum));
     }
 }
 
-static void quantize_row_q8_1(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+static inline void gr_q8_1_row(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n,
+                               gr_q8_block_fn block) {
     block_q8_1 *y = vy;
     int32_t sum;
     for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
-        const float d = gr_q8_block_x86(x, y[i].qs, &sum);
+        const float d = block(x, y[i].qs, &sum);
         y[i].d = gr_fp32_to_fp16(d);
         y[i].s = gr_fp32_to_fp16(d * (float)sum);
     }
+}
+
+static void quantize_row_q8_0(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+    gr_q8_0_row(x, vy, n, gr_q8_block_x86);
+}
+
+static void quantize_row_q8_1(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+    gr_q8_1_row(x, vy, n, gr_q8_block_x86);
 }
 
 /* Q8_0/Q8_1 as ggml-quants.c's reference (and gguf-py): id = 1/d and rounding
@@ -751,21 +763,11 @@ static inline float gr_q8_block_ref(const float *x /* (32,) */, int8_t *qs /* (3
 }
 
 static void quantize_row_q8_0_ref(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
-    block_q8_0 *y = vy;
-    int32_t sum;
-    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
-        y[i].d = gr_fp32_to_fp16(gr_q8_block_ref(x, y[i].qs, &sum));
-    }
+    gr_q8_0_row(x, vy, n, gr_q8_block_ref);
 }
 
 static void quantize_row_q8_1_ref(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
-    block_q8_1 *y = vy;
-    int32_t sum;
-    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
-        const float d = gr_q8_block_ref(x, y[i].qs, &sum);
-        y[i].d = gr_fp32_to_fp16(d);
-        y[i].s = gr_fp32_to_fp16((float)sum * d);
-    }
+    gr_q8_1_row(x, vy, n, gr_q8_block_ref);
 }
 
 /* Q8_K (the K-quants' activations): scale from the signed element of largest
@@ -1007,28 +1009,35 @@ static inline int gr_dot_lut32(const uint8_t *qs /* (16,) */, const int8_t *lut 
     return a + b;
 }
 
+/* IQ4_NL and MXFP4 blocks: a scale (f16, or an E8M0 byte when e8m0) then 16
+ * bytes of 4-bit codes into a level table */
+static inline float gr_lut_block_scale(const uint8_t *b /* block */, int e8m0) {
+    if (e8m0) return gr_e8m0_half(b[0]);
+    uint16_t h;
+    memcpy(&h, b, sizeof h);
+    return gr_fp16_to_fp32(h);
+}
+
+static inline float gr_dot_lut_row_c(int64_t nb, const uint8_t *x /* (nb,) blocks */, int e8m0,
+                                     const block_q8_0 *y /* (nb,) */, const int8_t *levels /* (16,) */) {
+    const size_t stride = e8m0 ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
+    const size_t qoff = e8m0 ? 1 : 2;
+    float sum = 0.0f;
+    for (int64_t i = 0; i < nb; i++, x += stride) {
+        const float d = gr_fp16_to_fp32(y[i].d) * gr_lut_block_scale(x, e8m0);
+        sum += d * (float)gr_dot_lut32(x + qoff, levels, y[i].qs);
+    }
+    return sum;
+}
+
 static void vec_dot_iq4_nl_q8_0(int64_t n, float *s, const void *vx /* (n/32,) iq4_nl */,
                                 const void *vy /* (n/32,) q8_0 */) {
-    const block_iq4_nl *x = vx;
-    const block_q8_0 *y = vy;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n / GR_QK; i++) {
-        const float d = gr_fp16_to_fp32(y[i].d) * gr_fp16_to_fp32(x[i].d);
-        sum += d * (float)gr_dot_lut32(x[i].qs, kvalues_iq4nl, y[i].qs);
-    }
-    *s = sum;
+    *s = gr_dot_lut_row_c(n / GR_QK, vx, 0, vy, kvalues_iq4nl);
 }
 
 static void vec_dot_mxfp4_q8_0(int64_t n, float *s, const void *vx /* (n/32,) mxfp4 */,
                                const void *vy /* (n/32,) q8_0 */) {
-    const block_mxfp4 *x = vx;
-    const block_q8_0 *y = vy;
-    float sum = 0.0f;
-    for (int64_t i = 0; i < n / GR_QK; i++) {
-        const float d = gr_fp16_to_fp32(y[i].d) * gr_e8m0_half(x[i].e);
-        sum += d * (float)gr_dot_lut32(x[i].qs, kvalues_fp4, y[i].qs);
-    }
-    *s = sum;
+    *s = gr_dot_lut_row_c(n / GR_QK, vx, 1, vy, kvalues_fp4);
 }
 
 /* NVFP4: a 64-element block spans two Q8_0 blocks, one scale per 16 */
@@ -1147,7 +1156,7 @@ static inline int gr_k4_minsum(const uint8_t *mn /* (8,) */, const int16_t *bsum
 }
 
 /* Q4_K/Q5_K once unpacked: 8 sub-blocks of 32 codes */
-GR_BODY float gr_dot_k4(const uint8_t *scales /* (12,) */, gr_fp16_t dh, gr_fp16_t dminh,
+static inline float gr_dot_k4(const uint8_t *scales /* (12,) */, gr_fp16_t dh, gr_fp16_t dminh,
                         const int8_t *a /* (256,) */, const block_q8_K *y) {
     uint8_t sc[8], mn[8];
     gr_k4_scales(scales, sc, mn);
@@ -1361,24 +1370,12 @@ GR_AVX2 static inline float gr_q8_block_avx2(const float *x /* (32,) */, int8_t 
     return d;
 }
 
-GR_AVX2 static void quantize_row_q8_0_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */,
-                                           int64_t n) {
-    block_q8_0 *y = vy;
-    int32_t sum;
-    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
-        y[i].d = _cvtss_sh(gr_q8_block_avx2(x, y[i].qs, &sum), _MM_FROUND_TO_NEAREST_INT);
-    }
+GR_AVX2 static void quantize_row_q8_0_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+    gr_q8_0_row(x, vy, n, gr_q8_block_avx2);
 }
 
-GR_AVX2 static void quantize_row_q8_1_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */,
-                                           int64_t n) {
-    block_q8_1 *y = vy;
-    int32_t sum;
-    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
-        const float d = gr_q8_block_avx2(x, y[i].qs, &sum);
-        y[i].d = _cvtss_sh(d, _MM_FROUND_TO_NEAREST_INT);
-        y[i].s = _cvtss_sh(d * (float)sum, _MM_FROUND_TO_NEAREST_INT);
-    }
+GR_AVX2 static void quantize_row_q8_1_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
+    gr_q8_1_row(x, vy, n, gr_q8_block_avx2);
 }
 
 /* F32/F16: four 8-lane FMA accumulators over steps of 32, reduced pairwise,
@@ -1740,15 +1737,7 @@ GR_AVX2 static inline __m256i gr_lut_load(const int8_t *levels /* (16,) */) {
 }
 
 /* IQ4_NL/MXFP4 like ggml's AVX2 kernels: even and odd blocks go to two
- * accumulators; an odd last block is added in scalar float. A block is its
- * scale (f16, or an E8M0 byte when e8m0) followed by 16 bytes of codes. */
-GR_AVX2 static inline float gr_block_scale(const uint8_t *b, int e8m0) {
-    if (e8m0) return gr_e8m0_half(b[0]);
-    uint16_t h;
-    memcpy(&h, b, sizeof h);
-    return _cvtsh_ss(h);
-}
-
+ * accumulators; an odd last block is added in scalar float */
 GR_AVX2 static inline float gr_dot_lut_row(int64_t nb, const uint8_t *x /* (nb,) blocks */, int e8m0,
                                            const block_q8_0 *y /* (nb,) */, const int8_t *levels /* (16,) */) {
     const size_t stride = e8m0 ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
@@ -1761,14 +1750,14 @@ GR_AVX2 static inline float gr_dot_lut_row(int64_t nb, const uint8_t *x /* (nb,)
             const uint8_t *b = x + (size_t)(i + k) * stride;
             const __m256i qx = gr_lut_nibbles32(b + qoff, lut);
             const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i + k].qs);
-            const __m256 d = _mm256_set1_ps(_cvtsh_ss(y[i + k].d) * gr_block_scale(b, e8m0));
+            const __m256 d = _mm256_set1_ps(_cvtsh_ss(y[i + k].d) * gr_lut_block_scale(b, e8m0));
             acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[k]);
         }
     }
     float sum = gr_hsum_ps8(_mm256_add_ps(acc[0], acc[1]));
     if (i < nb) {
         const uint8_t *b = x + (size_t)i * stride;
-        sum += (_cvtsh_ss(y[i].d) * gr_block_scale(b, e8m0)) * (float)gr_dot_lut32(b + qoff, levels, y[i].qs);
+        sum += (_cvtsh_ss(y[i].d) * gr_lut_block_scale(b, e8m0)) * (float)gr_dot_lut32(b + qoff, levels, y[i].qs);
     }
     return sum;
 }
@@ -1922,31 +1911,35 @@ static const gr_qtraits *gr_find(uint32_t type) {
     return type < GR_NTYPES && gr_traits[type].blck > 0 ? &gr_traits[type] : NULL;
 }
 
-ggmlrpc_to_float_fn ggmlrpc_get_to_float(uint32_t type) {
+/* the portable kernels of type, with this CPU's SIMD ones in their place */
+static bool gr_resolve(uint32_t type, gr_qtraits *k) {
     const gr_qtraits *t = gr_find(type);
-    if (t == NULL) return NULL;
+    if (t == NULL) return false;
+    *k = *t;
 #if GR_HAVE_X86
-    if (gr_simd_level() >= 1 && gr_avx2[type].to_float) return gr_avx2[type].to_float;
+    if (gr_simd_level() >= 1) {
+        const gr_simd_kernels *v = &gr_avx2[type];
+        if (v->to_float) k->to_float = v->to_float;
+        if (v->from_float) k->from_float = v->from_float;
+        if (v->vec_dot) k->vec_dot = v->vec_dot;
+    }
 #endif
-    return t->to_float;
+    return true;
+}
+
+ggmlrpc_to_float_fn ggmlrpc_get_to_float(uint32_t type) {
+    gr_qtraits k;
+    return gr_resolve(type, &k) ? k.to_float : NULL;
 }
 
 ggmlrpc_from_float_fn ggmlrpc_get_from_float(uint32_t type) {
-    const gr_qtraits *t = gr_find(type);
-    if (t == NULL) return NULL;
-#if GR_HAVE_X86
-    if (gr_simd_level() >= 1 && gr_avx2[type].from_float) return gr_avx2[type].from_float;
-#endif
-    return t->from_float;
+    gr_qtraits k;
+    return gr_resolve(type, &k) ? k.from_float : NULL;
 }
 
 ggmlrpc_vec_dot_fn ggmlrpc_get_vec_dot(uint32_t weight_type) {
-    const gr_qtraits *t = gr_find(weight_type);
-    if (t == NULL) return NULL;
-#if GR_HAVE_X86
-    if (gr_simd_level() >= 1 && gr_avx2[weight_type].vec_dot) return gr_avx2[weight_type].vec_dot;
-#endif
-    return t->vec_dot;
+    gr_qtraits k;
+    return gr_resolve(weight_type, &k) ? k.vec_dot : NULL;
 }
 
 int ggmlrpc_vec_dot_type(uint32_t weight_type) {

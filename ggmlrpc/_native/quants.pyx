@@ -113,8 +113,9 @@ def vec_dot(uint32_t weight_type, w_row, act_row):
     return s
 
 
-def fp16_to_fp32(h, bint scalar=False):
-    """uint16 array of binary16 bits -> float32 (row kernel, or one value at a time)."""
+cdef object _half_to_f32(h, uint32_t type, bint scalar):
+    """binary16 (type F16) or bfloat16 (BF16) bits -> float32, through the row
+    kernel or one value at a time through the scalar conversion."""
     cdef const uint16_t[::1] src = np.ascontiguousarray(h, dtype=np.uint16)
     cdef int64_t n = src.shape[0], i
     out = np.empty(n, dtype=np.float32)
@@ -122,16 +123,19 @@ def fp16_to_fp32(h, bint scalar=False):
     if n == 0:
         return out
     with nogil:
-        if scalar:
+        if not scalar:
+            ggmlrpc_dequantize_row(type, &src[0], &dst[0], n)
+        elif type == 1:
             for i in range(n):
                 dst[i] = ggmlrpc_fp16_to_fp32(src[i])
         else:
-            ggmlrpc_dequantize_row(1, &src[0], &dst[0], n)
+            for i in range(n):
+                dst[i] = ggmlrpc_bf16_to_fp32(src[i])
     return out
 
 
-def fp32_to_fp16(x, bint scalar=False):
-    """float32 array -> uint16 binary16 bits."""
+cdef object _f32_to_half(x, uint32_t type, bint scalar):
+    """float32 -> binary16 (F16) or bfloat16 (BF16) bits."""
     cdef const float[::1] src = np.ascontiguousarray(x, dtype=np.float32)
     cdef int64_t n = src.shape[0], i
     out = np.empty(n, dtype=np.uint16)
@@ -139,43 +143,32 @@ def fp32_to_fp16(x, bint scalar=False):
     if n == 0:
         return out
     with nogil:
-        if scalar:
+        if not scalar:
+            ggmlrpc_quantize_row(type, &src[0], &dst[0], n)
+        elif type == 1:
             for i in range(n):
                 dst[i] = ggmlrpc_fp32_to_fp16(src[i])
         else:
-            ggmlrpc_quantize_row(1, &src[0], &dst[0], n)
+            for i in range(n):
+                dst[i] = ggmlrpc_fp32_to_bf16(src[i])
     return out
+
+
+def fp16_to_fp32(h, bint scalar=False):
+    """uint16 array of binary16 bits -> float32."""
+    return _half_to_f32(h, 1, scalar)
+
+
+def fp32_to_fp16(x, bint scalar=False):
+    """float32 array -> uint16 binary16 bits (F16C rounding and NaNs)."""
+    return _f32_to_half(x, 1, scalar)
 
 
 def bf16_to_fp32(h, bint scalar=False):
     """uint16 array of bfloat16 bits -> float32."""
-    cdef const uint16_t[::1] src = np.ascontiguousarray(h, dtype=np.uint16)
-    cdef int64_t n = src.shape[0], i
-    out = np.empty(n, dtype=np.float32)
-    cdef float[::1] dst = out
-    if n == 0:
-        return out
-    with nogil:
-        if scalar:
-            for i in range(n):
-                dst[i] = ggmlrpc_bf16_to_fp32(src[i])
-        else:
-            ggmlrpc_dequantize_row(30, &src[0], &dst[0], n)
-    return out
+    return _half_to_f32(h, 30, scalar)
 
 
 def fp32_to_bf16(x, bint scalar=False):
     """float32 array -> uint16 bfloat16 bits (ggml's rounding)."""
-    cdef const float[::1] src = np.ascontiguousarray(x, dtype=np.float32)
-    cdef int64_t n = src.shape[0], i
-    out = np.empty(n, dtype=np.uint16)
-    cdef uint16_t[::1] dst = out
-    if n == 0:
-        return out
-    with nogil:
-        if scalar:
-            for i in range(n):
-                dst[i] = ggmlrpc_fp32_to_bf16(src[i])
-        else:
-            ggmlrpc_quantize_row(30, &src[0], &dst[0], n)
-    return out
+    return _f32_to_half(x, 30, scalar)
