@@ -1,0 +1,167 @@
+"""The executor as a whole: unsupported ops close only their connection and say which
+op and types; GRAPH_RECOMPUTE reruns the stored plan on new inputs; FREE_BUFFER
+drops it; clients compute concurrently; the SIMD and portable kernels agree bit for
+bit."""
+from __future__ import annotations
+
+import threading
+
+import numpy as np
+import pytest
+
+from ggmlrpc.errors import ServerClosed
+from ggmlrpc.ggml import GGMLGluOp as G, GGMLOp as Op, GGMLType as T, GGMLUnaryOp as U
+from tests.ops.conftest import Ctx, assert_close, f32_bits
+
+
+@pytest.mark.parametrize("what", ["IM2COL", "CONV_2D", "unknown unary", "F64 add"])
+def test_unsupported_closes_and_names_op(server, caplog, what):
+    c = Ctx(f"127.0.0.1:{server.port}")
+    try:
+        x = c.new(T.F32, (16, 4), np.ones((4, 16), np.float32))
+        if what == "IM2COL":
+            c.op(Op.IM2COL, T.F32, (16, 4), x, x)
+            expect = "op IM2COL (F32 <- F32, F32)"
+        elif what == "CONV_2D":
+            c.op(Op.CONV_2D, T.F32, (16, 4), x, x)
+            expect = "op CONV_2D (F32 <- F32, F32)"
+        elif what == "unknown unary":
+            c.op(Op.UNARY, T.F32, (16, 4), x, params=[99])
+            expect = "op UNARY (F32 <- F32)"
+        else:
+            y = c.new(T.F64, (16, 4), np.ones((4, 16)))
+            c.op(Op.ADD, T.F64, (16, 4), y, y)
+            expect = "op ADD (F64 <- F64, F64)"
+        c.rb.graph_compute(c.nodes)
+        with pytest.raises(ServerClosed):
+            c.rb.synchronize()
+        assert expect in caplog.text
+    finally:
+        c.close()
+    with Ctx(f"127.0.0.1:{server.port}").rb as rb:   # the server carries on
+        assert rb.device_count() == 1
+
+
+def test_recompute_uses_new_inputs(ctx, rng):
+    x0 = rng.standard_normal((3, 32)).astype(np.float32)
+    w = rng.standard_normal((8, 32)).astype(np.float32)
+    tx = ctx.new(T.F32, (32, 3), x0)
+    out = ctx.op(Op.MUL_MAT, T.F32, (8, 3), ctx.new(T.F32, (32, 8), w), tx)
+    act = ctx.op(Op.UNARY, T.F32, (8, 3), out, params=[U.TANH])
+    ctx.compute()
+    assert_close(ctx.read(act), np.tanh(x0.astype(np.float64) @ w.T), 1e-12)
+    for _ in range(3):
+        x1 = rng.standard_normal((3, 32)).astype(np.float32)
+        ctx.write(tx, x1)
+        ctx.recompute()
+        assert_close(ctx.read(act), np.tanh(x1.astype(np.float64) @ w.T), 1e-12)
+
+
+def test_free_buffer_drops_the_plan(server, caplog):
+    c = Ctx(f"127.0.0.1:{server.port}")
+    try:
+        x = c.new(T.F32, (8,), np.arange(8, dtype=np.float32))
+        out = c.op(Op.SCALE, T.F32, (8,), x, params=[f32_bits(2.0)])
+        c.compute()
+        np.testing.assert_array_equal(c.read(out).ravel(), np.arange(8) * 2.0)
+        other = c.rb.alloc_buffer(64)
+        other.free()                       # any successful FREE_BUFFER drops stored graphs
+        c.rb.graph_recompute()
+        with pytest.raises(ServerClosed):
+            c.rb.synchronize()
+        assert "GRAPH_RECOMPUTE on device 0 without a stored graph" in caplog.text
+    finally:
+        c.close()
+
+
+def test_node_without_buffer_is_rejected(server, caplog):
+    c = Ctx(f"127.0.0.1:{server.port}")
+    try:
+        x = c.new(T.F32, (8,), np.ones(8, np.float32))
+        node = c.op(Op.SCALE, T.F32, (8,), x, params=[f32_bits(2.0)])
+        node.buffer, node.data = None, 0
+        c.rb.graph_compute(c.nodes)
+        with pytest.raises(ServerClosed):
+            c.rb.synchronize()
+        assert "has no buffer on this server" in caplog.text
+    finally:
+        c.close()
+
+
+def test_concurrent_clients(server, seed):
+    """Several connections compute different graphs at the same time on one device."""
+    errors = []
+
+    def client(k):
+        rng = np.random.default_rng(seed + k)
+        c = Ctx(f"127.0.0.1:{server.port}", size=4 << 20)
+        try:
+            for _ in range(5):
+                a = rng.standard_normal((16, 48)).astype(np.float32)
+                b = rng.standard_normal((48,)).astype(np.float32)
+                c.nodes.clear()
+                out = c.op(Op.SOFT_MAX, T.F32, (48, 16),
+                           c.op(Op.ADD, T.F32, (48, 16), c.new(T.F32, (48, 16), a), c.new(T.F32, (48,), b)),
+                           params=[f32_bits(1.0), 0])
+                c.compute()
+                z = a.astype(np.float64) + b
+                e = np.exp(z - z.max(axis=1, keepdims=True))
+                assert_close(c.read(out), e / e.sum(axis=1, keepdims=True), 1e-12)
+        except Exception as e:  # reported below
+            errors.append(e)
+        finally:
+            c.close()
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+
+
+@pytest.fixture
+def portable():
+    from ggmlrpc._native import executor, quants
+    old = executor.set_simd(False), quants.simd(-1)
+    quants.simd(0)
+    yield
+    executor.set_simd(bool(old[0]))
+    quants.simd(old[1])
+
+
+def graph_zoo(c, rng):
+    """Ops that use the vector primitives: dot products in both orders, exp, silu,
+    F16 conversion, fused multiply-adds."""
+    outs = []
+    x = c.new(T.F32, (70, 6), rng.standard_normal((6, 70)).astype(np.float32))
+    for wt, n in ((T.F32, 1), (T.F32, 6), (T.F16, 1), (T.F16, 6)):
+        w = c.new(wt, (70, 12), rng.standard_normal((12, 70)).astype(np.float16 if wt == T.F16 else np.float32))
+        xs = c.view(x, (70, n), (4, 280, 280 * n, 280 * n))
+        outs.append(c.op(Op.MUL_MAT, T.F32, (12, n), w, xs))
+    outs.append(c.op(Op.SOFT_MAX, T.F32, (70, 6), x, params=[f32_bits(0.7), 0]))
+    outs.append(c.op(Op.UNARY, T.F32, (70, 6), x, params=[U.SILU]))
+    outs.append(c.op(Op.GLU, T.F32, (35, 6), x, params=[G.SWIGLU, 1]))
+    outs.append(c.op(Op.CPY, T.F16, (70, 6), x, c.new(T.F16, (70, 6))))
+    q = c.new(T.F32, (32, 3, 4), rng.standard_normal((4, 3, 32)).astype(np.float32))
+    kv = c.new(T.F16, (32, 20, 2), rng.standard_normal((2, 20, 32)).astype(np.float16))
+    outs.append(c.op(Op.FLASH_ATTN_EXT, T.F32, (32, 4, 3, 1), q, kv, kv, params=[f32_bits(0.2), 0, 0, 0]))
+    return outs
+
+
+def test_simd_and_portable_kernels_agree(server, seed, portable):
+    from ggmlrpc._native import executor, quants
+    results = []
+    for simd in (False, True):
+        executor.set_simd(simd)
+        quants.simd(int(simd))
+        c = Ctx(f"127.0.0.1:{server.port}")
+        try:
+            outs = graph_zoo(c, np.random.default_rng(seed))
+            c.compute()
+            results.append([bytes(c.rb.get_tensor(t)) for t in outs])
+        finally:
+            c.close()
+    if executor.simd_level() == 0:
+        pytest.skip("this CPU has no AVX2: only the portable kernels exist")
+    assert results[0] == results[1]

@@ -1,0 +1,132 @@
+"""The CPU executor without sockets: plans compiled from Graph objects directly.
+
+A plan holds the host memory it points into: freeing the buffer (as FREE_BUFFER
+does) while a plan still exists must leave the plan's memory valid. Thread pools
+of any size run the same plan to the same bytes.
+"""
+from __future__ import annotations
+
+import struct
+
+import numpy as np
+import pytest
+
+from ggmlrpc import ggml
+from ggmlrpc.compute.cpu import CpuExecutor
+from ggmlrpc.devices.cpu import HostBuffer
+from ggmlrpc.errors import UnsupportedError, ValidationError
+from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T, TensorFlag
+from ggmlrpc.graph import Graph, Placement
+from ggmlrpc.protocol import RpcTensor
+from ggmlrpc.server import ServerBuffer
+
+_ids = iter(range(1, 1 << 30))
+
+
+class Builder:
+    """Tensors laid out one after another in one host buffer."""
+
+    def __init__(self, size=1 << 20):
+        self.buf = ServerBuffer(1, 0x1000, size, 0, HostBuffer(size))
+        self.off = 0
+        self.tensors = {}
+        self.placement = {}
+        self.nodes = []
+
+    def tensor(self, type, ne, op=Op.NONE, src=(), params=(), data=None):
+        ne = tuple(ne) + (1,) * (4 - len(ne))
+        nb = ggml.contiguous_strides(type, ne)
+        t = RpcTensor(id=next(_ids), type=type, buffer=1, ne=ne, nb=nb, op=op,
+                      op_params=tuple(params) + (0,) * (16 - len(params)),
+                      flags=TensorFlag.COMPUTE if op != Op.NONE else 0,
+                      src=tuple(s.id for s in src) + (0,) * (10 - len(src)), data=0x1000 + self.off,
+                      name=b"t")
+        self.tensors[t.id] = t
+        self.placement[t.id] = Placement(self.buf, self.off)
+        if data is not None:
+            self.buf.mem.write(self.off, np.ascontiguousarray(data).tobytes())
+        self.off += (ggml.nbytes(type, ne, nb) + 31) // 32 * 32
+        if op != Op.NONE:
+            self.nodes.append(t)
+        return t
+
+    def graph(self):
+        return Graph(0, self.nodes, self.tensors, self.placement)
+
+    def read(self, t, dtype=np.float32):
+        p = self.placement[t.id]
+        return np.frombuffer(p.buffer.mem.read(p.offset, ggml.nbytes(t.type, t.ne, t.nb)), dtype=dtype)
+
+
+def f32(x):
+    return struct.unpack("<i", struct.pack("<f", x))[0]
+
+
+def build_softmax_matmul(b, rng):
+    x = b.tensor(T.F32, (40, 7), data=rng.standard_normal((7, 40)).astype(np.float32))
+    w = b.tensor(T.F16, (40, 24), data=rng.standard_normal((24, 40)).astype(np.float16))
+    y = b.tensor(T.F32, (24, 7), Op.MUL_MAT, (w, x))
+    return b.tensor(T.F32, (24, 7), Op.SOFT_MAX, (y,), (f32(0.5), 0))
+
+
+def test_plan_keeps_freed_memory_alive(seed):
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    out = build_softmax_matmul(b, rng)
+    ex = CpuExecutor(2)
+    plan = ex.compile(b.graph())
+    ex.run(plan)
+    before = b.read(out).copy()
+    mem = b.buf.mem
+    host = mem.mem
+    mem.free()                # what FREE_BUFFER does: the buffer lets go of its mapping
+    assert mem.size == 0
+    ex.run(plan)              # the plan still owns the mapping: same result, no crash
+    got = np.frombuffer(bytes(memoryview(host)[b.placement[out.id].offset:][:out.ne[0] * out.ne[1] * 4]),
+                        dtype=np.float32)
+    np.testing.assert_array_equal(got, before)
+
+
+@pytest.mark.parametrize("n_threads", [1, 2, 5, 16])
+def test_thread_counts_give_the_same_bytes(seed, n_threads):
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    out = build_softmax_matmul(b, rng)
+    ref = CpuExecutor(1)
+    ref.run(ref.compile(b.graph()))
+    want = b.read(out).copy()
+    b.buf.mem.fill(b.placement[out.id].offset, 24 * 7 * 4, 0)
+    ex = CpuExecutor(n_threads)
+    ex.run(ex.compile(b.graph()))
+    np.testing.assert_array_equal(b.read(out), want)
+
+
+def test_unsupported_and_invalid_are_typed(seed):
+    b = Builder()
+    x = b.tensor(T.F32, (8,), data=np.ones(8, np.float32))
+    b.tensor(T.F32, (8,), Op.IM2COL, (x, x))
+    with pytest.raises(UnsupportedError, match=r"op IM2COL \(F32 <- F32, F32\)"):
+        CpuExecutor(1).compile(b.graph())
+    b = Builder()
+    x = b.tensor(T.F32, (8,), data=np.ones(8, np.float32))
+    b.tensor(T.F32, (4,), Op.ADD, (x, x))
+    with pytest.raises(ValidationError, match="differ in shape"):
+        CpuExecutor(1).compile(b.graph())
+
+
+def test_many_runs_of_one_plan(seed):
+    """The pool and its barriers survive many runs of one plan (decode loops)."""
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    x = b.tensor(T.F32, (16, 3), data=rng.standard_normal((3, 16)).astype(np.float32))
+    y = x
+    for _ in range(20):
+        y = b.tensor(T.F32, (16, 3), Op.SCALE, (y,), (f32(1.0), f32(0.5)))
+    ex = CpuExecutor(3)
+    plan = ex.compile(b.graph())
+    for _ in range(300):
+        ex.run(plan)
+    want = b.read(x).copy()
+    for _ in range(20):
+        want = want + np.float32(0.5)
+    np.testing.assert_array_equal(b.read(y), want)
