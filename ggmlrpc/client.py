@@ -228,11 +228,15 @@ class RemoteBackend:
             else:
                 self.conn.send(head, *payload) if payload else self.conn.send(head)
         except ConnectionLost as e:
-            self.close()
-            if _closed_by_server(e):
-                raise ServerClosed(f"{self.endpoint} had closed the connection before "
-                                   f"{Cmd(cmd).name}") from e
+            self._lost(e, f"before {Cmd(cmd).name}")
             raise
+
+    def _lost(self, e: ConnectionLost, when: str) -> None:
+        """Close after a failed send or receive; raise ServerClosed when the server
+        closed its end (orderly or with a reset), else let the caller re-raise."""
+        self.close()
+        if _closed_by_server(e):
+            raise ServerClosed(f"{self.endpoint} closed the connection {when}") from e
 
     def _recv_rsp(self, cmd: int, size: int | None = None, into=None):
         want = protocol.RESPONSE_SIZE[cmd] if size is None else size
@@ -245,10 +249,7 @@ class RemoteBackend:
                 return into
             return self.conn.recv_exact(n)
         except ConnectionLost as e:
-            self.close()
-            if _closed_by_server(e):
-                raise ServerClosed(f"{self.endpoint} closed the connection after "
-                                   f"{Cmd(cmd).name} (it rejects bad requests so)") from e
+            self._lost(e, f"after {Cmd(cmd).name} (it rejects bad requests so)")
             raise
         except ProtocolError:
             self.close()

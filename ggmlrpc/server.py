@@ -226,12 +226,16 @@ class Server:
                 self._threads.discard(threading.current_thread())
             self.say("Client connection closed")
 
+    # One write per line: sessions print from their own threads, and print() writes
+    # the text and its newline separately, so lines of two sessions could mix.
     def say(self, line: str) -> None:
-        print(line, file=self.out, flush=True)
+        self.out.write(line + "\n")
+        self.out.flush()
 
     def dbg(self, fmt: str, *args) -> None:
         if self.debug:
-            print(fmt % args, file=sys.stderr, flush=True)
+            sys.stderr.write(fmt % args + "\n")
+            sys.stderr.flush()
 
 
 class Session:
