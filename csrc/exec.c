@@ -88,7 +88,6 @@ size_t ggmlrpc_exec_wsize(const gr_node *node, int nth) {
     case GR_K_SET_ROWS:
     case GR_K_GET_ROWS:
     case GR_K_ARGSORT:
-    case GR_K_TOP_K:
     case GR_K_CONCAT:
     case GR_K_ADD_ID:
     case GR_K_OUT_PROD:

@@ -54,12 +54,9 @@ enum gr_kernel {
     GR_K_ROPE,
     GR_K_MUL_MAT,        /* sub = vec_dot type (phase 0 converts src1 into scratch) */
     GR_K_FLASH_ATTN,
-    GR_K_CLAMP,
-    GR_K_ADD1,
     GR_K_ACC,
     GR_K_SUM,
-    GR_K_SUM_ROWS,
-    GR_K_MEAN,
+    GR_K_SUM_ROWS,       /* sub 1: MEAN */
     GR_K_CUMSUM,
     GR_K_ARGMAX,
     GR_K_REPEAT,
@@ -69,8 +66,7 @@ enum gr_kernel {
     GR_K_TRI,
     GR_K_FILL,
     GR_K_DIAG_MASK,      /* sub 0: -inf, 1: zero */
-    GR_K_ARGSORT,
-    GR_K_TOP_K,
+    GR_K_ARGSORT,        /* sub 1: TOP_K */
     GR_K_MUL_MAT_ID,
     GR_K_ADD_ID,
     GR_K_OUT_PROD,
@@ -90,7 +86,7 @@ enum gr_unop {
     GR_UN_HARDSIGMOID, GR_UN_EXP, GR_UN_EXPM1, GR_UN_SOFTPLUS, GR_UN_GELU_ERF, GR_UN_XIELU,
     GR_UN_FLOOR, GR_UN_CEIL, GR_UN_ROUND, GR_UN_TRUNC,
     /* ops of their own in ggml */
-    GR_UN_SQR = 32, GR_UN_SQRT, GR_UN_LOG, GR_UN_SIN, GR_UN_COS, GR_UN_LEAKY_RELU
+    GR_UN_SQR = 32, GR_UN_SQRT, GR_UN_LOG, GR_UN_SIN, GR_UN_COS, GR_UN_LEAKY_RELU, GR_UN_CLAMP
 };
 
 typedef struct gr_node {

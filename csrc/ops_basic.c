@@ -211,6 +211,14 @@ static void unary_row(int op, const int32_t *p, int64_t n, float *y, const float
     case GR_UN_LOG: for (int64_t i = 0; i < n; i++) y[i] = logf(x[i]); return;
     case GR_UN_SIN: for (int64_t i = 0; i < n; i++) y[i] = sinf(x[i]); return;
     case GR_UN_COS: for (int64_t i = 0; i < n; i++) y[i] = cosf(x[i]); return;
+    case GR_UN_CLAMP:   /* op_params: [0] min, [1] max */
+        memcpy(&fp1, &p[0], 4);
+        memcpy(&fp2, &p[1], 4);
+        for (int64_t i = 0; i < n; i++) {
+            const float v = x[i] < fp2 ? x[i] : fp2;
+            y[i] = v > fp1 ? v : fp1;
+        }
+        return;
     case GR_UN_LEAKY_RELU:
         memcpy(&fp1, &p[0], 4);
         for (int64_t i = 0; i < n; i++) y[i] = ((x[i] > 0.f) ? x[i] : 0.f) + fp1 * ((x[i] < 0.0f) ? x[i] : 0.f);

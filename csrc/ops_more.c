@@ -1,10 +1,554 @@
-/* Kernels beyond the llama graph: reductions, shape ops, sorting, MUL_MAT_ID... */
+/* Kernels beyond the llama graph: reductions, shape ops, masks, sorting, MoE
+ * (MUL_MAT_ID, ADD_ID) and OUT_PROD. Same conventions as ops_basic.c: the
+ * compiler checked types and shapes, kernels stay inside each tensor's ne/nb,
+ * arithmetic follows ggml's CPU backend (ops.cpp).
+ */
 #include <math.h>
 #include <stdint.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "exec_impl.h"
 
+static inline float param_f32(const gr_node *n, int i) {
+    float f;
+    memcpy(&f, &n->op_params[i], 4);
+    return f;
+}
+
+/* ---- ACC / SET ------------------------------------------------------------- */
+
+/* dst = src0, then the view of dst given by op_params (nb1, nb2, nb3, offset)
+ * gets src1 added (ACC) or written (SET). Phase 0 copies, phase 1 updates.
+ *   src0, dst: contiguous, same shape; src1: (ne10.., rows contiguous) */
+static void acc_set(gr_job *job, int phase, int set) {
+    const gr_node *n = job->node;
+    const gr_tensor *s0 = &n->src[0], *s1 = &n->src[1], *d = &n->dst;
+    const int64_t nb1 = n->op_params[0], nb2 = n->op_params[1], nb3 = n->op_params[2];
+    const int64_t offset = n->op_params[3];
+    const int inplace = n->op_params[4];
+    const int64_t es = n->iparams[0];   /* element size (4) */
+    if (phase == 0) {
+        if (inplace || s0->data == d->data) return;
+        int64_t r0, r1;
+        gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
+        for (int64_t ir = r0; ir < r1; ir++) memmove(gr_row(d, ir), gr_row(s0, ir), (size_t)(d->ne[0] * es));
+        return;
+    }
+    const int64_t nc = s1->ne[0];
+    int64_t r0, r1;
+    gr_range(gr_nrows(s1), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        const int64_t i1 = ir % s1->ne[1];
+        const int64_t i2 = (ir / s1->ne[1]) % s1->ne[2];
+        const int64_t i3 = ir / (s1->ne[1] * s1->ne[2]);
+        char *y = d->data + offset + i1 * nb1 + i2 * nb2 + i3 * nb3;
+        const char *x = s0->data + offset + i1 * nb1 + i2 * nb2 + i3 * nb3;
+        const char *v = gr_row(s1, ir);
+        if (set) {
+            memmove(y, v, (size_t)(nc * es));
+        } else {
+            float *yf = (float *)y;
+            const float *xf = (const float *)x, *vf = (const float *)v;
+            for (int64_t i = 0; i < nc; i++) yf[i] = xf[i] + vf[i];
+        }
+    }
+}
+
+static void k_acc(gr_job *job, int phase) { acc_set(job, phase, 0); }
+static void k_set(gr_job *job, int phase) { acc_set(job, phase, 1); }
+
+/* ---- reductions -------------------------------------------------------------- */
+
+/* dst (scalar) = sum of all of src0: F32 rows summed in double and the row sums
+ * added in double; F16/BF16 in float, as ggml. One thread. */
+static void k_sum(gr_job *job, int phase) {
+    (void)phase;
+    if (job->ith != 0) return;
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    const int64_t ne0 = s->ne[0], nr = gr_nrows(s);
+    if (s->type == GR_TYPE_F32) {
+        double sum = 0.0;
+        for (int64_t ir = 0; ir < nr; ir++) {
+            const float *x = (const float *)gr_row(s, ir);
+            double row = 0.0;
+            for (int64_t i = 0; i < ne0; i++) row += (double)x[i];
+            sum += row;
+        }
+        const float r = (float)sum;
+        memcpy(d->data, &r, 4);
+        return;
+    }
+    float sum = 0.0f;
+    for (int64_t ir = 0; ir < nr; ir++) {
+        const uint16_t *x = (const uint16_t *)gr_row(s, ir);
+        float row = 0.0f;
+        for (int64_t i = 0; i < ne0; i++)
+            row += s->type == GR_TYPE_F16 ? gr_fp16_to_fp32(x[i]) : gr_bf16_to_fp32(x[i]);
+        sum += row;
+    }
+    const uint16_t h = s->type == GR_TYPE_F16 ? gr_fp32_to_fp16(sum) : gr_fp32_to_bf16(sum);
+    memcpy(d->data, &h, 2);
+}
+
+/* SUM_ROWS (sub 0) and MEAN (sub 1): dst (1, ne1, ne2, ne3) F32 */
+static void k_sum_rows(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    const int64_t ne0 = s->ne[0];
+    int64_t r0, r1;
+    gr_range(gr_nrows(s), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        const float *x = (const float *)gr_row(s, ir);
+        double sum = 0.0;
+        for (int64_t i = 0; i < ne0; i++) sum += (double)x[i];
+        float r = (float)sum;
+        if (n->sub) r /= (float)ne0;
+        memcpy(gr_row(d, ir), &r, 4);
+    }
+}
+
+static void k_cumsum(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    const int64_t ne0 = s->ne[0];
+    int64_t r0, r1;
+    gr_range(gr_nrows(s), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        const float *x = (const float *)gr_row(s, ir);
+        float *y = (float *)gr_row(d, ir);
+        float acc = 0.0f;
+        for (int64_t i = 0; i < ne0; i++) {
+            acc = i == 0 ? x[0] : acc + x[i];
+            y[i] = acc;
+        }
+    }
+}
+
+/* index of the largest value per row; the last one among equals, as ggml */
+static void k_argmax(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    const int64_t ne0 = s->ne[0];
+    int64_t r0, r1;
+    gr_range(s->ne[1], job->ith, job->nth, &r0, &r1);
+    for (int64_t i1 = r0; i1 < r1; i1++) {
+        const float *x = (const float *)(s->data + i1 * s->nb[1]);
+        float max = -INFINITY;
+        int32_t idx = 0;
+        for (int64_t i = 0; i < ne0; i++) {
+            max = max > x[i] ? max : x[i];
+            if (max == x[i]) idx = (int32_t)i;
+        }
+        memcpy(d->data + i1 * d->nb[0], &idx, 4);
+    }
+}
+
+/* number of equal I32 elements: per-thread counts, summed by thread 0 */
+static void k_count_equal(gr_job *job, int phase) {
+    const gr_node *n = job->node;
+    int64_t *sums = (int64_t *)job->wdata;
+    if (phase == 0) {
+        const gr_tensor *a = &n->src[0], *b = &n->src[1];
+        int64_t r0, r1, c = 0;
+        gr_range(gr_nrows(a), job->ith, job->nth, &r0, &r1);
+        for (int64_t ir = r0; ir < r1; ir++) {
+            const char *pa = gr_row(a, ir), *pb = gr_row(b, ir);
+            for (int64_t i = 0; i < a->ne[0]; i++) {
+                int32_t va, vb;
+                memcpy(&va, pa + i * a->nb[0], 4);
+                memcpy(&vb, pb + i * b->nb[0], 4);
+                c += va == vb;
+            }
+        }
+        sums[job->ith * 8] = c;
+        return;
+    }
+    if (job->ith != 0) return;
+    int64_t total = 0;
+    for (int t = 0; t < job->nth; t++) total += sums[t * 8];
+    memcpy(n->dst.data, &total, 8);
+}
+
+/* ---- shape ops ----------------------------------------------------------------- */
+
+/* dst = src0 tiled to dst's shape (byte copies of elements of size es) */
+static void k_repeat(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    const int64_t es = n->iparams[0];
+    const int64_t ne00 = s->ne[0];
+    int64_t r0, r1;
+    gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        const int64_t i1 = ir % d->ne[1];
+        const int64_t i2 = (ir / d->ne[1]) % d->ne[2];
+        const int64_t i3 = ir / (d->ne[1] * d->ne[2]);
+        const char *x = gr_at(s, 0, i1 % s->ne[1], i2 % s->ne[2], i3 % s->ne[3]);
+        char *y = gr_at(d, 0, i1, i2, i3);
+        for (int64_t r = 0; r < d->ne[0]; r += ne00) memmove(y + r * es, x, (size_t)(ne00 * es));
+    }
+}
+
+/* dst (small) = sum of the blocks of src0 that repeat it, in ggml's loop order */
+static void k_repeat_back(gr_job *job, int phase) {
+    (void)phase;
+    if (job->ith != 0) return;
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    const int64_t ne0 = d->ne[0], ne1 = d->ne[1], ne2 = d->ne[2], ne3 = d->ne[3];
+    const int64_t nr0 = s->ne[0] / ne0, nr1 = s->ne[1] / ne1, nr2 = s->ne[2] / ne2, nr3 = s->ne[3] / ne3;
+    for (int64_t k3 = 0; k3 < ne3; k3++)
+        for (int64_t k2 = 0; k2 < ne2; k2++)
+            for (int64_t k1 = 0; k1 < ne1; k1++) memset(gr_at(d, 0, k1, k2, k3), 0, (size_t)ne0 * 4);
+    for (int64_t i3 = 0; i3 < nr3; i3++)
+        for (int64_t k3 = 0; k3 < ne3; k3++)
+            for (int64_t i2 = 0; i2 < nr2; i2++)
+                for (int64_t k2 = 0; k2 < ne2; k2++)
+                    for (int64_t i1 = 0; i1 < nr1; i1++)
+                        for (int64_t k1 = 0; k1 < ne1; k1++)
+                            for (int64_t i0 = 0; i0 < nr0; i0++) {
+                                float *y = (float *)gr_at(d, 0, k1, k2, k3);
+                                const float *x = (const float *)gr_at(s, i0 * ne0, i1 * ne1 + k1,
+                                                                      i2 * ne2 + k2, i3 * ne3 + k3);
+                                for (int64_t i = 0; i < ne0; i++) y[i] += x[i];
+                            }
+}
+
+/* dst = src0 and src1 joined along dimension op_params[0] (rows copied as bytes) */
+static void k_concat(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *a = &n->src[0], *b = &n->src[1], *d = &n->dst;
+    const int dim = n->op_params[0];
+    const int64_t es = n->iparams[0];
+    int64_t r0, r1;
+    gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        int64_t i[4];
+        i[1] = ir % d->ne[1];
+        i[2] = (ir / d->ne[1]) % d->ne[2];
+        i[3] = ir / (d->ne[1] * d->ne[2]);
+        char *y = gr_at(d, 0, i[1], i[2], i[3]);
+        if (dim == 0) {
+            memmove(y, gr_at(a, 0, i[1], i[2], i[3]), (size_t)(a->ne[0] * es));
+            memmove(y + a->ne[0] * es, gr_at(b, 0, i[1], i[2], i[3]), (size_t)(b->ne[0] * es));
+        } else if (i[dim] < a->ne[dim]) {
+            memmove(y, gr_at(a, 0, i[1], i[2], i[3]), (size_t)(d->ne[0] * es));
+        } else {
+            i[dim] -= a->ne[dim];
+            memmove(y, gr_at(b, 0, i[1], i[2], i[3]), (size_t)(d->ne[0] * es));
+        }
+    }
+}
+
+static inline int64_t wrap(int64_t i, int64_t n) { return ((i % n) + n) % n; }
+
+/* dst = src0 with lp/rp zeros (or wrapped values, op_params[8]) around each dim */
+static void k_pad(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    const int32_t *p = n->op_params;
+    const int circular = p[8];
+    int64_t r0, r1;
+    gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        const int64_t i1 = ir % d->ne[1];
+        const int64_t i2 = (ir / d->ne[1]) % d->ne[2];
+        const int64_t i3 = ir / (d->ne[1] * d->ne[2]);
+        float *y = (float *)gr_at(d, 0, i1, i2, i3);
+        for (int64_t i0 = 0; i0 < d->ne[0]; i0++) {
+            if (circular) {
+                memcpy(&y[i0], gr_at(s, wrap(i0 - p[0], s->ne[0]), wrap(i1 - p[2], s->ne[1]),
+                                     wrap(i2 - p[4], s->ne[2]), wrap(i3 - p[6], s->ne[3])), 4);
+            } else if (i0 >= p[0] && i0 < d->ne[0] - p[1] && i1 >= p[2] && i1 < d->ne[1] - p[3] &&
+                       i2 >= p[4] && i2 < d->ne[2] - p[5] && i3 >= p[6] && i3 < d->ne[3] - p[7]) {
+                memcpy(&y[i0], gr_at(s, i0 - p[0], i1 - p[2], i2 - p[4], i3 - p[6]), 4);
+            } else {
+                y[i0] = 0.0f;
+            }
+        }
+    }
+}
+
+/* dst[i] = start + step*i (fused, as the reference build computes it) */
+static void k_arange(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const float start = param_f32(n, 0), step = param_f32(n, 2);
+    float *y = (float *)n->dst.data;
+    const int64_t steps = n->dst.ne[0];
+    for (int64_t i = job->ith; i < steps; i += job->nth) y[i] = fmaf(step, (float)i, start);
+}
+
+/* keep one triangle of each matrix (op_params[0]: 0 upper+diag, 1 upper, 2 lower+diag, 3 lower) */
+static void k_tri(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    const int t = n->op_params[0];
+    int64_t r0, r1;
+    gr_range(gr_nrows(s), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        const int64_t r = ir % s->ne[1];
+        const float *x = (const float *)gr_row(s, ir);
+        float *y = (float *)gr_row(d, ir);
+        for (int64_t i = 0; i < d->ne[0]; i++) {
+            const int keep = t == 0 ? i >= r : t == 1 ? i > r : t == 2 ? i <= r : i < r;
+            y[i] = keep ? x[i] : 0.0f;
+        }
+    }
+}
+
+/* dst = op_params[0] everywhere (F32 or F16) */
+static void k_fill(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *d = &n->dst;
+    const float c = param_f32(n, 0);
+    const uint16_t h = gr_fp32_to_fp16(c);
+    int64_t r0, r1;
+    gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        char *y = gr_row(d, ir);
+        for (int64_t i = 0; i < d->ne[0]; i++) {
+            if (d->type == GR_TYPE_F32) memcpy(y + 4 * i, &c, 4);
+            else memcpy(y + 2 * i, &h, 2);
+        }
+    }
+}
+
+/* dst = src0 with entries i > n_past + row set to -inf (sub 0) or 0 (sub 1).
+ * Phase 0 copies when not in place. */
+static void k_diag_mask(gr_job *job, int phase) {
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    if (phase == 0) {
+        if (s->data == d->data) return;
+        int64_t r0, r1;
+        gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
+        for (int64_t ir = r0; ir < r1; ir++) memmove(gr_row(d, ir), gr_row(s, ir), (size_t)d->ne[0] * 4);
+        return;
+    }
+    const int64_t n_past = n->op_params[0];
+    const float value = n->sub ? 0.0f : -INFINITY;
+    int64_t r0, r1;
+    gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        const int64_t j = ir % d->ne[1];
+        float *y = (float *)gr_row(d, ir);
+        for (int64_t i = n_past; i < d->ne[0]; i++)
+            if (i > n_past + j) y[i] = value;
+    }
+}
+
+/* dst = diagonal matrices from the rows of src0: (ne0, ne0, ne2, ne3) */
+static void k_diag(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    int64_t r0, r1;
+    gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        const int64_t i1 = ir % d->ne[1];
+        const int64_t i2 = (ir / d->ne[1]) % d->ne[2];
+        const int64_t i3 = ir / (d->ne[1] * d->ne[2]);
+        float *y = (float *)gr_at(d, 0, i1, i2, i3);
+        const float *x = (const float *)gr_at(s, 0, 0, i2, i3);
+        for (int64_t i = 0; i < d->ne[0]; i++) y[i] = i == i1 ? x[i1] : 0.0f;
+    }
+}
+
+/* ---- sorting ----------------------------------------------------------------------- */
+
+/* stable merge sort of indices by value (desc != 0: largest first) */
+static void sort_idx(int32_t *idx, int32_t *tmp, int64_t n, const float *v, int desc) {
+    for (int64_t w = 1; w < n; w *= 2) {
+        for (int64_t lo = 0; lo < n; lo += 2 * w) {
+            const int64_t mid = lo + w < n ? lo + w : n, hi = lo + 2 * w < n ? lo + 2 * w : n;
+            int64_t a = lo, b = mid, k = lo;
+            while (a < mid && b < hi) {
+                const float x = v[idx[a]], y = v[idx[b]];
+                const int take_b = desc ? y > x : y < x;
+                tmp[k++] = take_b ? idx[b++] : idx[a++];
+            }
+            while (a < mid) tmp[k++] = idx[a++];
+            while (b < hi) tmp[k++] = idx[b++];
+        }
+        memcpy(idx, tmp, (size_t)n * 4);
+    }
+}
+
+/* ARGSORT (sub 0: whole rows, order op_params[0]) and TOP_K (sub 1: the dst.ne0
+ * largest, in decreasing order with the first two swapped, as ggml returns them) */
+static void k_argsort(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    const int64_t ne00 = s->ne[0];
+    int32_t *idx = (int32_t *)gr_thread_f32(job, 2 * ne00 + 16);
+    int32_t *tmp = idx + ne00 + 8;
+    const int top_k = n->sub;
+    const int desc = top_k ? 1 : n->op_params[0] == 1;
+    int64_t r0, r1;
+    gr_range(gr_nrows(s), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        const float *x = (const float *)gr_row(s, ir);
+        for (int64_t j = 0; j < ne00; j++) idx[j] = (int32_t)j;
+        sort_idx(idx, tmp, ne00, x, desc);
+        const int64_t k = d->ne[0];
+        if (top_k && k > 1) {
+            const int32_t t = idx[0];
+            idx[0] = idx[1];
+            idx[1] = t;
+        }
+        memcpy(gr_row(d, ir), idx, (size_t)k * 4);
+    }
+}
+
+/* ---- MoE and outer product ----------------------------------------------------------- */
+
+/* dst[:, e, t] = src0[:, :, ids[e, t]] @ src1[:, e % ne11, t]; phase 0 converts src1
+ * to the vec_dot type (iparams as MUL_MAT), ggml's vec_dot order throughout.
+ *   src0: (K, M, n_as); src1: (K, ne11, T); ids: (n_used, T) I32; dst: (M, n_used, T) */
+static void k_mul_mat_id(gr_job *job, int phase) {
+    const gr_node *n = job->node;
+    const gr_tensor *w = &n->src[0], *x = &n->src[1], *ids = &n->src[2], *d = &n->dst;
+    const int32_t vdt = (int32_t)n->iparams[0];
+    const size_t row_size = (size_t)n->iparams[2];
+    const int64_t K = w->ne[0], M = w->ne[1], n_as = w->ne[2];
+    const int conv = x->type != vdt;
+    if (phase == 0) {
+        if (!conv) return;
+        int64_t r0, r1;
+        gr_range(gr_nrows(x), job->ith, job->nth, &r0, &r1);
+        ggmlrpc_from_float_fn from_float = NULL;
+        if (vdt != GR_TYPE_F32 && vdt != GR_TYPE_F16) from_float = ggmlrpc_get_from_float((uint32_t)vdt);
+        for (int64_t ir = r0; ir < r1; ir++) {
+            const char *src = gr_row(x, ir);
+            char *dst = job->wdata + (size_t)ir * row_size;
+            if (vdt == GR_TYPE_F32) gr_load_f32(x->type, src, x->nb[0], (float *)dst, K);
+            else if (vdt == GR_TYPE_F16) gr_vec.fp32_to_fp16(K, (const float *)src, (uint16_t *)dst);
+            else from_float((const float *)src, dst, K);
+        }
+        return;
+    }
+    ggmlrpc_vec_dot_fn qdot = NULL;
+    if (w->type != GR_TYPE_F32 && w->type != GR_TYPE_F16) qdot = ggmlrpc_get_vec_dot((uint32_t)w->type);
+    const int64_t n_used = ids->ne[0], T = ids->ne[1], ne11 = x->ne[1];
+    int64_t r0, r1;
+    gr_range(n_used * T, job->ith, job->nth, &r0, &r1);
+    for (int64_t p = r0; p < r1; p++) {
+        const int64_t e = p % n_used, t = p / n_used;
+        int32_t a;
+        memcpy(&a, ids->data + e * ids->nb[0] + t * ids->nb[1], 4);
+        if (a < 0 || a >= n_as) {
+            gr_fail(job, GR_EXEC_EINDEX, "MUL_MAT_ID expert %d out of range [0, %lld)", a, (long long)n_as);
+            return;
+        }
+        const int64_t i11 = e % ne11;
+        const char *act = conv ? job->wdata + (size_t)(i11 + t * ne11) * row_size
+                               : x->data + i11 * x->nb[1] + t * x->nb[2];
+        const char *wa = w->data + a * w->nb[2];
+        float *out = (float *)(d->data + e * d->nb[1] + t * d->nb[2]);
+        for (int64_t i01 = 0; i01 < M; i01++) {
+            const char *wr = wa + i01 * w->nb[1];
+            float v;
+            if (w->type == GR_TYPE_F32) v = gr_vec.dot_f32(K, (const float *)wr, (const float *)act);
+            else if (w->type == GR_TYPE_F16) v = gr_vec.dot_f16(K, (const uint16_t *)wr, (const uint16_t *)act);
+            else qdot(K, &v, wr, act);
+            out[i01] = v;
+        }
+    }
+}
+
+/* dst[:, i1, i2] = src0[:, i1, i2] + src1[:, ids[i1, i2]]
+ *   src0, dst: (ne0, ne1, ne2) F32; src1: (ne0, ne11) F32; ids: (ne1, ne2) I32 */
+static void k_add_id(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *a = &n->src[0], *b = &n->src[1], *ids = &n->src[2], *d = &n->dst;
+    int64_t r0, r1;
+    gr_range(gr_nrows(a), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        const int64_t i1 = ir % a->ne[1];
+        const int64_t i2 = (ir / a->ne[1]) % a->ne[2];
+        const int64_t i3 = ir / (a->ne[1] * a->ne[2]);
+        int32_t k;
+        memcpy(&k, ids->data + i1 * ids->nb[0] + i2 * ids->nb[1], 4);
+        if (k < 0 || k >= b->ne[1]) {
+            gr_fail(job, GR_EXEC_EINDEX, "ADD_ID index %d out of range [0, %lld)", k, (long long)b->ne[1]);
+            return;
+        }
+        const float *x = (const float *)gr_at(a, 0, i1, i2, i3);
+        const float *y = (const float *)(b->data + k * b->nb[1]);
+        float *z = (float *)gr_at(d, 0, i1, i2, i3);
+        for (int64_t i = 0; i < d->ne[0]; i++) z[i] = x[i] + y[i];
+    }
+}
+
+/* dst[i0, i1] = sum over i01 of src0[i0, i01] * src1[i1, i01], one fused
+ * multiply-add per term in order of i01 (per batch, src0 broadcast).
+ *   src0: (ne0, n, ne02, ne03) F32/F16/quantized rows; src1: (ne1, n, ne2, ne3) F32 */
+static void k_out_prod(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *a = &n->src[0], *b = &n->src[1], *d = &n->dst;
+    const int64_t ne0 = d->ne[0], ne1 = d->ne[1], ne2 = d->ne[2], ne01 = a->ne[1];
+    const int64_t dps2 = ne2 / a->ne[2], dps3 = d->ne[3] / a->ne[3];
+    float *row = gr_thread_f32(job, ne0);
+    ggmlrpc_to_float_fn to_float = NULL;
+    if (a->type != GR_TYPE_F32 && a->type != GR_TYPE_F16) to_float = ggmlrpc_get_to_float((uint32_t)a->type);
+    int64_t r0, r1;
+    gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        const int64_t i1 = ir % ne1;
+        const int64_t i2 = (ir / ne1) % ne2;
+        const int64_t i3 = ir / (ne1 * ne2);
+        float *y = (float *)gr_at(d, 0, i1, i2, i3);
+        for (int64_t i = 0; i < ne0; i++) y[i] = 0.0f;
+        for (int64_t i01 = 0; i01 < ne01; i01++) {
+            const char *x = gr_at(a, 0, i01, i2 / dps2, i3 / dps3);
+            float v;
+            memcpy(&v, gr_at(b, i1, i01, i2, i3), 4);
+            const float *xf = (const float *)x;
+            if (a->type == GR_TYPE_F16) {
+                gr_vec.fp16_to_fp32(ne0, (const uint16_t *)x, row);
+                xf = row;
+            } else if (to_float) {
+                to_float(x, row, ne0);
+                xf = row;
+            }
+            for (int64_t i = 0; i < ne0; i++) y[i] = fmaf(xf[i], v, y[i]);
+        }
+    }
+}
+
 void gr_register_more_kernels(void (*set)(int, gr_kernel_fn, int)) {
-    (void)set;
+    set(GR_K_ACC, k_acc, 2);
+    set(GR_K_SET, k_set, 2);
+    set(GR_K_SUM, k_sum, 1);
+    set(GR_K_SUM_ROWS, k_sum_rows, 1);
+    set(GR_K_CUMSUM, k_cumsum, 1);
+    set(GR_K_ARGMAX, k_argmax, 1);
+    set(GR_K_COUNT_EQUAL, k_count_equal, 2);
+    set(GR_K_REPEAT, k_repeat, 1);
+    set(GR_K_REPEAT_BACK, k_repeat_back, 1);
+    set(GR_K_CONCAT, k_concat, 1);
+    set(GR_K_PAD, k_pad, 1);
+    set(GR_K_ARANGE, k_arange, 1);
+    set(GR_K_TRI, k_tri, 1);
+    set(GR_K_FILL, k_fill, 1);
+    set(GR_K_DIAG_MASK, k_diag_mask, 2);
+    set(GR_K_DIAG, k_diag, 1);
+    set(GR_K_ARGSORT, k_argsort, 1);
+    set(GR_K_MUL_MAT_ID, k_mul_mat_id, 2);
+    set(GR_K_ADD_ID, k_add_id, 1);
+    set(GR_K_OUT_PROD, k_out_prod, 1);
 }

@@ -174,7 +174,7 @@ def rule_binary(node, srcs):
               (T.F16, T.F32, T.F32)}
     need_types(node, srcs, (a.type, b.type, node.type) in combos)
     need_rows(node, srcs, a, node)
-    sub = {Op.ADD: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}[node.op]
+    sub = {Op.ADD: 0, Op.ADD1: 0, Op.SUB: 1, Op.MUL: 2, Op.DIV: 3}[node.op]
     return Spec(ids.K.BINARY, sub, srcs=[a, b])
 
 
@@ -407,6 +407,250 @@ def rule_flash_attn(node, srcs):
     return Spec(ids.K.FLASH_ATTN, iparams=(vdt, path), srcs=[q, k, v, m, sk])
 
 
+
+def rule_add1(node, srcs):
+    need(node, srcs, 2)
+    if nelements(srcs[1]) != 1:
+        raise invalid(node, srcs, "src1 is not a scalar")
+    return rule_binary(node, srcs)
+
+
+def rule_clamp(node, srcs):
+    return _elementwise(node, srcs, ids.UN.CLAMP, (T.F32, T.F16))
+
+
+def rule_acc_set(node, srcs):
+    """ACC / SET: src1 added to / written into a strided view of a copy of src0."""
+    need(node, srcs, 2)
+    a, b = srcs
+    types = (T.F32,) if node.op == Op.ACC else (T.F32, T.I32)
+    need_types(node, srcs, a.type == b.type == node.type and a.type in types)
+    if not same_shape(a, node) or not contiguous(a) or not contiguous(node):
+        raise invalid(node, srcs, "src0 and the result must be contiguous and of one shape")
+    need_rows(node, srcs, b)
+    nb1, nb2, nb3, offset = node.op_params[:4]
+    if min(nb1, nb2, nb3, offset) < 0:
+        raise invalid(node, srcs, "negative view strides or offset")
+    last = offset + (b.ne[0] - 1) * 4 + (b.ne[1] - 1) * nb1 + (b.ne[2] - 1) * nb2 + (b.ne[3] - 1) * nb3
+    if last + 4 > ggml.nbytes(node.type, node.ne, node.nb):
+        raise invalid(node, srcs, "the view lies outside the result")
+    return Spec(ids.K.ACC if node.op == Op.ACC else ids.K.SET, iparams=(4,), srcs=[a, b])
+
+
+def rule_sum(node, srcs):
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, s.type in FLOAT_TYPES and node.type == s.type)
+    if nelements(node) != 1:
+        raise invalid(node, srcs, "the result is not a scalar")
+    need_rows(node, srcs, s)
+    return Spec(ids.K.SUM, srcs=[s])
+
+
+def rule_sum_rows(node, srcs):
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+    if tuple(node.ne) != (1,) + tuple(s.ne[1:]):
+        raise invalid(node, srcs, "the result is not one value per row")
+    need_rows(node, srcs, s)
+    return Spec(ids.K.SUM_ROWS, int(node.op == Op.MEAN), srcs=[s])
+
+
+def rule_cumsum(node, srcs):
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+    if not same_shape(s, node):
+        raise invalid(node, srcs, "source and result differ in shape")
+    need_rows(node, srcs, s, node)
+    return Spec(ids.K.CUMSUM, srcs=[s])
+
+
+def rule_argmax(node, srcs):
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, s.type == T.F32 and node.type == T.I32)
+    if s.ne[2] != 1 or s.ne[3] != 1 or tuple(node.ne) != (s.ne[1], 1, 1, 1):
+        raise invalid(node, srcs, "argmax of a matrix gives one index per row")
+    need_rows(node, srcs, s)
+    return Spec(ids.K.ARGMAX, srcs=[s])
+
+
+def rule_count_equal(node, srcs):
+    need(node, srcs, 2)
+    a, b = srcs
+    need_types(node, srcs, a.type == b.type == T.I32 and node.type == T.I64)
+    if not same_shape(a, b) or nelements(node) != 1:
+        raise invalid(node, srcs, "sources differ in shape or the result is not a scalar")
+    return Spec(ids.K.COUNT_EQUAL, srcs=[a, b])
+
+
+def rule_repeat(node, srcs):
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, s.type == node.type and not ggml.is_quantized(s.type))
+    if not can_repeat(s, node):
+        raise invalid(node, srcs, "the source does not repeat to the result")
+    need_rows(node, srcs, s, node)
+    return Spec(ids.K.REPEAT, iparams=(ts(s),), srcs=[s])
+
+
+def rule_repeat_back(node, srcs):
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+    if not can_repeat(node, s):
+        raise invalid(node, srcs, "the result does not repeat to the source")
+    need_rows(node, srcs, s, node)
+    return Spec(ids.K.REPEAT_BACK, srcs=[s])
+
+
+def rule_concat(node, srcs):
+    need(node, srcs, 2)
+    a, b = srcs
+    dim = node.op_params[0]
+    need_types(node, srcs, a.type == b.type == node.type and not ggml.is_quantized(a.type))
+    if not 0 <= dim < 4:
+        raise invalid(node, srcs, f"dimension {dim}")
+    for i in range(4):
+        want = a.ne[i] + b.ne[i] if i == dim else a.ne[i]
+        if node.ne[i] != want or (i != dim and b.ne[i] != a.ne[i]):
+            raise invalid(node, srcs, "shapes do not concatenate")
+    need_rows(node, srcs, a, b, node)
+    return Spec(ids.K.CONCAT, iparams=(ts(a),), srcs=[a, b])
+
+
+def rule_pad(node, srcs):
+    need(node, srcs, 1)
+    s = srcs[0]
+    p = node.op_params
+    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+    if any(x < 0 for x in p[:8]) or any(node.ne[i] != s.ne[i] + p[2 * i] + p[2 * i + 1] for i in range(4)):
+        raise invalid(node, srcs, "padding does not match the shapes")
+    need_rows(node, srcs, node)
+    return Spec(ids.K.PAD, srcs=[s])
+
+
+def rule_arange(node, srcs):
+    need(node, srcs, 0)
+    import math
+    import numpy as np
+    start, stop, step = (np.float32(f32_param(node, i)) for i in range(3))
+    if node.type != T.F32 or not contiguous(node):
+        raise unsupported(node, srcs)
+    with np.errstate(all="ignore"):
+        q = np.float32((stop - start) / step)
+    if not np.isfinite(q) or math.ceil(q) != nelements(node):
+        raise invalid(node, srcs, "the element count does not match start, stop and step")
+    return Spec(ids.K.ARANGE)
+
+
+def rule_tri(node, srcs):
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+    if not same_shape(s, node) or not contiguous(s) or not 0 <= node.op_params[0] <= 3:
+        raise invalid(node, srcs, "shape, layout or triangle type")
+    need_rows(node, srcs, node)
+    return Spec(ids.K.TRI, srcs=[s])
+
+
+def rule_fill(node, srcs):
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, node.type == s.type and s.type in (T.F32, T.F16))
+    if not same_shape(s, node):
+        raise invalid(node, srcs, "source and result differ in shape")
+    need_rows(node, srcs, node)
+    return Spec(ids.K.FILL, srcs=[s])
+
+
+def rule_diag_mask(node, srcs):
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+    if not same_shape(s, node) or not contiguous(s) or not contiguous(node):
+        raise invalid(node, srcs, "source and result must be contiguous and of one shape")
+    if node.op_params[0] < 0:
+        raise invalid(node, srcs, "n_past < 0")
+    return Spec(ids.K.DIAG_MASK, int(node.op == Op.DIAG_MASK_ZERO), srcs=[s])
+
+
+def rule_diag(node, srcs):
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+    if s.ne[1] != 1 or tuple(node.ne) != (s.ne[0], s.ne[0], s.ne[2], s.ne[3]):
+        raise invalid(node, srcs, "diag makes (n, n) matrices of (n, 1) rows")
+    need_rows(node, srcs, s, node)
+    return Spec(ids.K.DIAG, srcs=[s])
+
+
+def rule_argsort(node, srcs):
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, s.type == T.F32 and node.type == T.I32)
+    top_k = node.op == Op.TOP_K
+    if tuple(node.ne[1:]) != tuple(s.ne[1:]) or (not top_k and node.ne[0] != s.ne[0]) \
+            or not 1 <= node.ne[0] <= s.ne[0]:
+        raise invalid(node, srcs, "result shape")
+    if not top_k and node.op_params[0] not in (0, 1):
+        raise invalid(node, srcs, f"sort order {node.op_params[0]}")
+    need_rows(node, srcs, s, node)
+    return Spec(ids.K.ARGSORT, int(top_k), srcs=[s])
+
+
+def rule_mul_mat_id(node, srcs):
+    need(node, srcs, 3)
+    w, x, sel = srcs
+    ex = _ex()
+    vdt = ex.vec_dot_type(w.type) if w.type not in (T.F32, T.F16) else w.type
+    if vdt < 0 or node.type != T.F32 or sel.type != T.I32:
+        raise unsupported(node, srcs)
+    if w.type not in (T.F32, T.F16) and not ex.has_vec_dot(w.type):
+        raise unsupported(node, srcs)
+    if x.type != vdt:
+        need_types(node, srcs, x.type == T.F32 and (vdt in (T.F32, T.F16) or ex.has_from_float(vdt)))
+    K, M, n_as = w.ne[0], w.ne[1], w.ne[2]
+    n_used, T_ = sel.ne[0], sel.ne[1]
+    if (w.ne[3] != 1 or x.ne[3] != 1 or sel.ne[2] != 1 or sel.ne[3] != 1 or x.ne[0] != K
+            or sel.ne[1] != x.ne[2] or n_used % x.ne[1] or tuple(node.ne) != (M, n_used, T_, 1)):
+        raise invalid(node, srcs, "shapes of experts, activations, ids and result do not agree")
+    need_rows(node, srcs, w, x, node)
+    if w.nb[0] != ts(w) or x.nb[0] != ts(x) or node.nb[0] != 4:
+        raise invalid(node, srcs, "permuted or transposed operands")
+    if K % ggml.blck_size(vdt):
+        raise invalid(node, srcs, "rows are not whole blocks of the activation type")
+    row_size = K // ggml.blck_size(vdt) * ggml.type_size(vdt)
+    return Spec(ids.K.MUL_MAT_ID, iparams=(vdt, 0, row_size), srcs=[w, x, sel])
+
+
+def rule_add_id(node, srcs):
+    need(node, srcs, 3)
+    a, b, sel = srcs
+    need_types(node, srcs, a.type == b.type == node.type == T.F32 and sel.type == T.I32)
+    if (not same_shape(a, node) or b.ne[0] != a.ne[0] or sel.ne[0] != a.ne[1]
+            or sel.ne[1] != a.ne[2] or a.ne[3] != 1):
+        raise invalid(node, srcs, "shapes do not agree")
+    need_rows(node, srcs, a, b, node)
+    return Spec(ids.K.ADD_ID, srcs=[a, b, sel])
+
+
+def rule_out_prod(node, srcs):
+    need(node, srcs, 2)
+    a, b = srcs
+    need_types(node, srcs, b.type == T.F32 and node.type == T.F32 and
+               (a.type in (T.F32, T.F16) or (ggml.is_quantized(a.type) and _ex().has_to_float(a.type))))
+    if (a.ne[1] != b.ne[1] or b.ne[2] % a.ne[2] or b.ne[3] % a.ne[3]
+            or tuple(node.ne) != (a.ne[0], b.ne[0], b.ne[2], b.ne[3])):
+        raise invalid(node, srcs, "shapes do not agree")
+    if a.type != T.F32 and (a.ne[2] != b.ne[2] or a.ne[3] != b.ne[3]):
+        raise invalid(node, srcs, "F16 and quantized src0 do not broadcast")
+    need_rows(node, srcs, a, node)
+    return Spec(ids.K.OUT_PROD, srcs=[a, b])
+
+
 RULES = {
     Op.DUP: rule_dup,
     Op.CONT: rule_dup,
@@ -435,4 +679,29 @@ RULES = {
     Op.ROPE_BACK: rule_rope,
     Op.MUL_MAT: rule_mul_mat,
     Op.FLASH_ATTN_EXT: rule_flash_attn,
+    Op.ADD1: rule_add1,
+    Op.CLAMP: rule_clamp,
+    Op.ACC: rule_acc_set,
+    Op.SET: rule_acc_set,
+    Op.SUM: rule_sum,
+    Op.SUM_ROWS: rule_sum_rows,
+    Op.MEAN: rule_sum_rows,
+    Op.CUMSUM: rule_cumsum,
+    Op.ARGMAX: rule_argmax,
+    Op.COUNT_EQUAL: rule_count_equal,
+    Op.REPEAT: rule_repeat,
+    Op.REPEAT_BACK: rule_repeat_back,
+    Op.CONCAT: rule_concat,
+    Op.PAD: rule_pad,
+    Op.ARANGE: rule_arange,
+    Op.TRI: rule_tri,
+    Op.FILL: rule_fill,
+    Op.DIAG_MASK_INF: rule_diag_mask,
+    Op.DIAG_MASK_ZERO: rule_diag_mask,
+    Op.DIAG: rule_diag,
+    Op.ARGSORT: rule_argsort,
+    Op.TOP_K: rule_argsort,
+    Op.MUL_MAT_ID: rule_mul_mat_id,
+    Op.ADD_ID: rule_add_id,
+    Op.OUT_PROD: rule_out_prod,
 }

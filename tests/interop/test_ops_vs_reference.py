@@ -190,6 +190,68 @@ def flash_attn(nq, nkv=80, kv_t=T.F16, softcap=0.0, max_bias=0.0, sinks=False, r
     return build
 
 
+
+def op1(opcode, ne, params=(), t=T.F32, out_ne=None, out_t=None, scale=1.0):
+    def build(c, r):
+        x = inp(c, r, t, ne, scale)
+        return [c.op(opcode, out_t or t, out_ne or ne, x, params=list(params))]
+    return build
+
+
+def acc_set(opcode):
+    def build(c, r):
+        a, b = inp(c, r, T.F32, (10, 6, 4)), inp(c, r, T.F32, (5, 3, 2))
+        return [c.op(opcode, T.F32, a.ne, a, b, params=[40, 240, 960, 240 + 80 + 12, 0])]
+    return build
+
+
+def add1(c, r):
+    x = inp(c, r, T.F16, (40, 3))
+    return [c.op(Op.ADD1, T.F16, x.ne, x, c.new(T.F32, (1,), np.array([0.3], np.float32)))]
+
+
+def count_equal(c, r):
+    a = c.new(T.I32, (20, 5), r.integers(0, 3, (5, 20)).astype(np.int32))
+    b = c.new(T.I32, (20, 5), r.integers(0, 3, (5, 20)).astype(np.int32))
+    return [c.op(Op.COUNT_EQUAL, T.I64, (1,), a, b)]
+
+
+def concat(dim):
+    def build(c, r):
+        sb = [6, 3, 2, 2]
+        sb[dim] = 4
+        ne = [6, 3, 2, 2]
+        ne[dim] += sb[dim]
+        return [c.op(Op.CONCAT, T.F32, ne, inp(c, r, T.F32, (6, 3, 2, 2)), inp(c, r, T.F32, sb), params=[dim])]
+    return build
+
+
+def arange(c, r):
+    return [c.op(Op.ARANGE, T.F32, (9,), params=[f32_bits(0.5), f32_bits(7.0), f32_bits(0.75)])]
+
+
+def mul_mat_id(wt):
+    def build(c, r):
+        K = 256
+        w = quant(c, r, wt, (K, 10, 4)) if ggml.is_quantized(wt) else inp(c, r, wt, (K, 10, 4))
+        sel = np.stack([r.permutation(4)[:2] for _ in range(5)]).astype(np.int32)
+        return [c.op(Op.MUL_MAT_ID, T.F32, (10, 2, 5), w, inp(c, r, T.F32, (K, 1, 5)),
+                     c.new(T.I32, (2, 5), sel))]
+    return build
+
+
+def add_id(c, r):
+    sel = c.new(T.I32, (3, 4), r.integers(0, 5, (4, 3)).astype(np.int32))
+    return [c.op(Op.ADD_ID, T.F32, (16, 3, 4), inp(c, r, T.F32, (16, 3, 4)), inp(c, r, T.F32, (16, 5)), sel)]
+
+
+def out_prod(at, batch=1):
+    def build(c, r):
+        a = quant(c, r, at, (32, 40, batch)) if ggml.is_quantized(at) else inp(c, r, at, (32, 40, batch))
+        return [c.op(Op.OUT_PROD, T.F32, (32, 7, 3), a, inp(c, r, T.F32, (7, 40, 3)))]
+    return build
+
+
 CASES = {
     "add-f32": binary(Op.ADD), "sub-f32": binary(Op.SUB), "div-f32": binary(Op.DIV),
     "mul-f16": binary(Op.MUL, T.F16, T.F16, T.F16), "mul-f16-f32-f16": binary(Op.MUL, T.F16, T.F32, T.F16),
@@ -230,6 +292,28 @@ CASES = {
     "fa-alibi": flash_attn(5, max_bias=8.0, random_mask=True), "fa-sinks": flash_attn(5, sinks=True),
     "fa-70-alibi": flash_attn(70, max_bias=8.0, random_mask=True, sinks=True),
     "fa-q8_0": flash_attn(5, kv_t=T.Q8_0), "fa-q4_0": flash_attn(5, kv_t=T.Q4_0),
+    "add1-f16": add1, "clamp": op1(Op.CLAMP, (41, 3), [f32_bits(-1.0), f32_bits(0.5)]),
+    "clamp-f16": op1(Op.CLAMP, (41, 3), [f32_bits(-1.0), f32_bits(0.5)], T.F16),
+    "acc": acc_set(Op.ACC), "set": acc_set(Op.SET),
+    "sum": op1(Op.SUM, (30, 5, 3), out_ne=(1,)), "sum-f16": op1(Op.SUM, (30, 5, 3), t=T.F16, out_ne=(1,)),
+    "sum_rows": op1(Op.SUM_ROWS, (37, 5, 3), out_ne=(1, 5, 3)), "mean": op1(Op.MEAN, (37, 5, 3), out_ne=(1, 5, 3)),
+    "cumsum": op1(Op.CUMSUM, (50, 4, 3)), "argmax": op1(Op.ARGMAX, (33, 7), out_ne=(7,), out_t=T.I32),
+    "count_equal": count_equal,
+    "repeat-f16": op1(Op.REPEAT, (5, 3, 2), t=T.F16, out_ne=(10, 6, 4, 3)),
+    "repeat_back": op1(Op.REPEAT_BACK, (10, 6, 4, 2), out_ne=(5, 3, 2, 1)),
+    **{f"concat-{d}": concat(d) for d in range(4)},
+    "pad": op1(Op.PAD, (5, 4, 3, 2), [1, 2, 0, 1, 2, 0, 0, 0], out_ne=(8, 5, 5, 2)),
+    "pad-circular": op1(Op.PAD, (5, 4, 3, 2), [1, 2, 0, 1, 2, 0, 0, 0, 1], out_ne=(8, 5, 5, 2)),
+    "arange": arange, **{f"tri-{k}": op1(Op.TRI, (6, 6, 2), [k]) for k in range(4)},
+    "fill": op1(Op.FILL, (9, 4), [f32_bits(-2.5)]), "fill-f16": op1(Op.FILL, (9, 4), [f32_bits(-2.5)], T.F16),
+    "diag_mask_inf": op1(Op.DIAG_MASK_INF, (9, 5, 2), [3]), "diag_mask_zero": op1(Op.DIAG_MASK_ZERO, (9, 5, 2), [3]),
+    "diag": op1(Op.DIAG, (7, 1, 2), out_ne=(7, 7, 2)),
+    "argsort-asc": op1(Op.ARGSORT, (45, 4, 3), [0], out_t=T.I32),
+    "argsort-desc": op1(Op.ARGSORT, (45, 4, 3), [1], out_t=T.I32),
+    "top_k": op1(Op.TOP_K, (60, 5), out_ne=(8, 5), out_t=T.I32),
+    **{f"mul_mat_id-{t.name}": mul_mat_id(t) for t in (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_K, T.Q6_K)},
+    "add_id": add_id, "out_prod": out_prod(T.F32), "out_prod-f16": out_prod(T.F16, 3),
+    "out_prod-q8_0": out_prod(T.Q8_0, 3),
 }
 
 
