@@ -19,6 +19,10 @@
  * may differ in shape and strides but hold the same number of elements.
  * Same types copy bytes; F32/F16/BF16/I32 convert through float.
  *   src: (ne00, ne01, ne02, ne03), dst: (ne0, ne1, ne2, ne3), same nelements */
+/* node iparams: [0] element size for same-type copies, [1] bytes of a row for
+ * same-shape block copies (quantized), [2] DUP_* mode */
+enum { DUP_PLAIN = 0, DUP_FROM_Q = 1, DUP_TO_Q = 2 };
+
 void gr_k_dup(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
@@ -29,12 +33,32 @@ void gr_k_dup(gr_job *job, int phase) {
     int64_t r0, r1;
     gr_range(nr, job->ith, job->nth, &r0, &r1);
     if (r0 >= r1) return;
+    float *fbuf = gr_thread_f32(job, ne00);
+
+    if (n->iparams[2] == DUP_FROM_Q) {          /* quantized rows -> F32 rows, same shape */
+        ggmlrpc_to_float_fn to_float = ggmlrpc_get_to_float((uint32_t)src->type);
+        for (int64_t ir = r0; ir < r1; ir++) to_float(gr_row(src, ir), (float *)gr_row(dst, ir), ne00);
+        return;
+    }
+    if (n->iparams[2] == DUP_TO_Q) {            /* rows -> consecutive quantized rows of a contiguous dst */
+        ggmlrpc_from_float_fn from_float = ggmlrpc_get_from_float((uint32_t)dst->type);
+        const size_t rs = (size_t)n->iparams[1];
+        for (int64_t ir = r0; ir < r1; ir++) {
+            gr_load_f32(src->type, gr_row(src, ir), src->nb[0], fbuf, ne00);
+            from_float(fbuf, dst->data + (size_t)ir * rs, ne00);
+        }
+        return;
+    }
+    if (n->iparams[1]) {                         /* same-type rows of whole blocks */
+        for (int64_t ir = r0; ir < r1; ir++) memmove(gr_row(dst, ir), gr_row(src, ir), (size_t)n->iparams[1]);
+        return;
+    }
 
     const int same_type = src->type == dst->type;
     const size_t ts = (size_t)n->iparams[0];          /* element size when same_type */
     const int same_shape = src->ne[0] == dst->ne[0] && src->ne[1] == dst->ne[1] &&
                            src->ne[2] == dst->ne[2] && src->ne[3] == dst->ne[3];
-    float *buf = gr_thread_f32(job, ne00);
+    float *buf = fbuf;
 
     if (same_shape) {
         for (int64_t ir = r0; ir < r1; ir++) {
@@ -366,6 +390,9 @@ void gr_k_get_rows(gr_job *job, int phase) {
     const gr_tensor *s0 = &n->src[0], *s1 = &n->src[1], *d = &n->dst;
     const int64_t nc = s0->ne[0], ne10 = s1->ne[0], ne11 = s1->ne[1];
     const int64_t nr = ne10 * ne11 * s1->ne[2];
+    ggmlrpc_to_float_fn to_float = NULL;
+    if (s0->type != d->type && s0->type != GR_TYPE_F16 && s0->type != GR_TYPE_BF16)
+        to_float = ggmlrpc_get_to_float((uint32_t)s0->type);
     int64_t r0, r1;
     gr_range(nr, job->ith, job->nth, &r0, &r1);
     for (int64_t i = r0; i < r1; i++) {
@@ -381,6 +408,7 @@ void gr_k_get_rows(gr_job *job, int phase) {
         const char *src = s0->data + i01 * s0->nb[1] + i11 * s0->nb[2] + i12 * s0->nb[3];
         char *dst = d->data + i10 * d->nb[1] + i11 * d->nb[2] + i12 * d->nb[3];
         if (s0->type == d->type) memmove(dst, src, (size_t)n->iparams[0]);  /* row bytes */
+        else if (to_float) to_float(src, (float *)dst, nc);                   /* quantized -> F32 */
         else gr_load_f32(s0->type, src, s0->nb[0], (float *)dst, nc);       /* F16/BF16 -> F32 */
     }
 }
@@ -395,6 +423,9 @@ void gr_k_set_rows(gr_job *job, int phase) {
     int64_t r0, r1;
     gr_range(s0->ne[1], job->ith, job->nth, &r0, &r1);
     float *buf = gr_thread_f32(job, nc);
+    ggmlrpc_from_float_fn from_float = NULL;
+    if (d->type != GR_TYPE_F32 && d->type != GR_TYPE_F16 && d->type != GR_TYPE_BF16)
+        from_float = ggmlrpc_get_from_float((uint32_t)d->type);
     for (int64_t i03 = 0; i03 < s0->ne[3]; i03++)
         for (int64_t i02 = 0; i02 < s0->ne[2]; i02++)
             for (int64_t i = r0; i < r1; i++) {
@@ -410,7 +441,8 @@ void gr_k_set_rows(gr_job *job, int phase) {
                     memmove(dst, src, (size_t)n->iparams[0]);
                 } else {
                     gr_load_f32(s0->type, src, s0->nb[0], buf, nc);
-                    gr_store_f32(d->type, dst, d->nb[0], buf, nc);
+                    if (from_float) from_float(buf, dst, nc);
+                    else gr_store_f32(d->type, dst, d->nb[0], buf, nc);
                 }
             }
 }

@@ -138,10 +138,13 @@ def need_rows(node, srcs, *tensors):
 
 
 def need_quant(node, srcs, t, to_float=False, from_float=False):
+    """A quantized t needs the conversion kernels (other types convert inline)."""
+    if not ggml.is_quantized(t.type):
+        return
     ex = _ex()
-    if to_float and t.type not in FLOAT_TYPES and not ex.has_to_float(t.type):
+    if to_float and not ex.has_to_float(t.type):
         raise unsupported(node, srcs, f"needs {ggml.type_name(t.type)} -> F32, which is not implemented")
-    if from_float and t.type not in FLOAT_TYPES and not ex.has_from_float(t.type):
+    if from_float and not ex.has_from_float(t.type):
         raise unsupported(node, srcs, f"needs F32 -> {ggml.type_name(t.type)}, which is not implemented")
 
 
@@ -154,11 +157,31 @@ def rule_dup(node, srcs):
     if nelements(s) != nelements(node):
         raise invalid(node, srcs, "element counts differ")
     st, dt = s.type, node.type
-    if st == dt and not ggml.is_quantized(st):
-        return Spec(ids.K.DUP, iparams=(ts(s),), srcs=[s])
     conv = {T.F32, T.F16, T.BF16}
+    if ggml.is_quantized(st) or ggml.is_quantized(dt):
+        if st == dt:
+            # whole blocks: rows of the same shape, copied as bytes
+            if not same_shape(s, node):
+                raise unsupported(node, srcs, "reshapes quantized data")
+            need_rows(node, srcs, s, node)
+            return Spec(ids.K.DUP, iparams=(ts(s), row_bytes(s), 0), srcs=[s])
+        if dt == T.F32:     # ggml dequantizes only to F32
+            if not same_shape(s, node):
+                raise unsupported(node, srcs, "reshapes while dequantizing")
+            need_quant(node, srcs, s, to_float=True)
+            need_rows(node, srcs, s, node)
+            return Spec(ids.K.DUP, iparams=(4, 0, 1), srcs=[s])
+        if st in conv:      # quantized rows of src0's row length into a contiguous result
+            need_quant(node, srcs, node, from_float=True)
+            if not contiguous(node) or s.ne[0] % blck(node):
+                raise invalid(node, srcs, "quantizing needs a contiguous result and whole blocks per row")
+            need_rows(node, srcs, s)
+            return Spec(ids.K.DUP, iparams=(4, s.ne[0] // blck(node) * ts(node), 2), srcs=[s])
+        raise unsupported(node, srcs)
+    if st == dt:
+        return Spec(ids.K.DUP, iparams=(ts(s), 0, 0), srcs=[s])
     if st in conv and dt in conv or {st, dt} == {T.F32, T.I32}:
-        return Spec(ids.K.DUP, iparams=(4,), srcs=[s])
+        return Spec(ids.K.DUP, iparams=(4, 0, 0), srcs=[s])
     raise unsupported(node, srcs)
 
 
@@ -237,7 +260,9 @@ def rule_get_rows(node, srcs):
     a, idx = srcs
     need_types(node, srcs, idx.type == T.I32 and (
         (a.type == node.type and a.type in (T.F32, T.I32))
-        or (node.type == T.F32 and a.type in (T.F16, T.BF16))))
+        or (node.type == T.F32 and a.type in (T.F16, T.BF16))
+        or (node.type == T.F32 and ggml.is_quantized(a.type))))
+    need_quant(node, srcs, a, to_float=True)
     if (node.ne[0] != a.ne[0] or node.ne[1] != idx.ne[0] or node.ne[2] != idx.ne[1]
             or node.ne[3] != idx.ne[2] or idx.ne[3] != 1):
         raise invalid(node, srcs, "result shape does not match the indices")
@@ -251,7 +276,8 @@ def rule_set_rows(node, srcs):
     need(node, srcs, 2, optional=1)
     a, idx = srcs[0], srcs[1]
     need_types(node, srcs, a.type in (T.F32, T.F16) and idx.type in (T.I64, T.I32)
-               and node.type in (T.F32, T.F16, T.BF16))
+               and (node.type in (T.F32, T.F16, T.BF16) or ggml.is_quantized(node.type)))
+    need_quant(node, srcs, node, from_float=True)
     if node.ne[0] != a.ne[0] or node.ne[2] != a.ne[2] or node.ne[3] != a.ne[3]:
         raise invalid(node, srcs, "src0 and the result differ in shape")
     if (idx.ne[0] != a.ne[1] or idx.ne[3] != 1 or a.ne[2] % idx.ne[1]

@@ -252,6 +252,30 @@ def out_prod(at, batch=1):
     return build
 
 
+def get_rows_q(t):
+    def build(c, r):
+        x = quant(c, r, t, (256, 6))
+        return [c.op(Op.GET_ROWS, T.F32, (256, 3), x, c.new(T.I32, (3,), np.array([5, 0, 3], np.int32)))]
+    return build
+
+
+def set_rows_q(t):
+    def build(c, r):
+        cache = quant(c, r, t, (64, 8))
+        node = c.op(Op.SET_ROWS, t, cache.ne, inp(c, r, T.F32, (64, 3)),
+                    c.new(T.I64, (3,), np.array([6, 1, 2], np.int64)), cache)
+        node.data, node.view_src = cache.data, cache
+        return [cache]
+    return build
+
+
+def cpy_q(ts, td):
+    def build(c, r):
+        x = quant(c, r, ts, (64, 3)) if ggml.is_quantized(ts) else inp(c, r, ts, (64, 3))
+        return [c.op(Op.CPY, td, x.ne, x, c.new(td, x.ne))]
+    return build
+
+
 CASES = {
     "add-f32": binary(Op.ADD), "sub-f32": binary(Op.SUB), "div-f32": binary(Op.DIV),
     "mul-f16": binary(Op.MUL, T.F16, T.F16, T.F16), "mul-f16-f32-f16": binary(Op.MUL, T.F16, T.F32, T.F16),
@@ -312,6 +336,9 @@ CASES = {
     "argsort-desc": op1(Op.ARGSORT, (45, 4, 3), [1], out_t=T.I32),
     "top_k": op1(Op.TOP_K, (60, 5), out_ne=(8, 5), out_t=T.I32),
     **{f"mul_mat_id-{t.name}": mul_mat_id(t) for t in (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_K, T.Q6_K)},
+    **{f"get_rows-{t.name}": get_rows_q(t) for t in (T.Q8_0, T.Q4_0, T.Q4_K, T.Q6_K)},
+    **{f"set_rows-{t.name}": set_rows_q(t) for t in (T.Q8_0, T.Q4_0, T.Q5_1, T.IQ4_NL)},
+    "cpy-f32-q8_0": cpy_q(T.F32, T.Q8_0), "cpy-f16-q4_0": cpy_q(T.F16, T.Q4_0), "cpy-q8_0-f32": cpy_q(T.Q8_0, T.F32),
     "add_id": add_id, "out_prod": out_prod(T.F32), "out_prod-f16": out_prod(T.F16, 3),
     "out_prod-q8_0": out_prod(T.Q8_0, 3),
 }

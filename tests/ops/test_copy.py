@@ -183,3 +183,61 @@ def test_get_rows_in_recompute_checks_new_indices(server, rng, caplog):
         assert "GET_ROWS index 10 out of range [0, 10)" in caplog.text
     finally:
         c.close()
+
+
+QTYPES = [T.Q8_0, T.Q4_0, T.Q4_K]
+
+
+def dequant(t, raw, n):
+    from gguf import quants as gq
+    from ggmlrpc import ggml
+    blck, size = ggml.TYPE_TRAITS[t]
+    return gq.dequantize(np.frombuffer(raw, np.uint8).reshape(-1, n // blck * size), t)
+
+
+@pytest.mark.parametrize("qt", QTYPES, ids=lambda t: t.name)
+def test_get_rows_quantized(ctx, rng, qt):
+    from tests.ops.test_quants import random_blocks
+    nc, nr = 256, 6
+    raw = random_blocks(rng, qt, nc * nr)
+    src = ctx.new(qt, (nc, nr))
+    ctx.rb.set_tensor(src, raw.tobytes())
+    idx = np.array([5, 0, 3, 3], np.int32)
+    out = ctx.op(Op.GET_ROWS, T.F32, (nc, 4), src, ctx.new(T.I32, (4,), idx))
+    ctx.compute()
+    np.testing.assert_array_equal(ctx.read(out).reshape(4, nc), dequant(qt, raw.tobytes(), nc)[idx])
+
+
+@pytest.mark.parametrize("qt", [T.Q8_0, T.Q4_0], ids=lambda t: t.name)
+def test_set_rows_and_cpy_quantize(ctx, rng, qt):
+    """Rows written into a quantized KV cache (SET_ROWS) and a CPY to a quantized
+    tensor: dequantized, they are the inputs up to the format's rounding."""
+    nc = 64
+    cache = ctx.new(qt, (nc, 8))
+    x = rng.standard_normal((3, nc)).astype(np.float32)
+    tx = ctx.new(T.F32, (nc, 3), x)
+    node = ctx.op(Op.SET_ROWS, qt, cache.ne, tx, ctx.new(T.I64, (3,), np.array([6, 1, 2], np.int64)), cache)
+    node.data, node.view_src = cache.data, cache
+    q = ctx.new(qt, (nc, 3))
+    c = ctx.op(Op.CPY, qt, (nc, 3), tx, q)
+    c.data, c.view_src = q.data, q
+    back = ctx.op(Op.CPY, T.F32, (nc, 3), q, ctx.new(T.F32, (nc, 3)))   # dequantize on the server
+    ctx.compute()
+    rows = dequant(qt, bytes(ctx.rb.get_tensor(cache)), nc)
+    tol = 1e-4 if qt == T.Q8_0 else 1e-2
+    assert_close(rows[[6, 1, 2]], x, tol)
+    assert_close(dequant(qt, bytes(ctx.rb.get_tensor(q)), nc), x, tol)
+    np.testing.assert_array_equal(ctx.read(back).reshape(3, nc), dequant(qt, bytes(ctx.rb.get_tensor(q)), nc))
+
+
+def test_cont_quantized_rows(ctx, rng):
+    """Same-type copies of quantized data move whole rows of blocks (a strided view)."""
+    from tests.ops.test_quants import random_blocks
+    raw = random_blocks(rng, T.Q8_0, 64 * 6)
+    full = ctx.new(T.Q8_0, (64, 6))
+    ctx.rb.set_tensor(full, raw.tobytes())
+    every_other = ctx.view(full, (64, 3), (34, 136, 408, 408))   # rows 0, 2, 4
+    out = ctx.op(Op.CONT, T.Q8_0, (64, 3), every_other)
+    ctx.compute()
+    rows = raw.reshape(6, 68)
+    assert bytes(ctx.rb.get_tensor(out)) == rows[[0, 2, 4]].tobytes()
