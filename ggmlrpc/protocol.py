@@ -207,6 +207,14 @@ def decode_graph(payload) -> tuple[int, list[int], list[RpcTensor]]:
     return device, nodes, tensors
 
 
+def decode_checked(buf, offset: int = 0) -> RpcTensor:
+    """Decode a tensor and apply the shape checks (the native codec decodes only the
+    fields data commands use)."""
+    t = decode_tensor(buf, offset)
+    check_tensor_shape(t)
+    return t
+
+
 class PurePythonCodec:
     """The reference implementation of the codec functions the native module provides."""
 
@@ -215,6 +223,7 @@ class PurePythonCodec:
     encode_tensor = staticmethod(encode_tensor)
     check_tensor_shape = staticmethod(check_tensor_shape)
     decode_graph = staticmethod(decode_graph)
+    decode_checked = staticmethod(decode_checked)
     range_inside = staticmethod(range_inside)
     fnv1a = staticmethod(fnv1a)
 

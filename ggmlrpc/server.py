@@ -321,10 +321,14 @@ class Session:
             raise ValidationError(f"unknown buffer {handle:#x}")
         return b
 
-    def tensor(self, buf, off: int = 0, need_buffer: bool = True):
-        """Decode and validate one rpc_tensor; returns (tensor, buffer or None)."""
-        t = self.codec.decode_tensor(buf, off)
-        self.codec.check_tensor_shape(t)
+    def tensor(self, buf, off: int = 0, need_buffer: bool = True, full: bool = False):
+        """Decode and validate one rpc_tensor; returns (tensor, buffer or None).
+        Without `full`, the tensor may carry only buffer, data, nbytes and name_str."""
+        if full:
+            t = self.codec.decode_tensor(buf, off)
+            self.codec.check_tensor_shape(t)
+        else:
+            t = self.codec.decode_checked(buf, off)
         if t.buffer == 0:
             if need_buffer:
                 raise ValidationError(f"tensor {t.name_str!r} has no buffer")
@@ -505,7 +509,7 @@ class Session:
 
     def cmd_init_tensor(self, size):
         req = self.fixed(Cmd.INIT_TENSOR, size)
-        t, b = self.tensor(req, need_buffer=False)
+        t, b = self.tensor(req, need_buffer=False, full=True)
         self.server.dbg("[init_tensor] buffer: %x, data: %x", b.handle if b else 0, t.data)
         if b is None:
             log.warning("INIT_TENSOR for tensor %r without a buffer", t.name_str)
@@ -516,7 +520,7 @@ class Session:
         req = self.fixed(Cmd.GET_ALLOC_SIZE, size)
         (dev,) = U32.unpack_from(req, 0)
         self.device_index(dev)
-        t, b = self.tensor(req, 4, need_buffer=False)
+        t, b = self.tensor(req, 4, need_buffer=False, full=True)
         for i in range(protocol.MAX_SRC):
             off = 4 + TENSOR_SIZE * (1 + i)
             if U64.unpack_from(req, off)[0]:

@@ -11,7 +11,7 @@ from libc.errno cimport errno
 from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
 from libc.string cimport memcpy, memmove, memset
 from libc.stdlib cimport free, malloc
-from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize
+from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_GET_SIZE
 from cpython.bytes cimport PyBytes_FromStringAndSize
 from cpython.pyport cimport PY_SSIZE_T_MAX
 
@@ -86,6 +86,18 @@ def _shape_error(int err, object t):
     return ValidationError("tensor element count or byte size overflows")
 
 
+cdef class IoTensor:
+    """The fields of a validated rpc_tensor that data commands use."""
+    cdef readonly uint64_t buffer
+    cdef readonly uint64_t data
+    cdef public uint64_t nbytes
+    cdef bytes _name
+
+    @property
+    def name_str(self):
+        return self._name.split(b"\0", 1)[0].decode("utf-8", "replace")
+
+
 cdef class NativeCodec:
     """Codec functions in C (see protocol.PurePythonCodec for the contract)."""
 
@@ -117,6 +129,29 @@ cdef class NativeCodec:
             raise _shape_error(err, t)
         t.nbytes = n
         return n
+
+    def decode_checked(self, buf, Py_ssize_t offset=0):
+        """Decode only what a data command needs (buffer, data, nbytes, name) after
+        the shape checks; the full RpcTensor is built only for an error message."""
+        cdef const rpc_tensor *t
+        cdef const uint8_t[::1] view
+        if type(buf) is bytearray:  # the server's requests: no memoryview to set up
+            if offset < 0 or PyByteArray_GET_SIZE(buf) - offset < 296:
+                raise ProtocolError(f"need 296 bytes at offset {offset}, have {len(buf)}")
+            t = <const rpc_tensor *>(<const uint8_t *>PyByteArray_AS_STRING(buf) + offset)
+        else:
+            view = buf
+            t = <const rpc_tensor *>_ro_ptr(view, offset, 296)
+        cdef uint64_t n = 0
+        cdef int err = ggmlrpc_tensor_check_shape(t, &n)
+        if err != GR_OK:
+            raise _shape_error(err, self.decode_tensor(buf, offset))
+        cdef IoTensor io = IoTensor.__new__(IoTensor)
+        io.buffer = t.buffer
+        io.data = t.data
+        io.nbytes = n
+        io._name = PyBytes_FromStringAndSize(<const char *>t.name, 64)
+        return io
 
     def decode_graph(self, buf):
         cdef const uint8_t[::1] view = buf
