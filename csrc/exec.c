@@ -164,18 +164,22 @@ static void barrier_wait(gr_barrier *b) {
 
 /* ---- runs --------------------------------------------------------------- */
 
+/* A failure stops the run at the barrier that ends the failing phase, and only
+ * there: `failed` holds that barrier's number + 1, so a slow thread still
+ * checking after an earlier barrier carries on to it (stopping on sight would
+ * leave the others waiting at a barrier it never reaches). */
 struct gr_run {
     const gr_node *nodes;
     int n_nodes;
     char *wdata;
     size_t wsize;
-    atomic_int failed;
+    atomic_int failed;          /* 0, or 1 + the barrier number where every thread stops */
     gr_exec_status *status;
 };
 
 void gr_fail(gr_job *job, int code, const char *fmt, ...) {
     int expected = 0;
-    if (!atomic_compare_exchange_strong(&job->run->failed, &expected, code)) return;
+    if (!atomic_compare_exchange_strong(&job->run->failed, &expected, job->epoch + 1)) return;
     gr_exec_status *st = job->run->status;
     st->code = code;
     st->node = job->node->index;
@@ -207,14 +211,18 @@ typedef struct { gr_pool *pool; int ith; } gr_worker_arg;
 
 static void run_nodes(gr_pool *pool, gr_run *run, int ith) {
     const int nth = pool->n_threads;
+    int epoch = 0;   /* barriers passed */
     for (int i = 0; i < run->n_nodes; i++) {
         const gr_node *node = &run->nodes[i];
         const gr_kernel_entry *k = &KERNELS[node->kernel];
-        gr_job job = { node, ith, nth, run->wdata, run->wsize, run };
+        gr_job job = { node, ith, nth, run->wdata, run->wsize, run, 0 };
         for (int phase = 0; phase < k->phases; phase++) {
+            job.epoch = epoch;
             k->fn(&job, phase);
             barrier_wait(&pool->barrier);
-            if (atomic_load(&run->failed)) return;
+            epoch++;
+            const int f = atomic_load(&run->failed);
+            if (f && f <= epoch) return;
         }
     }
 }
@@ -332,5 +340,5 @@ int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
     while (pool->active > 0) pthread_cond_wait(&pool->done_cv, &pool->mu);
     pthread_mutex_unlock(&pool->mu);
     pthread_mutex_unlock(&pool->run_mu);
-    return atomic_load(&run.failed) ? status->code : 0;
+    return atomic_load(&run.failed) ? status->code : 0;   /* status was written before the barrier */
 }

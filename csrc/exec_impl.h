@@ -25,6 +25,7 @@ typedef struct gr_job {
     char *wdata;         /* scratch shared by all threads of the node */
     size_t wsize;
     gr_run *run;
+    int epoch;           /* barriers this thread has passed (where a failure stops) */
 } gr_job;
 
 typedef void (*gr_kernel_fn)(gr_job *job, int phase);

@@ -780,8 +780,11 @@ void gr_k_rope(gr_job *job, int phase) {
                 p4[2] = (float)pos[i2 + 2 * ne2];
                 p4[3] = (float)pos[i2 + 3 * ne2];
             }
-            rope_cache(n, p4, freq_scale, ff, corr, ne0, ext_factor, attn_factor, theta_scale, cache);
-            for (int64_t i0 = 1; i0 < ne0; i0 += 2) cache[i0] *= sin_sign;
+            /* ggml fills the cache for all of ne0; only the rotated pairs are read,
+             * and the angles are built in order, so stopping there changes nothing */
+            const int64_t nc = vision ? ne0 : n_dims;
+            rope_cache(n, p4, freq_scale, ff, corr, nc, ext_factor, attn_factor, theta_scale, cache);
+            for (int64_t i0 = 1; i0 < nc; i0 += 2) cache[i0] *= sin_sign;
             last_i2 = i2;
         }
         const char *src = gr_at(s, 0, i1, i2, i3);

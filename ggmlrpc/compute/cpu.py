@@ -20,11 +20,11 @@ import threading
 
 from .. import ggml
 from ..errors import DeviceError, UnsupportedError, ValidationError
-from ..ggml import GGMLOp as Op, GGMLType as T
 from . import cpu_ops
 
-# the most scratch memory one graph may ask for (a hostile shape could ask for more)
-MAX_SCRATCH = 8 << 30
+# the most scratch memory one graph may ask for (a hostile shape could ask for more);
+# also never more than half of what the host has available
+MAX_SCRATCH = 4 << 30
 
 
 class CpuPlan:
@@ -76,8 +76,10 @@ class CpuExecutor:
             records.append((spec.kernel, spec.sub, len(names), op_params, spec.iparams,
                             tensors[0], used))
             names.append(f"{node.name_str!r} ({ggml.op_name(node.op)})")
+        from ..devices.cpu import available_memory
+        limit = min(MAX_SCRATCH, available_memory() // 2)
         try:
-            native = ex.Plan(records, self.n_threads, list(keep.values()), MAX_SCRATCH)
+            native = ex.Plan(records, self.n_threads, list(keep.values()), limit)
         except MemoryError as e:
             raise ValidationError(f"graph rejected: {e}") from None
         return CpuPlan(graph, native, names)

@@ -317,7 +317,7 @@ def rule_soft_max(node, srcs):
     if m is not None:
         if m.ne[0] < s.ne[0] or m.ne[1] < s.ne[1] or s.ne[2] % m.ne[2] or s.ne[3] % m.ne[3]:
             raise invalid(node, srcs, "mask does not cover src0")
-    if sk is not None and nelements(sk) < s.ne[2]:
+    if sk is not None and sk.ne[0] < s.ne[2]:
         raise invalid(node, srcs, "fewer sinks than heads")
     max_bias = f32_param(node, 1)
     if max_bias > 0.0 and m is None:
@@ -352,7 +352,8 @@ def rule_rope(node, srcs):
             raise invalid(node, srcs, f"rope sections {sections}")
     if mode == 24 and (n_dims * 2 != ne0 or n_offs):
         raise invalid(node, srcs, "vision rope needs n_dims == ne0/2")
-    if ff is not None and (not contiguous(ff) or ff.ne[0] < n_dims // 2):
+    # one factor per rotated pair (vision mode rotates ne0 / 2 pairs)
+    if ff is not None and (not contiguous(ff) or ff.ne[0] < (ne0 if mode == 24 else n_dims) // 2):
         raise invalid(node, srcs, "too few frequency factors")
     return Spec(ids.K.ROPE, 1 if node.op == Op.ROPE_BACK else 0, srcs=[s, pos, ff])
 
@@ -418,7 +419,7 @@ def rule_flash_attn(node, srcs):
     if m is not None and (m.ne[0] < k.ne[1] or m.ne[1] < q.ne[1] or q.ne[2] % m.ne[2]
                           or q.ne[3] % m.ne[3]):
         raise invalid(node, srcs, "mask does not cover the scores")
-    if sk is not None and nelements(sk) < q.ne[2]:
+    if sk is not None and sk.ne[0] < q.ne[2]:
         raise invalid(node, srcs, "fewer sinks than heads")
     if DK % ggml.blck_size(vdt) or DV % blck(v):
         raise invalid(node, srcs, "head size is not whole blocks")

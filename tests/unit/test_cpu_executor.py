@@ -130,3 +130,32 @@ def test_many_runs_of_one_plan(seed):
     for _ in range(20):
         want = want + np.float32(0.5)
     np.testing.assert_array_equal(b.read(y), want)
+
+
+@pytest.mark.parametrize("n_threads", [2, 3, 8])
+def test_failures_stop_every_thread_at_one_barrier(seed, n_threads):
+    """A node failing in its second phase (MUL_MAT_ID with an expert out of range),
+    then more nodes: every run must end with the error, whichever thread fails
+    and however late the others look (a thread leaving one barrier early would
+    leave the rest waiting forever)."""
+    from ggmlrpc.compute.cpu import CpuExecutor
+    rng = np.random.default_rng(seed)
+    b = Builder()
+    w = b.tensor(T.F32, (32, 4, 3), data=rng.standard_normal((3, 4, 32)).astype(np.float32))
+    x = b.tensor(T.F32, (32, 1, 8), data=rng.standard_normal((8, 1, 32)).astype(np.float32))
+    sel = b.tensor(T.I32, (2, 8), data=np.tile(np.array([0, 1], np.int32), 8))
+    y = b.tensor(T.F32, (4, 2, 8), Op.MUL_MAT_ID, (w, x, sel))
+    for _ in range(3):
+        y = b.tensor(T.F32, y.ne, Op.SCALE, (y,), (f32(2.0), 0))
+    ex = CpuExecutor(n_threads)
+    plan = ex.compile(b.graph())
+    ex.run(plan)
+    p = b.placement[sel.id]
+    for k in range(300):
+        bad = np.tile(np.array([0, 1], np.int32), 8)
+        bad[k % 16] = 3 + k % 5
+        p.buffer.mem.write(p.offset, bad.tobytes())
+        with pytest.raises(ValidationError, match="MUL_MAT_ID expert"):
+            ex.run(plan)
+    p.buffer.mem.write(p.offset, np.tile(np.array([0, 1], np.int32), 8).tobytes())
+    ex.run(plan)    # and the pool still works
