@@ -189,10 +189,6 @@ void gr_fail(gr_job *job, int code, const char *fmt, ...) {
     va_end(ap);
 }
 
-int gr_failed(const gr_job *job) {
-    return atomic_load_explicit(&((gr_run *)job->run)->failed, memory_order_relaxed) != 0;
-}
-
 struct gr_pool {
     int n_threads;
     pthread_t *threads;

@@ -74,6 +74,7 @@ enum gr_kernel {
     GR_K_SET,
     GR_K_DIAG,
     GR_K_REPEAT_BACK,
+    GR_K_FWHT,           /* MUL_MAT with the Hadamard hint: src0 is ignored */
     GR_K_COUNT
 };
 

@@ -33,7 +33,6 @@ typedef void (*gr_kernel_fn)(gr_job *job, int phase);
 /* Report a run error; the first one wins and the run stops at the next barrier. */
 void gr_fail(gr_job *job, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
-int gr_failed(const gr_job *job);
 
 /* Rows [*r0, *r1) of n for thread ith of nth: contiguous, nearly equal shares. */
 static inline void gr_range(int64_t n, int ith, int nth, int64_t *r0, int64_t *r1) {

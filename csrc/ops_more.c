@@ -530,7 +530,33 @@ static void k_out_prod(gr_job *job, int phase) {
     }
 }
 
+/* MUL_MAT whose src0 is a Hadamard matrix (llama.cpp's hint): each row of src1,
+ * scaled by 1/sqrt(n), goes through the in-place Walsh-Hadamard butterflies.
+ *   src1: (n, rows...) F32/F16, n a power of two; dst: (n, rows...) F32 */
+static void k_fwht(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[1], *d = &n->dst;
+    const int64_t len_n = s->ne[0];
+    const float scale = 1.0f / sqrtf((float)len_n);
+    int64_t r0, r1;
+    gr_range(gr_nrows(s), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        float *y = (float *)gr_row(d, ir);
+        gr_load_f32(s->type, gr_row(s, ir), s->nb[0], y, len_n);
+        for (int64_t j = 0; j < len_n; j++) y[j] *= scale;
+        for (int64_t len = 1; len < len_n; len <<= 1)
+            for (int64_t i = 0; i < len_n; i += 2 * len)
+                for (int64_t j = 0; j < len; j++) {
+                    const float u = y[i + j], v = y[i + len + j];
+                    y[i + j] = u + v;
+                    y[i + len + j] = u - v;
+                }
+    }
+}
+
 void gr_register_more_kernels(void (*set)(int, gr_kernel_fn, int)) {
+    set(GR_K_FWHT, k_fwht, 1);
     set(GR_K_ACC, k_acc, 2);
     set(GR_K_SET, k_set, 2);
     set(GR_K_SUM, k_sum, 1);

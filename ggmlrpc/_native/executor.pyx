@@ -31,7 +31,7 @@ KERNEL = dict(
     ARANGE=GR_K_ARANGE, TRI=GR_K_TRI, FILL=GR_K_FILL, DIAG_MASK=GR_K_DIAG_MASK,
     ARGSORT=GR_K_ARGSORT, MUL_MAT_ID=GR_K_MUL_MAT_ID, ADD_ID=GR_K_ADD_ID,
     OUT_PROD=GR_K_OUT_PROD, COUNT_EQUAL=GR_K_COUNT_EQUAL, SET=GR_K_SET, DIAG=GR_K_DIAG,
-    REPEAT_BACK=GR_K_REPEAT_BACK)
+    REPEAT_BACK=GR_K_REPEAT_BACK, FWHT=GR_K_FWHT)
 
 # element-wise functions that are ops of their own in ggml (enum gr_unop; the
 # 22 ggml_unary_op values are their own ids)

@@ -362,6 +362,8 @@ def rule_mul_mat(node, srcs):
     need(node, srcs, 2)
     w, x = srcs
     ex = _ex()
+    if node.op_params[1] == 1:
+        return _fwht(node, srcs)
     if node.op_params[1] != 0:
         raise unsupported(node, srcs, f"has hint {node.op_params[1]}")
     vdt = ex.vec_dot_type(w.type) if w.type not in (T.F32, T.F16) else w.type
@@ -390,6 +392,18 @@ def rule_mul_mat(node, srcs):
                and (x.type != vdt or contiguous(x)))
     row_size = K // ggml.blck_size(vdt) * ggml.type_size(vdt)
     return Spec(ids.K.MUL_MAT, iparams=(vdt, gemm, row_size), srcs=[w, x])
+
+
+def _fwht(node, srcs):
+    """MUL_MAT with SRC0_IS_HADAMARD: ggml's CPU backend runs a fast Walsh-Hadamard
+    transform of src1's rows instead of the product (src0 is not read)."""
+    w, x = srcs
+    n = x.ne[0]
+    need_types(node, srcs, x.type in (T.F32, T.F16) and node.type == T.F32)
+    if n & (n - 1) or w.ne[0] != n or w.ne[1] != n or tuple(node.ne) != tuple(x.ne):
+        raise invalid(node, srcs, "a Hadamard product needs a power-of-two (n, n) src0")
+    need_rows(node, srcs, x, node)
+    return Spec(ids.K.FWHT, srcs=[w, x])
 
 
 def rule_flash_attn(node, srcs):

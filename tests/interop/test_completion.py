@@ -7,6 +7,10 @@ session: greedy decoding of 16 tokens with every layer on our server
 (shared/traces/<session>/stdout.txt). Greedy decoding turns the smallest logit
 difference at a near-tie into different text, so equal text over 16 tokens is a
 strong check of the whole executor.
+
+With quantized KV caches (SET_ROWS into Q8_0/Q4_0, flash attention over them) the
+comparison is with llama.cpp's RPC server run live: its local CPU backend takes
+other code paths there (repacked weights) and is not even stable from run to run.
 """
 from __future__ import annotations
 
@@ -53,12 +57,19 @@ def recorded_args(session: str) -> list[str]:
     return out
 
 
-def completion(ref_bin: Path, model: Path, args: list[str], rpc: str | None) -> str:
-    argv = [str(ref_bin / "llama-completion"), "-m", str(model), *args]
+def completion(ref_bin: Path, model: Path, args: list[str], rpc: str | None, extra=()) -> str:
+    """llama-completion's stdout. The client now and then loses the tail of its output
+    when it exits (the last token's bytes and the closing blank line; seen with no
+    RPC server at all), so a run whose output does not end in its blank line is
+    repeated."""
+    argv = [str(ref_bin / "llama-completion"), "-m", str(model), *args, *extra]
     argv += ["--rpc", rpc, "-ngl", "99"] if rpc else ["-ngl", "0"]
     env = dict(os.environ, GGML_NO_BACKTRACE="1")
-    r = subprocess.run(argv, capture_output=True, env=env, timeout=300)
-    assert r.returncode == 0, f"{shlex.join(argv)}\n{r.stderr.decode(errors='replace')[-3000:]}"
+    for _ in range(4):
+        r = subprocess.run(argv, capture_output=True, env=env, timeout=300)
+        assert r.returncode == 0, f"{shlex.join(argv)}\n{r.stderr.decode(errors='replace')[-3000:]}"
+        if r.stdout.endswith(b"\n\n"):
+            break
     return r.stdout.decode("utf-8", "surrogateescape")
 
 
@@ -76,3 +87,14 @@ def test_same_text_as_local_cpu(ref_bin, server_proc, model_file):
     assert ours.startswith(" " + prompt) and len(ours) > len(prompt) + 1
     assert ours == local
     assert ours.strip() == recorded.strip()
+
+
+@pytest.mark.parametrize("kv", ["q8_0", "q4_0"])
+@pytest.mark.parametrize("model_file", sorted(SESSIONS))
+def test_quantized_kv_cache_same_text_as_reference_server(ref_bin, server_proc, ref_server, model_file, kv):
+    args = recorded_args(SESSIONS[model_file])
+    args = [a for i, a in enumerate(args) if a != "-fa" and (i == 0 or args[i - 1] != "-fa")]
+    extra = ["-fa", "on", "-ctk", kv, "-ctv", kv]
+    ours = completion(ref_bin, MODELS / model_file, args, server_proc("-t", "2").endpoint, extra)
+    ref = completion(ref_bin, MODELS / model_file, args, ref_server("-t", "2").endpoint, extra)
+    assert len(ours) > 20 and ours == ref

@@ -276,6 +276,14 @@ def cpy_q(ts, td):
     return build
 
 
+def hadamard(xt):
+    def build(c, r):
+        from scipy.linalg import hadamard as sylvester
+        h = c.new(T.F32, (64, 64), (sylvester(64) / 8.0).astype(np.float32))
+        return [c.op(Op.MUL_MAT, T.F32, (64, 5), h, inp(c, r, xt, (64, 5)), params=[0, 1])]
+    return build
+
+
 CASES = {
     "add-f32": binary(Op.ADD), "sub-f32": binary(Op.SUB), "div-f32": binary(Op.DIV),
     "mul-f16": binary(Op.MUL, T.F16, T.F16, T.F16), "mul-f16-f32-f16": binary(Op.MUL, T.F16, T.F32, T.F16),
@@ -309,7 +317,7 @@ CASES = {
        (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL,
         T.IQ4_XS, T.MXFP4) for n in (1,)},
     "mul_mat-Q8_0-batch": mul_mat(T.Q8_0, K=128, M=8, N=4), "mul_mat-Q4_0-batch": mul_mat(T.Q4_0, K=128, M=8, N=4),
-    "mul_mat-batched": mul_mat_batched, "mul_mat-attention": mul_mat_attention,
+    "mul_mat-batched": mul_mat_batched, "hadamard-f32": hadamard(T.F32), "hadamard-f16": hadamard(T.F16), "mul_mat-attention": mul_mat_attention,
     "fa-1": flash_attn(1), "fa-7": flash_attn(7), "fa-70": flash_attn(70), "fa-70-f32": flash_attn(70, kv_t=T.F32),
     "fa-1-f32": flash_attn(1, kv_t=T.F32), "fa-split-600": flash_attn(1, nkv=600),
     "fa-split-600-f32": flash_attn(1, nkv=600, kv_t=T.F32), "fa-softcap": flash_attn(5, softcap=20.0),

@@ -126,7 +126,7 @@ def test_mul_mat_attention_pattern(ctx, rng):
     assert_close(ctx.read(out), ref, 1e-12)
 
 
-@pytest.mark.parametrize("what", ["transposed src0", "wrong dst shape", "hadamard hint"])
+@pytest.mark.parametrize("what", ["transposed src0", "wrong dst shape", "hadamard hint, non-square src0"])
 def test_mul_mat_rejected(server, caplog, what):
     c = Ctx(f"127.0.0.1:{server.port}")
     try:
@@ -145,3 +145,17 @@ def test_mul_mat_rejected(server, caplog, what):
         assert "op MUL_MAT (F32 <- F32, F32)" in caplog.text
     finally:
         c.close()
+
+
+@pytest.mark.parametrize("xt", [T.F32, T.F16], ids=lambda t: t.name)
+def test_mul_mat_hadamard_hint(ctx, rng, xt):
+    """llama.cpp rotates K/V for quantized caches with MUL_MAT(H, x) marked
+    SRC0_IS_HADAMARD; ggml then runs a fast Walsh-Hadamard transform instead."""
+    from scipy.linalg import hadamard
+    n, rows = 64, 5
+    h = (hadamard(n) / np.sqrt(n)).astype(np.float32)
+    x = rng.standard_normal((rows, n)).astype(np.float32 if xt == T.F32 else np.float16)
+    out = ctx.op(Op.MUL_MAT, T.F32, (n, rows), ctx.new(T.F32, (n, n), h), ctx.new(xt, (n, rows), x),
+                 params=[0, 1])
+    ctx.compute()
+    assert_close(ctx.read(out), x.astype(np.float64) @ hadamard(n).T / np.sqrt(n), 1e-13)
