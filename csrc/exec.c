@@ -47,7 +47,6 @@ static void exec_init(void) {
     set_kernel(GR_K_SET_ROWS, gr_k_set_rows, 1);
     set_kernel(GR_K_RMS_NORM, gr_k_rms_norm, 1);
     set_kernel(GR_K_NORM, gr_k_norm, 1);
-    set_kernel(GR_K_L2_NORM, gr_k_l2_norm, 1);
     set_kernel(GR_K_GROUP_NORM, gr_k_group_norm, 1);
     set_kernel(GR_K_SOFT_MAX, gr_k_soft_max, 1);
     set_kernel(GR_K_ROPE, gr_k_rope, 1);

@@ -46,9 +46,8 @@ enum gr_kernel {
     GR_K_SCALE,          /* y = x*s + b */
     GR_K_GET_ROWS,
     GR_K_SET_ROWS,
-    GR_K_RMS_NORM,
+    GR_K_RMS_NORM,       /* sub 1: L2_NORM */
     GR_K_NORM,
-    GR_K_L2_NORM,
     GR_K_GROUP_NORM,
     GR_K_SOFT_MAX,
     GR_K_ROPE,

@@ -167,7 +167,6 @@ void gr_k_get_rows(gr_job *job, int phase);
 void gr_k_set_rows(gr_job *job, int phase);
 void gr_k_rms_norm(gr_job *job, int phase);
 void gr_k_norm(gr_job *job, int phase);
-void gr_k_l2_norm(gr_job *job, int phase);
 void gr_k_group_norm(gr_job *job, int phase);
 void gr_k_soft_max(gr_job *job, int phase);
 void gr_k_rope(gr_job *job, int phase);

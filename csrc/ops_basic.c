@@ -449,8 +449,9 @@ void gr_k_set_rows(gr_job *job, int phase) {
 
 /* ---- norms ------------------------------------------------------------------ */
 
-/* y = x / sqrt(mean(x^2) + eps) per row; the sum of squares is kept in double
- * with each square rounded to float first, as ggml does. */
+/* RMS_NORM (sub 0): y = x / sqrt(mean(x^2) + eps); L2_NORM (sub 1):
+ * y = x / max(sqrt(sum(x^2)), eps). Per row; the sum of squares is kept in
+ * double with each square rounded to float first, as ggml does. */
 void gr_k_rms_norm(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
@@ -465,8 +466,8 @@ void gr_k_rms_norm(gr_job *job, int phase) {
         float *y = (float *)gr_row(d, ir);
         double sum = 0.0;
         for (int64_t i = 0; i < ne0; i++) sum += (double)(x[i] * x[i]);
-        const float mean = (float)(sum / ne0);
-        const float scale = 1.0f / sqrtf(mean + eps);
+        const float scale = n->sub ? 1.0f / fmaxf(sqrtf((float)sum), eps)
+                                   : 1.0f / sqrtf((float)(sum / ne0) + eps);
         for (int64_t i = 0; i < ne0; i++) y[i] = x[i] * scale;
     }
 }
@@ -507,26 +508,6 @@ void gr_k_norm(gr_job *job, int phase) {
         const float variance = (float)(var / ne0);
         const float scale = 1.0f / sqrtf(variance + eps);
         for (int64_t k = 0; k < ne0; k++) y[k] *= scale;
-    }
-}
-
-/* y = x / max(sqrt(sum x^2), eps) per row */
-void gr_k_l2_norm(gr_job *job, int phase) {
-    (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
-    float eps;
-    memcpy(&eps, &n->op_params[0], 4);
-    const int64_t ne0 = s->ne[0];
-    int64_t r0, r1;
-    gr_range(gr_nrows(s), job->ith, job->nth, &r0, &r1);
-    for (int64_t ir = r0; ir < r1; ir++) {
-        const float *x = (const float *)gr_row(s, ir);
-        float *y = (float *)gr_row(d, ir);
-        double sum = 0.0;
-        for (int64_t i = 0; i < ne0; i++) sum += (double)(x[i] * x[i]);
-        const float scale = 1.0f / fmaxf(sqrtf((float)sum), eps);
-        for (int64_t i = 0; i < ne0; i++) y[i] = x[i] * scale;
     }
 }
 

@@ -137,6 +137,18 @@ def need_rows(node, srcs, *tensors):
             raise invalid(node, srcs, f"tensor {t.name_str!r} has non-contiguous rows (nb[0]={t.nb[0]})")
 
 
+def f32_like_source(node, srcs, same: bool = True):
+    """The one F32 source of an F32 node (of the node's shape when `same`), rows
+    contiguous in both."""
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+    if same and not same_shape(s, node):
+        raise invalid(node, srcs, "source and result differ in shape")
+    need_rows(node, srcs, s, node)
+    return s
+
+
 def need_quant(node, srcs, t, to_float=False, from_float=False):
     """A quantized t needs the conversion kernels (other types convert inline)."""
     if not ggml.is_quantized(t.type):
@@ -287,20 +299,15 @@ def rule_set_rows(node, srcs):
     return Spec(ids.K.SET_ROWS, iparams=(row_bytes(a),), srcs=[a, idx])
 
 
-def _norm(kernel_name):
+def _norm(kernel_name, sub=0):
     def rule(node, srcs):
-        need(node, srcs, 1)
-        s = srcs[0]
-        if not same_shape(s, node):
-            raise invalid(node, srcs, "source and result differ in shape")
-        need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
-        need_rows(node, srcs, s, node)
+        s = f32_like_source(node, srcs)
         eps = f32_param(node, 0 if node.op != Op.GROUP_NORM else 1)
         if not eps >= 0.0:
             raise invalid(node, srcs, f"eps {eps} < 0")
         if node.op == Op.GROUP_NORM and node.op_params[0] <= 0:
             raise invalid(node, srcs, "n_groups <= 0")
-        return Spec(getattr(ids.K, kernel_name), srcs=[s])
+        return Spec(getattr(ids.K, kernel_name), sub, srcs=[s])
     return rule
 
 
@@ -489,23 +496,14 @@ def rule_sum(node, srcs):
 
 
 def rule_sum_rows(node, srcs):
-    need(node, srcs, 1)
-    s = srcs[0]
-    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+    s = f32_like_source(node, srcs, same=False)
     if tuple(node.ne) != (1,) + tuple(s.ne[1:]):
         raise invalid(node, srcs, "the result is not one value per row")
-    need_rows(node, srcs, s)
     return Spec(ids.K.SUM_ROWS, int(node.op == Op.MEAN), srcs=[s])
 
 
 def rule_cumsum(node, srcs):
-    need(node, srcs, 1)
-    s = srcs[0]
-    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
-    if not same_shape(s, node):
-        raise invalid(node, srcs, "source and result differ in shape")
-    need_rows(node, srcs, s, node)
-    return Spec(ids.K.CUMSUM, srcs=[s])
+    return Spec(ids.K.CUMSUM, srcs=[f32_like_source(node, srcs)])
 
 
 def rule_argmax(node, srcs):
@@ -538,12 +536,9 @@ def rule_repeat(node, srcs):
 
 
 def rule_repeat_back(node, srcs):
-    need(node, srcs, 1)
-    s = srcs[0]
-    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+    s = f32_like_source(node, srcs, same=False)
     if not can_repeat(node, s):
         raise invalid(node, srcs, "the result does not repeat to the source")
-    need_rows(node, srcs, s, node)
     return Spec(ids.K.REPEAT_BACK, srcs=[s])
 
 
@@ -563,13 +558,10 @@ def rule_concat(node, srcs):
 
 
 def rule_pad(node, srcs):
-    need(node, srcs, 1)
-    s = srcs[0]
+    s = f32_like_source(node, srcs, same=False)
     p = node.op_params
-    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
     if any(x < 0 for x in p[:8]) or any(node.ne[i] != s.ne[i] + p[2 * i] + p[2 * i + 1] for i in range(4)):
         raise invalid(node, srcs, "padding does not match the shapes")
-    need_rows(node, srcs, node)
     return Spec(ids.K.PAD, srcs=[s])
 
 
@@ -588,12 +580,9 @@ def rule_arange(node, srcs):
 
 
 def rule_tri(node, srcs):
-    need(node, srcs, 1)
-    s = srcs[0]
-    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
-    if not same_shape(s, node) or not contiguous(s) or not 0 <= node.op_params[0] <= 3:
-        raise invalid(node, srcs, "shape, layout or triangle type")
-    need_rows(node, srcs, node)
+    s = f32_like_source(node, srcs)
+    if not contiguous(s) or not 0 <= node.op_params[0] <= 3:
+        raise invalid(node, srcs, "layout or triangle type")
     return Spec(ids.K.TRI, srcs=[s])
 
 
@@ -608,23 +597,18 @@ def rule_fill(node, srcs):
 
 
 def rule_diag_mask(node, srcs):
-    need(node, srcs, 1)
-    s = srcs[0]
-    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
-    if not same_shape(s, node) or not contiguous(s) or not contiguous(node):
-        raise invalid(node, srcs, "source and result must be contiguous and of one shape")
+    s = f32_like_source(node, srcs)
+    if not contiguous(s) or not contiguous(node):
+        raise invalid(node, srcs, "source and result must be contiguous")
     if node.op_params[0] < 0:
         raise invalid(node, srcs, "n_past < 0")
     return Spec(ids.K.DIAG_MASK, int(node.op == Op.DIAG_MASK_ZERO), srcs=[s])
 
 
 def rule_diag(node, srcs):
-    need(node, srcs, 1)
-    s = srcs[0]
-    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+    s = f32_like_source(node, srcs, same=False)
     if s.ne[1] != 1 or tuple(node.ne) != (s.ne[0], s.ne[0], s.ne[2], s.ne[3]):
         raise invalid(node, srcs, "diag makes (n, n) matrices of (n, 1) rows")
-    need_rows(node, srcs, s, node)
     return Spec(ids.K.DIAG, srcs=[s])
 
 
@@ -713,7 +697,7 @@ RULES = {
     Op.SET_ROWS: rule_set_rows,
     Op.RMS_NORM: _norm("RMS_NORM"),
     Op.NORM: _norm("NORM"),
-    Op.L2_NORM: _norm("L2_NORM"),
+    Op.L2_NORM: _norm("RMS_NORM", 1),
     Op.GROUP_NORM: _norm("GROUP_NORM"),
     Op.SOFT_MAX: rule_soft_max,
     Op.ROPE: rule_rope,
