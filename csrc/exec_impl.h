@@ -173,6 +173,11 @@ void gr_k_rope(gr_job *job, int phase);
 void gr_k_mul_mat(gr_job *job, int phase);
 void gr_k_flash_attn(gr_job *job, int phase);
 
+/* ggml's tiled K-quant GEMM order (ops_tiled.c): Q2_K..Q6_K and IQ4_XS weights
+ * with Q8_K activations, for 8 or more activation rows. */
+int gr_tiled_supported(int32_t type);
+float gr_tiled_dot(int32_t type, int64_t K, const void *w_row, const void *act);
+
 /* Scratch needs, per kernel. */
 size_t gr_wsize_mul_mat(const gr_node *n, int nth);
 size_t gr_wsize_flash_attn(const gr_node *n, int nth);

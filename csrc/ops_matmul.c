@@ -21,14 +21,18 @@
 
 /* ---- MUL_MAT --------------------------------------------------------------- */
 
-/* node iparams: [0] vec_dot type, [1] 1 = GEMM summation order, [2] bytes of one
- * converted src1 row */
+/* node iparams: [0] vec_dot type, [1] summation order (MM_VEC_DOT, MM_GEMM,
+ * MM_TILED), [2] bytes of one converted src1 row */
+enum { MM_VEC_DOT = 0, MM_GEMM = 1, MM_TILED = 2 };
 
+/* converted src1 rows, then (MUL_MAT_ID) one row count per expert */
 size_t gr_wsize_mul_mat(const gr_node *n, int nth) {
     (void)nth;
     const gr_tensor *s1 = &n->src[1];
-    if (s1->type == n->iparams[0]) return 0;
-    return (size_t)n->iparams[2] * (size_t)gr_nrows(s1) + 64;
+    size_t conv = s1->type == n->iparams[0] ? 0 : (size_t)n->iparams[2] * (size_t)gr_nrows(s1);
+    conv = (conv + 63) & ~(size_t)63;
+    if (n->kernel == GR_K_MUL_MAT_ID) conv += (size_t)n->src[0].ne[2] * sizeof(int64_t);
+    return conv + 64;
 }
 
 /* Convert src1 rows into wdata (phase 0), then dot products (phase 1).
@@ -39,7 +43,7 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     const gr_node *n = job->node;
     const gr_tensor *s0 = &n->src[0], *s1 = &n->src[1], *d = &n->dst;
     const int32_t vdt = (int32_t)n->iparams[0];
-    const int gemm_order = (int)n->iparams[1];
+    const int order = (int)n->iparams[1];
     const size_t row_size = (size_t)n->iparams[2];
     const int64_t K = s0->ne[0], M = s0->ne[1];
     const int64_t N = s1->ne[1], ne12 = s1->ne[2], ne13 = s1->ne[3];
@@ -68,8 +72,8 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     if (nr0 >= nr1) gr_range(nr0, job->ith, job->nth, &a0, &a1);
     else gr_range(nr1, job->ith, job->nth, &b0, &b1);
 
-    float (*dot32)(int64_t, const float *, const float *) = gemm_order ? gr_vec.dot_f32_x8 : gr_vec.dot_f32;
-    float (*dot16)(int64_t, const uint16_t *, const uint16_t *) = gemm_order ? gr_vec.dot_f16_x8 : gr_vec.dot_f16;
+    float (*dot32)(int64_t, const float *, const float *) = order == MM_GEMM ? gr_vec.dot_f32_x8 : gr_vec.dot_f32;
+    float (*dot16)(int64_t, const uint16_t *, const uint16_t *) = order == MM_GEMM ? gr_vec.dot_f16_x8 : gr_vec.dot_f16;
     ggmlrpc_vec_dot_fn qdot = NULL;
     if (s0->type != GR_TYPE_F32 && s0->type != GR_TYPE_F16) qdot = ggmlrpc_get_vec_dot((uint32_t)s0->type);
 
@@ -89,6 +93,7 @@ void gr_k_mul_mat(gr_job *job, int phase) {
                 float v;
                 if (s0->type == GR_TYPE_F32) v = dot32(K, (const float *)wr, (const float *)act);
                 else if (s0->type == GR_TYPE_F16) v = dot16(K, (const uint16_t *)wr, (const uint16_t *)act);
+                else if (order == MM_TILED) v = gr_tiled_dot(s0->type, K, wr, act);
                 else qdot(K, &v, wr, act);
                 out[i01] = v;
             }

@@ -424,7 +424,19 @@ static void k_mul_mat_id(gr_job *job, int phase) {
     const size_t row_size = (size_t)n->iparams[2];
     const int64_t K = w->ne[0], M = w->ne[1], n_as = w->ne[2];
     const int conv = x->type != vdt;
+    /* rows routed to each expert: ggml uses its tiled K-quant order for an expert
+     * with 8 rows or more */
+    int64_t *counts = (int64_t *)(job->wdata + (((conv ? row_size * (size_t)gr_nrows(x) : 0) + 63) & ~(size_t)63));
     if (phase == 0) {
+        if (job->ith == 0) {
+            memset(counts, 0, (size_t)n_as * sizeof(int64_t));
+            for (int64_t t = 0; t < ids->ne[1]; t++)
+                for (int64_t e = 0; e < ids->ne[0]; e++) {
+                    int32_t a;
+                    memcpy(&a, ids->data + e * ids->nb[0] + t * ids->nb[1], 4);
+                    if (a >= 0 && a < n_as) counts[a]++;
+                }
+        }
         if (!conv) return;
         int64_t r0, r1;
         gr_range(gr_nrows(x), job->ith, job->nth, &r0, &r1);
@@ -457,11 +469,13 @@ static void k_mul_mat_id(gr_job *job, int phase) {
                                : x->data + i11 * x->nb[1] + t * x->nb[2];
         const char *wa = w->data + a * w->nb[2];
         float *out = (float *)(d->data + e * d->nb[1] + t * d->nb[2]);
+        const int tiled = n->iparams[1] && counts[a] >= 8;
         for (int64_t i01 = 0; i01 < M; i01++) {
             const char *wr = wa + i01 * w->nb[1];
             float v;
             if (w->type == GR_TYPE_F32) v = gr_vec.dot_f32(K, (const float *)wr, (const float *)act);
             else if (w->type == GR_TYPE_F16) v = gr_vec.dot_f16(K, (const uint16_t *)wr, (const uint16_t *)act);
+            else if (tiled) v = gr_tiled_dot(w->type, K, wr, act);
             else qdot(K, &v, wr, act);
             out[i01] = v;
         }

@@ -42,6 +42,8 @@ PREC_OK = (0, 10)          # GGML_PREC_DEFAULT, GGML_PREC_F32
 MAX_UNARY = 22
 MAX_GLU = 7
 ROPE_MODES = (0, 2, 8, 24, 40)
+# weights whose prompt-time products ggml computes in its tiled K-quant order
+TILED_TYPES = (T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS)
 
 
 @dataclass
@@ -395,8 +397,12 @@ def rule_mul_mat(node, srcs):
     K, M, N = w.ne[0], w.ne[1], x.ne[1]
     if K % ggml.blck_size(vdt):
         raise invalid(node, srcs, "rows are not whole blocks of the activation type")
+    # ggml's summation order: its prompt-time GEMM for F32/F16 weights, its tiled
+    # K-quant GEMM from 8 activation rows on, else one vec_dot per output
     gemm = int(w.type in (T.F32, T.F16) and N >= 2 and K % 8 == 0 and M % 4 == 0
                and (x.type != vdt or contiguous(x)))
+    if w.type in TILED_TYPES and N >= 8:
+        gemm = 2
     row_size = K // ggml.blck_size(vdt) * ggml.type_size(vdt)
     return Spec(ids.K.MUL_MAT, iparams=(vdt, gemm, row_size), srcs=[w, x])
 
@@ -648,7 +654,8 @@ def rule_mul_mat_id(node, srcs):
     if K % ggml.blck_size(vdt):
         raise invalid(node, srcs, "rows are not whole blocks of the activation type")
     row_size = K // ggml.blck_size(vdt) * ggml.type_size(vdt)
-    return Spec(ids.K.MUL_MAT_ID, iparams=(vdt, 0, row_size), srcs=[w, x, sel])
+    # experts with 8 routed rows or more take ggml's tiled K-quant order
+    return Spec(ids.K.MUL_MAT_ID, iparams=(vdt, int(w.type in TILED_TYPES), row_size), srcs=[w, x, sel])
 
 
 def rule_add_id(node, srcs):

@@ -240,6 +240,17 @@ def mul_mat_id(wt):
     return build
 
 
+def mul_mat_id_many(wt):
+    """12 tokens over 3 experts: every expert gets 8 rows, ggml's tiled order for K-quants."""
+    def build(c, r):
+        K = 256
+        w = quant(c, r, wt, (K, 16, 3))
+        sel = np.array([[0, 1], [1, 2], [2, 0]] * 4, np.int32)
+        return [c.op(Op.MUL_MAT_ID, T.F32, (16, 2, 12), w, inp(c, r, T.F32, (K, 1, 12)),
+                     c.new(T.I32, (2, 12), sel))]
+    return build
+
+
 def add_id(c, r):
     sel = c.new(T.I32, (3, 4), r.integers(0, 5, (4, 3)).astype(np.int32))
     return [c.op(Op.ADD_ID, T.F32, (16, 3, 4), inp(c, r, T.F32, (16, 3, 4)), inp(c, r, T.F32, (16, 5)), sel)]
@@ -347,6 +358,9 @@ CASES = {
     **{f"get_rows-{t.name}": get_rows_q(t) for t in (T.Q8_0, T.Q4_0, T.Q4_K, T.Q6_K)},
     **{f"set_rows-{t.name}": set_rows_q(t) for t in (T.Q8_0, T.Q4_0, T.Q5_1, T.IQ4_NL)},
     "cpy-f32-q8_0": cpy_q(T.F32, T.Q8_0), "cpy-f16-q4_0": cpy_q(T.F16, T.Q4_0), "cpy-q8_0-f32": cpy_q(T.Q8_0, T.F32),
+    **{f"mul_mat-{t.name}-tiled": mul_mat(t, K=512, M=16, N=n) for t, n in
+       ((T.Q2_K, 8), (T.Q3_K, 9), (T.Q4_K, 13), (T.Q5_K, 8), (T.Q6_K, 20), (T.IQ4_XS, 8))},
+    **{f"mul_mat_id-{t.name}-tiled": mul_mat_id_many(t) for t in (T.Q4_K, T.Q6_K)},
     "add_id": add_id, "out_prod": out_prod(T.F32), "out_prod-f16": out_prod(T.F16, 3),
     "out_prod-q8_0": out_prod(T.Q8_0, 3),
 }

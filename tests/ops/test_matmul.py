@@ -66,10 +66,11 @@ def test_mul_mat_low_precision_activations(ctx, rng, xt):
     assert_close(ctx.read(out), xr @ w[0].T, 1e-12)
 
 
+@pytest.mark.parametrize("N", [3, 9], ids=lambda n: f"N{n}")   # K-quants take ggml's tiled order from 8 rows
 @pytest.mark.parametrize("wt", QUANT, ids=lambda t: t.name)
-def test_mul_mat_quantized(ctx, rng, wt):
+def test_mul_mat_quantized(ctx, rng, wt, N):
     blck = ggml.blck_size(wt)
-    K, M, N = 2 * max(blck, 64), 6, 3
+    K, M = 2 * max(blck, 64), 6
     tw, w = weights(ctx, rng, wt, K, M)
     x = rng.standard_normal((N, K)).astype(np.float32)
     out = ctx.op(Op.MUL_MAT, T.F32, (M, N), tw, ctx.new(T.F32, (K, N), x))
