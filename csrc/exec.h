@@ -22,7 +22,7 @@
 extern "C" {
 #endif
 
-#define GR_EXEC_MAX_SRC 6   /* FLASH_ATTN_EXT: q, k, v, mask, sinks */
+#define GR_EXEC_MAX_SRC 7   /* SSM_SCAN: s, x, dt, A, B, C, ids */
 #define GR_EXEC_MAX_THREADS 512
 
 /* One tensor as a kernel sees it: a resolved address and ggml's ne/nb. */
@@ -74,6 +74,8 @@ enum gr_kernel {
     GR_K_DIAG,
     GR_K_REPEAT_BACK,
     GR_K_FWHT,           /* MUL_MAT with the Hadamard hint: src0 is ignored */
+    GR_K_SSM_CONV,
+    GR_K_SSM_SCAN,
     GR_K_COUNT
 };
 

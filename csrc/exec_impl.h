@@ -101,6 +101,10 @@ int gr_vec_simd_available(void);
  * 8-lane version, so that scalar and SIMD paths agree bit for bit. */
 float gr_expf_vec1(float x);
 
+/* A short dot product as GCC compiles ggml's plain loop `sum += x[i]*y[i]` for
+ * x86: groups of four rounded products added in order, the rest fused. */
+float gr_dot_seq(int64_t n, const float *x, const float *y);
+
 /* ---- inline definitions ----------------------------------------------- */
 
 static inline void gr_load_f32(int32_t type, const char *src, int64_t stride, float *dst, int64_t n) {

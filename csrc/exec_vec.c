@@ -51,6 +51,10 @@ static inline float expf_lane(float x) {
 
 float gr_expf_vec1(float x) { return expf_lane(x); }
 
+static inline float leftovers_f32(float s, int64_t i, int64_t n, const float *x, const float *y);
+
+float gr_dot_seq(int64_t n, const float *x, const float *y) { return leftovers_f32(0.0f, 0, n, x, y); }
+
 /* ---- portable twins ----------------------------------------------------- */
 
 /* The tail of ggml_vec_dot_f32 after its 32-element blocks, as GCC compiles it for

@@ -569,8 +569,126 @@ static void k_fwht(gr_job *job, int phase) {
     }
 }
 
+
+/* ---- state-space models ------------------------------------------------------------ */
+
+/* Depthwise causal convolution over a sliding window (Mamba's conv1d, LFM2's
+ * short conv): dst[i1, t, s] = sum over k of src0[t + k, i1, s] * src1[k, i1].
+ *   src0: (d_conv - 1 + n_t, d_inner, n_s) F32 rows contiguous; src1: (d_conv, d_inner) F32 */
+static void k_ssm_conv(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *sx = &n->src[0], *c = &n->src[1], *d = &n->dst;
+    const int64_t nc = c->ne[0], nr = sx->ne[1], n_t = d->ne[1], n_s = d->ne[2];
+    int64_t r0, r1;
+    gr_range(nr, job->ith, job->nth, &r0, &r1);
+    for (int64_t i3 = 0; i3 < n_s; i3++)
+        for (int64_t i2 = 0; i2 < n_t; i2++)
+            for (int64_t i1 = r0; i1 < r1; i1++) {
+                const float *s = (const float *)(sx->data + i1 * sx->nb[1] + i2 * sx->nb[0] + i3 * sx->nb[2]);
+                const float *w = (const float *)(c->data + i1 * c->nb[1]);
+                const float sum = gr_dot_seq(nc, s, w);
+                memcpy(d->data + i1 * d->nb[0] + i2 * d->nb[1] + i3 * d->nb[2], &sum, 4);
+            }
+}
+
+static inline float softplus(float x) { return x > 20.0f ? x : logf(1 + expf(x)); }
+
+/* Selective scan (Mamba 1 and 2). dst holds y (dim, n_head, n_t, n_s) followed by
+ * the final states, K snapshots of them (op_params[0]) for each sequence.
+ *   src0 s: (d_state, dim, n_head, >= n_s) initial states, ids[i] picks sequence i's
+ *   src1 x: (dim, n_head, n_t, n_s); src2 dt: (n_head, n_t, n_s); src3 A: (1 | d_state, n_head)
+ *   src4 B, src5 C: (d_state, n_group, n_t, n_s); src6 ids: (n_s) I32 */
+static void k_ssm_scan(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *S = &n->src[0], *X = &n->src[1], *DT = &n->src[2], *A = &n->src[3];
+    const gr_tensor *B = &n->src[4], *C = &n->src[5], *IDS = &n->src[6], *d = &n->dst;
+    const int64_t nc = S->ne[0], nr = S->ne[1], nh = X->ne[1], ng = B->ne[1];
+    const int64_t nt = X->ne[2], ns = X->ne[3];
+    const int64_t K = n->op_params[0];
+    const int64_t s_off = gr_nelements(X) * 4;
+    const int64_t state_bytes = S->nb[3];
+    const float *a = (const float *)A->data;
+    int64_t h0, h1;
+    gr_range(nh, job->ith, job->nth, &h0, &h1);
+    for (int64_t i3 = 0; i3 < ns; i3++) {
+        int32_t id;
+        memcpy(&id, IDS->data + i3 * IDS->nb[0], 4);
+        if (id < 0 || id >= S->ne[3]) {
+            gr_fail(job, GR_EXEC_EINDEX, "SSM_SCAN state %d out of range [0, %lld)", id, (long long)S->ne[3]);
+            return;
+        }
+        const float *s0 = (const float *)(S->data + id * state_bytes);
+        float *s = (float *)(d->data + s_off + i3 * state_bytes);
+        for (int64_t i2 = 0; i2 < nt; i2++) {
+            const float *x = (const float *)(X->data + i2 * X->nb[2] + i3 * X->nb[3]);
+            const float *dt = (const float *)(DT->data + i2 * DT->nb[1] + i3 * DT->nb[2]);
+            const float *b = (const float *)(B->data + i2 * B->nb[2] + i3 * B->nb[3]);
+            const float *cc = (const float *)(C->data + i2 * C->nb[2] + i3 * C->nb[3]);
+            float *y = (float *)(d->data + (i2 * nh * nr + i3 * nt * nh * nr) * 4);
+            for (int64_t h = h0; h < h1; h++) {
+                const float dt_sp = softplus(dt[h]);
+                const int64_t g = h / (nh / ng);
+                const float dA = A->ne[0] == 1 ? expf(dt_sp * a[h]) : 0.0f;
+                for (int64_t i1 = 0; i1 < nr; i1++) {
+                    const int64_t ii = i1 + h * nr;
+                    const float x_dt = x[ii] * dt_sp;
+                    float sum = 0.0f;
+                    int64_t i0 = 0;
+                    if (A->ne[0] == 1) {
+                        /* ggml's vector loop: products rounded, added, one fused sum per
+                         * lane in four 8-lane accumulators, reduced like its dot product */
+                        const int64_t np = nc & ~(int64_t)31;
+                        float acc[4][8] = {{0}};
+                        for (; i0 < np; i0 += 32)
+                            for (int j = 0; j < 4; j++)
+                                for (int l = 0; l < 8; l++) {
+                                    const int64_t e = i0 + 8 * j + l;
+                                    const float st = fmaf(s0[e + ii * nc], dA, b[e + g * nc] * x_dt);
+                                    acc[j][l] = fmaf(st, cc[e + g * nc], acc[j][l]);
+                                    s[e + ii * nc] = st;
+                                }
+                        if (np) {
+                            float t[4];
+                            for (int l = 0; l < 8; l++) {
+                                acc[0][l] += acc[2][l];
+                                acc[1][l] += acc[3][l];
+                            }
+                            for (int l = 0; l < 8; l++) acc[0][l] += acc[1][l];
+                            for (int l = 0; l < 4; l++) t[l] = acc[0][l] + acc[0][l + 4];
+                            sum = (t[0] + t[1]) + (t[2] + t[3]);
+                        }
+                        for (; i0 < nc; i0++) {
+                            const float st = fmaf(s0[i0 + ii * nc], dA, b[i0 + g * nc] * x_dt);
+                            sum = fmaf(st, cc[i0 + g * nc], sum);
+                            s[i0 + ii * nc] = st;
+                        }
+                    } else {
+                        for (; i0 < nc; i0++) {
+                            const float st = fmaf(s0[i0 + ii * nc], expf(dt_sp * a[i0 + h * nc]), b[i0 + g * nc] * x_dt);
+                            sum = fmaf(st, cc[i0 + g * nc], sum);
+                            s[i0 + ii * nc] = st;
+                        }
+                    }
+                    y[ii] = sum;
+                }
+            }
+            const int64_t slot = nt - 1 - i2;
+            if (K > 1 && slot > 0 && slot < K) {
+                char *snap = d->data + s_off + (slot * ns + i3) * state_bytes;
+                for (int64_t h = h0; h < h1; h++)
+                    memcpy(snap + h * S->nb[2], (char *)s + h * S->nb[2], (size_t)S->nb[2]);
+            }
+            s0 = s;
+        }
+    }
+}
+
 void gr_register_more_kernels(void (*set)(int, gr_kernel_fn, int)) {
     set(GR_K_FWHT, k_fwht, 1);
+    set(GR_K_SSM_CONV, k_ssm_conv, 1);
+    set(GR_K_SSM_SCAN, k_ssm_scan, 1);
     set(GR_K_ACC, k_acc, 2);
     set(GR_K_SET, k_set, 2);
     set(GR_K_SUM, k_sum, 1);

@@ -13,7 +13,7 @@ cdef extern from "exec.h" nogil:
         GR_K_SUM_ROWS, GR_K_CUMSUM, GR_K_ARGMAX, GR_K_REPEAT, GR_K_CONCAT, GR_K_PAD,
         GR_K_ARANGE, GR_K_TRI, GR_K_FILL, GR_K_DIAG_MASK, GR_K_ARGSORT,
         GR_K_MUL_MAT_ID, GR_K_ADD_ID, GR_K_OUT_PROD, GR_K_COUNT_EQUAL, GR_K_SET, GR_K_DIAG,
-        GR_K_REPEAT_BACK, GR_K_FWHT, GR_K_COUNT
+        GR_K_REPEAT_BACK, GR_K_FWHT, GR_K_SSM_CONV, GR_K_SSM_SCAN, GR_K_COUNT
 
     enum gr_unop:
         GR_UN_SQR, GR_UN_SQRT, GR_UN_LOG, GR_UN_SIN, GR_UN_COS, GR_UN_LEAKY_RELU, GR_UN_CLAMP
@@ -32,7 +32,7 @@ cdef extern from "exec.h" nogil:
         int32_t op_params[16]
         int64_t iparams[4]
         gr_tensor dst
-        gr_tensor src[6]
+        gr_tensor src[7]
         size_t wsize
 
     ctypedef struct gr_exec_status:

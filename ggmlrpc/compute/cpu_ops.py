@@ -683,6 +683,40 @@ def rule_out_prod(node, srcs):
     return Spec(ids.K.OUT_PROD, srcs=[a, b])
 
 
+def rule_ssm_conv(node, srcs):
+    need(node, srcs, 2)
+    sx, c = srcs
+    need_types(node, srcs, sx.type == c.type == node.type == T.F32)
+    d_conv, d_inner = c.ne[0], c.ne[1]
+    n_t = sx.ne[0] - d_conv + 1
+    if (c.ne[2] != 1 or c.ne[3] != 1 or sx.ne[3] != 1 or n_t < 0 or sx.ne[1] != d_inner
+            or tuple(node.ne) != (d_inner, n_t, sx.ne[2], 1)):
+        raise invalid(node, srcs, "shapes of window, kernel and result do not agree")
+    if sx.nb[0] != 4 or sx.nb[1] != sx.ne[0] * 4 or c.nb[0] != 4:
+        raise invalid(node, srcs, "the window and kernel rows must be contiguous")
+    return Spec(ids.K.SSM_CONV, srcs=[sx, c])
+
+
+def rule_ssm_scan(node, srcs):
+    need(node, srcs, 7)
+    s, x, dt, a, b, c, sel = srcs
+    need_types(node, srcs, all(t.type == T.F32 for t in (s, x, dt, a, b, c, node)) and sel.type == T.I32)
+    K = node.op_params[0]
+    d_state, head_dim, n_head = s.ne[0], s.ne[1], s.ne[2]
+    n_t, n_s = x.ne[2], x.ne[3]
+    ok = (K >= 1 and contiguous(s) and contiguous(dt) and contiguous(a) and contiguous(sel)
+          and x.ne[0] == head_dim and x.ne[1] == n_head and x.nb[0] == 4 and x.nb[1] == head_dim * 4
+          and tuple(dt.ne[:3]) == (n_head, n_t, n_s) and dt.ne[3] == 1
+          and a.ne[1] == n_head and a.ne[2] == a.ne[3] == 1 and (a.ne[0] == 1 or (a.ne[0] == d_state and K == 1))
+          and same_shape(b, c) and b.ne[0] == d_state and b.ne[2] == n_t and b.ne[3] == n_s
+          and n_head % b.ne[1] == 0 and all(t.nb[0] == 4 and t.nb[1] == t.ne[0] * 4 for t in (b, c))
+          and sel.ne[0] == n_s and sel.ne[1] == sel.ne[2] == sel.ne[3] == 1
+          and contiguous(node) and nelements(node) == nelements(x) + K * d_state * head_dim * n_head * n_s)
+    if not ok:
+        raise invalid(node, srcs, "shapes of states, inputs and result do not agree")
+    return Spec(ids.K.SSM_SCAN, srcs=[s, x, dt, a, b, c, sel])
+
+
 RULES = {
     Op.DUP: rule_dup,
     Op.CONT: rule_dup,
@@ -736,4 +770,6 @@ RULES = {
     Op.MUL_MAT_ID: rule_mul_mat_id,
     Op.ADD_ID: rule_add_id,
     Op.OUT_PROD: rule_out_prod,
+    Op.SSM_CONV: rule_ssm_conv,
+    Op.SSM_SCAN: rule_ssm_scan,
 }

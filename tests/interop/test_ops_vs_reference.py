@@ -251,6 +251,26 @@ def mul_mat_id_many(wt):
     return build
 
 
+def ssm_conv(c, r):
+    d_conv, d_inner, n_t, n_s = 4, 24, 5, 2
+    return [c.op(Op.SSM_CONV, T.F32, (d_inner, n_t, n_s), inp(c, r, T.F32, (d_conv - 1 + n_t, d_inner, n_s)),
+                 inp(c, r, T.F32, (d_conv, d_inner)))]
+
+
+def ssm_scan(d_state, mamba1=False, K=1):
+    def build(c, r):
+        head_dim, n_head, n_group, n_t, n_s = 8, 4, 2, 3, 2
+        s = inp(c, r, T.F32, (d_state, head_dim, n_head, n_s + 1), 0.5)
+        x = inp(c, r, T.F32, (head_dim, n_head, n_t, n_s))
+        dt = inp(c, r, T.F32, (n_head, n_t, n_s))
+        a = inp(c, r, T.F32, (d_state if mamba1 else 1, n_head), 0.3, -1.0)
+        b, cc = inp(c, r, T.F32, (d_state, n_group, n_t, n_s)), inp(c, r, T.F32, (d_state, n_group, n_t, n_s))
+        sel = c.new(T.I32, (n_s,), np.array([2, 0], np.int32))
+        n = head_dim * n_head * n_t * n_s + K * d_state * head_dim * n_head * n_s
+        return [c.op(Op.SSM_SCAN, T.F32, (n,), s, x, dt, a, b, cc, sel, params=[K])]
+    return build
+
+
 def add_id(c, r):
     sel = c.new(T.I32, (3, 4), r.integers(0, 5, (4, 3)).astype(np.int32))
     return [c.op(Op.ADD_ID, T.F32, (16, 3, 4), inp(c, r, T.F32, (16, 3, 4)), inp(c, r, T.F32, (16, 5)), sel)]
@@ -361,6 +381,8 @@ CASES = {
     **{f"mul_mat-{t.name}-tiled": mul_mat(t, K=512, M=16, N=n) for t, n in
        ((T.Q2_K, 8), (T.Q3_K, 9), (T.Q4_K, 13), (T.Q5_K, 8), (T.Q6_K, 20), (T.IQ4_XS, 8))},
     **{f"mul_mat_id-{t.name}-tiled": mul_mat_id_many(t) for t in (T.Q4_K, T.Q6_K)},
+    "ssm_conv": ssm_conv, "ssm_scan-mamba2": ssm_scan(128), "ssm_scan-mamba2-tail": ssm_scan(40),
+    "ssm_scan-mamba1": ssm_scan(16, mamba1=True), "ssm_scan-snapshots": ssm_scan(64, K=3),
     "add_id": add_id, "out_prod": out_prod(T.F32), "out_prod-f16": out_prod(T.F16, 3),
     "out_prod-q8_0": out_prod(T.Q8_0, 3),
 }
