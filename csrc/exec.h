@@ -76,6 +76,13 @@ enum gr_kernel {
     GR_K_FWHT,           /* MUL_MAT with the Hadamard hint: src0 is ignored */
     GR_K_SSM_CONV,
     GR_K_SSM_SCAN,
+    GR_K_IM2COL,
+    GR_K_POOL_1D,
+    GR_K_POOL_2D,
+    GR_K_UPSCALE,
+    GR_K_ROLL,
+    GR_K_PAD_REFLECT_1D,
+    GR_K_TIMESTEP_EMBEDDING,
     GR_K_COUNT
 };
 

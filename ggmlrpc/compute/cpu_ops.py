@@ -717,6 +717,74 @@ def rule_ssm_scan(node, srcs):
     return Spec(ids.K.SSM_SCAN, srcs=[s, x, dt, a, b, c, sel])
 
 
+def rule_im2col(node, srcs):
+    need(node, srcs, 2)
+    k, img = srcs
+    p = node.op_params
+    is2d = p[6] == 1
+    need_types(node, srcs, img.type in (T.F32, T.F16) and (node.type == T.F16 or
+                                                           (node.type == T.F32 and img.type == T.F32)))
+    N, IC = (img.ne[3], img.ne[2]) if is2d else (img.ne[2], img.ne[1])
+    KH, KW = (k.ne[1], k.ne[0]) if is2d else (1, k.ne[0])
+    want = (IC * KH * KW, node.ne[1], node.ne[2] if is2d else N, N if is2d else 1)
+    if (tuple(node.ne) != want or not contiguous(node) or img.nb[0] != ts(img)
+            or (is2d and img.nb[1] != img.ne[0] * ts(img)) or (not is2d and img.ne[3] != 1)
+            or (is2d and k.ne[2] != IC) or (not is2d and k.ne[1] != IC)):
+        raise invalid(node, srcs, "shapes of kernel, image and result do not agree")
+    return Spec(ids.K.IM2COL, srcs=[k, img])
+
+
+def rule_pool(node, srcs):
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, s.type in (T.F32, T.F16) and node.type == T.F32)
+    p = node.op_params
+    if p[0] not in (0, 1):
+        raise invalid(node, srcs, f"pool op {p[0]}")
+    if node.op == Op.POOL_1D:
+        if tuple(node.ne[1:]) != tuple(s.ne[1:]) or p[1] <= 0 or p[2] <= 0:
+            raise invalid(node, srcs, "pooling shape")
+        need_rows(node, srcs, s, node)
+        return Spec(ids.K.POOL_1D, srcs=[s])
+    if tuple(node.ne[2:]) != tuple(s.ne[2:]) or p[1] <= 0 or p[2] <= 0 or p[3] <= 0 or p[4] <= 0:
+        raise invalid(node, srcs, "pooling shape")
+    need_rows(node, srcs, node)
+    return Spec(ids.K.POOL_2D, srcs=[s])
+
+
+def rule_upscale(node, srcs):
+    s = f32_like_source(node, srcs, same=False)
+    if (node.op_params[0] & 0xFF) not in (0, 1, 2):
+        raise unsupported(node, srcs, f"has scale mode {node.op_params[0] & 0xFF}")
+    return Spec(ids.K.UPSCALE, srcs=[s])
+
+
+def rule_roll(node, srcs):
+    s = f32_like_source(node, srcs)
+    if any(abs(node.op_params[i]) >= s.ne[i] for i in range(4)):
+        raise invalid(node, srcs, "a shift is not smaller than its dimension")
+    return Spec(ids.K.ROLL, srcs=[s])
+
+
+def rule_pad_reflect_1d(node, srcs):
+    s = f32_like_source(node, srcs, same=False)
+    p0, p1 = node.op_params[:2]
+    if (not 0 <= p0 < s.ne[0] or not 0 <= p1 < s.ne[0] or node.ne[0] != s.ne[0] + p0 + p1
+            or tuple(node.ne[1:]) != tuple(s.ne[1:])):
+        raise invalid(node, srcs, "reflection padding")
+    return Spec(ids.K.PAD_REFLECT_1D, srcs=[s])
+
+
+def rule_timestep_embedding(node, srcs):
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, s.type == node.type == T.F32)
+    dim = node.op_params[0]
+    if dim <= 0 or node.op_params[1] <= 0 or tuple(node.ne) != (dim, s.ne[0], 1, 1) or node.nb[0] != 4:
+        raise invalid(node, srcs, "embedding shape")
+    return Spec(ids.K.TIMESTEP_EMBEDDING, srcs=[s])
+
+
 RULES = {
     Op.DUP: rule_dup,
     Op.CONT: rule_dup,
@@ -772,4 +840,11 @@ RULES = {
     Op.OUT_PROD: rule_out_prod,
     Op.SSM_CONV: rule_ssm_conv,
     Op.SSM_SCAN: rule_ssm_scan,
+    Op.IM2COL: rule_im2col,
+    Op.POOL_1D: rule_pool,
+    Op.POOL_2D: rule_pool,
+    Op.UPSCALE: rule_upscale,
+    Op.ROLL: rule_roll,
+    Op.PAD_REFLECT_1D: rule_pad_reflect_1d,
+    Op.TIMESTEP_EMBEDDING: rule_timestep_embedding,
 }

@@ -271,6 +271,26 @@ def ssm_scan(d_state, mamba1=False, K=1):
     return build
 
 
+def im2col(is2d, out_t=T.F32, img_t=T.F32):
+    def build(c, r):
+        if is2d:
+            k, img = inp(c, r, T.F16, (3, 3, 4, 5)), inp(c, r, img_t, (9, 7, 4, 2))
+            ow, oh = (9 + 2 - 3) // 2 + 1, (7 + 2 - 3) // 1 + 1
+            ne = (4 * 3 * 3, ow, oh, 2)
+            params = [2, 1, 1, 1, 1, 1, 1]
+        else:
+            k, img = inp(c, r, T.F16, (3, 4, 5)), inp(c, r, img_t, (11, 4, 2))
+            ow = (11 + 2 * 1 - 2 * (3 - 1) - 1) // 1 + 1
+            ne = (4 * 3, ow, 2, 1)
+            params = [1, 0, 1, 0, 2, 0, 0]
+        return [c.op(Op.IM2COL, out_t, ne, k, img, params=params)]
+    return build
+
+
+def upscale(mode, ne=(13, 9, 3, 2)):
+    return op1(Op.UPSCALE, (6, 5, 3, 2), [mode], out_ne=ne)
+
+
 def add_id(c, r):
     sel = c.new(T.I32, (3, 4), r.integers(0, 5, (4, 3)).astype(np.int32))
     return [c.op(Op.ADD_ID, T.F32, (16, 3, 4), inp(c, r, T.F32, (16, 3, 4)), inp(c, r, T.F32, (16, 5)), sel)]
@@ -383,6 +403,17 @@ CASES = {
     **{f"mul_mat_id-{t.name}-tiled": mul_mat_id_many(t) for t in (T.Q4_K, T.Q6_K)},
     "ssm_conv": ssm_conv, "ssm_scan-mamba2": ssm_scan(128), "ssm_scan-mamba2-tail": ssm_scan(40),
     "ssm_scan-mamba1": ssm_scan(16, mamba1=True), "ssm_scan-snapshots": ssm_scan(64, K=3),
+    "im2col-2d": im2col(True), "im2col-2d-f16": im2col(True, T.F16), "im2col-1d": im2col(False),
+    "im2col-1d-f16-in": im2col(False, T.F16, T.F16),
+    "pool_1d-avg": op1(Op.POOL_1D, (11, 4, 2), [1, 3, 2, 1], out_ne=(6, 4, 2)),
+    "pool_1d-max": op1(Op.POOL_1D, (11, 4, 2), [0, 3, 2, 1], out_ne=(6, 4, 2)),
+    "pool_2d-avg": op1(Op.POOL_2D, (9, 7, 3, 2), [1, 3, 3, 2, 2, 1, 1], out_ne=(5, 4, 3, 2)),
+    "pool_2d-max": op1(Op.POOL_2D, (9, 7, 3, 2), [0, 2, 2, 2, 2, 0, 0], out_ne=(4, 3, 3, 2)),
+    "upscale-nearest": upscale(0), "upscale-bilinear": upscale(1), "upscale-bicubic": upscale(2),
+    "upscale-bilinear-corners": upscale(1 | 256), "upscale-bilinear-aa": upscale(1 | 512, (4, 3, 3, 2)),
+    "roll": op1(Op.ROLL, (7, 5, 3, 2), [3, -2, 1, 0]),
+    "pad_reflect_1d": op1(Op.PAD_REFLECT_1D, (9, 4, 2), [3, 2], out_ne=(14, 4, 2)),
+    "timestep_embedding": op1(Op.TIMESTEP_EMBEDDING, (6,), [33, 10000], out_ne=(33, 6), scale=100.0),
     "add_id": add_id, "out_prod": out_prod(T.F32), "out_prod-f16": out_prod(T.F16, 3),
     "out_prod-q8_0": out_prod(T.Q8_0, 3),
 }

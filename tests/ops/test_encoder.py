@@ -1,0 +1,155 @@
+"""Ops of vision and audio encoders: IM2COL (1-D and 2-D, F32/F16), POOL_1D/POOL_2D,
+UPSCALE (nearest, bilinear with and without aligned corners or antialiasing,
+bicubic), ROLL, PAD_REFLECT_1D and TIMESTEP_EMBEDDING, against NumPy."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
+from tests.ops.conftest import assert_close
+
+
+def im2col_ref(img, KH, KW, s0, s1, p0, p1, d0, d1):
+    """img (N, IC, IH, IW) -> (N, OH, OW, IC*KH*KW)"""
+    N, IC, IH, IW = img.shape
+    OW = (IW + 2 * p0 - d0 * (KW - 1) - 1) // s0 + 1
+    OH = (IH + 2 * p1 - d1 * (KH - 1) - 1) // s1 + 1
+    out = np.zeros((N, OH, OW, IC, KH, KW), img.dtype)
+    for oh in range(OH):
+        for ow in range(OW):
+            for kh in range(KH):
+                for kw in range(KW):
+                    ih, iw = oh * s1 + kh * d1 - p1, ow * s0 + kw * d0 - p0
+                    if 0 <= ih < IH and 0 <= iw < IW:
+                        out[:, oh, ow, :, kh, kw] = img[:, :, ih, iw]
+    return out.reshape(N, OH, OW, IC * KH * KW)
+
+
+@pytest.mark.parametrize("out_t", [T.F32, T.F16], ids=lambda t: t.name)
+def test_im2col_2d(ctx, rng, out_t):
+    img = rng.standard_normal((2, 3, 7, 9)).astype(np.float32)
+    s0, s1, p0, p1, d0, d1 = 2, 1, 1, 2, 1, 2
+    ref = im2col_ref(img, 3, 3, s0, s1, p0, p1, d0, d1)
+    out = ctx.op(Op.IM2COL, out_t, ref.shape[::-1], ctx.new(T.F16, (3, 3, 3, 4)), ctx.new(T.F32, (9, 7, 3, 2), img),
+                 params=[s0, s1, p0, p1, d0, d1, 1])
+    ctx.compute()
+    np.testing.assert_array_equal(ctx.read(out).astype(np.float32), ref.astype(out_t == T.F16 and np.float16 or np.float32).astype(np.float32))
+
+
+def test_im2col_1d(ctx, rng):
+    img = rng.standard_normal((2, 4, 11)).astype(np.float32)               # (N, IC, IW)
+    ref = im2col_ref(img[:, :, None, :], 1, 3, 1, 1, 1, 0, 2, 1)[:, 0]    # (N, OW, IC*KW)
+    out = ctx.op(Op.IM2COL, T.F32, (12, ref.shape[1], 2, 1), ctx.new(T.F16, (3, 4, 5)),
+                 ctx.new(T.F32, (11, 4, 2), img), params=[1, 0, 1, 0, 2, 0, 0])
+    ctx.compute()
+    np.testing.assert_array_equal(ctx.read(out).reshape(ref.shape), ref)
+
+
+@pytest.mark.parametrize("op", [0, 1], ids=["max", "avg"])
+def test_pool_1d(ctx, rng, op):
+    x = rng.standard_normal((2, 4, 11)).astype(np.float32)
+    k, s, p = 3, 2, 1
+    ow = (11 + 2 * p - k) // s + 1
+    out = ctx.op(Op.POOL_1D, T.F32, (ow, 4, 2), ctx.new(T.F32, (11, 4, 2), x), params=[op, k, s, p])
+    ctx.compute()
+    ref = np.empty((2, 4, ow))
+    for o in range(ow):
+        win = x[..., max(0, o * s - p):min(11, o * s - p + k)].astype(np.float64)
+        ref[..., o] = win.max(-1) if op == 0 else win.mean(-1)          # average over taps inside
+    assert_close(ctx.read(out), ref, 1e-13)
+
+
+@pytest.mark.parametrize("op", [0, 1], ids=["max", "avg"])
+def test_pool_2d(ctx, rng, op):
+    x = rng.standard_normal((2, 3, 7, 9)).astype(np.float32)
+    k0, k1, s0, s1, p0, p1 = 3, 2, 2, 2, 1, 0
+    ow, oh = (9 + 2 * p0 - k0) // s0 + 1, (7 + 2 * p1 - k1) // s1 + 1
+    out = ctx.op(Op.POOL_2D, T.F32, (ow, oh, 3, 2), ctx.new(T.F32, (9, 7, 3, 2), x),
+                 params=[op, k0, k1, s0, s1, p0, p1])
+    ctx.compute()
+    ref = np.empty((2, 3, oh, ow))
+    for i in range(oh):
+        for j in range(ow):
+            ys, xs = i * s1 - p1, j * s0 - p0
+            win = x[..., max(0, ys):ys + k1, max(0, xs):xs + k0].astype(np.float64)
+            ref[..., i, j] = win.max((-1, -2)) if op == 0 else win.sum((-1, -2)) / (k0 * k1)   # / whole window
+    assert_close(ctx.read(out), ref, 1e-13)
+
+
+def bilinear_ref(x, ne0, ne1, align):
+    H, W = x.shape[-2:]
+    if align:
+        sy, sx = (ne1 - 1) / (H - 1), (ne0 - 1) / (W - 1)
+        off = 0.0
+    else:
+        sy, sx, off = ne1 / H, ne0 / W, 0.5
+    out = np.empty(x.shape[:-2] + (ne1, ne0))
+    for i in range(ne1):
+        y = (i + off) / sy - off
+        y0 = int(np.floor(y))
+        dy = min(max(y - min(max(y0, 0), H - 1), 0), 1)
+        ya, yb = min(max(y0, 0), H - 1), min(max(y0 + 1, 0), H - 1)
+        for j in range(ne0):
+            xx = (j + off) / sx - off
+            x0 = int(np.floor(xx))
+            xa, xb = min(max(x0, 0), W - 1), min(max(x0 + 1, 0), W - 1)
+            dx = min(max(xx - xa, 0), 1)
+            out[..., i, j] = (x[..., ya, xa] * (1 - dx) * (1 - dy) + x[..., ya, xb] * dx * (1 - dy)
+                              + x[..., yb, xa] * (1 - dx) * dy + x[..., yb, xb] * dx * dy)
+    return out
+
+
+@pytest.mark.parametrize("mode", ["nearest", "bilinear", "bilinear-corners"])
+def test_upscale(ctx, rng, mode):
+    x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)
+    ne = (13, 9, 3, 2)
+    flags = {"nearest": 0, "bilinear": 1, "bilinear-corners": 1 | 256}[mode]
+    out = ctx.op(Op.UPSCALE, T.F32, ne, ctx.new(T.F32, (6, 5, 3, 2), x), params=[flags])
+    ctx.compute()
+    xd = x.astype(np.float64)
+    if mode == "nearest":
+        ref = xd[..., (np.arange(9) * 5 // 9)[:, None], (np.arange(13) * 6 // 13)[None, :]]
+    else:
+        ref = bilinear_ref(xd, 13, 9, mode.endswith("corners"))
+    assert_close(ctx.read(out), ref, 1e-12)
+
+
+def test_upscale_bicubic_and_antialias_are_smooth(ctx, rng):
+    """Bicubic keeps a linear ramp exactly (its weights sum to one and reproduce
+    lines); antialiased bilinear downscaling of a constant stays that constant."""
+    ramp = np.tile(np.arange(8, dtype=np.float32), (2, 1, 6, 1))        # x varies along dim 0
+    out = ctx.op(Op.UPSCALE, T.F32, (16, 12, 1, 2), ctx.new(T.F32, (8, 6, 1, 2), ramp), params=[2])
+    const = np.full((1, 1, 9, 12), 3.5, np.float32)
+    down = ctx.op(Op.UPSCALE, T.F32, (5, 4, 1, 1), ctx.new(T.F32, (12, 9, 1, 1), const), params=[1 | 512])
+    ctx.compute()
+    got = ctx.read(out)[..., 3:13]                 # where no tap is clamped at the borders
+    xs = (np.arange(16) + 0.5) / 2 - 0.5
+    assert_close(got, np.broadcast_to(xs[3:13], got.shape), 1e-12)
+    assert_close(ctx.read(down), np.full((1, 1, 4, 5), 3.5), 1e-14)
+
+
+def test_roll(ctx, rng):
+    x = rng.standard_normal((2, 3, 5, 7)).astype(np.float32)
+    out = ctx.op(Op.ROLL, T.F32, (7, 5, 3, 2), ctx.new(T.F32, (7, 5, 3, 2), x), params=[3, -2, 1, 0])
+    ctx.compute()
+    np.testing.assert_array_equal(ctx.read(out), np.roll(x, (3, -2, 1), axis=(3, 2, 1)))
+
+
+def test_pad_reflect_1d(ctx, rng):
+    x = rng.standard_normal((2, 4, 9)).astype(np.float32)
+    out = ctx.op(Op.PAD_REFLECT_1D, T.F32, (14, 4, 2), ctx.new(T.F32, (9, 4, 2), x), params=[3, 2])
+    ctx.compute()
+    np.testing.assert_array_equal(ctx.read(out).reshape(2, 4, 14), np.pad(x, [(0, 0), (0, 0), (3, 2)], mode="reflect"))
+
+
+def test_timestep_embedding(ctx, rng):
+    t = (rng.random(5) * 1000).astype(np.float32)
+    dim, max_period = 33, 10000
+    out = ctx.op(Op.TIMESTEP_EMBEDDING, T.F32, (dim, 5), ctx.new(T.F32, (5,), t), params=[dim, max_period])
+    ctx.compute()
+    half = dim // 2
+    freqs = np.exp(-np.log(max_period) * np.arange(half) / half)
+    args = t[:, None].astype(np.float64) * freqs[None]
+    ref = np.concatenate([np.cos(args), np.sin(args), np.zeros((5, 1))], axis=1)
+    assert_close(ctx.read(out), ref, 1e-9)
