@@ -115,18 +115,49 @@ def test_upscale(ctx, rng, mode):
     assert_close(ctx.read(out), ref, 1e-12)
 
 
-def test_upscale_bicubic_and_antialias_are_smooth(ctx, rng):
-    """Bicubic keeps a linear ramp exactly (its weights sum to one and reproduce
-    lines); antialiased bilinear downscaling of a constant stays that constant."""
-    ramp = np.tile(np.arange(8, dtype=np.float32), (2, 1, 6, 1))        # x varies along dim 0
-    out = ctx.op(Op.UPSCALE, T.F32, (16, 12, 1, 2), ctx.new(T.F32, (8, 6, 1, 2), ramp), params=[2])
-    const = np.full((1, 1, 9, 12), 3.5, np.float32)
-    down = ctx.op(Op.UPSCALE, T.F32, (5, 4, 1, 1), ctx.new(T.F32, (12, 9, 1, 1), const), params=[1 | 512])
+def bicubic_ref(x, ne0, ne1):
+    """PyTorch's bicubic (align_corners=False, a = -0.75, edges clamped)."""
+    a = -0.75
+    w1 = lambda t: ((a + 2) * t - (a + 3)) * t * t + 1
+    w2 = lambda t: ((a * t - 5 * a) * t + 8 * a) * t - 4 * a
+    H, W = x.shape[-2:]
+    out = np.empty(x.shape[:-2] + (ne1, ne0))
+    for i in range(ne1):
+        y = (i + 0.5) * H / ne1 - 0.5
+        y0 = int(np.floor(y))
+        dy = y - y0
+        wy = [w2(dy + 1), w1(dy), w1(1 - dy), w2(2 - dy)]
+        for j in range(ne0):
+            xx = (j + 0.5) * W / ne0 - 0.5
+            x0 = int(np.floor(xx))
+            dx = xx - x0
+            wx = [w2(dx + 1), w1(dx), w1(1 - dx), w2(2 - dx)]
+            acc = 0
+            for r in range(4):
+                yy = min(max(y0 - 1 + r, 0), H - 1)
+                for c in range(4):
+                    acc = acc + wy[r] * wx[c] * x[..., yy, min(max(x0 - 1 + c, 0), W - 1)]
+            out[..., i, j] = acc
+    return out
+
+
+def test_upscale_bicubic(ctx, rng):
+    x = rng.standard_normal((2, 1, 6, 8)).astype(np.float32)
+    out = ctx.op(Op.UPSCALE, T.F32, (16, 12, 1, 2), ctx.new(T.F32, (8, 6, 1, 2), x), params=[2])
     ctx.compute()
-    got = ctx.read(out)[..., 3:13]                 # where no tap is clamped at the borders
-    xs = (np.arange(16) + 0.5) / 2 - 0.5
-    assert_close(got, np.broadcast_to(xs[3:13], got.shape), 1e-12)
-    assert_close(ctx.read(down), np.full((1, 1, 4, 5), 3.5), 1e-14)
+    assert_close(ctx.read(out), bicubic_ref(x.astype(np.float64), 16, 12), 1e-12)
+
+
+def test_upscale_antialiased_downscale(ctx):
+    """Antialiased bilinear downscaling averages with a triangle filter: a constant
+    image stays that constant, a checkerboard flattens towards its mean."""
+    const = np.full((1, 1, 9, 12), 3.5, np.float32)
+    board = (np.indices((9, 12)).sum(0) % 2).astype(np.float32)[None, None]
+    a = ctx.op(Op.UPSCALE, T.F32, (5, 4, 1, 1), ctx.new(T.F32, (12, 9, 1, 1), const), params=[1 | 512])
+    b = ctx.op(Op.UPSCALE, T.F32, (3, 3, 1, 1), ctx.new(T.F32, (12, 9, 1, 1), board), params=[1 | 512])
+    ctx.compute()
+    assert_close(ctx.read(a), np.full((1, 1, 4, 5), 3.5), 1e-12)
+    assert np.all(np.abs(ctx.read(b) - 0.5) < 0.1)
 
 
 def test_roll(ctx, rng):
