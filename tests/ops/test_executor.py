@@ -14,17 +14,17 @@ from ggmlrpc.ggml import GGMLGluOp as G, GGMLOp as Op, GGMLType as T, GGMLUnaryO
 from tests.ops.conftest import Ctx, assert_close, f32_bits
 
 
-@pytest.mark.parametrize("what", ["IM2COL", "CONV_2D", "unknown unary", "F64 add"])
+@pytest.mark.parametrize("what", ["FLASH_ATTN_BACK", "WIN_PART", "unknown unary", "F64 add"])
 def test_unsupported_closes_and_names_op(server, caplog, what):
     c = Ctx(f"127.0.0.1:{server.port}")
     try:
         x = c.new(T.F32, (16, 4), np.ones((4, 16), np.float32))
-        if what == "IM2COL":
-            c.op(Op.IM2COL, T.F32, (16, 4), x, x)
-            expect = "op IM2COL (F32 <- F32, F32)"
-        elif what == "CONV_2D":
-            c.op(Op.CONV_2D, T.F32, (16, 4), x, x)
-            expect = "op CONV_2D (F32 <- F32, F32)"
+        if what == "FLASH_ATTN_BACK":
+            c.op(Op.FLASH_ATTN_BACK, T.F32, (16, 4), x, x)
+            expect = "op FLASH_ATTN_BACK (F32 <- F32, F32)"
+        elif what == "WIN_PART":
+            c.op(Op.WIN_PART, T.F32, (16, 4), x)
+            expect = "op WIN_PART (F32 <- F32)"
         elif what == "unknown unary":
             c.op(Op.UNARY, T.F32, (16, 4), x, params=[99])
             expect = "op UNARY (F32 <- F32)"
