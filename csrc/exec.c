@@ -55,6 +55,7 @@ static void exec_init(void) {
     gr_register_more_kernels(set_kernel);
     simd_enabled = gr_vec_simd_available();
     gr_vec_init(simd_enabled);
+    gr_tiled_init(simd_enabled);
 }
 
 int ggmlrpc_exec_simd_level(void) {
@@ -67,6 +68,7 @@ int ggmlrpc_exec_set_simd(int enable) {
     const int old = simd_enabled;
     simd_enabled = enable && gr_vec_simd_available();
     gr_vec_init(simd_enabled);
+    gr_tiled_init(simd_enabled);
     return old;
 }
 

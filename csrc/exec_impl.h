@@ -91,6 +91,9 @@ typedef struct gr_vec_ops {
     void (*swiglu)(int64_t n, float *y, const float *x, const float *g);
     void (*mad_f32)(int64_t n, float *y, const float *x, float v);   /* y += x*v (fused) */
     void (*mad_f16)(int64_t n, uint16_t *y, const uint16_t *x, float v);
+    /* out[j*4 + i] = dot_*_x8(w[i], x[j]) for i < 4, j < 2 at once (K % 8 == 0) */
+    void (*tile_f32_x8)(int64_t K, const float *const w[4], const float *const x[2], float out[8]);
+    void (*tile_f16_x8)(int64_t K, const uint16_t *const w[4], const uint16_t *const x[2], float out[8]);
 } gr_vec_ops;
 
 extern gr_vec_ops gr_vec;
@@ -178,9 +181,22 @@ void gr_k_mul_mat(gr_job *job, int phase);
 void gr_k_flash_attn(gr_job *job, int phase);
 
 /* ggml's tiled K-quant GEMM order (ops_tiled.c): Q2_K..Q6_K and IQ4_XS weights
- * with Q8_K activations, for 8 or more activation rows. */
+ * with Q8_K activations, for 8 or more activation rows. A weight row is decoded
+ * once into gr_tiled_row_bytes(K) of scratch, then dotted with many rows. */
+typedef struct {
+    int8_t *w;            /* K signed values */
+    int16_t *sc, *mn;     /* K/16 scales and minimums */
+    float *d, *dmin;      /* K/256 block scales */
+    int64_t K;
+    int has_min;
+} gr_tiled_row;
+
 int gr_tiled_supported(int32_t type);
-float gr_tiled_dot(int32_t type, int64_t K, const void *w_row, const void *act);
+size_t gr_tiled_row_bytes(int64_t K);
+gr_tiled_row gr_tiled_decode(int32_t type, int64_t K, const void *w_row, void *mem);
+float gr_tiled_dot_row(const gr_tiled_row *r, const void *act);   /* act: K/256 Q8_K blocks */
+void gr_tiled_init(int use_simd);
+void *gr_tiled_scratch(const gr_job *job, size_t used);
 
 /* Scratch needs, per kernel. */
 size_t gr_wsize_mul_mat(const gr_node *n, int nth);

@@ -129,6 +129,16 @@ static float dot_f16_x8_c(int64_t n, const uint16_t *x, const uint16_t *y) {
     return hsum_8(acc);
 }
 
+static void tile_f32_x8_c(int64_t K, const float *const w[4], const float *const x[2], float out[8]) {
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < 4; i++) out[j * 4 + i] = dot_f32_x8_c(K, w[i], x[j]);
+}
+
+static void tile_f16_x8_c(int64_t K, const uint16_t *const w[4], const uint16_t *const x[2], float out[8]) {
+    for (int j = 0; j < 2; j++)
+        for (int i = 0; i < 4; i++) out[j * 4 + i] = dot_f16_x8_c(K, w[i], x[j]);
+}
+
 static void fp16_to_fp32_c(int64_t n, const uint16_t *x, float *y) {
     for (int64_t i = 0; i < n; i++) y[i] = gr_fp16_to_fp32(x[i]);
 }
@@ -233,6 +243,40 @@ GR_AVX2 static float dot_f16_x8_avx(int64_t n, const uint16_t *x, const uint16_t
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(load_h8(x + i), load_h8(y + i), acc);
     return hsum_8_avx(acc);
+}
+
+/* 4 weight rows x 2 activation rows: eight accumulators, each summing its own
+ * products in the same order as dot_*_x8_avx */
+GR_AVX2 static void tile_f32_x8_avx(int64_t K, const float *const w[4], const float *const x[2], float out[8]) {
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+    __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    for (int64_t k = 0; k < K; k += 8) {
+        const __m256 x0 = _mm256_loadu_ps(x[0] + k), x1 = _mm256_loadu_ps(x[1] + k);
+        const __m256 w0 = _mm256_loadu_ps(w[0] + k), w1 = _mm256_loadu_ps(w[1] + k);
+        const __m256 w2 = _mm256_loadu_ps(w[2] + k), w3 = _mm256_loadu_ps(w[3] + k);
+        a00 = _mm256_fmadd_ps(w0, x0, a00); a01 = _mm256_fmadd_ps(w1, x0, a01);
+        a02 = _mm256_fmadd_ps(w2, x0, a02); a03 = _mm256_fmadd_ps(w3, x0, a03);
+        a10 = _mm256_fmadd_ps(w0, x1, a10); a11 = _mm256_fmadd_ps(w1, x1, a11);
+        a12 = _mm256_fmadd_ps(w2, x1, a12); a13 = _mm256_fmadd_ps(w3, x1, a13);
+    }
+    out[0] = hsum_8_avx(a00); out[1] = hsum_8_avx(a01); out[2] = hsum_8_avx(a02); out[3] = hsum_8_avx(a03);
+    out[4] = hsum_8_avx(a10); out[5] = hsum_8_avx(a11); out[6] = hsum_8_avx(a12); out[7] = hsum_8_avx(a13);
+}
+
+GR_AVX2 static void tile_f16_x8_avx(int64_t K, const uint16_t *const w[4], const uint16_t *const x[2], float out[8]) {
+    __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
+    __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
+    for (int64_t k = 0; k < K; k += 8) {
+        const __m256 x0 = load_h8(x[0] + k), x1 = load_h8(x[1] + k);
+        const __m256 w0 = load_h8(w[0] + k), w1 = load_h8(w[1] + k);
+        const __m256 w2 = load_h8(w[2] + k), w3 = load_h8(w[3] + k);
+        a00 = _mm256_fmadd_ps(w0, x0, a00); a01 = _mm256_fmadd_ps(w1, x0, a01);
+        a02 = _mm256_fmadd_ps(w2, x0, a02); a03 = _mm256_fmadd_ps(w3, x0, a03);
+        a10 = _mm256_fmadd_ps(w0, x1, a10); a11 = _mm256_fmadd_ps(w1, x1, a11);
+        a12 = _mm256_fmadd_ps(w2, x1, a12); a13 = _mm256_fmadd_ps(w3, x1, a13);
+    }
+    out[0] = hsum_8_avx(a00); out[1] = hsum_8_avx(a01); out[2] = hsum_8_avx(a02); out[3] = hsum_8_avx(a03);
+    out[4] = hsum_8_avx(a10); out[5] = hsum_8_avx(a11); out[6] = hsum_8_avx(a12); out[7] = hsum_8_avx(a13);
 }
 
 GR_AVX2 static void fp16_to_fp32_avx(int64_t n, const uint16_t *x, float *y) {
@@ -343,13 +387,14 @@ int gr_vec_simd_available(void) {
 void gr_vec_init(int use_simd) {
     gr_vec_ops v = {
         dot_f32_c, dot_f32_x8_c, dot_f16_c, dot_f16_x8_c, fp16_to_fp32_c, fp32_to_fp16_c,
-        soft_max_c, silu_c, swiglu_c, mad_f32_c, mad_f16_c,
+        soft_max_c, silu_c, swiglu_c, mad_f32_c, mad_f16_c, tile_f32_x8_c, tile_f16_x8_c,
     };
 #if GR_X86
     if (use_simd) {
         v = (gr_vec_ops){
             dot_f32_avx, dot_f32_x8_avx, dot_f16_avx, dot_f16_x8_avx, fp16_to_fp32_avx,
             fp32_to_fp16_avx, soft_max_avx, silu_avx, swiglu_avx, mad_f32_avx, mad_f16_avx,
+            tile_f32_x8_avx, tile_f16_x8_avx,
         };
     }
 #else

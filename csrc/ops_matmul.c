@@ -27,12 +27,18 @@ enum { MM_VEC_DOT = 0, MM_GEMM = 1, MM_TILED = 2 };
 
 /* converted src1 rows, then (MUL_MAT_ID) one row count per expert */
 size_t gr_wsize_mul_mat(const gr_node *n, int nth) {
-    (void)nth;
     const gr_tensor *s1 = &n->src[1];
     size_t conv = s1->type == n->iparams[0] ? 0 : (size_t)n->iparams[2] * (size_t)gr_nrows(s1);
     conv = (conv + 63) & ~(size_t)63;
-    if (n->kernel == GR_K_MUL_MAT_ID) conv += (size_t)n->src[0].ne[2] * sizeof(int64_t);
+    if (n->kernel == GR_K_MUL_MAT_ID) conv += ((size_t)n->src[0].ne[2] * sizeof(int64_t) + 63) & ~(size_t)63;
+    if (n->iparams[1] == MM_TILED) conv += (size_t)nth * gr_tiled_row_bytes(n->src[0].ne[0]);
     return conv + 64;
+}
+
+/* this thread's decoded-row scratch, after `used` bytes of shared scratch */
+void *gr_tiled_scratch(const gr_job *job, size_t used) {
+    used = (used + 63) & ~(size_t)63;
+    return job->wdata + used + (size_t)job->ith * gr_tiled_row_bytes(job->node->src[0].ne[0]);
 }
 
 /* Convert src1 rows into wdata (phase 0), then dot products (phase 1).
@@ -77,6 +83,62 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     ggmlrpc_vec_dot_fn qdot = NULL;
     if (s0->type != GR_TYPE_F32 && s0->type != GR_TYPE_F16) qdot = ggmlrpc_get_vec_dot((uint32_t)s0->type);
 
+    if (order == MM_TILED) {
+        /* decode each weight row once per src0 batch, then dot it with every column */
+        void *mem = gr_tiled_scratch(job, conv ? row_size * (size_t)gr_nrows(s1) : 0);
+        for (int64_t i01 = a0; i01 < a1; i01++) {
+            int64_t cur = -1;
+            gr_tiled_row row;
+            for (int64_t c = b0; c < b1; c++) {
+                const int64_t i11 = c % N, i12 = (c / N) % ne12, i13 = c / (N * ne12);
+                const int64_t i02 = i12 / r2, i03 = i13 / r3, key = i03 * s0->ne[2] + i02;
+                if (key != cur) {
+                    row = gr_tiled_decode(s0->type, K, s0->data + i01 * s0->nb[1] + i02 * s0->nb[2] + i03 * s0->nb[3], mem);
+                    cur = key;
+                }
+                const char *act = conv ? job->wdata + (size_t)c * row_size
+                                       : s1->data + i11 * s1->nb[1] + i12 * s1->nb[2] + i13 * s1->nb[3];
+                float *out = (float *)(d->data + i11 * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
+                out[i01] = gr_tiled_dot_row(&row, act);
+            }
+        }
+        return;
+    }
+
+    if (order == MM_GEMM && (s0->type == GR_TYPE_F32 || s0->type == GR_TYPE_F16)) {
+        /* tiles of 4 weight rows x 2 activation rows sharing the same src0 batch */
+        const int f16 = s0->type == GR_TYPE_F16;
+        const int64_t RB = 64;   /* weight rows kept in cache while every column passes */
+        for (int64_t rb = a0; rb < a1; rb += RB) {
+        const int64_t re = rb + RB < a1 ? rb + RB : a1;
+        for (int64_t c = b0; c < b1;) {
+            const int64_t i12 = (c / N) % ne12, i13 = c / (N * ne12);
+            int64_t ce = c + 2 < b1 ? c + 2 : b1;
+            if ((ce - 1) / N != c / N) ce = c + 1;          /* keep both columns in one batch */
+            const char *wb = s0->data + (i12 / r2) * s0->nb[2] + (i13 / r3) * s0->nb[3];
+            const char *act[2];
+            float *out[2];
+            for (int64_t j = 0; j < 2; j++) {
+                const int64_t cc = c + j < ce ? c + j : c, i11 = cc % N;
+                act[j] = conv ? job->wdata + (size_t)cc * row_size
+                              : s1->data + i11 * s1->nb[1] + i12 * s1->nb[2] + i13 * s1->nb[3];
+                out[j] = (float *)(d->data + i11 * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
+            }
+            for (int64_t i01 = rb; i01 < re; i01 += 4) {
+                const char *w[4];
+                for (int i = 0; i < 4; i++) w[i] = wb + (i01 + i < re ? i01 + i : i01) * s0->nb[1];
+                float t[8];
+                if (f16) gr_vec.tile_f16_x8(K, (const uint16_t *const *)w, (const uint16_t *const *)act, t);
+                else gr_vec.tile_f32_x8(K, (const float *const *)w, (const float *const *)act, t);
+                for (int64_t j = 0; j < ce - c; j++)
+                    for (int i = 0; i < 4 && i01 + i < re; i++) out[j][i01 + i] = t[j * 4 + i];
+            }
+            c = ce;
+        }
+        }
+        return;
+    }
+
     const int64_t BLK = 16;
     for (int64_t ib = a0; ib < a1; ib += BLK) {
         const int64_t ie = ib + BLK < a1 ? ib + BLK : a1;
@@ -93,7 +155,6 @@ void gr_k_mul_mat(gr_job *job, int phase) {
                 float v;
                 if (s0->type == GR_TYPE_F32) v = dot32(K, (const float *)wr, (const float *)act);
                 else if (s0->type == GR_TYPE_F16) v = dot16(K, (const uint16_t *)wr, (const uint16_t *)act);
-                else if (order == MM_TILED) v = gr_tiled_dot(s0->type, K, wr, act);
                 else qdot(K, &v, wr, act);
                 out[i01] = v;
             }

@@ -427,7 +427,8 @@ static void k_mul_mat_id(gr_job *job, int phase) {
     const int conv = x->type != vdt;
     /* rows routed to each expert: ggml uses its tiled K-quant order for an expert
      * with 8 rows or more */
-    int64_t *counts = (int64_t *)(job->wdata + (((conv ? row_size * (size_t)gr_nrows(x) : 0) + 63) & ~(size_t)63));
+    const size_t conv_bytes = ((conv ? row_size * (size_t)gr_nrows(x) : 0) + 63) & ~(size_t)63;
+    int64_t *counts = (int64_t *)(job->wdata + conv_bytes);
     if (phase == 0) {
         if (job->ith == 0) {
             memset(counts, 0, (size_t)n_as * sizeof(int64_t));
@@ -471,13 +472,16 @@ static void k_mul_mat_id(gr_job *job, int phase) {
         const char *wa = w->data + a * w->nb[2];
         float *out = (float *)(d->data + e * d->nb[1] + t * d->nb[2]);
         const int tiled = n->iparams[1] && counts[a] >= 8;
+        void *mem = tiled ? gr_tiled_scratch(job, conv_bytes + (((size_t)n_as * 8 + 63) & ~(size_t)63)) : NULL;
         for (int64_t i01 = 0; i01 < M; i01++) {
             const char *wr = wa + i01 * w->nb[1];
             float v;
             if (w->type == GR_TYPE_F32) v = gr_vec.dot_f32(K, (const float *)wr, (const float *)act);
             else if (w->type == GR_TYPE_F16) v = gr_vec.dot_f16(K, (const uint16_t *)wr, (const uint16_t *)act);
-            else if (tiled) v = gr_tiled_dot(w->type, K, wr, act);
-            else qdot(K, &v, wr, act);
+            else if (tiled) {
+                const gr_tiled_row row = gr_tiled_decode(w->type, K, wr, mem);
+                v = gr_tiled_dot_row(&row, act);
+            } else qdot(K, &v, wr, act);
             out[i01] = v;
         }
     }

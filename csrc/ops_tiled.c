@@ -3,27 +3,31 @@
  * uses for these types when 8 or more activation rows are multiplied at once.
  *
  * Per 256-element block everything integer is exact: s1 = sum over sub-blocks of
- * scale * sum(code * q8), and for formats with minimums s2 = sum of min * sum(q8).
+ * scale * sum(value * q8), and for formats with minimums s2 = sum of min * sum(q8).
  * The float steps, in this order, decide the result:
  *     r   = d * s1;  r = fma(-dmin, s2, r)   (formats with minimums)
  *     acc = fma(r, d8, acc)                  (blocks in order, acc from 0)
  * which differs from the one-row vec_dot kernels only in rounding, so a model
  * gives llama.cpp's exact logits only if prompts take this path here too.
+ *
+ * A weight row is decoded once (gr_tiled_decode) into signed 8-bit values with
+ * per-16 scales and minimums; its dot products with every activation row then
+ * need only integer multiply-adds (AVX2 where the CPU has it).
  */
 #include <stdint.h>
 #include <string.h>
+
+#if defined(__x86_64__) || defined(__i386__)
+#include <immintrin.h>
+#define GR_TILED_X86 1
+#else
+#define GR_TILED_X86 0
+#endif
 
 #include "exec_impl.h"
 
 static const int8_t IQ4NL_VALUES[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
                                          1, 13, 25, 38, 53, 69, 89, 113 };
-
-/* sum of q8 over elements [e0, e0 + n), from the Q8_K per-16 sums */
-static inline int32_t q8_sum(const block_q8_K *y, int e0, int n) {
-    int32_t s = 0;
-    for (int k = e0 / 16; k < (e0 + n) / 16; k++) s += y->bsums[k];
-    return s;
-}
 
 /* the 6-bit scales and mins of Q4_K / Q5_K (8 of each, 32 elements apiece) */
 static inline void k4_scale_min(const uint8_t *q, int j, int *sc, int *m) {
@@ -36,66 +40,66 @@ static inline void k4_scale_min(const uint8_t *q, int j, int *sc, int *m) {
     }
 }
 
+/* One block decoded: w[256] signed values (|w| <= 127), sc/mn per 16 elements
+ * (a 32-element sub-block's scale repeated), d and dmin. */
 typedef struct {
-    int32_t s1, s2;
-    float d, dmin;
-} kblock;
+    int8_t *w;
+    int16_t *sc, *mn;
+    float *d, *dmin;
+} kdec;
 
-/* code of element e (0..255) of each format: ggml-common.h's layouts */
-static kblock blk_q4_K(const void *w, const block_q8_K *y) {
-    const block_q4_K *x = w;
-    kblock r = { 0, 0, gr_fp16_to_fp32(x->d), gr_fp16_to_fp32(x->dmin) };
+static void dec_q4_K(const void *blk, kdec o) {
+    const block_q4_K *x = blk;
+    *o.d = gr_fp16_to_fp32(x->d);
+    *o.dmin = gr_fp16_to_fp32(x->dmin);
     for (int s = 0; s < 8; s++) {
         int sc, m;
         k4_scale_min(x->scales, s, &sc, &m);
+        o.sc[2 * s] = o.sc[2 * s + 1] = (int16_t)sc;
+        o.mn[2 * s] = o.mn[2 * s + 1] = (int16_t)m;
         const uint8_t *qs = x->qs + 32 * (s / 2);
-        int32_t dot = 0;
-        for (int l = 0; l < 32; l++) dot += (int32_t)((s & 1) ? qs[l] >> 4 : qs[l] & 0xF) * y->qs[32 * s + l];
-        r.s1 += sc * dot;
-        r.s2 += m * q8_sum(y, 32 * s, 32);
+        for (int l = 0; l < 32; l++) o.w[32 * s + l] = (int8_t)((s & 1) ? qs[l] >> 4 : qs[l] & 0xF);
     }
-    return r;
 }
 
-static kblock blk_q5_K(const void *w, const block_q8_K *y) {
-    const block_q5_K *x = w;
-    kblock r = { 0, 0, gr_fp16_to_fp32(x->d), gr_fp16_to_fp32(x->dmin) };
+static void dec_q5_K(const void *blk, kdec o) {
+    const block_q5_K *x = blk;
+    *o.d = gr_fp16_to_fp32(x->d);
+    *o.dmin = gr_fp16_to_fp32(x->dmin);
     for (int s = 0; s < 8; s++) {
         int sc, m;
         k4_scale_min(x->scales, s, &sc, &m);
+        o.sc[2 * s] = o.sc[2 * s + 1] = (int16_t)sc;
+        o.mn[2 * s] = o.mn[2 * s + 1] = (int16_t)m;
         const uint8_t *qs = x->qs + 32 * (s / 2);
-        int32_t dot = 0;
         for (int l = 0; l < 32; l++) {
             const int lo = (s & 1) ? qs[l] >> 4 : qs[l] & 0xF;
-            const int hi = (x->qh[l] >> s) & 1;
-            dot += (int32_t)(lo | hi << 4) * y->qs[32 * s + l];
+            o.w[32 * s + l] = (int8_t)(lo | ((x->qh[l] >> s) & 1) << 4);
         }
-        r.s1 += sc * dot;
-        r.s2 += m * q8_sum(y, 32 * s, 32);
     }
-    return r;
 }
 
-static kblock blk_q6_K(const void *w, const block_q8_K *y) {
-    const block_q6_K *x = w;
-    kblock r = { 0, 0, gr_fp16_to_fp32(x->d), 0.0f };
+static void dec_q6_K(const void *blk, kdec o) {
+    const block_q6_K *x = blk;
+    *o.d = gr_fp16_to_fp32(x->d);
+    *o.dmin = 0.0f;
+    for (int e = 0; e < 256; e++) {
+        const int half = e >> 7, el = e & 127, quarter = el >> 5, l = el & 31;
+        const uint8_t lq = x->ql[64 * half + 32 * (quarter & 1) + l];
+        const int lo = quarter < 2 ? lq & 0xF : lq >> 4;
+        const int hi = (x->qh[32 * half + l] >> (2 * quarter)) & 3;
+        o.w[e] = (int8_t)((lo | hi << 4) - 32);
+    }
     for (int s = 0; s < 16; s++) {
-        int32_t dot = 0;
-        for (int k = 0; k < 16; k++) {
-            const int e = 16 * s + k, half = e >> 7, el = e & 127, quarter = el >> 5, l = el & 31;
-            const uint8_t lq = x->ql[64 * half + 32 * (quarter & 1) + l];
-            const int lo = quarter < 2 ? lq & 0xF : lq >> 4;
-            const int hi = (x->qh[32 * half + l] >> (2 * quarter)) & 3;
-            dot += (int32_t)((lo | hi << 4) - 32) * y->qs[e];
-        }
-        r.s1 += (int32_t)x->scales[s] * dot;
+        o.sc[s] = x->scales[s];
+        o.mn[s] = 0;
     }
-    return r;
 }
 
-static kblock blk_q3_K(const void *w, const block_q8_K *y) {
-    const block_q3_K *x = w;
-    kblock r = { 0, 0, gr_fp16_to_fp32(x->d), 0.0f };
+static void dec_q3_K(const void *blk, kdec o) {
+    const block_q3_K *x = blk;
+    *o.d = gr_fp16_to_fp32(x->d);
+    *o.dmin = 0.0f;
     uint32_t aux[4];
     memcpy(aux, x->scales, 12);
     const uint32_t t = aux[2];
@@ -104,61 +108,58 @@ static kblock blk_q3_K(const void *w, const block_q8_K *y) {
     aux[0] = (aux[0] & 0x0f0f0f0fu) | (((t >> 0) & 0x03030303u) << 4);
     aux[1] = (aux[1] & 0x0f0f0f0fu) | (((t >> 2) & 0x03030303u) << 4);
     const int8_t *scales = (const int8_t *)aux;
-    for (int s = 0; s < 16; s++) {
-        int32_t dot = 0;
-        for (int k = 0; k < 16; k++) {
-            const int e = 16 * s + k, half = e >> 7, el = e & 127, group = el >> 5, l = el & 31;
-            const int low = (x->qs[32 * half + l] >> (2 * group)) & 3;
-            const int high = (x->hmask[l] >> (4 * half + group)) & 1;
-            dot += (int32_t)((low | high << 2) - 4) * y->qs[e];
-        }
-        r.s1 += (scales[s] - 32) * dot;
+    for (int e = 0; e < 256; e++) {
+        const int half = e >> 7, el = e & 127, group = el >> 5, l = el & 31;
+        const int low = (x->qs[32 * half + l] >> (2 * group)) & 3;
+        const int high = (x->hmask[l] >> (4 * half + group)) & 1;
+        o.w[e] = (int8_t)((low | high << 2) - 4);
     }
-    return r;
+    for (int s = 0; s < 16; s++) {
+        o.sc[s] = (int16_t)(scales[s] - 32);
+        o.mn[s] = 0;
+    }
 }
 
-static kblock blk_q2_K(const void *w, const block_q8_K *y) {
-    const block_q2_K *x = w;
-    kblock r = { 0, 0, gr_fp16_to_fp32(x->d), gr_fp16_to_fp32(x->dmin) };
-    for (int s = 0; s < 16; s++) {
-        int32_t dot = 0;
-        for (int k = 0; k < 16; k++) {
-            const int e = 16 * s + k, half = e >> 7, el = e & 127;
-            const int code = (x->qs[32 * half + (el & 31)] >> (2 * (el >> 5))) & 3;
-            dot += (int32_t)code * y->qs[e];
-        }
-        r.s1 += (int32_t)(x->scales[s] & 0xF) * dot;
-        r.s2 += (int32_t)(x->scales[s] >> 4) * q8_sum(y, 16 * s, 16);
+static void dec_q2_K(const void *blk, kdec o) {
+    const block_q2_K *x = blk;
+    *o.d = gr_fp16_to_fp32(x->d);
+    *o.dmin = gr_fp16_to_fp32(x->dmin);
+    for (int e = 0; e < 256; e++) {
+        const int half = e >> 7, el = e & 127;
+        o.w[e] = (int8_t)((x->qs[32 * half + (el & 31)] >> (2 * (el >> 5))) & 3);
     }
-    return r;
+    for (int s = 0; s < 16; s++) {
+        o.sc[s] = (int16_t)(x->scales[s] & 0xF);
+        o.mn[s] = (int16_t)(x->scales[s] >> 4);
+    }
 }
 
-static kblock blk_iq4_xs(const void *w, const block_q8_K *y) {
-    const block_iq4_xs *x = w;
-    kblock r = { 0, 0, gr_fp16_to_fp32(x->d), 0.0f };
+static void dec_iq4_xs(const void *blk, kdec o) {
+    const block_iq4_xs *x = blk;
+    *o.d = gr_fp16_to_fp32(x->d);
+    *o.dmin = 0.0f;
     for (int s = 0; s < 8; s++) {
         const int ls = ((x->scales_l[s / 2] >> 4 * (s % 2)) & 0xf) | (((x->scales_h >> 2 * s) & 3) << 4);
+        o.sc[2 * s] = o.sc[2 * s + 1] = (int16_t)(ls - 32);
+        o.mn[2 * s] = o.mn[2 * s + 1] = 0;
         const uint8_t *qs = x->qs + 16 * s;
-        int32_t dot = 0;
         for (int l = 0; l < 16; l++) {
-            dot += (int32_t)IQ4NL_VALUES[qs[l] & 0xF] * y->qs[32 * s + l];
-            dot += (int32_t)IQ4NL_VALUES[qs[l] >> 4] * y->qs[32 * s + 16 + l];
+            o.w[32 * s + l] = IQ4NL_VALUES[qs[l] & 0xF];
+            o.w[32 * s + 16 + l] = IQ4NL_VALUES[qs[l] >> 4];
         }
-        r.s1 += (ls - 32) * dot;
     }
-    return r;
 }
 
-typedef kblock (*kblock_fn)(const void *w, const block_q8_K *y);
+typedef void (*kdec_fn)(const void *blk, kdec o);
 
-static kblock_fn kblock_for(int32_t type, size_t *bsize, int *has_min) {
+static kdec_fn decoder_for(int32_t type, size_t *bsize, int *has_min) {
     switch (type) {
-    case GR_TYPE_Q2_K: *bsize = sizeof(block_q2_K); *has_min = 1; return blk_q2_K;
-    case GR_TYPE_Q3_K: *bsize = sizeof(block_q3_K); *has_min = 0; return blk_q3_K;
-    case GR_TYPE_Q4_K: *bsize = sizeof(block_q4_K); *has_min = 1; return blk_q4_K;
-    case GR_TYPE_Q5_K: *bsize = sizeof(block_q5_K); *has_min = 1; return blk_q5_K;
-    case GR_TYPE_Q6_K: *bsize = sizeof(block_q6_K); *has_min = 0; return blk_q6_K;
-    case GR_TYPE_IQ4_XS: *bsize = sizeof(block_iq4_xs); *has_min = 0; return blk_iq4_xs;
+    case GR_TYPE_Q2_K: *bsize = sizeof(block_q2_K); *has_min = 1; return dec_q2_K;
+    case GR_TYPE_Q3_K: *bsize = sizeof(block_q3_K); *has_min = 0; return dec_q3_K;
+    case GR_TYPE_Q4_K: *bsize = sizeof(block_q4_K); *has_min = 1; return dec_q4_K;
+    case GR_TYPE_Q5_K: *bsize = sizeof(block_q5_K); *has_min = 1; return dec_q5_K;
+    case GR_TYPE_Q6_K: *bsize = sizeof(block_q6_K); *has_min = 0; return dec_q6_K;
+    case GR_TYPE_IQ4_XS: *bsize = sizeof(block_iq4_xs); *has_min = 0; return dec_iq4_xs;
     default: return NULL;
     }
 }
@@ -166,22 +167,103 @@ static kblock_fn kblock_for(int32_t type, size_t *bsize, int *has_min) {
 int gr_tiled_supported(int32_t type) {
     size_t bs;
     int hm;
-    return kblock_for(type, &bs, &hm) != NULL;
+    return decoder_for(type, &bs, &hm) != NULL;
 }
 
-/*   w_row: K / 256 blocks of `type`; act: K / 256 Q8_K blocks */
-float gr_tiled_dot(int32_t type, int64_t K, const void *w_row, const void *act) {
+size_t gr_tiled_row_bytes(int64_t K) {
+    /* w (K), sc and mn (K/16 each, int16), d and dmin (K/256 each, float), has_min */
+    return (size_t)K + (size_t)(K / 16) * 4 + (size_t)(K / 256) * 8 + 64;
+}
+
+static inline gr_tiled_row row_view(void *mem, int64_t K) {
+    char *p = mem;
+    gr_tiled_row r;
+    r.w = (int8_t *)p;
+    r.sc = (int16_t *)(p + K);
+    r.mn = r.sc + K / 16;
+    r.d = (float *)(r.mn + K / 16);
+    r.dmin = r.d + K / 256;
+    r.K = K;
+    r.has_min = 0;
+    return r;
+}
+
+gr_tiled_row gr_tiled_decode(int32_t type, int64_t K, const void *w_row, void *mem) {
     size_t bsize;
     int has_min;
-    const kblock_fn fn = kblock_for(type, &bsize, &has_min);
-    const block_q8_K *y = act;
-    const char *x = w_row;
-    float acc = 0.0f;
+    const kdec_fn fn = decoder_for(type, &bsize, &has_min);
+    gr_tiled_row r = row_view(mem, K);
+    r.has_min = has_min;
     for (int64_t b = 0; b < K / 256; b++) {
-        const kblock k = fn(x + (size_t)b * bsize, &y[b]);
-        float r = k.d * (float)k.s1;
-        if (has_min) r = fmaf(-k.dmin, (float)k.s2, r);
-        acc = fmaf(r, y[b].d, acc);
+        const kdec o = { r.w + 256 * b, r.sc + 16 * b, r.mn + 16 * b, r.d + b, r.dmin + b };
+        fn((const char *)w_row + (size_t)b * bsize, o);
+    }
+    return r;
+}
+
+/* The exact integers of one block: s1 = sum over groups of 16 of sc * (w . q),
+ * s2 = sum of mn * (sum of q). */
+static void block_sums_c(const int8_t *w, const int8_t *q, const int16_t *sc, const int16_t *mn,
+                         const int16_t *bsums, int32_t *s1, int32_t *s2) {
+    int32_t a = 0, b = 0;
+    for (int g = 0; g < 16; g++) {
+        int32_t dot = 0;
+        for (int k = 0; k < 16; k++) dot += (int32_t)w[16 * g + k] * q[16 * g + k];
+        a += sc[g] * dot;
+        b += mn[g] * bsums[g];
+    }
+    *s1 = a;
+    *s2 = b;
+}
+
+#if GR_TILED_X86
+__attribute__((target("avx2"))) static inline int32_t hsum_i32x8(__m256i v) {
+    __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+    s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+    return _mm_cvtsi128_si32(s);
+}
+
+__attribute__((target("avx2"))) static void block_sums_avx2(const int8_t *w, const int8_t *q, const int16_t *sc,
+                                                            const int16_t *mn, const int16_t *bsums,
+                                                            int32_t *s1, int32_t *s2) {
+    __m256i acc = _mm256_setzero_si256();
+    for (int c = 0; c < 8; c++) {
+        const __m256i wv = _mm256_loadu_si256((const __m256i *)(w + 32 * c));
+        const __m256i qv = _mm256_loadu_si256((const __m256i *)(q + 32 * c));
+        /* |w| * (q with w's sign): pair sums stay within int16 as |w|, |q| <= 127 */
+        const __m256i p = _mm256_maddubs_epi16(_mm256_sign_epi8(wv, wv), _mm256_sign_epi8(qv, wv));
+        const __m256i scv = _mm256_set_m128i(_mm_set1_epi16(sc[2 * c + 1]), _mm_set1_epi16(sc[2 * c]));
+        acc = _mm256_add_epi32(acc, _mm256_madd_epi16(p, scv));
+    }
+    *s1 = hsum_i32x8(acc);
+    *s2 = hsum_i32x8(_mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)mn),
+                                       _mm256_loadu_si256((const __m256i *)bsums)));
+}
+#endif
+
+static void (*block_sums)(const int8_t *, const int8_t *, const int16_t *, const int16_t *, const int16_t *,
+                          int32_t *, int32_t *) = block_sums_c;
+
+void gr_tiled_init(int use_simd) {
+    block_sums = block_sums_c;
+#if GR_TILED_X86
+    if (use_simd) block_sums = block_sums_avx2;
+#else
+    (void)use_simd;
+#endif
+}
+
+/*   act: K / 256 Q8_K blocks */
+float gr_tiled_dot_row(const gr_tiled_row *r, const void *act) {
+    const block_q8_K *y = act;
+    float acc = 0.0f;
+    for (int64_t b = 0; b < r->K / 256; b++) {
+        int32_t s1, s2;
+        block_sums(r->w + 256 * b, y[b].qs, r->sc + 16 * b, r->mn + 16 * b, y[b].bsums, &s1, &s2);
+        float v = r->d[b] * (float)s1;
+        if (r->has_min) v = fmaf(-r->dmin[b], (float)s2, v);
+        acc = fmaf(v, y[b].d, acc);
     }
     return acc;
 }

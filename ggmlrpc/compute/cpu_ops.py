@@ -655,7 +655,7 @@ def rule_mul_mat_id(node, srcs):
         raise invalid(node, srcs, "rows are not whole blocks of the activation type")
     row_size = K // ggml.blck_size(vdt) * ggml.type_size(vdt)
     # experts with 8 routed rows or more take ggml's tiled K-quant order
-    return Spec(ids.K.MUL_MAT_ID, iparams=(vdt, int(w.type in TILED_TYPES), row_size), srcs=[w, x, sel])
+    return Spec(ids.K.MUL_MAT_ID, iparams=(vdt, 2 if w.type in TILED_TYPES else 0, row_size), srcs=[w, x, sel])
 
 
 def rule_add_id(node, srcs):

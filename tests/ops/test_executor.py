@@ -143,6 +143,12 @@ def graph_zoo(c, rng):
     outs.append(c.op(Op.UNARY, T.F32, (70, 6), x, params=[U.SILU]))
     outs.append(c.op(Op.GLU, T.F32, (35, 6), x, params=[G.SWIGLU, 1]))
     outs.append(c.op(Op.CPY, T.F16, (70, 6), x, c.new(T.F16, (70, 6))))
+    from tests.ops.test_quants import random_blocks
+    for qt in (T.Q4_K, T.Q6_K):     # ggml's tiled K-quant order (9 activation rows)
+        wq = c.new(qt, (256, 8))
+        c.rb.set_tensor(wq, random_blocks(rng, qt, 256 * 8).tobytes())
+        outs.append(c.op(Op.MUL_MAT, T.F32, (8, 9), wq,
+                         c.new(T.F32, (256, 9), rng.standard_normal((9, 256)).astype(np.float32))))
     q = c.new(T.F32, (32, 3, 4), rng.standard_normal((4, 3, 32)).astype(np.float32))
     kv = c.new(T.F16, (32, 20, 2), rng.standard_normal((2, 20, 32)).astype(np.float16))
     outs.append(c.op(Op.FLASH_ATTN_EXT, T.F32, (32, 4, 3, 1), q, kv, kv, params=[f32_bits(0.2), 0, 0, 0]))
