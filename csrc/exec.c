@@ -105,6 +105,12 @@ size_t ggmlrpc_exec_wsize(const gr_node *node, int nth) {
         return (size_t)nth * (size_t)(node->dst.ne[0] + 16) * sizeof(float);
     case GR_K_COUNT_EQUAL:
         return (size_t)nth * 64;
+    case GR_K_GATED_DELTA_NET:
+        {
+            const int64_t S = node->src[2].ne[0];
+            const int64_t per = S + (node->op_params[0] > 1 ? S * S : 0);
+            return (size_t)nth * (size_t)(per + 16) * sizeof(float);
+        }
     default:
         return 0;
     }

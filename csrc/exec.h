@@ -83,6 +83,10 @@ enum gr_kernel {
     GR_K_ROLL,
     GR_K_PAD_REFLECT_1D,
     GR_K_TIMESTEP_EMBEDDING,
+    GR_K_RWKV_WKV6,      /* sub 0: RWKV_WKV6, 1: GATED_LINEAR_ATTN */
+    GR_K_RWKV_WKV7,
+    GR_K_SOLVE_TRI,
+    GR_K_GATED_DELTA_NET,
     GR_K_COUNT
 };
 

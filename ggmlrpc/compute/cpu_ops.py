@@ -785,6 +785,70 @@ def rule_timestep_embedding(node, srcs):
     return Spec(ids.K.TIMESTEP_EMBEDDING, srcs=[s])
 
 
+def _recurrence(node, srcs, n_src, state_i):
+    """Shared checks of the linear-attention recurrences: all F32 and contiguous,
+    sources (S, H, T) except the state (S*S*H*n_seqs elements), dst (S*H, T + S*n_seqs)."""
+    need(node, srcs, n_src)
+    need_types(node, srcs, all(t.type == T.F32 for t in srcs) and node.type == T.F32)
+    state = srcs[state_i]
+    S, H, n_t = srcs[0].ne[0], srcs[0].ne[1], srcs[0].ne[2]
+    n_seqs = state.ne[1]
+    if not all(contiguous(t) for t in srcs) or not contiguous(node):
+        raise invalid(node, srcs, "sources and result must be contiguous")
+    ok = (all(tuple(t.ne[:3]) == (S, H, n_t) and t.ne[3] == 1 for i, t in enumerate(srcs) if i != state_i
+              and not (node.op == Op.RWKV_WKV6 and i == 3))
+          and n_seqs > 0 and n_t % n_seqs == 0 and nelements(state) == S * S * H * n_seqs
+          and tuple(node.ne) == (S * H, n_t + S * n_seqs, 1, 1))
+    if node.op == Op.RWKV_WKV6:
+        ok = ok and nelements(srcs[3]) == S * H
+    if not ok:
+        raise invalid(node, srcs, "shapes of inputs, state and result do not agree")
+
+
+def rule_rwkv_wkv6(node, srcs):
+    _recurrence(node, srcs, 6, 5)
+    return Spec(ids.K.RWKV_WKV6, srcs=list(srcs))
+
+
+def rule_gated_linear_attn(node, srcs):
+    _recurrence(node, srcs, 5, 4)
+    return Spec(ids.K.RWKV_WKV6, sub=1, srcs=list(srcs))
+
+
+def rule_rwkv_wkv7(node, srcs):
+    _recurrence(node, srcs, 7, 6)
+    return Spec(ids.K.RWKV_WKV7, srcs=list(srcs))
+
+
+def rule_solve_tri(node, srcs):
+    need(node, srcs, 2)
+    a, b = srcs
+    need_types(node, srcs, a.type == b.type == node.type == T.F32)
+    if not (contiguous(a) and contiguous(b) and contiguous(node)):
+        raise invalid(node, srcs, "sources and result must be contiguous")
+    if (a.ne[0] != a.ne[1] or a.ne[1] != b.ne[1] or tuple(a.ne[2:]) != tuple(b.ne[2:])
+            or not same_shape(node, b)):
+        raise invalid(node, srcs, "A must be square and match B and the result")
+    return Spec(ids.K.SOLVE_TRI, srcs=[a, b])
+
+
+def rule_gated_delta_net(node, srcs):
+    need(node, srcs, 6)
+    q, k, v, g, beta, state = srcs
+    need_types(node, srcs, all(t.type == T.F32 for t in srcs) and node.type == T.F32)
+    S, H, n_t, n_s = v.ne
+    K = node.op_params[0]
+    rows_ok = all(t.nb[0] == 4 for t in (q, k, v))
+    heads_ok = all(t.ne[0] == S and t.ne[2] == n_t and n_s % t.ne[3] == 0 for t in (q, k))
+    ok = (K >= 1 and rows_ok and heads_ok and contiguous(g) and contiguous(beta) and contiguous(state)
+          and g.ne[0] in (1, S) and tuple(g.ne[1:]) == (H, n_t, n_s)
+          and tuple(beta.ne) == (1, H, n_t, n_s) and tuple(state.ne) == (S, S, H, n_s)
+          and contiguous(node) and tuple(node.ne) == (S * H, n_t * n_s + K * S * n_s, 1, 1))
+    if not ok:
+        raise invalid(node, srcs, "shapes of q, k, v, gate, beta, state and result do not agree")
+    return Spec(ids.K.GATED_DELTA_NET, srcs=list(srcs))
+
+
 RULES = {
     Op.DUP: rule_dup,
     Op.CONT: rule_dup,
@@ -847,4 +911,9 @@ RULES = {
     Op.ROLL: rule_roll,
     Op.PAD_REFLECT_1D: rule_pad_reflect_1d,
     Op.TIMESTEP_EMBEDDING: rule_timestep_embedding,
+    Op.RWKV_WKV6: rule_rwkv_wkv6,
+    Op.GATED_LINEAR_ATTN: rule_gated_linear_attn,
+    Op.RWKV_WKV7: rule_rwkv_wkv7,
+    Op.SOLVE_TRI: rule_solve_tri,
+    Op.GATED_DELTA_NET: rule_gated_delta_net,
 }

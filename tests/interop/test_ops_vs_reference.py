@@ -335,6 +335,44 @@ def hadamard(xt):
     return build
 
 
+def wkv(opcode, S=64, H=3, n_t=4, n_s=2):
+    """RWKV_WKV6 / GATED_LINEAR_ATTN / RWKV_WKV7 with two sequences of n_t/n_s tokens."""
+    def build(c, r):
+        x = lambda scale=1.0, offset=0.0: inp(c, r, T.F32, (S, H, n_t), scale, offset)
+        state = inp(c, r, T.F32, (S * S * H, n_s), 0.5)
+        out = (S * H, n_t + S * n_s)
+        if opcode == Op.RWKV_WKV6:
+            srcs = [x(), x(), x(), inp(c, r, T.F32, (S, H)), x(0.1, 0.9), state]
+            return [c.op(opcode, T.F32, out, *srcs)]
+        if opcode == Op.GATED_LINEAR_ATTN:
+            return [c.op(opcode, T.F32, out, x(), x(), x(), x(0.1, 0.9), state, params=[f32_bits(0.125)])]
+        return [c.op(opcode, T.F32, out, x(), x(0.1, 0.9), x(), x(), x(0.2), x(0.2), state)]
+    return build
+
+
+def solve_tri(k):
+    def build(c, r):
+        n = 11
+        a = np.tril(r.standard_normal((3, 2, n, n))).astype(np.float32)
+        a[..., np.arange(n), np.arange(n)] = 2.0 + r.random((3, 2, n)).astype(np.float32)
+        return [c.op(Op.SOLVE_TRI, T.F32, (k, n, 2, 3), c.new(T.F32, (n, n, 2, 3), a),
+                     inp(c, r, T.F32, (k, n, 2, 3)))]
+    return build
+
+
+def gated_delta_net(vec_gate=False, K=1, S=32):
+    def build(c, r):
+        H, n_t, n_s = 4, 3, 2
+        q, k = inp(c, r, T.F32, (S, 2, n_t, n_s), 0.3), inp(c, r, T.F32, (S, 2, n_t, n_s), 0.3)
+        v = inp(c, r, T.F32, (S, H, n_t, n_s))
+        g = inp(c, r, T.F32, (S if vec_gate else 1, H, n_t, n_s), 0.1, -0.2)
+        beta = inp(c, r, T.F32, (1, H, n_t, n_s), 0.2, 0.5)
+        state = inp(c, r, T.F32, (S, S, H, n_s), 0.5)
+        return [c.op(Op.GATED_DELTA_NET, T.F32, (S * H, n_t * n_s + K * S * n_s), q, k, v, g, beta, state,
+                     params=[K])]
+    return build
+
+
 CASES = {
     "add-f32": binary(Op.ADD), "sub-f32": binary(Op.SUB), "div-f32": binary(Op.DIV),
     "mul-f16": binary(Op.MUL, T.F16, T.F16, T.F16), "mul-f16-f32-f16": binary(Op.MUL, T.F16, T.F32, T.F16),
@@ -416,6 +454,10 @@ CASES = {
     "timestep_embedding": op1(Op.TIMESTEP_EMBEDDING, (6,), [33, 10000], out_ne=(33, 6), scale=100.0),
     "add_id": add_id, "out_prod": out_prod(T.F32), "out_prod-f16": out_prod(T.F16, 3),
     "out_prod-q8_0": out_prod(T.Q8_0, 3),
+    "rwkv_wkv6": wkv(Op.RWKV_WKV6), "rwkv_wkv6-tail": wkv(Op.RWKV_WKV6, S=12),
+    "gated_linear_attn": wkv(Op.GATED_LINEAR_ATTN), "rwkv_wkv7": wkv(Op.RWKV_WKV7),
+    "solve_tri": solve_tri(5), "solve_tri-1col": solve_tri(1), "gated_delta_net": gated_delta_net(), "gated_delta_net-kda": gated_delta_net(True),
+    "gated_delta_net-snapshots": gated_delta_net(K=3), "gated_delta_net-tail": gated_delta_net(S=20),
 }
 
 
