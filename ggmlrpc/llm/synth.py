@@ -1,10 +1,14 @@
-"""Random-weight llama GGUF models for tests and benchmarks.
+"""Random-weight GGUF models for tests and benchmarks.
 
-They make no sense as language, but they send exactly the graphs a real llama
-model sends. Weights are written as F32 or F16 with ``gguf.GGUFWriter``;
-llama.cpp's ``llama-quantize`` turns them into any quantized type.
+They make no sense as language, but they send exactly the graphs a real model
+of their architecture sends. Weights are written as F32 or F16 with
+``gguf.GGUFWriter``; llama.cpp's ``llama-quantize`` turns them into any
+quantized type. ``write_llama`` writes a llama model; ``write_model`` writes any
+of ``ARCHS`` (llama with tied or untied output, qwen2, gemma2, phi2, phi3 and
+the mixture-of-experts qwen2moe), each chosen for the ops its graph adds.
 
     python -m ggmlrpc.llm.synth out.gguf --layers 12 --embd 1024 --ff 2816
+    python -m ggmlrpc.llm.synth out.gguf --arch qwen2moe --embd 256 --ff 512
 """
 from __future__ import annotations
 
@@ -60,63 +64,256 @@ def vocab() -> tuple[list[bytes], list[float], list[int]]:
 
 
 def write_llama(path: str | Path, shape: LlamaShape = LlamaShape(), dtype: str = "f16",
-                seed: int = 0) -> Path:
-    import gguf
-
-    path = Path(path)
-    rng = np.random.default_rng(seed)
-    ftype = {"f32": (np.float32, 0), "f16": (np.float16, 1)}[dtype]
-    tokens, scores, types = vocab()
-    w = gguf.GGUFWriter(str(path), "llama")
-    w.add_context_length(shape.n_ctx)
-    w.add_embedding_length(shape.n_embd)
-    w.add_block_count(shape.n_layer)
-    w.add_feed_forward_length(shape.n_ff)
-    w.add_head_count(shape.n_head)
-    w.add_head_count_kv(shape.n_head_kv)
-    w.add_layer_norm_rms_eps(shape.eps)
-    w.add_rope_dimension_count(shape.n_embd // shape.n_head)
-    w.add_rope_freq_base(shape.rope_base)
-    w.add_file_type(ftype[1])
-    w.add_tokenizer_model("llama")
-    w.add_token_list(tokens)
-    w.add_token_scores(scores)
-    w.add_token_types(types)
-    w.add_bos_token_id(1)
-    w.add_eos_token_id(2)
-    w.add_unk_token_id(0)
-    w.add_add_bos_token(True)
-
-    def mat(rows, cols, scale=None):
-        scale = scale if scale is not None else 1.0 / np.sqrt(cols)
-        return (rng.standard_normal((rows, cols), dtype=np.float32) * scale).astype(ftype[0])
-
-    e, kv = shape.n_embd, shape.n_embd // shape.n_head * shape.n_head_kv
-    w.add_tensor("token_embd.weight", mat(len(tokens), e, 1.0))
+                seed: int = 0, tied: bool = False) -> Path:
+    """A llama model; ``tied`` leaves out output.weight, so the output layer reuses
+    the token embeddings (llama.cpp duplicates them onto the output device)."""
+    s = _Synth(path, "llama", shape, dtype, seed)
+    e, kv = shape.n_embd, s.n_kv
+    s.w.add_tensor("token_embd.weight", s.embd(tied))
     for i in range(shape.n_layer):
         p = f"blk.{i}."
-        w.add_tensor(p + "attn_norm.weight", np.ones(e, np.float32) + 0.1 * rng.standard_normal(e, dtype=np.float32))
-        w.add_tensor(p + "attn_q.weight", mat(e, e))
-        w.add_tensor(p + "attn_k.weight", mat(kv, e))
-        w.add_tensor(p + "attn_v.weight", mat(kv, e))
-        w.add_tensor(p + "attn_output.weight", mat(e, e))
-        w.add_tensor(p + "ffn_norm.weight", np.ones(e, np.float32) + 0.1 * rng.standard_normal(e, dtype=np.float32))
-        w.add_tensor(p + "ffn_gate.weight", mat(shape.n_ff, e))
-        w.add_tensor(p + "ffn_up.weight", mat(shape.n_ff, e))
-        w.add_tensor(p + "ffn_down.weight", mat(e, shape.n_ff))
-    w.add_tensor("output_norm.weight", np.ones(e, np.float32))
-    w.add_tensor("output.weight", mat(len(tokens), e))
-    w.write_header_to_file()
-    w.write_kv_data_to_file()
-    w.write_tensors_to_file()
-    w.close()
-    return path
+        s.w.add_tensor(p + "attn_norm.weight", s.norm(e))
+        s.w.add_tensor(p + "attn_q.weight", s.mat(e, e))
+        s.w.add_tensor(p + "attn_k.weight", s.mat(kv, e))
+        s.w.add_tensor(p + "attn_v.weight", s.mat(kv, e))
+        s.w.add_tensor(p + "attn_output.weight", s.mat(e, e))
+        s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
+        s.w.add_tensor(p + "ffn_gate.weight", s.mat(shape.n_ff, e))
+        s.w.add_tensor(p + "ffn_up.weight", s.mat(shape.n_ff, e))
+        s.w.add_tensor(p + "ffn_down.weight", s.mat(e, shape.n_ff))
+    s.w.add_tensor("output_norm.weight", np.ones(e, np.float32))
+    if not tied:
+        s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
+    return s.finish()
+
+
+@dataclass
+class ModelShape(LlamaShape):
+    """LlamaShape plus what the other architectures read; 0 means "derived"."""
+    n_expert: int = 4
+    n_expert_used: int = 2
+    n_ff_exp: int = 0          # per-expert feed-forward (0: n_ff)
+    n_ff_shexp: int = 0        # shared expert feed-forward (0: n_ff)
+    n_swa: int = 8             # gemma2 sliding window: short, so a prompt crosses it
+    n_rot: int = 0             # rotated dims per head (0: all; phi2 rotates half)
+    attn_softcap: float = 50.0
+    final_softcap: float = 30.0
+
+
+class _Synth:
+    """One GGUF being written: the metadata every architecture here shares (sizes,
+    rope, SentencePiece vocabulary) and random tensors of the model's dtype."""
+
+    def __init__(self, path, arch: str, shape: LlamaShape, dtype: str, seed: int,
+                 rms: bool = True, n_rot: int | None = None):
+        import gguf
+
+        self.path = Path(path)
+        self.shape = shape
+        self.rng = np.random.default_rng(seed)
+        self.dtype, ftype = {"f32": (np.float32, 0), "f16": (np.float16, 1)}[dtype]
+        self.head = shape.n_embd // shape.n_head
+        self.n_kv = self.head * shape.n_head_kv
+        tokens, scores, types = vocab()
+        self.n_vocab = len(tokens)
+        w = self.w = gguf.GGUFWriter(str(self.path), arch)
+        w.add_context_length(shape.n_ctx)
+        w.add_embedding_length(shape.n_embd)
+        w.add_block_count(shape.n_layer)
+        w.add_feed_forward_length(shape.n_ff)
+        w.add_head_count(shape.n_head)
+        w.add_head_count_kv(shape.n_head_kv)
+        if rms:
+            w.add_layer_norm_rms_eps(shape.eps)
+        else:
+            w.add_layer_norm_eps(shape.eps)
+        w.add_rope_dimension_count(n_rot or self.head)
+        w.add_rope_freq_base(shape.rope_base)
+        w.add_file_type(ftype)
+        w.add_tokenizer_model("llama")
+        w.add_token_list(tokens)
+        w.add_token_scores(scores)
+        w.add_token_types(types)
+        w.add_bos_token_id(1)
+        w.add_eos_token_id(2)
+        w.add_unk_token_id(0)
+        w.add_add_bos_token(True)
+
+    def mat(self, rows, cols, scale=None, n=None, dtype=None):
+        """(rows, cols) weights, or n of them stacked (experts), scaled to keep
+        activations near unit size."""
+        scale = scale if scale is not None else 1.0 / np.sqrt(cols)
+        dims = (rows, cols) if n is None else (n, rows, cols)
+        x = self.rng.standard_normal(dims, dtype=np.float32) * scale
+        return x.astype(dtype or self.dtype)
+
+    def embd(self, tied: bool = False):
+        """Token embeddings, unit-size unless tied to the output: then a unit-size
+        row would dominate the residual stream and each token would predict
+        itself forever, so the layers' contribution is made to dominate."""
+        return self.mat(self.n_vocab, self.shape.n_embd, 0.005 if tied else 1.0)
+
+    def norm(self, n):
+        return np.ones(n, np.float32) + 0.1 * self.rng.standard_normal(n, dtype=np.float32)
+
+    def bias(self, n, scale=0.1):
+        return (scale * self.rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
+
+    def finish(self) -> Path:
+        self.w.write_header_to_file()
+        self.w.write_kv_data_to_file()
+        self.w.write_tensors_to_file()
+        self.w.close()
+        return self.path
+
+
+def _qwen2(s: _Synth, moe: bool = False) -> None:
+    """Llama with q/k/v biases and NeoX rope; qwen2moe replaces the feed-forward
+    by routed experts (softmax gate, top-k, MUL_MAT_ID) plus a shared expert
+    behind a sigmoid gate."""
+    sh, e, kv = s.shape, s.shape.n_embd, s.n_kv
+    if moe:
+        ff_exp = sh.n_ff_exp or sh.n_ff
+        s.w.add_expert_count(sh.n_expert)
+        s.w.add_expert_used_count(sh.n_expert_used)
+        s.w.add_expert_feed_forward_length(ff_exp)
+        s.w.add_expert_shared_feed_forward_length(sh.n_ff_shexp or sh.n_ff)
+    s.w.add_tensor("token_embd.weight", s.embd())
+    for i in range(sh.n_layer):
+        p = f"blk.{i}."
+        s.w.add_tensor(p + "attn_norm.weight", s.norm(e))
+        for name, rows in (("attn_q", e), ("attn_k", kv), ("attn_v", kv)):
+            s.w.add_tensor(p + name + ".weight", s.mat(rows, e))
+            s.w.add_tensor(p + name + ".bias", s.bias(rows))
+        s.w.add_tensor(p + "attn_output.weight", s.mat(e, e))
+        s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
+        if not moe:
+            _ffn(s, p, sh.n_ff)
+            continue
+        n, ff_sh = sh.n_expert, sh.n_ff_shexp or sh.n_ff
+        s.w.add_tensor(p + "ffn_gate_inp.weight", s.mat(n, e, 1.0, dtype=np.float32))
+        s.w.add_tensor(p + "ffn_gate_exps.weight", s.mat(ff_exp, e, n=n))
+        s.w.add_tensor(p + "ffn_up_exps.weight", s.mat(ff_exp, e, n=n))
+        s.w.add_tensor(p + "ffn_down_exps.weight", s.mat(e, ff_exp, n=n))
+        s.w.add_tensor(p + "ffn_gate_inp_shexp.weight", s.bias(e, 1.0 / np.sqrt(e)))
+        _ffn(s, p, ff_sh, "_shexp")
+    s.w.add_tensor("output_norm.weight", s.norm(e))
+    s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
+
+
+def _ffn(s: _Synth, p: str, ff: int, suffix: str = "") -> None:
+    e = s.shape.n_embd
+    s.w.add_tensor(p + f"ffn_gate{suffix}.weight", s.mat(ff, e))
+    s.w.add_tensor(p + f"ffn_up{suffix}.weight", s.mat(ff, e))
+    s.w.add_tensor(p + f"ffn_down{suffix}.weight", s.mat(e, ff))
+
+
+def _gemma2(s: _Synth) -> None:
+    """Scaled embeddings, norms after attention and feed-forward too, GELU-gated
+    feed-forward, attention and final logit soft-capping (tanh), every other
+    layer a short sliding window (a second KV cache), output tied to the
+    embeddings."""
+    sh, e, kv = s.shape, s.shape.n_embd, s.n_kv
+    s.w.add_key_length(s.head)
+    s.w.add_value_length(s.head)
+    s.w.add_sliding_window(sh.n_swa)
+    s.w.add_attn_logit_softcapping(sh.attn_softcap)
+    s.w.add_final_logit_softcapping(sh.final_softcap)
+    s.w.add_tensor("token_embd.weight", s.embd(tied=True))
+    for i in range(sh.n_layer):
+        p = f"blk.{i}."
+        s.w.add_tensor(p + "attn_norm.weight", s.norm(e))
+        s.w.add_tensor(p + "attn_q.weight", s.mat(e, e))
+        s.w.add_tensor(p + "attn_k.weight", s.mat(kv, e))
+        s.w.add_tensor(p + "attn_v.weight", s.mat(kv, e))
+        s.w.add_tensor(p + "attn_output.weight", s.mat(e, e))
+        s.w.add_tensor(p + "post_attention_norm.weight", s.norm(e))
+        s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
+        _ffn(s, p, sh.n_ff)
+        s.w.add_tensor(p + "post_ffw_norm.weight", s.norm(e))
+    s.w.add_tensor("output_norm.weight", s.norm(e))
+
+
+def _phi3(s: _Synth) -> None:
+    """One fused q/k/v matrix and one fused gate/up matrix (the graph splits them
+    with views), NeoX rope with per-dimension frequency factors (LongRoPE: the
+    long set, as the context exceeds the original one)."""
+    sh, e, kv = s.shape, s.shape.n_embd, s.n_kv
+    s.w.add_rope_scaling_orig_ctx_len(sh.n_ctx // 2)
+    s.w.add_tensor("token_embd.weight", s.embd())
+    for name in ("rope_factors_long", "rope_factors_short"):
+        s.w.add_tensor(name + ".weight", 1.0 + 3.0 * s.rng.random(s.head // 2, dtype=np.float32))
+    for i in range(sh.n_layer):
+        p = f"blk.{i}."
+        s.w.add_tensor(p + "attn_norm.weight", s.norm(e))
+        s.w.add_tensor(p + "attn_qkv.weight", s.mat(e + 2 * kv, e))
+        s.w.add_tensor(p + "attn_output.weight", s.mat(e, e))
+        s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
+        s.w.add_tensor(p + "ffn_up.weight", s.mat(2 * sh.n_ff, e))
+        s.w.add_tensor(p + "ffn_down.weight", s.mat(e, sh.n_ff))
+    s.w.add_tensor("output_norm.weight", s.norm(e))
+    s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
+
+
+def _phi2(s: _Synth) -> None:
+    """LayerNorm with biases, fused q/k/v with bias, rope on part of each head,
+    attention and a GELU feed-forward in parallel on the same normed input, a
+    biased output layer."""
+    sh, e, kv = s.shape, s.shape.n_embd, s.n_kv
+    s.w.add_tensor("token_embd.weight", s.embd())
+    for i in range(sh.n_layer):
+        p = f"blk.{i}."
+        s.w.add_tensor(p + "attn_norm.weight", s.norm(e))
+        s.w.add_tensor(p + "attn_norm.bias", s.bias(e))
+        s.w.add_tensor(p + "attn_qkv.weight", s.mat(e + 2 * kv, e))
+        s.w.add_tensor(p + "attn_qkv.bias", s.bias(e + 2 * kv))
+        s.w.add_tensor(p + "attn_output.weight", s.mat(e, e))
+        s.w.add_tensor(p + "attn_output.bias", s.bias(e))
+        s.w.add_tensor(p + "ffn_up.weight", s.mat(sh.n_ff, e))
+        s.w.add_tensor(p + "ffn_up.bias", s.bias(sh.n_ff))
+        s.w.add_tensor(p + "ffn_down.weight", s.mat(e, sh.n_ff))
+        s.w.add_tensor(p + "ffn_down.bias", s.bias(e))
+    s.w.add_tensor("output_norm.weight", s.norm(e))
+    s.w.add_tensor("output_norm.bias", s.bias(e))
+    s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
+    s.w.add_tensor("output.bias", s.bias(s.n_vocab))
+
+
+# name -> (GGUF architecture, tensor writer); llama and llama-tied go through write_llama
+ARCHS = {
+    "llama": ("llama", None),
+    "llama-tied": ("llama", None),
+    "qwen2": ("qwen2", _qwen2),
+    "qwen2moe": ("qwen2moe", lambda s: _qwen2(s, moe=True)),
+    "gemma2": ("gemma2", _gemma2),
+    "phi2": ("phi2", _phi2),
+    "phi3": ("phi3", _phi3),
+}
+
+
+def write_model(path: str | Path, arch: str = "llama", shape: LlamaShape | None = None,
+                dtype: str = "f16", seed: int = 0) -> Path:
+    """A random-weight model of one of ``ARCHS`` (F32 or F16 weights; norms, biases,
+    rope factors and the expert gate stay F32 as converted models have them)."""
+    shape = shape if shape is not None else ModelShape()
+    if arch not in ARCHS:
+        raise ValueError(f"unknown architecture {arch!r}; choose from {', '.join(ARCHS)}")
+    gguf_arch, body = ARCHS[arch]
+    if body is None:
+        return write_llama(path, shape, dtype, seed, tied=arch == "llama-tied")
+    if not isinstance(shape, ModelShape):
+        shape = ModelShape(**vars(shape))
+    n_rot = shape.n_rot or (shape.n_embd // shape.n_head // 2 if arch == "phi2" else 0)
+    s = _Synth(path, gguf_arch, shape, dtype, seed, rms=arch != "phi2", n_rot=n_rot)
+    body(s)
+    return s.finish()
 
 
 def quantize(llama_quantize: str | Path, src: str | Path, dst: str | Path, qtype: str,
-             threads: int = 2) -> Path:
-    """Run llama.cpp's llama-quantize (e.g. qtype "Q8_0", "Q4_K_M")."""
-    subprocess.run([str(llama_quantize), str(src), str(dst), qtype, str(threads)],
+             threads: int = 2, options: tuple[str, ...] | list[str] = ()) -> Path:
+    """Run llama.cpp's llama-quantize (e.g. qtype "Q8_0", "Q4_K_M"); ``options`` go
+    before the files (e.g. ``("--pure",)`` or ``("--tensor-type", "ffn=mxfp4")``)."""
+    subprocess.run([str(llama_quantize), *options, str(src), str(dst), qtype, str(threads)],
                    check=True, capture_output=True)
     return Path(dst)
 
@@ -131,8 +328,10 @@ def main(argv=None) -> int:
     ap.add_argument("--heads-kv", type=int, default=2)
     ap.add_argument("--dtype", choices=["f32", "f16"], default="f16")
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--arch", choices=list(ARCHS), default="llama")
     a = ap.parse_args(argv)
-    write_llama(a.out, LlamaShape(a.layers, a.embd, a.ff, a.heads, a.heads_kv), a.dtype, a.seed)
+    write_model(a.out, a.arch, ModelShape(a.layers, a.embd, a.ff, a.heads, a.heads_kv),
+                a.dtype, a.seed)
     return 0
 
 
