@@ -26,6 +26,7 @@ typedef struct { gr_kernel_fn fn; int phases; } gr_kernel_entry;
 static gr_kernel_entry KERNELS[GR_K_COUNT];
 
 void gr_register_more_kernels(void (*set)(int, gr_kernel_fn, int));
+void gr_register_backward_kernels(void (*set)(int, gr_kernel_fn, int));
 
 static void set_kernel(int id, gr_kernel_fn fn, int phases) {
     if (id > 0 && id < GR_K_COUNT) {
@@ -53,6 +54,7 @@ static void exec_init(void) {
     set_kernel(GR_K_MUL_MAT, gr_k_mul_mat, 2);
     set_kernel(GR_K_FLASH_ATTN, gr_k_flash_attn, 2);
     gr_register_more_kernels(set_kernel);
+    gr_register_backward_kernels(set_kernel);
     simd_enabled = gr_vec_simd_available();
     gr_vec_init(simd_enabled);
     gr_tiled_init(simd_enabled);
@@ -105,6 +107,8 @@ size_t ggmlrpc_exec_wsize(const gr_node *node, int nth) {
         return (size_t)nth * (size_t)(node->dst.ne[0] + 16) * sizeof(float);
     case GR_K_COUNT_EQUAL:
         return (size_t)nth * 64;
+    case GR_K_CROSS_ENTROPY:   /* per-thread sums, then a row of floats per thread */
+        return (size_t)(nth + 16) * sizeof(float) + (size_t)nth * (size_t)(ne00 + 16) * sizeof(float);
     case GR_K_GATED_DELTA_NET:
         {
             const int64_t S = node->src[2].ne[0];
@@ -182,7 +186,16 @@ struct gr_run {
     size_t wsize;
     atomic_int failed;          /* 0, or 1 + the barrier number where every thread stops */
     gr_exec_status *status;
+    _Alignas(64) atomic_int chunk;   /* next work chunk of the current node (own cache line) */
 };
+
+void gr_chunk_set(gr_job *job, int value) {
+    atomic_store_explicit(&job->run->chunk, value, memory_order_relaxed);
+}
+
+int gr_chunk_next(gr_job *job) {
+    return atomic_fetch_add_explicit(&job->run->chunk, 1, memory_order_relaxed);
+}
 
 void gr_fail(gr_job *job, int code, const char *fmt, ...) {
     int expected = 0;
@@ -327,8 +340,9 @@ int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
             return status->code;
         }
     }
-    gr_run run = { nodes, n_nodes, wdata, wsize, 0, status };
+    gr_run run = { nodes, n_nodes, wdata, wsize, 0, status, 0 };
     atomic_init(&run.failed, 0);
+    atomic_init(&run.chunk, 0);
     pthread_mutex_lock(&pool->run_mu);
     pthread_mutex_lock(&pool->mu);
     pool->run = &run;

@@ -87,6 +87,14 @@ enum gr_kernel {
     GR_K_RWKV_WKV7,
     GR_K_SOLVE_TRI,
     GR_K_GATED_DELTA_NET,
+    GR_K_GET_ROWS_BACK,
+    GR_K_SOFT_MAX_BACK,
+    GR_K_RMS_NORM_BACK,
+    GR_K_CROSS_ENTROPY,  /* sub 0: CROSS_ENTROPY_LOSS, 1: its _BACK */
+    GR_K_OPT_STEP,       /* sub 0: OPT_STEP_ADAMW, 1: OPT_STEP_SGD */
+    GR_K_WIN_PART,       /* sub 0: WIN_PART, 1: WIN_UNPART */
+    GR_K_GET_REL_POS,
+    GR_K_ADD_REL_POS,
     GR_K_COUNT
 };
 

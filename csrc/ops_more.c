@@ -1113,6 +1113,84 @@ static void k_gated_delta_net(gr_job *job, int phase) {
     }
 }
 
+/* ---- Segment Anything's windowed attention helpers ---------------------------------- */
+
+/* sub 0 WIN_PART: src0 (C, W, H) -> dst (C, w, w, npx*npy), windows of w x w
+ *   positions, zero past the edges; op_params npx, npy, w.
+ * sub 1 WIN_UNPART: src0 (C, w, w, >= windows) -> dst (C, W, H); op_params w.
+ * Both contiguous F32; threads split dst rows (C floats each). */
+static void k_win_part(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    const int64_t C = d->ne[0], row = C * 4;
+    int64_t r0, r1;
+    gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        const int64_t i1 = ir % d->ne[1], i2 = (ir / d->ne[1]) % d->ne[2], i3 = ir / (d->ne[1] * d->ne[2]);
+        char *out = d->data + ir * row;
+        if (n->sub == 0) {
+            const int64_t npx = n->op_params[0], w = n->op_params[2];
+            const int64_t y = (i3 / npx) * w + i2, x = (i3 % npx) * w + i1;
+            if (y >= s->ne[2] || x >= s->ne[1]) memset(out, 0, (size_t)row);
+            else memcpy(out, s->data + (y * s->ne[1] + x) * row, (size_t)row);
+        } else {
+            const int64_t w = n->op_params[0], npx = (d->ne[1] + w - 1) / w;
+            const int64_t win = (i2 / w) * npx + i1 / w;
+            memcpy(out, s->data + ((win * s->ne[2] + i2 % w) * s->ne[1] + i1 % w) * row, (size_t)row);
+        }
+    }
+}
+
+/* Relative position table: dst[i2][i1] = src0 row (ne1 - 1 - i1 + i2), 16-bit
+ * values copied as they are. src0 (C, 2*ne1 - 1) and dst (C, ne1, ne1) contiguous. */
+static void k_get_rel_pos(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    const int64_t w = d->ne[1], row = d->ne[0] * 2;
+    int64_t r0, r1;
+    gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        const int64_t i1 = ir % w, i2 = ir / w;
+        memcpy(d->data + ir * row, s->data + (w - i1 - 1 + i2) * row, (size_t)row);
+    }
+}
+
+/* dst = src0 (phase 0, unless in place), then for every row p of the position
+ * terms pw, ph (W, H, heads...) the (W, W) block p of dst gets ph[p][a] added to
+ * its row a and pw[p][b] to its column b, in ggml's order (the term whose index
+ * comes first in ggml's loop is added first). All contiguous F32; threads split
+ * the blocks in phase 1. */
+static void k_add_rel_pos(gr_job *job, int phase) {
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    if (phase == 0) {
+        if (d->data != s->data) {
+            const int64_t total = gr_nelements(d) * 4;
+            int64_t b0, b1;
+            gr_range(total, job->ith, job->nth, &b0, &b1);
+            memcpy(d->data + b0, s->data + b0, (size_t)(b1 - b0));
+        }
+        return;
+    }
+    const float *pw = (const float *)n->src[1].data, *ph = (const float *)n->src[2].data;
+    const int64_t W = n->src[1].ne[0], rows = gr_nelements(&n->src[1]) / W;
+    float *out = (float *)d->data;
+    int64_t r0, r1;
+    gr_range(rows, job->ith, job->nth, &r0, &r1);
+    for (int64_t p = r0; p < r1; p++) {
+        float *blk = out + p * W * W;
+        for (int64_t a = 0; a < W; a++)
+            for (int64_t b = 0; b < W; b++) {
+                const float h = ph[p * W + a], v = pw[p * W + b];
+                float *e = &blk[a * W + b];
+                if (a <= b) *e = (*e + h) + v;
+                else *e = (*e + v) + h;
+            }
+    }
+}
+
 void gr_register_more_kernels(void (*set)(int, gr_kernel_fn, int)) {
     set(GR_K_FWHT, k_fwht, 1);
     set(GR_K_SSM_CONV, k_ssm_conv, 1);
@@ -1128,6 +1206,9 @@ void gr_register_more_kernels(void (*set)(int, gr_kernel_fn, int)) {
     set(GR_K_RWKV_WKV7, k_rwkv_wkv7, 1);
     set(GR_K_SOLVE_TRI, k_solve_tri, 1);
     set(GR_K_GATED_DELTA_NET, k_gated_delta_net, 1);
+    set(GR_K_WIN_PART, k_win_part, 1);
+    set(GR_K_GET_REL_POS, k_get_rel_pos, 1);
+    set(GR_K_ADD_REL_POS, k_add_rel_pos, 2);
     set(GR_K_ACC, k_acc, 2);
     set(GR_K_SET, k_set, 2);
     set(GR_K_SUM, k_sum, 1);

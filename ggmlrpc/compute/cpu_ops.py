@@ -849,6 +849,123 @@ def rule_gated_delta_net(node, srcs):
     return Spec(ids.K.GATED_DELTA_NET, srcs=list(srcs))
 
 
+# ---- training ops ----
+
+def rule_silu_back(node, srcs):
+    need(node, srcs, 2)
+    dy, x = srcs
+    need_types(node, srcs, dy.type == x.type == node.type and x.type in (T.F32, T.F16))
+    if not (same_shape(dy, x) and same_shape(x, node)):
+        raise invalid(node, srcs, "sources and result differ in shape")
+    need_rows(node, srcs, dy, x, node)
+    return Spec(ids.K.GLU, 7, srcs=[dy, x])
+
+
+def _f32_pair(node, srcs, n_src=2):
+    """n_src F32 sources of the node's (F32) shape, rows contiguous."""
+    need(node, srcs, n_src)
+    need_types(node, srcs, node.type == T.F32 and all(t.type == T.F32 for t in srcs))
+    if not all(same_shape(t, node) for t in srcs):
+        raise invalid(node, srcs, "sources and result differ in shape")
+    need_rows(node, srcs, node, *srcs)
+
+
+def rule_get_rows_back(node, srcs):
+    need(node, srcs, 2)
+    g, idx = srcs
+    need_types(node, srcs, g.type in (T.F32, T.F16) and idx.type == T.I32 and node.type == T.F32)
+    if (g.ne[2] != 1 or g.ne[3] != 1 or g.nb[0] != ts(g) or not contiguous(idx) or not contiguous(node)
+            or node.ne[0] != g.ne[0] or node.ne[2] != 1 or node.ne[3] != 1 or g.ne[1] < nelements(idx)):
+        raise invalid(node, srcs, "shapes of gradient, ids and result do not agree")
+    return Spec(ids.K.GET_ROWS_BACK, srcs=[g, idx])
+
+
+def rule_soft_max_back(node, srcs):
+    _f32_pair(node, srcs)
+    if f32_param(node, 1) != 0.0:
+        raise unsupported(node, srcs, "with ALiBi (max_bias != 0) is not supported by ggml either")
+    return Spec(ids.K.SOFT_MAX_BACK, srcs=list(srcs))
+
+
+def rule_rms_norm_back(node, srcs):
+    _f32_pair(node, srcs)
+    return Spec(ids.K.RMS_NORM_BACK, srcs=list(srcs))
+
+
+def rule_cross_entropy_loss(node, srcs):
+    need(node, srcs, 2)
+    a, b = srcs
+    need_types(node, srcs, a.type == b.type == node.type == T.F32)
+    if not same_shape(a, b) or nelements(node) != 1:
+        raise invalid(node, srcs, "logits and labels differ in shape or the result is not a scalar")
+    need_rows(node, srcs, a, b)
+    return Spec(ids.K.CROSS_ENTROPY, srcs=[a, b])
+
+
+def rule_cross_entropy_loss_back(node, srcs):
+    need(node, srcs, 3)
+    g, a, b = srcs
+    need_types(node, srcs, all(t.type == T.F32 for t in srcs) and node.type == T.F32)
+    if not (same_shape(a, b) and same_shape(a, node) and nelements(g) >= 1
+            and all(contiguous(t) for t in (g, a, b, node))):
+        raise invalid(node, srcs, "shapes of gradient, logits, labels and result do not agree")
+    return Spec(ids.K.CROSS_ENTROPY, 1, srcs=[g, a, b])
+
+
+def rule_opt_step(node, srcs):
+    sgd = node.op == Op.OPT_STEP_SGD
+    need(node, srcs, 3 if sgd else 5)
+    w, params = srcs[0], srcs[-1]
+    need_types(node, srcs, all(t.type == T.F32 for t in srcs))
+    if not all(same_shape(t, w) for t in srcs[:-1]) or nelements(params) != (2 if sgd else 7):
+        raise invalid(node, srcs, "weights, gradients and moments differ in shape, or wrong parameter count")
+    if not contiguous(params):
+        raise invalid(node, srcs, "the parameters must be contiguous")
+    need_rows(node, srcs, *srcs[:-1])
+    return Spec(ids.K.OPT_STEP, int(sgd), srcs=list(srcs))
+
+
+# ---- Segment Anything ----
+
+def rule_win_part(node, srcs):
+    s = f32_like_source(node, srcs, same=False)
+    if node.op == Op.WIN_PART:
+        npx, npy, w = node.op_params[:3]
+        ok = (w > 0 and npx > 0 and npy > 0 and s.ne[3] == 1
+              and tuple(node.ne) == (s.ne[0], w, w, npx * npy))
+    else:
+        w = node.op_params[0]
+        ok = (w > 0 and node.ne[3] == 1 and node.ne[0] == s.ne[0] and s.ne[1] == w and s.ne[2] == w
+              and s.ne[3] >= -(-node.ne[1] // w) * -(-node.ne[2] // w))
+    if not ok:
+        raise invalid(node, srcs, "window shapes do not agree")
+    if not (contiguous(s) and contiguous(node)):
+        raise invalid(node, srcs, "source and result must be contiguous")
+    return Spec(ids.K.WIN_PART, int(node.op == Op.WIN_UNPART), srcs=[s])
+
+
+def rule_get_rel_pos(node, srcs):
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, s.type in (T.F16, T.BF16) and node.type == T.F16)
+    ok = (node.ne[1] == node.ne[2] and s.ne[1] == 2 * node.ne[1] - 1 and s.ne[0] == node.ne[0]
+          and node.ne[3] == 1 and contiguous(s) and contiguous(node))
+    if not ok:
+        raise invalid(node, srcs, "a (C, 2n - 1) table and a (C, n, n) result are needed")
+    return Spec(ids.K.GET_REL_POS, srcs=[s])
+
+
+def rule_add_rel_pos(node, srcs):
+    need(node, srcs, 3)
+    a, pw, ph = srcs
+    need_types(node, srcs, all(t.type == T.F32 for t in srcs) and node.type == T.F32)
+    ok = (same_shape(pw, ph) and same_shape(a, node) and all(contiguous(t) for t in (a, pw, ph, node))
+          and pw.ne[3] == a.ne[2] and pw.ne[0] * pw.ne[0] == a.ne[0] and pw.ne[1] * pw.ne[2] == a.ne[1])
+    if not ok:
+        raise invalid(node, srcs, "shapes of attention and position terms do not agree")
+    return Spec(ids.K.ADD_REL_POS, srcs=[a, pw, ph])
+
+
 RULES = {
     Op.DUP: rule_dup,
     Op.CONT: rule_dup,
@@ -916,4 +1033,16 @@ RULES = {
     Op.RWKV_WKV7: rule_rwkv_wkv7,
     Op.SOLVE_TRI: rule_solve_tri,
     Op.GATED_DELTA_NET: rule_gated_delta_net,
+    Op.SILU_BACK: rule_silu_back,
+    Op.GET_ROWS_BACK: rule_get_rows_back,
+    Op.SOFT_MAX_BACK: rule_soft_max_back,
+    Op.RMS_NORM_BACK: rule_rms_norm_back,
+    Op.CROSS_ENTROPY_LOSS: rule_cross_entropy_loss,
+    Op.CROSS_ENTROPY_LOSS_BACK: rule_cross_entropy_loss_back,
+    Op.OPT_STEP_ADAMW: rule_opt_step,
+    Op.OPT_STEP_SGD: rule_opt_step,
+    Op.WIN_PART: rule_win_part,
+    Op.WIN_UNPART: rule_win_part,
+    Op.GET_REL_POS: rule_get_rel_pos,
+    Op.ADD_REL_POS: rule_add_rel_pos,
 }

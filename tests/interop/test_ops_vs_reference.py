@@ -373,6 +373,73 @@ def gated_delta_net(vec_gate=False, K=1, S=32):
     return build
 
 
+def two_f32(opcode, ne=(37, 5, 3), params=(), softmax_y=False):
+    """A backward op of (gradient, forward input or output), same shape."""
+    def build(c, r):
+        a = inp(c, r, T.F32, ne)
+        if softmax_y:
+            y = r.random(tuple(ne)[::-1]).astype(np.float32)
+            b = c.new(T.F32, ne, y / y.sum(-1, keepdims=True))
+        else:
+            b = inp(c, r, T.F32, ne, 1.0, 0.3)
+        return [c.op(opcode, T.F32, ne, a, b, params=list(params))]
+    return build
+
+
+def get_rows_back(t):
+    def build(c, r):
+        g = inp(c, r, t, (19, 7))
+        ids = c.new(T.I32, (7,), np.array([3, 0, 3, 5, 1, 3, 0], np.int32))
+        return [c.op(Op.GET_ROWS_BACK, T.F32, (19, 6), g, ids)]
+    return build
+
+
+def cross_entropy(back):
+    def build(c, r):
+        logits = inp(c, r, T.F32, (29, 9), 2.0)
+        p = r.random((9, 29)).astype(np.float32)
+        labels = c.new(T.F32, (29, 9), p / p.sum(-1, keepdims=True))
+        if back:
+            g = c.new(T.F32, (1,), np.array([0.7], np.float32))
+            return [c.op(Op.CROSS_ENTROPY_LOSS_BACK, T.F32, (29, 9), g, logits, labels)]
+        return [c.op(Op.CROSS_ENTROPY_LOSS, T.F32, (1,), logits, labels)]
+    return build
+
+
+def opt_step(sgd):
+    def build(c, r):
+        ne = (21, 4, 3)
+        w, g = inp(c, r, T.F32, ne), inp(c, r, T.F32, ne, 0.1)
+        if sgd:
+            p = c.new(T.F32, (2,), np.array([1e-2, 0.1], np.float32))
+            c.op(Op.OPT_STEP_SGD, T.F32, ne, w, g, p)   # updates w in place
+            return [w]
+        m, v = inp(c, r, T.F32, ne, 0.01), c.new(T.F32, ne, r.random(tuple(ne)[::-1]).astype(np.float32) * 0.01)
+        p = c.new(T.F32, (7,), np.array([1e-3, 0.9, 0.999, 1e-8, 0.1, 1 / (1 - 0.9 ** 3), 1 / (1 - 0.999 ** 3)],
+                                        np.float32))
+        c.op(Op.OPT_STEP_ADAMW, T.F32, ne, w, g, m, v, p)
+        return [w, m, v]
+    return build
+
+
+def win_part(c, r):
+    x = inp(c, r, T.F32, (6, 10, 7))
+    parts = c.op(Op.WIN_PART, T.F32, (6, 4, 4, 6), x, params=[3, 2, 4])
+    return [parts, c.op(Op.WIN_UNPART, T.F32, (6, 10, 7), parts, params=[4])]
+
+
+def rel_pos(c, r):
+    table = inp(c, r, T.F16, (8, 9))
+    return [c.op(Op.GET_REL_POS, T.F16, (8, 5, 5), table)]
+
+
+def add_rel_pos(c, r):
+    W, H, heads = 5, 4, 3
+    a = inp(c, r, T.F32, (W * W, W * H, heads))
+    pw, ph = inp(c, r, T.F32, (W, W, H, heads)), inp(c, r, T.F32, (W, W, H, heads))
+    return [c.op(Op.ADD_REL_POS, T.F32, a.ne, a, pw, ph, params=[0])]
+
+
 CASES = {
     "add-f32": binary(Op.ADD), "sub-f32": binary(Op.SUB), "div-f32": binary(Op.DIV),
     "mul-f16": binary(Op.MUL, T.F16, T.F16, T.F16), "mul-f16-f32-f16": binary(Op.MUL, T.F16, T.F32, T.F16),
@@ -458,6 +525,12 @@ CASES = {
     "gated_linear_attn": wkv(Op.GATED_LINEAR_ATTN), "rwkv_wkv7": wkv(Op.RWKV_WKV7),
     "solve_tri": solve_tri(5), "solve_tri-1col": solve_tri(1), "gated_delta_net": gated_delta_net(), "gated_delta_net-kda": gated_delta_net(True),
     "gated_delta_net-snapshots": gated_delta_net(K=3), "gated_delta_net-tail": gated_delta_net(S=20),
+    "silu_back": two_f32(Op.SILU_BACK), "rms_norm_back": two_f32(Op.RMS_NORM_BACK, params=[f32_bits(1e-5)]),
+    "soft_max_back": two_f32(Op.SOFT_MAX_BACK, params=[f32_bits(0.8), 0], softmax_y=True),
+    "get_rows_back": get_rows_back(T.F32), "get_rows_back-f16": get_rows_back(T.F16),
+    "cross_entropy_loss": cross_entropy(False), "cross_entropy_loss_back": cross_entropy(True),
+    "opt_step_adamw": opt_step(False), "opt_step_sgd": opt_step(True),
+    "win_part": win_part, "get_rel_pos": rel_pos, "add_rel_pos": add_rel_pos,
 }
 
 

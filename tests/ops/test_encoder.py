@@ -1,6 +1,7 @@
 """Ops of vision and audio encoders: IM2COL (1-D and 2-D, F32/F16), POOL_1D/POOL_2D,
 UPSCALE (nearest, bilinear with and without aligned corners or antialiasing,
-bicubic), ROLL, PAD_REFLECT_1D and TIMESTEP_EMBEDDING, against NumPy."""
+bicubic), ROLL, PAD_REFLECT_1D, TIMESTEP_EMBEDDING and Segment Anything's
+WIN_PART/WIN_UNPART, GET_REL_POS and ADD_REL_POS, against NumPy."""
 from __future__ import annotations
 
 import numpy as np
@@ -184,3 +185,40 @@ def test_timestep_embedding(ctx, rng):
     args = t[:, None].astype(np.float64) * freqs[None]
     ref = np.concatenate([np.cos(args), np.sin(args), np.zeros((5, 1))], axis=1)
     assert_close(ctx.read(out), ref, 1e-9)
+
+
+def test_win_part_unpart(ctx, rng):
+    C, W, H, w = 5, 10, 7, 4
+    x = rng.standard_normal((H, W, C)).astype(np.float32)
+    npx, npy = -(-W // w), -(-H // w)
+    parts = ctx.op(Op.WIN_PART, T.F32, (C, w, w, npx * npy), ctx.new(T.F32, (C, W, H), x), params=[npx, npy, w])
+    back = ctx.op(Op.WIN_UNPART, T.F32, (C, W, H), parts, params=[w])
+    ctx.compute()
+    padded = np.zeros((npy * w, npx * w, C), np.float32)
+    padded[:H, :W] = x
+    ref = padded.reshape(npy, w, npx, w, C).transpose(0, 2, 1, 3, 4).reshape(npx * npy, w, w, C)
+    np.testing.assert_array_equal(ctx.read(parts), ref)
+    np.testing.assert_array_equal(ctx.read(back).reshape(H, W, C), x)
+
+
+def test_get_rel_pos(ctx, rng):
+    C, n = 6, 5
+    table = rng.standard_normal((2 * n - 1, C)).astype(np.float16)
+    out = ctx.op(Op.GET_REL_POS, T.F16, (C, n, n), ctx.new(T.F16, (C, 2 * n - 1), table))
+    ctx.compute()
+    q, k = np.meshgrid(np.arange(n), np.arange(n), indexing="ij")
+    np.testing.assert_array_equal(ctx.read(out)[0], table[q - k + n - 1])
+
+
+def test_add_rel_pos(ctx, rng):
+    W, H, heads = 4, 3, 2
+    a = rng.standard_normal((heads, W * H, W * W)).astype(np.float32)
+    pw = rng.standard_normal((heads, H, W, W)).astype(np.float32)
+    ph = rng.standard_normal((heads, H, W, W)).astype(np.float32)
+    out = ctx.op(Op.ADD_REL_POS, T.F32, (W * W, W * H, heads), ctx.new(T.F32, (W * W, W * H, heads), a),
+                 ctx.new(T.F32, (W, W, H, heads), pw), ctx.new(T.F32, (W, W, H, heads), ph), params=[0])
+    ctx.compute()
+    # each attention row (one query) is a (W, W) block: row r gets ph[.., r], column c gets pw[.., c]
+    blk = a.astype(np.float64).reshape(heads, H, W, W, W)
+    ref = blk + ph[..., :, None] + pw[..., None, :]
+    assert_close(ctx.read(out), ref, 1e-12)
