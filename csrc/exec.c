@@ -27,6 +27,7 @@ static gr_kernel_entry KERNELS[GR_K_COUNT];
 
 void gr_register_more_kernels(void (*set)(int, gr_kernel_fn, int));
 void gr_register_backward_kernels(void (*set)(int, gr_kernel_fn, int));
+void gr_register_conv_kernels(void (*set)(int, gr_kernel_fn, int));
 
 static void set_kernel(int id, gr_kernel_fn fn, int phases) {
     if (id > 0 && id < GR_K_COUNT) {
@@ -55,6 +56,7 @@ static void exec_init(void) {
     set_kernel(GR_K_FLASH_ATTN, gr_k_flash_attn, 2);
     gr_register_more_kernels(set_kernel);
     gr_register_backward_kernels(set_kernel);
+    gr_register_conv_kernels(set_kernel);
     simd_enabled = gr_vec_simd_available();
     gr_vec_init(simd_enabled);
     gr_tiled_init(simd_enabled);
@@ -107,6 +109,10 @@ size_t ggmlrpc_exec_wsize(const gr_node *node, int nth) {
         return (size_t)nth * (size_t)(node->dst.ne[0] + 16) * sizeof(float);
     case GR_K_COUNT_EQUAL:
         return (size_t)nth * 64;
+    case GR_K_CONV:
+        return gr_wsize_conv(node, nth);
+    case GR_K_CONV_TRANSPOSE:
+        return gr_wsize_conv_transpose(node);
     case GR_K_CROSS_ENTROPY:   /* per-thread sums, then a row of floats per thread */
         return (size_t)(nth + 16) * sizeof(float) + (size_t)nth * (size_t)(ne00 + 16) * sizeof(float);
     case GR_K_GATED_DELTA_NET:

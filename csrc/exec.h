@@ -95,6 +95,13 @@ enum gr_kernel {
     GR_K_WIN_PART,       /* sub 0: WIN_PART, 1: WIN_UNPART */
     GR_K_GET_REL_POS,
     GR_K_ADD_REL_POS,
+    GR_K_CONV,           /* sub 0: CONV_2D, 1: CONV_3D; iparams[1]: GEMM order possible */
+    GR_K_CONV_2D_DW,
+    GR_K_CONV_TRANSPOSE, /* sub 0: 1-D, 1: 2-D */
+    GR_K_IM2COL_3D,
+    GR_K_COL2IM_1D,
+    GR_K_IM2COL_BACK,
+    GR_K_POOL_2D_BACK,
     GR_K_COUNT
 };
 

@@ -34,6 +34,12 @@ typedef void (*gr_kernel_fn)(gr_job *job, int phase);
 void gr_fail(gr_job *job, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
+/* A counter shared by the threads of a run, for work handed out in chunks: one
+ * thread sets it before a barrier, every thread takes chunks after it (relaxed:
+ * the barrier orders the set before the takes). */
+void gr_chunk_set(gr_job *job, int value);
+int gr_chunk_next(gr_job *job);   /* returns the counter, then adds 1 */
+
 /* Rows [*r0, *r1) of n for thread ith of nth: contiguous, nearly equal shares. */
 static inline void gr_range(int64_t n, int ith, int nth, int64_t *r0, int64_t *r1) {
     const int64_t dr = (n + nth - 1) / nth;
@@ -201,5 +207,7 @@ void *gr_tiled_scratch(const gr_job *job, size_t used);
 /* Scratch needs, per kernel. */
 size_t gr_wsize_mul_mat(const gr_node *n, int nth);
 size_t gr_wsize_flash_attn(const gr_node *n, int nth);
+size_t gr_wsize_conv(const gr_node *n, int nth);
+size_t gr_wsize_conv_transpose(const gr_node *n);
 
 #endif

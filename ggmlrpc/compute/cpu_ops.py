@@ -966,6 +966,148 @@ def rule_add_rel_pos(node, srcs):
     return Spec(ids.K.ADD_REL_POS, srcs=[a, pw, ph])
 
 
+# ---- convolutions ----
+
+def _conv_out(ins, ks, s, p, d):
+    return (ins + 2 * p - d * (ks - 1) - 1) // s + 1
+
+
+def rule_conv(node, srcs):
+    """CONV_2D / CONV_3D: ggml's im2col + matrix product, patch by patch."""
+    need(node, srcs, 2)
+    k, x = srcs
+    three = node.op == Op.CONV_3D
+    need_types(node, srcs, k.type in (T.F32, T.F16) and x.type == T.F32 and node.type == T.F32)
+    op = node.op_params
+    nd = 3 if three else 2
+    s, p, d = (op[0:3], op[3:6], op[6:9]) if three else (op[0:2], op[2:4], op[4:6])
+    if min(s) <= 0 or min(d) <= 0 or min(p) < 0:
+        raise invalid(node, srcs, "strides and dilations must be positive, paddings not negative")
+    if three:
+        c, n, oc = op[9:12]
+        ok = c > 0 and n > 0 and oc > 0 and k.ne[3] == c * oc and x.ne[3] == c * n and node.ne[3] == oc * n
+    else:
+        c, n, oc = x.ne[2], x.ne[3], k.ne[3]
+        ok = k.ne[2] == c and tuple(node.ne[2:]) == (oc, n)
+    ok = ok and all(node.ne[i] == _conv_out(x.ne[i], k.ne[i], s[i], p[i], d[i]) > 0 for i in range(nd))
+    if not ok:
+        raise invalid(node, srcs, "shapes of kernel, input and result do not agree")
+    if not contiguous(k):
+        raise invalid(node, srcs, "the kernel must be contiguous")
+    K = nelements(k) // oc
+    if K * ts(k) + oc * 4 > 16 << 20:
+        raise unsupported(node, srcs, "with patches over ggml's 16 MiB work buffer")
+    gemm = int(K % 8 == 0 and oc % 4 == 0)
+    return Spec(ids.K.CONV, int(three), iparams=(0, gemm), srcs=[k, x])
+
+
+def rule_conv_2d_dw(node, srcs):
+    need(node, srcs, 2)
+    k, x = srcs
+    need_types(node, srcs, k.type in (T.F32, T.F16) and x.type == node.type == T.F32)
+    op = node.op_params
+    C = x.ne[2]
+    ok = (k.ne[2] == 1 and k.ne[3] == C and min(op[0], op[1], op[4], op[5]) > 0 and min(op[2], op[3]) >= 0
+          and node.ne[0] == _conv_out(x.ne[0], k.ne[0], op[0], op[2], op[4]) > 0
+          and node.ne[1] == _conv_out(x.ne[1], k.ne[1], op[1], op[3], op[5]) > 0
+          and tuple(node.ne[2:]) == tuple(x.ne[2:]))
+    if not ok:
+        raise invalid(node, srcs, "shapes of kernel, input and result do not agree")
+    # ggml's two layouts: all contiguous, or channels innermost throughout
+    tk = ts(k)
+    whcn = contiguous(x) and contiguous(k) and contiguous(node)
+    cwhn = (x.nb[2] == 4 and x.nb[0] == C * 4 and x.nb[1] == x.ne[0] * C * 4 and x.nb[3] == x.ne[1] * x.nb[1]
+            and k.nb[3] == tk and k.nb[0] == C * tk and k.nb[1] == k.ne[0] * C * tk
+            and node.nb[2] == 4 and node.nb[0] == C * 4 and node.nb[1] == node.ne[0] * C * 4
+            and node.nb[3] == node.ne[1] * node.nb[1])
+    if not (whcn or cwhn):
+        raise unsupported(node, srcs, "with a layout other than WHCN or channels innermost")
+    return Spec(ids.K.CONV_2D_DW, srcs=[k, x])
+
+
+def rule_conv_transpose(node, srcs):
+    need(node, srcs, 2)
+    k, x = srcs
+    two = node.op == Op.CONV_TRANSPOSE_2D
+    need_types(node, srcs, k.type in (T.F32, T.F16) and x.type == node.type == T.F32)
+    st = node.op_params[0]
+    if two:
+        ok = (k.ne[3] == x.ne[2] and node.ne[0] == (x.ne[0] - 1) * st + k.ne[0]
+              and node.ne[1] == (x.ne[1] - 1) * st + k.ne[1] and node.ne[2] == k.ne[2] and node.ne[3] == x.ne[3])
+    else:
+        ok = (k.ne[3] == 1 and x.ne[2] == 1 and x.ne[3] == 1 and k.ne[2] == x.ne[1]
+              and node.op_params[1] == 0 and node.op_params[2] == 1
+              and tuple(node.ne) == ((x.ne[0] - 1) * st + k.ne[0], k.ne[1], 1, 1))
+    if st <= 0 or not ok:
+        raise invalid(node, srcs, "shapes of kernel, input and result do not agree")
+    if not contiguous(node):
+        raise invalid(node, srcs, "the result must be contiguous")
+    return Spec(ids.K.CONV_TRANSPOSE, int(two), srcs=[k, x])
+
+
+def rule_im2col_3d(node, srcs):
+    need(node, srcs, 2)
+    k, x = srcs
+    need_types(node, srcs, x.type == T.F32 and node.type in (T.F32, T.F16))
+    op = node.op_params
+    IC = op[9]
+    if min(op[0:3]) <= 0 or min(op[6:9]) <= 0 or min(op[3:6]) < 0 or IC <= 0 or x.ne[3] % IC:
+        raise invalid(node, srcs, "bad strides, paddings, dilations or channel count")
+    N = x.ne[3] // IC
+    outs = [_conv_out(x.ne[i], k.ne[i], op[i], op[3 + i], op[6 + i]) for i in range(3)]
+    if min(outs) <= 0 or tuple(node.ne) != (k.ne[0] * k.ne[1] * k.ne[2] * IC, outs[0], outs[1], outs[2] * N):
+        raise invalid(node, srcs, "shapes of kernel, input and result do not agree")
+    if not contiguous(node):
+        raise invalid(node, srcs, "the result must be contiguous")
+    return Spec(ids.K.IM2COL_3D, srcs=[k, x])
+
+
+def rule_col2im_1d(node, srcs):
+    need(node, srcs, 1)
+    a = srcs[0]
+    need_types(node, srcs, a.type == node.type and a.type in (T.F32, T.F16, T.BF16))
+    s0, oc, p0 = node.op_params[:3]
+    ok = (s0 > 0 and oc > 0 and p0 >= 0 and a.ne[0] % oc == 0 and a.ne[2] == a.ne[3] == 1
+          and tuple(node.ne) == ((a.ne[1] - 1) * s0 + a.ne[0] // oc - 2 * p0, oc, 1, 1) and node.ne[0] > 0)
+    if not ok:
+        raise invalid(node, srcs, "shapes of columns and result do not agree")
+    if not (contiguous(a) and contiguous(node)):
+        raise invalid(node, srcs, "source and result must be contiguous")
+    return Spec(ids.K.COL2IM_1D, srcs=[a])
+
+
+def rule_im2col_back(node, srcs):
+    need(node, srcs, 2)
+    g, k = srcs
+    need_types(node, srcs, g.type == T.F32 and node.type == T.F32)
+    op = node.op_params
+    two = op[6] == 1
+    if min(op[0], op[1], op[4], op[5]) <= 0:
+        raise invalid(node, srcs, "strides and dilations must be positive")
+    N, IC = (node.ne[3], node.ne[2]) if two else (node.ne[2], node.ne[1])
+    KH, KW = (k.ne[1] if two else 1), k.ne[0]
+    ok = g.ne[0] == IC * KH * KW and (g.ne[3] == N if two else (g.ne[2] == N and g.ne[3] == 1 and node.ne[3] == 1))
+    if not ok:
+        raise invalid(node, srcs, "shapes of gradient, kernel and result do not agree")
+    if not (contiguous(g) and contiguous(node)):
+        raise invalid(node, srcs, "gradient and result must be contiguous")
+    return Spec(ids.K.IM2COL_BACK, srcs=[g, k])
+
+
+def rule_pool_2d_back(node, srcs):
+    need(node, srcs, 2)
+    g, f = srcs
+    need_types(node, srcs, g.type == f.type == node.type == T.F32)
+    op = node.op_params
+    ok = (op[0] in (0, 1) and min(op[1:5]) > 0 and same_shape(f, node)
+          and g.ne[2] == node.ne[2] and g.ne[3] == node.ne[3])
+    if not ok:
+        raise invalid(node, srcs, "bad pooling or shapes of gradient, input and result do not agree")
+    if not all(contiguous(t) for t in (g, f, node)):
+        raise invalid(node, srcs, "gradient, input and result must be contiguous")
+    return Spec(ids.K.POOL_2D_BACK, srcs=[g, f])
+
+
 RULES = {
     Op.DUP: rule_dup,
     Op.CONT: rule_dup,
@@ -1045,4 +1187,13 @@ RULES = {
     Op.WIN_UNPART: rule_win_part,
     Op.GET_REL_POS: rule_get_rel_pos,
     Op.ADD_REL_POS: rule_add_rel_pos,
+    Op.CONV_2D: rule_conv,
+    Op.CONV_3D: rule_conv,
+    Op.CONV_2D_DW: rule_conv_2d_dw,
+    Op.CONV_TRANSPOSE_1D: rule_conv_transpose,
+    Op.CONV_TRANSPOSE_2D: rule_conv_transpose,
+    Op.IM2COL_3D: rule_im2col_3d,
+    Op.COL2IM_1D: rule_col2im_1d,
+    Op.IM2COL_BACK: rule_im2col_back,
+    Op.POOL_2D_BACK: rule_pool_2d_back,
 }

@@ -440,6 +440,81 @@ def add_rel_pos(c, r):
     return [c.op(Op.ADD_REL_POS, T.F32, a.ne, a, pw, ph, params=[0])]
 
 
+def conv(kt=T.F32, three=False, oc=8, cin=3, ne=(11, 9)):
+    def build(c, r):
+        if three:
+            n = 2
+            k = inp(c, r, kt, (3, 3, 2, cin * oc), 0.3)
+            x = inp(c, r, T.F32, (ne[0], ne[1], 5, cin * n))
+            od = [(ne[0] + 2 - 3) // 1 + 1, (ne[1] + 0 - 5) // 2 + 1, (5 + 2 - 3) // 2 + 1]
+            return [c.op(Op.CONV_3D, T.F32, (od[0], od[1], od[2], oc * n), k, x,
+                         params=[1, 2, 2, 1, 0, 1, 1, 2, 1, cin, n, oc])]
+        k = inp(c, r, kt, (3, 3, cin, oc), 0.3)
+        x = inp(c, r, T.F32, (ne[0], ne[1], cin, 2))
+        ow, oh = (ne[0] + 2 - 3) // 1 + 1, (ne[1] + 2 - 2 * 2 - 1) // 2 + 1
+        return [c.op(Op.CONV_2D, T.F32, (ow, oh, oc, 2), k, x, params=[1, 2, 1, 1, 1, 2])]
+    return build
+
+
+def conv_dw(kt=T.F32, cwhn=False):
+    def build(c, r):
+        C, W, H, N = 12, 10, 7, 2
+        ow, oh = (W + 2 - 3) // 2 + 1, (H + 2 - 3) // 1 + 1
+        if cwhn:   # channels innermost: allocate (C, W, H, N) and permute to (W, H, C, N)
+            xk = c.permute(inp(c, r, kt, (C, 1, 3, 3), 0.5), 3, 2, 0, 1)    # -> (3, 3, 1, C)
+            xx = c.permute(inp(c, r, T.F32, (C, W, H, N)), 2, 0, 1, 3)      # -> (W, H, C, N)
+            out = c.op(Op.CONV_2D_DW, T.F32, (C, ow, oh, N), xk, xx, params=[2, 1, 1, 1, 1, 1])
+            out.ne = [ow, oh, C, N]
+            out.nb = [C * 4, C * ow * 4, 4, C * ow * oh * 4]
+            return [out]
+        k = inp(c, r, kt, (3, 3, 1, C), 0.5)
+        return [c.op(Op.CONV_2D_DW, T.F32, (ow, oh, C, N), k, inp(c, r, T.F32, (W, H, C, N)),
+                     params=[2, 1, 1, 1, 1, 1])]
+    return build
+
+
+def conv_transpose(kt=T.F32, two=False):
+    def build(c, r):
+        if two:
+            k = inp(c, r, kt, (3, 2, 5, 4), 0.5)
+            x = inp(c, r, T.F32, (6, 5, 4, 2))
+            return [c.op(Op.CONV_TRANSPOSE_2D, T.F32, (5 * 2 + 3, 4 * 2 + 2, 5, 2), k, x, params=[2])]
+        k = inp(c, r, kt, (5, 6, 4), 0.5)
+        x = inp(c, r, T.F32, (9, 4))
+        return [c.op(Op.CONV_TRANSPOSE_1D, T.F32, (8 * 3 + 5, 6), k, x, params=[3, 0, 1])]
+    return build
+
+
+def im2col_3d(out_t=T.F32):
+    def build(c, r):
+        k = inp(c, r, T.F16, (3, 2, 2, 2 * 4))
+        x = inp(c, r, T.F32, (7, 6, 5, 2 * 3))
+        return [c.op(Op.IM2COL_3D, out_t, (3 * 2 * 2 * 2, 7, 3, 3 * 3), k, x,
+                     params=[1, 2, 1, 1, 0, 0, 1, 1, 2, 2])]
+    return build
+
+
+def col2im_1d(t=T.F32):
+    def build(c, r):
+        a = inp(c, r, t, (5 * 3, 9))
+        return [c.op(Op.COL2IM_1D, t, (8 * 2 + 5 - 2, 3), a, params=[2, 3, 1])]
+    return build
+
+
+def im2col_back(c, r):
+    k = inp(c, r, T.F16, (3, 3, 2, 4))
+    g = inp(c, r, T.F32, (2 * 9, 4, 3, 2))
+    return [c.op(Op.IM2COL_BACK, T.F32, (8, 6, 2, 2), g, k, params=[2, 2, 1, 1, 1, 1, 1])]
+
+
+def pool_2d_back(op):
+    def build(c, r):
+        f = inp(c, r, T.F32, (9, 7, 3, 2))
+        g = inp(c, r, T.F32, (5, 4, 3, 2))
+        return [c.op(Op.POOL_2D_BACK, T.F32, (9, 7, 3, 2), g, f, params=[op, 3, 3, 2, 2, 1, 1])]
+    return build
+
+
 CASES = {
     "add-f32": binary(Op.ADD), "sub-f32": binary(Op.SUB), "div-f32": binary(Op.DIV),
     "mul-f16": binary(Op.MUL, T.F16, T.F16, T.F16), "mul-f16-f32-f16": binary(Op.MUL, T.F16, T.F32, T.F16),
@@ -531,6 +606,15 @@ CASES = {
     "cross_entropy_loss": cross_entropy(False), "cross_entropy_loss_back": cross_entropy(True),
     "opt_step_adamw": opt_step(False), "opt_step_sgd": opt_step(True),
     "win_part": win_part, "get_rel_pos": rel_pos, "add_rel_pos": add_rel_pos,
+    "conv_2d": conv(), "conv_2d-f16": conv(T.F16), "conv_2d-vec": conv(oc=6), "conv_2d-f16-vec": conv(T.F16, oc=5),
+    "conv_2d-gemm-k8": conv(cin=8), "conv_3d": conv(three=True, oc=4, cin=4), "conv_3d-f16": conv(T.F16, True, 4, 4),
+    "conv_2d_dw": conv_dw(), "conv_2d_dw-f16": conv_dw(T.F16), "conv_2d_dw-cwhn": conv_dw(cwhn=True),
+    "conv_2d_dw-cwhn-f16": conv_dw(T.F16, True),
+    "conv_transpose_1d": conv_transpose(), "conv_transpose_1d-f16": conv_transpose(T.F16),
+    "conv_transpose_2d": conv_transpose(two=True), "conv_transpose_2d-f16": conv_transpose(T.F16, True),
+    "im2col_3d": im2col_3d(), "im2col_3d-f16": im2col_3d(T.F16), "col2im_1d": col2im_1d(),
+    "col2im_1d-f16": col2im_1d(T.F16), "im2col_back": im2col_back,
+    "pool_2d_back-max": pool_2d_back(0), "pool_2d_back-avg": pool_2d_back(1),
 }
 
 

@@ -14,7 +14,7 @@ from ggmlrpc.ggml import GGMLGluOp as G, GGMLOp as Op, GGMLType as T, GGMLUnaryO
 from tests.ops.conftest import Ctx, assert_close, f32_bits
 
 
-@pytest.mark.parametrize("what", ["FLASH_ATTN_BACK", "POOL_2D_BACK", "unknown unary", "F64 add"])
+@pytest.mark.parametrize("what", ["FLASH_ATTN_BACK", "DSV4_HC_COMB", "unknown unary", "F64 add"])
 def test_unsupported_closes_and_names_op(server, caplog, what):
     c = Ctx(f"127.0.0.1:{server.port}")
     try:
@@ -22,9 +22,9 @@ def test_unsupported_closes_and_names_op(server, caplog, what):
         if what == "FLASH_ATTN_BACK":
             c.op(Op.FLASH_ATTN_BACK, T.F32, (16, 4), x, x)
             expect = "op FLASH_ATTN_BACK (F32 <- F32, F32)"
-        elif what == "POOL_2D_BACK":
-            c.op(Op.POOL_2D_BACK, T.F32, (16, 4), x, x)
-            expect = "op POOL_2D_BACK (F32 <- F32, F32)"
+        elif what == "DSV4_HC_COMB":
+            c.op(Op.DSV4_HC_COMB, T.F32, (16, 4), x, x)
+            expect = "op DSV4_HC_COMB (F32 <- F32, F32)"
         elif what == "unknown unary":
             c.op(Op.UNARY, T.F32, (16, 4), x, params=[99])
             expect = "op UNARY (F32 <- F32)"
