@@ -1,0 +1,26 @@
+"""The README's client example runs as written (against a server of ours)."""
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def readme_python_block() -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index("```python") + len("```python")
+    return text[start:text.index("```", start)]
+
+
+def test_readme_client_example_runs(endpoint):
+    code = readme_python_block().replace("127.0.0.1:50052", endpoint)
+    printed = []
+    scope = {"print": lambda *args: printed.append(args)}
+    exec(compile(code, "README.md", "exec"), scope)
+    assert not scope["rb"].connected  # the with-block closed the connection
+    count, (free, total), alignment = printed[0]
+    assert (count, alignment) == (1, 32) and free == total > 0
+    # c = a + b with a = ones and b = 0..1023, as a (4, 256) array
+    (result,) = printed[1]
+    expected = (np.arange(1024, dtype=np.float32) + 1).reshape(4, 256)
+    assert np.array_equal(result, expected)
