@@ -111,6 +111,8 @@ size_t ggmlrpc_exec_wsize(const gr_node *node, int nth) {
         return (size_t)nth * 64;
     case GR_K_CONV:
         return gr_wsize_conv(node, nth);
+    case GR_K_LIGHTNING_INDEXER:   /* a K row as floats per thread */
+        return (size_t)nth * (size_t)(ne00 + 16) * sizeof(float);
     case GR_K_CONV_TRANSPOSE:
         return gr_wsize_conv_transpose(node);
     case GR_K_CROSS_ENTROPY:   /* per-thread sums, then a row of floats per thread */
@@ -168,9 +170,15 @@ static void barrier_wait(gr_barrier *b) {
         }
         return;
     }
-    for (int i = 0; i < GR_SPIN; i++) {
+    static int spin = -1; /*TMPHACK*/ if (spin < 0) { const char *e = getenv("GR_SPIN"); spin = e ? atoi(e) : GR_SPIN; }
+    for (int i = 0; i < spin; i++) {
         if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
         GR_PAUSE();
+    }
+    static int yl = -1; /*TMPHACK*/ if (yl < 0) { const char *e = getenv("GR_YIELD"); yl = e ? atoi(e) : 0; }
+    for (int i = 0; i < yl; i++) {
+        if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
+        sched_yield();
     }
     pthread_mutex_lock(&b->mu);
     atomic_fetch_add(&b->sleepers, 1);

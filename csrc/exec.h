@@ -102,6 +102,10 @@ enum gr_kernel {
     GR_K_COL2IM_1D,
     GR_K_IM2COL_BACK,
     GR_K_POOL_2D_BACK,
+    GR_K_LIGHTNING_INDEXER,
+    GR_K_DSV4_HC_COMB,
+    GR_K_DSV4_HC_PRE,
+    GR_K_DSV4_HC_POST,
     GR_K_COUNT
 };
 

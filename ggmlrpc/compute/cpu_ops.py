@@ -1108,6 +1108,62 @@ def rule_pool_2d_back(node, srcs):
     return Spec(ids.K.POOL_2D_BACK, srcs=[g, f])
 
 
+# ---- DeepSeek V4 ----
+
+def rule_lightning_indexer(node, srcs):
+    need(node, srcs, 4)
+    q, k, w, m = srcs
+    need_types(node, srcs, q.type == w.type == node.type == T.F32 and m.type == T.F16
+               and (k.type in (T.F32, T.F16, T.BF16) or ggml.is_quantized(k.type)))
+    need_quant(node, srcs, k, to_float=True)
+    E, H, n_t, S = q.ne
+    ok = (k.ne[0] == E and k.ne[1] == 1 and k.ne[3] == S and tuple(w.ne) == (H, n_t, 1, S)
+          and m.ne[0] == k.ne[2] and m.ne[1] == n_t and m.ne[2] == 1 and S % m.ne[3] == 0
+          and tuple(node.ne) == (k.ne[2], n_t, 1, S))
+    if not ok:
+        raise invalid(node, srcs, "shapes of q, k, weights, mask and result do not agree")
+    need_rows(node, srcs, q, k, w, m, node)
+    return Spec(ids.K.LIGHTNING_INDEXER, srcs=[q, k, w, m])
+
+
+def rule_dsv4_hc_comb(node, srcs):
+    need(node, srcs, 3)
+    mx, sc, bs = srcs
+    need_types(node, srcs, all(t.type == T.F32 for t in srcs) and node.type == T.F32)
+    ok = (mx.ne[0] == 24 and mx.ne[2] == mx.ne[3] == 1 and sc.ne[0] >= 3 and bs.ne[0] == 24
+          and tuple(node.ne) == (4, 4, mx.ne[1], 1) and node.op_params[1] > 0)
+    if not ok:
+        raise invalid(node, srcs, "needs 4 streams (24 mixes per token), a scale of 3+ and n_iter > 0")
+    return Spec(ids.K.DSV4_HC_COMB, srcs=[mx, sc, bs])
+
+
+def rule_dsv4_hc_pre(node, srcs):
+    need(node, srcs, 2)
+    x, w = srcs
+    need_types(node, srcs, x.type == w.type == node.type == T.F32)
+    E, hc, n_t = x.ne[:3]
+    gated = node.op_params[1] != 0
+    ok = (x.ne[3] == 1 and tuple(node.ne) == (E, n_t, 1, 1)
+          and (tuple(w.ne) == (E, hc, n_t, 1) if gated else tuple(w.ne) == (hc, n_t, 1, 1)))
+    if not ok:
+        raise invalid(node, srcs, "shapes of streams, weights and result do not agree")
+    return Spec(ids.K.DSV4_HC_PRE, srcs=[x, w])
+
+
+def rule_dsv4_hc_post(node, srcs):
+    need(node, srcs, 3, optional=1)
+    x, r, p = srcs[:3]
+    cb = srcs[3] if len(srcs) > 3 else None
+    need_types(node, srcs, all(t.type == T.F32 for t in srcs) and node.type == T.F32)
+    E, n_t = x.ne[0], x.ne[1]
+    hc = r.ne[1]
+    ok = (x.ne[2] == x.ne[3] == 1 and tuple(r.ne) == (E, hc, n_t, 1) and tuple(p.ne) == (hc, n_t, 1, 1)
+          and (cb is None or tuple(cb.ne) == (hc, hc, n_t, 1)) and tuple(node.ne) == (E, hc, n_t, 1))
+    if not ok:
+        raise invalid(node, srcs, "shapes of output, residual, post, comb and result do not agree")
+    return Spec(ids.K.DSV4_HC_POST, srcs=list(srcs))
+
+
 RULES = {
     Op.DUP: rule_dup,
     Op.CONT: rule_dup,
@@ -1196,4 +1252,8 @@ RULES = {
     Op.COL2IM_1D: rule_col2im_1d,
     Op.IM2COL_BACK: rule_im2col_back,
     Op.POOL_2D_BACK: rule_pool_2d_back,
+    Op.LIGHTNING_INDEXER: rule_lightning_indexer,
+    Op.DSV4_HC_COMB: rule_dsv4_hc_comb,
+    Op.DSV4_HC_PRE: rule_dsv4_hc_pre,
+    Op.DSV4_HC_POST: rule_dsv4_hc_post,
 }

@@ -515,6 +515,39 @@ def pool_2d_back(op):
     return build
 
 
+def lightning_indexer(kt=T.F32):
+    def build(c, r):
+        E, H, n_t, S, n_kv = 64, 4, 3, 2, 37
+        q, w = inp(c, r, T.F32, (E, H, n_t, S)), inp(c, r, T.F32, (H, n_t, 1, S))
+        k = quant(c, r, kt, (E, 1, n_kv, S)) if ggml.is_quantized(kt) else inp(c, r, kt, (E, 1, n_kv, S))
+        m = c.new(T.F16, (n_kv, n_t, 1, 1), np.where(r.random((1, 1, n_t, n_kv)) < 0.2, -np.inf, 0).astype(np.float16))
+        return [c.op(Op.LIGHTNING_INDEXER, T.F32, (n_kv, n_t, 1, S), q, k, w, m)]
+    return build
+
+
+def hc_comb(c, r):
+    return [c.op(Op.DSV4_HC_COMB, T.F32, (4, 4, 5), inp(c, r, T.F32, (24, 5)), inp(c, r, T.F32, (3,)),
+                 inp(c, r, T.F32, (24,)), params=[f32_bits(1e-6), 3])]
+
+
+def hc_pre(gated):
+    def build(c, r):
+        x = inp(c, r, T.F32, (37, 4, 3))
+        if gated:
+            return [c.op(Op.DSV4_HC_PRE, T.F32, (37, 3), x, inp(c, r, T.F32, (37, 4, 3)), params=[f32_bits(0.7), 1])]
+        return [c.op(Op.DSV4_HC_PRE, T.F32, (37, 3), x, inp(c, r, T.F32, (4, 3)), params=[f32_bits(1.0), 0])]
+    return build
+
+
+def hc_post(with_comb):
+    def build(c, r):
+        srcs = [inp(c, r, T.F32, (37, 3)), inp(c, r, T.F32, (37, 4, 3)), inp(c, r, T.F32, (4, 3))]
+        if with_comb:
+            srcs.append(inp(c, r, T.F32, (4, 4, 3)))
+        return [c.op(Op.DSV4_HC_POST, T.F32, (37, 4, 3), *srcs)]
+    return build
+
+
 CASES = {
     "add-f32": binary(Op.ADD), "sub-f32": binary(Op.SUB), "div-f32": binary(Op.DIV),
     "mul-f16": binary(Op.MUL, T.F16, T.F16, T.F16), "mul-f16-f32-f16": binary(Op.MUL, T.F16, T.F32, T.F16),
@@ -615,6 +648,10 @@ CASES = {
     "im2col_3d": im2col_3d(), "im2col_3d-f16": im2col_3d(T.F16), "col2im_1d": col2im_1d(),
     "col2im_1d-f16": col2im_1d(T.F16), "im2col_back": im2col_back,
     "pool_2d_back-max": pool_2d_back(0), "pool_2d_back-avg": pool_2d_back(1),
+    "lightning_indexer": lightning_indexer(), "lightning_indexer-f16": lightning_indexer(T.F16),
+    "lightning_indexer-q8_0": lightning_indexer(T.Q8_0), "dsv4_hc_comb": hc_comb,
+    "dsv4_hc_pre": hc_pre(False), "dsv4_hc_pre-gated": hc_pre(True),
+    "dsv4_hc_post": hc_post(True), "dsv4_hc_post-identity": hc_post(False),
 }
 
 
