@@ -5,7 +5,8 @@ of their architecture sends. Weights are written as F32 or F16 with
 ``gguf.GGUFWriter``; llama.cpp's ``llama-quantize`` turns them into any
 quantized type. ``write_llama`` writes a llama model; ``write_model`` writes any
 of ``ARCHS`` (llama with tied or untied output, qwen2, gemma2, phi2, phi3 and
-the mixture-of-experts qwen2moe), each chosen for the ops its graph adds.
+the mixtures of experts qwen2moe and gpt-oss), each chosen for the ops its graph
+adds.
 
     python -m ggmlrpc.llm.synth out.gguf --layers 12 --embd 1024 --ff 2816
     python -m ggmlrpc.llm.synth out.gguf --arch qwen2moe --embd 256 --ff 512
@@ -279,12 +280,45 @@ def _phi2(s: _Synth) -> None:
     s.w.add_tensor("output.bias", s.bias(s.n_vocab))
 
 
+def _gpt_oss(s: _Synth) -> None:
+    """The other kind of mixture of experts: a learned sink logit per head in
+    attention, every other layer a short sliding window, experts with biases
+    (ADD_ID), the clamped SwiGLU variant (SWIGLU_OAI), and gate weights
+    soft-maxed over the chosen experts only."""
+    sh, e, kv = s.shape, s.shape.n_embd, s.n_kv
+    ff_exp, n = sh.n_ff_exp or sh.n_ff, sh.n_expert
+    s.w.add_expert_count(n)
+    s.w.add_expert_used_count(sh.n_expert_used)
+    s.w.add_expert_feed_forward_length(ff_exp)
+    s.w.add_sliding_window(sh.n_swa)
+    s.w.add_tensor("token_embd.weight", s.embd())
+    for i in range(sh.n_layer):
+        p = f"blk.{i}."
+        s.w.add_tensor(p + "attn_norm.weight", s.norm(e))
+        for name, rows in (("attn_q", e), ("attn_k", kv), ("attn_v", kv)):
+            s.w.add_tensor(p + name + ".weight", s.mat(rows, e))
+            s.w.add_tensor(p + name + ".bias", s.bias(rows))
+        s.w.add_tensor(p + "attn_output.weight", s.mat(e, e))
+        s.w.add_tensor(p + "attn_output.bias", s.bias(e))
+        s.w.add_tensor(p + "attn_sinks.weight", s.bias(sh.n_head, 1.0))
+        s.w.add_tensor(p + "post_attention_norm.weight", s.norm(e))
+        s.w.add_tensor(p + "ffn_gate_inp.weight", s.mat(n, e, 1.0, dtype=np.float32))
+        s.w.add_tensor(p + "ffn_gate_inp.bias", s.bias(n))
+        for name, rows, cols in (("ffn_gate_exps", ff_exp, e), ("ffn_up_exps", ff_exp, e),
+                                 ("ffn_down_exps", e, ff_exp)):
+            s.w.add_tensor(p + name + ".weight", s.mat(rows, cols, n=n))
+            s.w.add_tensor(p + name + ".bias", s.mat(n, rows, 0.1, dtype=np.float32))
+    s.w.add_tensor("output_norm.weight", s.norm(e))
+    s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
+
+
 # name -> (GGUF architecture, tensor writer); llama and llama-tied go through write_llama
 ARCHS = {
     "llama": ("llama", None),
     "llama-tied": ("llama", None),
     "qwen2": ("qwen2", _qwen2),
     "qwen2moe": ("qwen2moe", lambda s: _qwen2(s, moe=True)),
+    "gpt-oss": ("gpt-oss", _gpt_oss),
     "gemma2": ("gemma2", _gemma2),
     "phi2": ("phi2", _phi2),
     "phi3": ("phi3", _phi3),
