@@ -69,19 +69,13 @@ def write_llama(path: str | Path, shape: LlamaShape = LlamaShape(), dtype: str =
     """A llama model; ``tied`` leaves out output.weight, so the output layer reuses
     the token embeddings (llama.cpp duplicates them onto the output device)."""
     s = _Synth(path, "llama", shape, dtype, seed)
-    e, kv = shape.n_embd, s.n_kv
+    e = shape.n_embd
     s.w.add_tensor("token_embd.weight", s.embd(tied))
     for i in range(shape.n_layer):
         p = f"blk.{i}."
-        s.w.add_tensor(p + "attn_norm.weight", s.norm(e))
-        s.w.add_tensor(p + "attn_q.weight", s.mat(e, e))
-        s.w.add_tensor(p + "attn_k.weight", s.mat(kv, e))
-        s.w.add_tensor(p + "attn_v.weight", s.mat(kv, e))
-        s.w.add_tensor(p + "attn_output.weight", s.mat(e, e))
+        _attention(s, p)
         s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
-        s.w.add_tensor(p + "ffn_gate.weight", s.mat(shape.n_ff, e))
-        s.w.add_tensor(p + "ffn_up.weight", s.mat(shape.n_ff, e))
-        s.w.add_tensor(p + "ffn_down.weight", s.mat(e, shape.n_ff))
+        _ffn(s, p, shape.n_ff)
     s.w.add_tensor("output_norm.weight", np.ones(e, np.float32))
     if not tied:
         s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
@@ -172,32 +166,25 @@ def _qwen2(s: _Synth, moe: bool = False) -> None:
     """Llama with q/k/v biases and NeoX rope; qwen2moe replaces the feed-forward
     by routed experts (softmax gate, top-k, MUL_MAT_ID) plus a shared expert
     behind a sigmoid gate."""
-    sh, e, kv = s.shape, s.shape.n_embd, s.n_kv
+    sh, e = s.shape, s.shape.n_embd
     if moe:
-        ff_exp = sh.n_ff_exp or sh.n_ff
-        s.w.add_expert_count(sh.n_expert)
-        s.w.add_expert_used_count(sh.n_expert_used)
-        s.w.add_expert_feed_forward_length(ff_exp)
+        ff_exp = _experts(s)
         s.w.add_expert_shared_feed_forward_length(sh.n_ff_shexp or sh.n_ff)
     s.w.add_tensor("token_embd.weight", s.embd())
     for i in range(sh.n_layer):
         p = f"blk.{i}."
-        s.w.add_tensor(p + "attn_norm.weight", s.norm(e))
-        for name, rows in (("attn_q", e), ("attn_k", kv), ("attn_v", kv)):
-            s.w.add_tensor(p + name + ".weight", s.mat(rows, e))
-            s.w.add_tensor(p + name + ".bias", s.bias(rows))
-        s.w.add_tensor(p + "attn_output.weight", s.mat(e, e))
+        _attention(s, p, biases=True)
         s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
         if not moe:
             _ffn(s, p, sh.n_ff)
             continue
-        n, ff_sh = sh.n_expert, sh.n_ff_shexp or sh.n_ff
+        n = sh.n_expert
         s.w.add_tensor(p + "ffn_gate_inp.weight", s.mat(n, e, 1.0, dtype=np.float32))
         s.w.add_tensor(p + "ffn_gate_exps.weight", s.mat(ff_exp, e, n=n))
         s.w.add_tensor(p + "ffn_up_exps.weight", s.mat(ff_exp, e, n=n))
         s.w.add_tensor(p + "ffn_down_exps.weight", s.mat(e, ff_exp, n=n))
         s.w.add_tensor(p + "ffn_gate_inp_shexp.weight", s.bias(e, 1.0 / np.sqrt(e)))
-        _ffn(s, p, ff_sh, "_shexp")
+        _ffn(s, p, sh.n_ff_shexp or sh.n_ff, "_shexp")
     s.w.add_tensor("output_norm.weight", s.norm(e))
     s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
 
@@ -209,12 +196,33 @@ def _ffn(s: _Synth, p: str, ff: int, suffix: str = "") -> None:
     s.w.add_tensor(p + f"ffn_down{suffix}.weight", s.mat(e, ff))
 
 
+def _attention(s: _Synth, p: str, biases: bool = False) -> None:
+    """A layer's attention norm and its q, k, v, output matrices (q/k/v biases
+    when asked)."""
+    e, kv = s.shape.n_embd, s.n_kv
+    s.w.add_tensor(p + "attn_norm.weight", s.norm(e))
+    for name, rows in (("attn_q", e), ("attn_k", kv), ("attn_v", kv)):
+        s.w.add_tensor(p + name + ".weight", s.mat(rows, e))
+        if biases:
+            s.w.add_tensor(p + name + ".bias", s.bias(rows))
+    s.w.add_tensor(p + "attn_output.weight", s.mat(e, e))
+
+
+def _experts(s: _Synth) -> int:
+    """The expert counts of a mixture of experts; returns the per-expert width."""
+    ff_exp = s.shape.n_ff_exp or s.shape.n_ff
+    s.w.add_expert_count(s.shape.n_expert)
+    s.w.add_expert_used_count(s.shape.n_expert_used)
+    s.w.add_expert_feed_forward_length(ff_exp)
+    return ff_exp
+
+
 def _gemma2(s: _Synth) -> None:
     """Scaled embeddings, norms after attention and feed-forward too, GELU-gated
     feed-forward, attention and final logit soft-capping (tanh), every other
     layer a short sliding window (a second KV cache), output tied to the
     embeddings."""
-    sh, e, kv = s.shape, s.shape.n_embd, s.n_kv
+    sh, e = s.shape, s.shape.n_embd
     s.w.add_key_length(s.head)
     s.w.add_value_length(s.head)
     s.w.add_sliding_window(sh.n_swa)
@@ -223,11 +231,7 @@ def _gemma2(s: _Synth) -> None:
     s.w.add_tensor("token_embd.weight", s.embd(tied=True))
     for i in range(sh.n_layer):
         p = f"blk.{i}."
-        s.w.add_tensor(p + "attn_norm.weight", s.norm(e))
-        s.w.add_tensor(p + "attn_q.weight", s.mat(e, e))
-        s.w.add_tensor(p + "attn_k.weight", s.mat(kv, e))
-        s.w.add_tensor(p + "attn_v.weight", s.mat(kv, e))
-        s.w.add_tensor(p + "attn_output.weight", s.mat(e, e))
+        _attention(s, p)
         s.w.add_tensor(p + "post_attention_norm.weight", s.norm(e))
         s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
         _ffn(s, p, sh.n_ff)
@@ -285,20 +289,13 @@ def _gpt_oss(s: _Synth) -> None:
     attention, every other layer a short sliding window, experts with biases
     (ADD_ID), the clamped SwiGLU variant (SWIGLU_OAI), and gate weights
     soft-maxed over the chosen experts only."""
-    sh, e, kv = s.shape, s.shape.n_embd, s.n_kv
-    ff_exp, n = sh.n_ff_exp or sh.n_ff, sh.n_expert
-    s.w.add_expert_count(n)
-    s.w.add_expert_used_count(sh.n_expert_used)
-    s.w.add_expert_feed_forward_length(ff_exp)
+    sh, e, n = s.shape, s.shape.n_embd, s.shape.n_expert
+    ff_exp = _experts(s)
     s.w.add_sliding_window(sh.n_swa)
     s.w.add_tensor("token_embd.weight", s.embd())
     for i in range(sh.n_layer):
         p = f"blk.{i}."
-        s.w.add_tensor(p + "attn_norm.weight", s.norm(e))
-        for name, rows in (("attn_q", e), ("attn_k", kv), ("attn_v", kv)):
-            s.w.add_tensor(p + name + ".weight", s.mat(rows, e))
-            s.w.add_tensor(p + name + ".bias", s.bias(rows))
-        s.w.add_tensor(p + "attn_output.weight", s.mat(e, e))
+        _attention(s, p, biases=True)
         s.w.add_tensor(p + "attn_output.bias", s.bias(e))
         s.w.add_tensor(p + "attn_sinks.weight", s.bias(sh.n_head, 1.0))
         s.w.add_tensor(p + "post_attention_norm.weight", s.norm(e))
