@@ -111,7 +111,8 @@ size_t ggmlrpc_exec_wsize(const gr_node *node, int nth) {
         return (size_t)nth * 64;
     case GR_K_CONV:
         return gr_wsize_conv(node, nth);
-    case GR_K_LIGHTNING_INDEXER:   /* a K row as floats per thread */
+    case GR_K_ADD_Q:
+    case GR_K_LIGHTNING_INDEXER:   /* a row as floats per thread */
         return (size_t)nth * (size_t)(ne00 + 16) * sizeof(float);
     case GR_K_CONV_TRANSPOSE:
         return gr_wsize_conv_transpose(node);
@@ -157,6 +158,7 @@ static void barrier_destroy(gr_barrier *b) {
     pthread_cond_destroy(&b->cv);
 }
 
+__attribute__((visibility("default"))) int gr_tmp_spin = GR_SPIN, gr_tmp_yield = 0, gr_tmp_nochunk = 0; /*TMPHACK*/
 static void barrier_wait(gr_barrier *b) {
     if (b->n == 1) return;
     const int gen = atomic_load(&b->gen);
@@ -170,12 +172,12 @@ static void barrier_wait(gr_barrier *b) {
         }
         return;
     }
-    static int spin = -1; /*TMPHACK*/ if (spin < 0) { const char *e = getenv("GR_SPIN"); spin = e ? atoi(e) : GR_SPIN; }
+    const int spin = gr_tmp_spin; /*TMPHACK*/
     for (int i = 0; i < spin; i++) {
         if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
         GR_PAUSE();
     }
-    static int yl = -1; /*TMPHACK*/ if (yl < 0) { const char *e = getenv("GR_YIELD"); yl = e ? atoi(e) : 0; }
+    const int yl = gr_tmp_yield; /*TMPHACK*/
     for (int i = 0; i < yl; i++) {
         if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
         sched_yield();

@@ -106,6 +106,7 @@ enum gr_kernel {
     GR_K_DSV4_HC_COMB,
     GR_K_DSV4_HC_PRE,
     GR_K_DSV4_HC_POST,
+    GR_K_ADD_Q,          /* sub 0: ADD, 1: ADD1, on quantized src0 */
     GR_K_COUNT
 };
 

@@ -1350,6 +1350,36 @@ static void k_dsv4_hc_post(gr_job *job, int phase) {
     }
 }
 
+/* ---- ADD / ADD1 on quantized data ------------------------------------------------- */
+
+/* Per row: dequantize src0, add src1's F32 row (sub 0, same shape) or the scalar
+ * src1 (sub 1), quantize into dst (src0's type) or store F32.
+ * src0 rows contiguous; src1 rows contiguous F32. */
+static void k_add_q(gr_job *job, int phase) {
+    (void)phase;
+    const gr_node *n = job->node;
+    const gr_tensor *a = &n->src[0], *b = &n->src[1], *d = &n->dst;
+    const int64_t nc = a->ne[0];
+    float *row = gr_thread_f32(job, nc);
+    const ggmlrpc_to_float_fn to_float = ggmlrpc_get_to_float((uint32_t)a->type);
+    const ggmlrpc_from_float_fn from_float = d->type == GR_TYPE_F32 ? NULL : ggmlrpc_get_from_float((uint32_t)d->type);
+    float v = 0.0f;
+    if (n->sub == 1) memcpy(&v, b->data, 4);
+    int64_t r0, r1;
+    gr_range(gr_nrows(a), job->ith, job->nth, &r0, &r1);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        to_float(gr_row(a, ir), row, nc);
+        if (n->sub == 1) {
+            for (int64_t i = 0; i < nc; i++) row[i] += v;
+        } else {
+            const float *y = (const float *)gr_row(b, ir);
+            for (int64_t i = 0; i < nc; i++) row[i] += y[i];
+        }
+        if (from_float) from_float(row, gr_row(d, ir), nc);
+        else memcpy(gr_row(d, ir), row, (size_t)nc * 4);
+    }
+}
+
 void gr_register_more_kernels(void (*set)(int, gr_kernel_fn, int)) {
     set(GR_K_FWHT, k_fwht, 1);
     set(GR_K_SSM_CONV, k_ssm_conv, 1);
@@ -1372,6 +1402,7 @@ void gr_register_more_kernels(void (*set)(int, gr_kernel_fn, int)) {
     set(GR_K_DSV4_HC_COMB, k_dsv4_hc_comb, 1);
     set(GR_K_DSV4_HC_PRE, k_dsv4_hc_pre, 1);
     set(GR_K_DSV4_HC_POST, k_dsv4_hc_post, 1);
+    set(GR_K_ADD_Q, k_add_q, 1);
     set(GR_K_ACC, k_acc, 2);
     set(GR_K_SET, k_set, 2);
     set(GR_K_SUM, k_sum, 1);

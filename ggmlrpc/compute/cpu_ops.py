@@ -199,9 +199,26 @@ def rule_dup(node, srcs):
     raise unsupported(node, srcs)
 
 
+def rule_add_q(node, srcs):
+    """ADD / ADD1 on a quantized src0: ggml dequantizes, adds and quantizes back
+    row by row (same shapes; ADD1: a scalar src1)."""
+    a, b = srcs
+    add1 = node.op == Op.ADD1
+    need_types(node, srcs, b.type == T.F32 and (node.type == a.type or (not add1 and node.type == T.F32)))
+    need_quant(node, srcs, a, to_float=True, from_float=node.type != T.F32)
+    if not same_shape(a, node) or (not add1 and not same_shape(a, b)) or a.ne[0] % blck(a):
+        raise invalid(node, srcs, "sources and result differ in shape, or rows are not whole blocks")
+    if add1 and node.ne[3] != 1:   # ggml's ADD1 on quantized data misplaces rows of dim 3
+        raise unsupported(node, srcs, "with a quantized 4-D result")
+    need_rows(node, srcs, a, b, node)
+    return Spec(ids.K.ADD_Q, int(add1), srcs=[a, b])
+
+
 def rule_binary(node, srcs):
     need(node, srcs, 2)
     a, b = srcs
+    if node.op in (Op.ADD, Op.ADD1) and ggml.is_quantized(a.type):
+        return rule_add_q(node, srcs)
     if not same_shape(a, node):
         raise invalid(node, srcs, "src0 and the result differ in shape")
     if not can_repeat(b, a):

@@ -548,6 +548,15 @@ def hc_post(with_comb):
     return build
 
 
+def add_q(t, add1=False, out_t=None):
+    def build(c, r):
+        a = quant(c, r, t, (256, 3, 2))
+        if add1:
+            return [c.op(Op.ADD1, t, a.ne, a, inp(c, r, T.F32, (1,)))]
+        return [c.op(Op.ADD, t if out_t is None else out_t, a.ne, a, inp(c, r, T.F32, (256, 3, 2), 0.1))]
+    return build
+
+
 CASES = {
     "add-f32": binary(Op.ADD), "sub-f32": binary(Op.SUB), "div-f32": binary(Op.DIV),
     "mul-f16": binary(Op.MUL, T.F16, T.F16, T.F16), "mul-f16-f32-f16": binary(Op.MUL, T.F16, T.F32, T.F16),
@@ -652,6 +661,8 @@ CASES = {
     "lightning_indexer-q8_0": lightning_indexer(T.Q8_0), "dsv4_hc_comb": hc_comb,
     "dsv4_hc_pre": hc_pre(False), "dsv4_hc_pre-gated": hc_pre(True),
     "dsv4_hc_post": hc_post(True), "dsv4_hc_post-identity": hc_post(False),
+    "add-q8_0": add_q(T.Q8_0), "add-q4_0": add_q(T.Q4_0), "add-q4_k-f32": add_q(T.Q4_K, out_t=T.F32), "add-iq4_nl": add_q(T.IQ4_NL), "add-q5_1-f32": add_q(T.Q5_1, out_t=T.F32),
+    "add1-q8_0": add_q(T.Q8_0, True),
 }
 
 

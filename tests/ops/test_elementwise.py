@@ -1,5 +1,6 @@
 """Element-wise ops: ADD/SUB/MUL/DIV with broadcasting, UNARY (all 22), SQR/SQRT/LOG/
-SIN/COS, LEAKY_RELU, SCALE and GLU (all 7), on F32/F16/BF16 and strided inputs."""
+SIN/COS, LEAKY_RELU, SCALE and GLU (all 7), on F32/F16/BF16 and strided inputs;
+ADD/ADD1 on quantized data (dequantize, add, quantize back)."""
 from __future__ import annotations
 
 import numpy as np
@@ -49,6 +50,23 @@ def test_binary_mixed_types(ctx, rng, types):
     out = ctx.op(Op.MUL, td_t, ne, ctx.new(ta_t, ne, a), ctx.new(tb_t, b_ne, b))
     ctx.compute()
     np.testing.assert_array_equal(ctx.read(out), rounded(a * b, td_t).reshape(ctx.read(out).shape))
+
+
+@pytest.mark.parametrize("opcode, t, out_t, nmse_max", [
+    (Op.ADD, T.Q8_0, T.Q8_0, 1e-4), (Op.ADD, T.Q4_0, T.Q4_0, 1e-2), (Op.ADD, T.Q5_1, T.F32, 1e-12),
+    (Op.ADD1, T.Q8_0, T.Q8_0, 1e-4)], ids=["add-q8_0", "add-q4_0", "add-q5_1-f32", "add1-q8_0"])
+def test_add_quantized(ctx, rng, opcode, t, out_t, nmse_max):
+    from gguf import quants as gq
+    a = gq.quantize(rng.standard_normal((3, 256)).astype(np.float32), t)
+    b = rng.standard_normal((1,) if opcode == Op.ADD1 else (3, 256)).astype(np.float32)
+    ta = ctx.new(t, (256, 3))
+    ctx.rb.set_tensor(ta, a.tobytes())
+    out = ctx.op(opcode, out_t, (256, 3), ta, ctx.new(T.F32, b.shape[::-1], b))
+    ctx.compute()
+    ref = gq.dequantize(a, t).astype(np.float64) + b
+    got = ctx.read(out) if out_t == T.F32 else \
+        gq.dequantize(np.frombuffer(bytes(ctx.rb.get_tensor(out)), np.uint8).reshape(3, -1), t)
+    assert_close(got, ref, nmse_max)
 
 
 def test_binary_strided_operands(ctx, rng):

@@ -14,7 +14,7 @@ from ggmlrpc.ggml import GGMLGluOp as G, GGMLOp as Op, GGMLType as T, GGMLUnaryO
 from tests.ops.conftest import Ctx, assert_close, f32_bits
 
 
-@pytest.mark.parametrize("what", ["FLASH_ATTN_BACK", "Q4_0 add", "unknown unary", "F64 add"])
+@pytest.mark.parametrize("what", ["FLASH_ATTN_BACK", "Q4_0 + F16", "unknown unary", "F64 add"])
 def test_unsupported_closes_and_names_op(server, caplog, what):
     c = Ctx(f"127.0.0.1:{server.port}")
     try:
@@ -22,10 +22,10 @@ def test_unsupported_closes_and_names_op(server, caplog, what):
         if what == "FLASH_ATTN_BACK":
             c.op(Op.FLASH_ATTN_BACK, T.F32, (16, 4), x, x)
             expect = "op FLASH_ATTN_BACK (F32 <- F32, F32)"
-        elif what == "Q4_0 add":
+        elif what == "Q4_0 + F16":
             q = c.new(T.Q4_0, (32, 4), np.ones((4, 32), np.float32))
-            c.op(Op.ADD, T.Q4_0, (32, 4), q, c.new(T.F32, (32, 4), np.ones((4, 32), np.float32)))
-            expect = "op ADD (Q4_0 <- Q4_0, F32)"
+            c.op(Op.ADD, T.Q4_0, (32, 4), q, c.new(T.F16, (32, 4), np.ones((4, 32), np.float16)))
+            expect = "op ADD (Q4_0 <- Q4_0, F16)"
         elif what == "unknown unary":
             c.op(Op.UNARY, T.F32, (16, 4), x, params=[99])
             expect = "op UNARY (F32 <- F32)"
