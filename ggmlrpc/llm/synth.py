@@ -89,7 +89,7 @@ class ModelShape(LlamaShape):
     n_expert_used: int = 2
     n_ff_exp: int = 0          # per-expert feed-forward (0: n_ff)
     n_ff_shexp: int = 0        # shared expert feed-forward (0: n_ff)
-    n_swa: int = 8             # gemma2 sliding window: short, so a prompt crosses it
+    n_swa: int = 8             # sliding window (gemma2, gpt-oss): short, so a prompt crosses it
     n_rot: int = 0             # rotated dims per head (0: all; phi2 rotates half)
     attn_softcap: float = 50.0
     final_softcap: float = 30.0
