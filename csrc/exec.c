@@ -6,6 +6,7 @@
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
+#include <time.h>
 
 #include "exec_impl.h"
 
@@ -28,6 +29,7 @@ static gr_kernel_entry KERNELS[GR_K_COUNT];
 void gr_register_more_kernels(void (*set)(int, gr_kernel_fn, int));
 void gr_register_backward_kernels(void (*set)(int, gr_kernel_fn, int));
 void gr_register_conv_kernels(void (*set)(int, gr_kernel_fn, int));
+void gr_register_recurrent_kernels(void (*set)(int, gr_kernel_fn, int));
 
 static void set_kernel(int id, gr_kernel_fn fn, int phases) {
     if (id > 0 && id < GR_K_COUNT) {
@@ -57,6 +59,7 @@ static void exec_init(void) {
     gr_register_more_kernels(set_kernel);
     gr_register_backward_kernels(set_kernel);
     gr_register_conv_kernels(set_kernel);
+    gr_register_recurrent_kernels(set_kernel);
     simd_enabled = gr_vec_simd_available();
     gr_vec_init(simd_enabled);
     gr_tiled_init(simd_enabled);
@@ -158,7 +161,13 @@ static void barrier_destroy(gr_barrier *b) {
     pthread_cond_destroy(&b->cv);
 }
 
-__attribute__((visibility("default"))) int gr_tmp_spin = GR_SPIN, gr_tmp_yield = 0, gr_tmp_nochunk = 0; /*TMPHACK*/
+static inline int64_t gr_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
+
+__attribute__((visibility("default"))) int gr_tmp_spin = 10000, gr_tmp_yield = 0, gr_tmp_nochunk = 0; /*TMPHACK*/
 static void barrier_wait(gr_barrier *b) {
     if (b->n == 1) return;
     const int gen = atomic_load(&b->gen);
@@ -173,9 +182,11 @@ static void barrier_wait(gr_barrier *b) {
         return;
     }
     const int spin = gr_tmp_spin; /*TMPHACK*/
-    for (int i = 0; i < spin; i++) {
+    const int64_t t0 = gr_now_ns();
+    for (int i = 1;; i++) {
         if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
         GR_PAUSE();
+        if ((i & 15) == 0 && gr_now_ns() - t0 > spin) break;
     }
     const int yl = gr_tmp_yield; /*TMPHACK*/
     for (int i = 0; i < yl; i++) {
