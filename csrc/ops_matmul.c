@@ -18,6 +18,7 @@
 #include <string.h>
 
 #include "exec_impl.h"
+#include "rpc.h"   /* ggmlrpc_blck_size */
 
 /* ---- MUL_MAT --------------------------------------------------------------- */
 
@@ -41,6 +42,10 @@ void *gr_tiled_scratch(const gr_job *job, size_t used) {
     return job->wdata + used + (size_t)job->ith * gr_tiled_row_bytes(job->node->src[0].ne[0]);
 }
 
+static void mm_rows(gr_job *job, int64_t a0, int64_t a1, int64_t b0, int64_t b1, ggmlrpc_vec_dot_fn qdot,
+                    float (*dot32)(int64_t, const float *, const float *),
+                    float (*dot16)(int64_t, const uint16_t *, const uint16_t *), int conv);
+
 /* Convert src1 rows into wdata (phase 0), then dot products (phase 1).
  *   src0: (K, M, ne02, ne03) weights, rows contiguous
  *   src1: (K, N, ne12, ne13), ne12 % ne02 == 0, ne13 % ne03 == 0
@@ -56,11 +61,24 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     const int conv = s1->type != vdt;
 
     if (phase == 0) {
+        if (job->ith == 0) gr_chunk_set(job, job->nth);   /* chunks 0..nth-1 go to threads 0..nth-1 */
         if (!conv) return;
         int64_t r0, r1;
         gr_range(gr_nrows(s1), job->ith, job->nth, &r0, &r1);
         ggmlrpc_from_float_fn from_float = NULL;
         if (vdt != GR_TYPE_F32 && vdt != GR_TYPE_F16) from_float = ggmlrpc_get_from_float((uint32_t)vdt);
+        if (from_float && gr_nrows(s1) < job->nth) {
+            /* fewer rows than threads (decode): every thread quantizes a run of
+             * whole blocks of each row; blocks are quantized independently */
+            const int64_t bs = ggmlrpc_blck_size((uint32_t)vdt), nb = K / bs;
+            const size_t bb = row_size / (size_t)nb;
+            int64_t k0, k1;
+            gr_range(nb, job->ith, job->nth, &k0, &k1);
+            for (int64_t ir = 0; ir < gr_nrows(s1) && k0 < k1; ir++)
+                from_float((const float *)gr_row(s1, ir) + k0 * bs, job->wdata + (size_t)ir * row_size + (size_t)k0 * bb,
+                           (k1 - k0) * bs);
+            return;
+        }
         for (int64_t ir = r0; ir < r1; ir++) {
             const char *src = gr_row(s1, ir);
             char *dst = job->wdata + (size_t)ir * row_size;
@@ -139,6 +157,35 @@ void gr_k_mul_mat(gr_job *job, int phase) {
         return;
     }
 
+    /* few activation columns (decode): weight rows in chunks of 64 (16 with 2+
+     * columns) handed out one at a time, so that a thread slowed down (by
+     * another process on its core) leaves its share to the others instead of
+     * holding every thread at the barrier; as ggml's mul_mat chunks */
+    const int64_t CH = nr1 == 1 ? 64 : 16;
+    if (nr1 < 8 && nr0 >= 4 * job->nth * CH) {
+        b0 = 0;
+        b1 = nr1;
+        const int nch = (int)((nr0 + CH - 1) / CH);
+        for (int ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+            a0 = ch * CH;
+            a1 = a0 + CH < nr0 ? a0 + CH : nr0;
+            mm_rows(job, a0, a1, b0, b1, qdot, dot32, dot16, conv);
+        }
+        return;
+    }
+    mm_rows(job, a0, a1, b0, b1, qdot, dot32, dot16, conv);
+}
+
+/* outputs [a0, a1) x columns [b0, b1), one dot product each (MM_VEC_DOT) */
+static void mm_rows(gr_job *job, int64_t a0, int64_t a1, int64_t b0, int64_t b1, ggmlrpc_vec_dot_fn qdot,
+                    float (*dot32)(int64_t, const float *, const float *),
+                    float (*dot16)(int64_t, const uint16_t *, const uint16_t *), int conv) {
+    const gr_node *n = job->node;
+    const gr_tensor *s0 = &n->src[0], *s1 = &n->src[1], *d = &n->dst;
+    const size_t row_size = (size_t)n->iparams[2];
+    const int64_t K = s0->ne[0];
+    const int64_t N = s1->ne[1], ne12 = s1->ne[2];
+    const int64_t r2 = ne12 / s0->ne[2], r3 = s1->ne[3] / s0->ne[3];
     const int64_t BLK = 16;
     for (int64_t ib = a0; ib < a1; ib += BLK) {
         const int64_t ie = ib + BLK < a1 ? ib + BLK : a1;

@@ -101,6 +101,39 @@ def test_thread_counts_give_the_same_bytes(seed, n_threads):
     np.testing.assert_array_equal(b.read(out), want)
 
 
+@pytest.mark.parametrize("wtype", [T.Q4_0, T.Q8_0, T.Q4_K])
+@pytest.mark.parametrize("n_cols", [1, 3])
+def test_decode_matmul_chunks_give_each_row_its_dot(seed, wtype, n_cols):
+    """Decode-shaped products (few activation columns, 1000 weight rows) hand out
+    weight rows in chunks and quantize a lone column in block runs per thread:
+    every output is still the one dot product of its row, for any thread count."""
+    from ggmlrpc._native import quants
+    rng = np.random.default_rng(seed)
+    K, M = 512, 1000
+    if wtype == T.Q4_K:   # no quantizer here: random blocks with sane scales (d, dmin)
+        wq = rng.integers(0, 256, (M * K // 256, 144), dtype=np.uint8)
+        wq[:, :4] = rng.uniform(0.001, 0.1, (len(wq), 2)).astype(np.float16).view(np.uint8)
+        wq = wq.ravel()
+    else:
+        w = rng.standard_normal((M, K)).astype(np.float32)
+        wq = np.concatenate([quants.quantize(int(wtype), r) for r in w])
+    x = rng.standard_normal((n_cols, K)).astype(np.float32)
+    act = quants.vec_dot_type(int(wtype))
+    want = np.array([[quants.vec_dot(int(wtype), wq[i * len(wq) // M:(i + 1) * len(wq) // M].tobytes(),
+                                     quants.quantize(act, x[j]).tobytes()) for i in range(M)]
+                     for j in range(n_cols)], np.float32)
+    for n_threads in (1, 2, 3, 7):
+        b = Builder(4 << 20)
+        wt = b.tensor(wtype, (K, M), data=wq)
+        xt = b.tensor(T.F32, (K, n_cols), data=x)
+        out = b.tensor(T.F32, (M, n_cols), Op.MUL_MAT, (wt, xt))
+        ex = CpuExecutor(n_threads)
+        plan = ex.compile(b.graph())
+        for _ in range(3):   # the chunk counter starts over on every run
+            ex.run(plan)
+            np.testing.assert_array_equal(b.read(out).view(np.uint32), want.ravel().view(np.uint32))
+
+
 def test_unsupported_and_invalid_are_typed(seed):
     b = Builder()
     x = b.tensor(T.F32, (8,), data=np.ones(8, np.float32))
