@@ -9,6 +9,7 @@ Errors are judged like ggml's test-backend-ops: normalized mean squared error.
 """
 from __future__ import annotations
 
+import contextlib
 import os
 import struct
 
@@ -18,6 +19,7 @@ import pytest
 from ggmlrpc import ggml, protocol
 from ggmlrpc.client import RemoteBackend, Tensor, op as make_op
 from ggmlrpc.devices.cpu import CpuDevice
+from ggmlrpc.errors import ServerClosed
 from ggmlrpc.ggml import GGMLOp, GGMLType as T
 from ggmlrpc.server import Server
 
@@ -143,6 +145,23 @@ class Ctx:
 
     def write(self, t: Tensor, data):
         self.rb.set_tensor(t, encode(t.type, data))
+
+
+@contextlib.contextmanager
+def rejected(server, caplog, *expect: str):
+    """A fresh Ctx for the with-block to build a graph in; on leaving, the graph is
+    sent and the server must close the connection with a log line holding every
+    `expect` string (a run-time error or a rejected graph)."""
+    c = Ctx(f"127.0.0.1:{server.port}")
+    try:
+        yield c
+        c.rb.graph_compute(c.nodes)
+        with pytest.raises(ServerClosed):
+            c.rb.synchronize()
+        for e in expect:
+            assert e in caplog.text
+    finally:
+        c.close()
 
 
 @pytest.fixture(scope="module")

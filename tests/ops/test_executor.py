@@ -11,34 +11,27 @@ import pytest
 
 from ggmlrpc.errors import ServerClosed
 from ggmlrpc.ggml import GGMLGluOp as G, GGMLOp as Op, GGMLType as T, GGMLUnaryOp as U
-from tests.ops.conftest import Ctx, assert_close, f32_bits
+from tests.ops.conftest import Ctx, assert_close, f32_bits, rejected
 
 
-@pytest.mark.parametrize("what", ["FLASH_ATTN_BACK", "Q4_0 + F16", "unknown unary", "F64 add"])
-def test_unsupported_closes_and_names_op(server, caplog, what):
-    c = Ctx(f"127.0.0.1:{server.port}")
-    try:
+@pytest.mark.parametrize("what, expect", [
+    ("FLASH_ATTN_BACK", "op FLASH_ATTN_BACK (F32 <- F32, F32)"),
+    ("Q4_0 + F16", "op ADD (Q4_0 <- Q4_0, F16)"),
+    ("unknown unary", "op UNARY (F32 <- F32)"),
+    ("F64 add", "op ADD (F64 <- F64, F64)")], ids=["FLASH_ATTN_BACK", "Q4_0+F16", "unknown-unary", "F64-add"])
+def test_unsupported_closes_and_names_op(server, caplog, what, expect):
+    with rejected(server, caplog, expect) as c:
         x = c.new(T.F32, (16, 4), np.ones((4, 16), np.float32))
         if what == "FLASH_ATTN_BACK":
             c.op(Op.FLASH_ATTN_BACK, T.F32, (16, 4), x, x)
-            expect = "op FLASH_ATTN_BACK (F32 <- F32, F32)"
         elif what == "Q4_0 + F16":
             q = c.new(T.Q4_0, (32, 4), np.ones((4, 32), np.float32))
             c.op(Op.ADD, T.Q4_0, (32, 4), q, c.new(T.F16, (32, 4), np.ones((4, 32), np.float16)))
-            expect = "op ADD (Q4_0 <- Q4_0, F16)"
         elif what == "unknown unary":
             c.op(Op.UNARY, T.F32, (16, 4), x, params=[99])
-            expect = "op UNARY (F32 <- F32)"
         else:
             y = c.new(T.F64, (16, 4), np.ones((4, 16)))
             c.op(Op.ADD, T.F64, (16, 4), y, y)
-            expect = "op ADD (F64 <- F64, F64)"
-        c.rb.graph_compute(c.nodes)
-        with pytest.raises(ServerClosed):
-            c.rb.synchronize()
-        assert expect in caplog.text
-    finally:
-        c.close()
     with Ctx(f"127.0.0.1:{server.port}").rb as rb:   # the server carries on
         assert rb.device_count() == 1
 
@@ -76,17 +69,10 @@ def test_free_buffer_drops_the_plan(server, caplog):
 
 
 def test_node_without_buffer_is_rejected(server, caplog):
-    c = Ctx(f"127.0.0.1:{server.port}")
-    try:
+    with rejected(server, caplog, "has no buffer on this server") as c:
         x = c.new(T.F32, (8,), np.ones(8, np.float32))
         node = c.op(Op.SCALE, T.F32, (8,), x, params=[f32_bits(2.0)])
         node.buffer, node.data = None, 0
-        c.rb.graph_compute(c.nodes)
-        with pytest.raises(ServerClosed):
-            c.rb.synchronize()
-        assert "has no buffer on this server" in caplog.text
-    finally:
-        c.close()
 
 
 def test_concurrent_clients(server, seed):

@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggmlrpc.errors import ServerClosed
 from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
-from tests.ops.conftest import Ctx, assert_close, f32_bits
+from tests.ops.conftest import assert_close, f32_bits, rejected
 
 
 @pytest.mark.parametrize("t", [T.F32, T.F16], ids=lambda t: t.name)
@@ -41,17 +40,10 @@ def test_acc_set(ctx, rng, opcode):
 
 
 def test_acc_view_outside_is_rejected(server, caplog):
-    c = Ctx(f"127.0.0.1:{server.port}")
-    try:
+    with rejected(server, caplog, "view lies outside the result") as c:
         a = c.new(T.F32, (10, 6), np.zeros((6, 10), np.float32))
         b = c.new(T.F32, (5, 3), np.ones((3, 5), np.float32))
         c.op(Op.ACC, T.F32, (10, 6), a, b, params=[40, 240, 240, 5 * 40 + 8, 0])
-        c.rb.graph_compute(c.nodes)
-        with pytest.raises(ServerClosed):
-            c.rb.synchronize()
-        assert "view lies outside the result" in caplog.text
-    finally:
-        c.close()
 
 
 @pytest.mark.parametrize("t", [T.F32, T.F16], ids=lambda t: t.name)
@@ -223,18 +215,11 @@ def test_mul_mat_id(ctx, rng, wt):
 
 
 def test_mul_mat_id_bad_expert_closes(server, rng, caplog):
-    c = Ctx(f"127.0.0.1:{server.port}")
-    try:
+    with rejected(server, caplog, "MUL_MAT_ID expert 3 out of range [0, 3)") as c:
         w = c.new(T.F32, (32, 4, 3), rng.standard_normal((3, 4, 32)).astype(np.float32))
         x = c.new(T.F32, (32, 1, 2), rng.standard_normal((2, 1, 32)).astype(np.float32))
         sel = c.new(T.I32, (2, 2), np.array([[0, 1], [2, 3]], np.int32))
         c.op(Op.MUL_MAT_ID, T.F32, (4, 2, 2), w, x, sel)
-        c.rb.graph_compute(c.nodes)
-        with pytest.raises(ServerClosed):
-            c.rb.synchronize()
-        assert "MUL_MAT_ID expert 3 out of range [0, 3)" in caplog.text
-    finally:
-        c.close()
 
 
 def test_add_id(ctx, rng):

@@ -5,9 +5,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggmlrpc.errors import ServerClosed
 from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
-from tests.ops.conftest import Ctx, assert_close, f32_bits
+from tests.ops.conftest import assert_close, f32_bits, rejected
 
 
 def strided_input(ctx, rng, ne):
@@ -55,15 +54,8 @@ def test_group_norm(ctx, rng, n_groups):
 
 
 def test_negative_eps_is_rejected(server, caplog):
-    c = Ctx(f"127.0.0.1:{server.port}")
-    try:
+    with rejected(server, caplog, "RMS_NORM", "eps") as c:
         c.op(Op.RMS_NORM, T.F32, (8,), c.new(T.F32, (8,), np.ones(8, np.float32)), params=[f32_bits(-1.0)])
-        c.rb.graph_compute(c.nodes)
-        with pytest.raises(ServerClosed):
-            c.rb.synchronize()
-        assert "RMS_NORM" in caplog.text and "eps" in caplog.text
-    finally:
-        c.close()
 
 
 def alibi_slopes(n_head, max_bias):

@@ -7,9 +7,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggmlrpc.errors import ServerClosed
 from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
-from tests.ops.conftest import Ctx, assert_close
+from tests.ops.conftest import assert_close, rejected
 
 
 def test_ssm_conv(ctx, rng):
@@ -68,14 +67,7 @@ def test_ssm_scan(ctx, rng, kind, d_state, K):
 
 
 def test_ssm_scan_bad_state_id_closes(server, rng, caplog):
-    c = Ctx(f"127.0.0.1:{server.port}")
-    try:
+    with rejected(server, caplog, "SSM_SCAN state 1 out of range [0, 1)") as c:
         f = lambda *ne: c.new(T.F32, ne, rng.standard_normal(ne[::-1]).astype(np.float32))
         c.op(Op.SSM_SCAN, T.F32, (4 + 16 * 2,), f(16, 2, 1, 1), f(2, 1, 2, 1), f(1, 2, 1),
              f(1, 1), f(16, 1, 2, 1), f(16, 1, 2, 1), c.new(T.I32, (1,), np.array([1], np.int32)), params=[1])
-        c.rb.graph_compute(c.nodes)
-        with pytest.raises(ServerClosed):
-            c.rb.synchronize()
-        assert "SSM_SCAN state 1 out of range [0, 1)" in caplog.text
-    finally:
-        c.close()

@@ -6,9 +6,8 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from ggmlrpc.errors import ServerClosed
 from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
-from tests.ops.conftest import Ctx, assert_close, f32_bits
+from tests.ops.conftest import assert_close, f32_bits, rejected
 
 
 def rand(rng, shape, scale=1.0, offset=0.0):
@@ -64,16 +63,9 @@ def test_get_rows_back(ctx, rng, t):
 
 
 def test_get_rows_back_bad_index_closes(server, rng, caplog):
-    c = Ctx(f"127.0.0.1:{server.port}")
-    try:
+    with rejected(server, caplog, "GET_ROWS_BACK index 3 out of range [0, 3)") as c:
         g = c.new(T.F32, (8, 2), rand(rng, (2, 8)))
         c.op(Op.GET_ROWS_BACK, T.F32, (8, 3), g, c.new(T.I32, (2,), np.array([1, 3], np.int32)))
-        c.rb.graph_compute(c.nodes)
-        with pytest.raises(ServerClosed):
-            c.rb.synchronize()
-        assert "GET_ROWS_BACK index 3 out of range [0, 3)" in caplog.text
-    finally:
-        c.close()
 
 
 def log_softmax(x):
