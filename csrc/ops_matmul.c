@@ -186,10 +186,29 @@ static void mm_rows(gr_job *job, int64_t a0, int64_t a1, int64_t b0, int64_t b1,
     const int64_t K = s0->ne[0];
     const int64_t N = s1->ne[1], ne12 = s1->ne[2];
     const int64_t r2 = ne12 / s0->ne[2], r3 = s1->ne[3] / s0->ne[3];
+    /* one weight row against four activation rows of one batch at a time */
+    const ggmlrpc_vec_dot_x4_fn qdot4 = conv && b1 - b0 >= 4 ? ggmlrpc_get_vec_dot_x4((uint32_t)s0->type) : NULL;
     const int64_t BLK = 16;
     for (int64_t ib = a0; ib < a1; ib += BLK) {
         const int64_t ie = ib + BLK < a1 ? ib + BLK : a1;
-        for (int64_t c = b0; c < b1; c++) {
+        int64_t c = b0;
+        for (; qdot4 && c + 4 <= b1; c += 4) {
+            if (c / N != (c + 3) / N) break;   /* a batch boundary: the rest one by one */
+            const int64_t i11 = c % N, i12 = (c / N) % ne12, i13 = c / (N * ne12);
+            const void *act[4];
+            float *out[4];
+            for (int j = 0; j < 4; j++) {
+                act[j] = job->wdata + (size_t)(c + j) * row_size;
+                out[j] = (float *)(d->data + (i11 + j) * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
+            }
+            const char *w = s0->data + (i12 / r2) * s0->nb[2] + (i13 / r3) * s0->nb[3];
+            for (int64_t i01 = ib; i01 < ie; i01++) {
+                float v[4];
+                qdot4(K, v, w + i01 * s0->nb[1], act);
+                for (int j = 0; j < 4; j++) out[j][i01] = v[j];
+            }
+        }
+        for (; c < b1; c++) {
             const int64_t i11 = c % N;
             const int64_t i12 = (c / N) % ne12;
             const int64_t i13 = c / (N * ne12);

@@ -1474,6 +1474,43 @@ GR_AVX2 static void vec_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vx /
     *s = gr_hsum_ps8(acc);
 }
 
+/* One weight row against four activation rows: every output is summed exactly
+ * as vec_dot_q4_0_q8_0_avx2 / vec_dot_q8_0_q8_0_avx2 sum it (own accumulator,
+ * same steps), the weight block is loaded and unpacked once for the four. */
+GR_AVX2 static void vec_dot_x4_q4_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q4_0 */,
+                                              const void *const vy[4] /* (n/32,) q8_0 each */) {
+    const block_q4_0 *x = vx;
+    const block_q8_0 *y[4] = {vy[0], vy[1], vy[2], vy[3]};
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        const float dx = _cvtsh_ss(x[i].d);
+        const __m256i qx = _mm256_sub_epi8(gr_nibbles32(x[i].qs), _mm256_set1_epi8(8));
+        for (int j = 0; j < 4; j++) {
+            const __m256 d = _mm256_set1_ps(dx * _cvtsh_ss(y[j][i].d));
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)y[j][i].qs);
+            acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[j]);
+        }
+    }
+    for (int j = 0; j < 4; j++) s[j] = gr_hsum_ps8(acc[j]);
+}
+
+GR_AVX2 static void vec_dot_x4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q8_0 */,
+                                              const void *const vy[4] /* (n/32,) q8_0 each */) {
+    const block_q8_0 *x = vx;
+    const block_q8_0 *y[4] = {vy[0], vy[1], vy[2], vy[3]};
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        const float dx = _cvtsh_ss(x[i].d);
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        for (int j = 0; j < 4; j++) {
+            const __m256 d = _mm256_set1_ps(dx * _cvtsh_ss(y[j][i].d));
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)y[j][i].qs);
+            acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[j]);
+        }
+    }
+    for (int j = 0; j < 4; j++) s[j] = gr_hsum_ps8(acc[j]);
+}
+
 /* Q4_K: the min term goes to a 4-lane accumulator (pairs of sub-blocks), the
  * scale term to an 8-lane one, as in ggml's AVX2 kernel */
 GR_AVX2 static void vec_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q4_K */,
@@ -1935,6 +1972,17 @@ ggmlrpc_to_float_fn ggmlrpc_get_to_float(uint32_t type) {
 ggmlrpc_from_float_fn ggmlrpc_get_from_float(uint32_t type) {
     gr_qtraits k;
     return gr_resolve(type, &k) ? k.from_float : NULL;
+}
+
+ggmlrpc_vec_dot_x4_fn ggmlrpc_get_vec_dot_x4(uint32_t weight_type) {
+#if GR_HAVE_X86
+    if (gr_simd_level() >= 1) {
+        if (weight_type == GR_TYPE_Q4_0) return vec_dot_x4_q4_0_q8_0_avx2;
+        if (weight_type == GR_TYPE_Q8_0) return vec_dot_x4_q8_0_q8_0_avx2;
+    }
+#endif
+    (void)weight_type;
+    return NULL;
 }
 
 ggmlrpc_vec_dot_fn ggmlrpc_get_vec_dot(uint32_t weight_type) {

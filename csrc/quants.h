@@ -136,6 +136,11 @@ typedef void (*ggmlrpc_vec_dot_fn)(int64_t n, float *s, const void *w_row, const
 ggmlrpc_to_float_fn ggmlrpc_get_to_float(uint32_t type);
 ggmlrpc_from_float_fn ggmlrpc_get_from_float(uint32_t type);
 ggmlrpc_vec_dot_fn ggmlrpc_get_vec_dot(uint32_t weight_type);
+/* s[j] = dot(w_row, act_rows[j]) for j < 4, each bit-equal to the vec_dot
+ * kernel's result (one weight row unpacked once for four activation rows).
+ * NULL where there is no such kernel (only Q4_0 and Q8_0 with AVX2 so far). */
+typedef void (*ggmlrpc_vec_dot_x4_fn)(int64_t n, float *s, const void *w_row, const void *const act_rows[4]);
+ggmlrpc_vec_dot_x4_fn ggmlrpc_get_vec_dot_x4(uint32_t weight_type);
 
 /* The same through a switch; each returns 0, or -1 when the type is not
  * supported or n is not a whole number of blocks (nothing is written then).
