@@ -1446,13 +1446,25 @@ GR_AVX2 static void vec_dot_bf16_bf16_avx2(int64_t n, float *s, const void *vx /
     *s = (float)sum;
 }
 
+/* fp16 -> fp32 by table in the Q4/Q5/Q8 block kernels, as ggml's x86 build
+ * converts block scales: on CPUs where VCVTPH2PS is slow (Zen 1: ~12% of the
+ * Q4_0 kernel) two loads are cheaper; same values (gr_fp16_to_fp32 is F16C's
+ * conversion, NaNs included). Filled when the library loads. */
+static float gr_f16_tab[1 << 16];
+
+__attribute__((constructor)) static void gr_f16_tab_init(void) {
+    for (uint32_t h = 0; h < (1u << 16); h++) gr_f16_tab[h] = gr_fp16_to_fp32((uint16_t)h);
+}
+
+#define GR_F16(h) gr_f16_tab[(uint16_t)(h)]
+
 GR_AVX2 static void vec_dot_q4_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_0 */,
                                            const void *vy /* (n/32,) q8_0 */) {
     const block_q4_0 *x = vx;
     const block_q8_0 *y = vy;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / GR_QK; i++) {
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d));
+        const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * GR_F16(y[i].d));
         const __m256i qx = _mm256_sub_epi8(gr_nibbles32(x[i].qs), _mm256_set1_epi8(8));
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc);
@@ -1466,7 +1478,7 @@ GR_AVX2 static void vec_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vx /
     const block_q8_0 *y = vy;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / GR_QK; i++) {
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d));
+        const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * GR_F16(y[i].d));
         const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc);
@@ -1483,10 +1495,10 @@ GR_AVX2 static void vec_dot_x4_q4_0_q8_0_avx2(int64_t n, float *s /* (4,) */, co
     const block_q8_0 *y[4] = {vy[0], vy[1], vy[2], vy[3]};
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t i = 0; i < n / GR_QK; i++) {
-        const float dx = _cvtsh_ss(x[i].d);
+        const float dx = GR_F16(x[i].d);
         const __m256i qx = _mm256_sub_epi8(gr_nibbles32(x[i].qs), _mm256_set1_epi8(8));
         for (int j = 0; j < 4; j++) {
-            const __m256 d = _mm256_set1_ps(dx * _cvtsh_ss(y[j][i].d));
+            const __m256 d = _mm256_set1_ps(dx * GR_F16(y[j][i].d));
             const __m256i qy = _mm256_loadu_si256((const __m256i *)y[j][i].qs);
             acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[j]);
         }
@@ -1500,10 +1512,10 @@ GR_AVX2 static void vec_dot_x4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, co
     const block_q8_0 *y[4] = {vy[0], vy[1], vy[2], vy[3]};
     __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
     for (int64_t i = 0; i < n / GR_QK; i++) {
-        const float dx = _cvtsh_ss(x[i].d);
+        const float dx = GR_F16(x[i].d);
         const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
         for (int j = 0; j < 4; j++) {
-            const __m256 d = _mm256_set1_ps(dx * _cvtsh_ss(y[j][i].d));
+            const __m256 d = _mm256_set1_ps(dx * GR_F16(y[j][i].d));
             const __m256i qy = _mm256_loadu_si256((const __m256i *)y[j][i].qs);
             acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[j]);
         }
@@ -1663,7 +1675,7 @@ GR_AVX2 static void vec_dot_q4_1_q8_1_avx2(int64_t n, float *s, const void *vx /
     float summs = 0.0f;
     for (int64_t i = 0; i < n / GR_QK; i++) {
         summs += _cvtsh_ss(x[i].m) * _cvtsh_ss(y[i].s);
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d));
+        const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * GR_F16(y[i].d));
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         acc = _mm256_fmadd_ps(d, gr_dot_u8_ps(gr_nibbles32(x[i].qs), qy), acc);
     }
@@ -1676,7 +1688,7 @@ GR_AVX2 static void vec_dot_q5_0_q8_0_avx2(int64_t n, float *s, const void *vx /
     const block_q8_0 *y = vy;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / GR_QK; i++) {
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d));
+        const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * GR_F16(y[i].d));
         const __m256i qx = _mm256_sub_epi8(gr_q5_codes32(x[i].qh, x[i].qs), _mm256_set1_epi8(16));
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc);
@@ -1692,7 +1704,7 @@ GR_AVX2 static void vec_dot_q5_1_q8_1_avx2(int64_t n, float *s, const void *vx /
     float summs = 0.0f;
     for (int64_t i = 0; i < n / GR_QK; i++) {
         summs += _cvtsh_ss(x[i].m) * _cvtsh_ss(y[i].s);
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d) * _cvtsh_ss(y[i].d));
+        const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * GR_F16(y[i].d));
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         acc = _mm256_fmadd_ps(d, gr_dot_u8_ps(gr_q5_codes32(x[i].qh, x[i].qs), qy), acc);
     }
