@@ -27,10 +27,24 @@
 enum { MM_VEC_DOT = 0, MM_GEMM = 1, MM_TILED = 2 };
 
 /* converted src1 rows, then (MUL_MAT_ID) one row count per expert */
+/* Q4_0 weights, activations converted here to Q8_0 (so never holding -128
+ * unless the input is not finite), one dot product per output: the activation
+ * rows' per-block lane sums follow them in the scratch (ggmlrpc_q4_0_act_sums) */
+static int mm_q4_sums(const gr_node *n) {
+    return n->kernel == GR_K_MUL_MAT && n->src[0].type == GR_TYPE_Q4_0 && n->iparams[0] == GR_TYPE_Q8_0 &&
+           n->src[1].type != GR_TYPE_Q8_0 && n->iparams[1] == MM_VEC_DOT;
+}
+
+static inline size_t mm_conv_bytes(const gr_node *n) {
+    const gr_tensor *s1 = &n->src[1];
+    const size_t conv = s1->type == n->iparams[0] ? 0 : (size_t)n->iparams[2] * (size_t)gr_nrows(s1);
+    return (conv + 63) & ~(size_t)63;
+}
+
 size_t gr_wsize_mul_mat(const gr_node *n, int nth) {
     const gr_tensor *s1 = &n->src[1];
-    size_t conv = s1->type == n->iparams[0] ? 0 : (size_t)n->iparams[2] * (size_t)gr_nrows(s1);
-    conv = (conv + 63) & ~(size_t)63;
+    size_t conv = mm_conv_bytes(n);
+    if (mm_q4_sums(n)) conv += (size_t)gr_nrows(s1) * (size_t)(n->src[0].ne[0] / 32) * 32;
     if (n->kernel == GR_K_MUL_MAT_ID) conv += ((size_t)n->src[0].ne[2] * sizeof(int64_t) + 63) & ~(size_t)63;
     if (n->iparams[1] == MM_TILED) conv += (size_t)nth * gr_tiled_row_bytes(n->src[0].ne[0]);
     return conv + 64;
@@ -63,6 +77,8 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     if (phase == 0) {
         if (job->ith == 0) gr_chunk_set(job, job->nth);   /* chunks 0..nth-1 go to threads 0..nth-1 */
         if (!conv) return;
+        int32_t *sums = mm_q4_sums(n) && ggmlrpc_get_vec_dot_q4_0_sums()
+                            ? (int32_t *)(job->wdata + mm_conv_bytes(n)) : NULL;
         int64_t r0, r1;
         gr_range(gr_nrows(s1), job->ith, job->nth, &r0, &r1);
         ggmlrpc_from_float_fn from_float = NULL;
@@ -74,9 +90,11 @@ void gr_k_mul_mat(gr_job *job, int phase) {
             const size_t bb = row_size / (size_t)nb;
             int64_t k0, k1;
             gr_range(nb, job->ith, job->nth, &k0, &k1);
-            for (int64_t ir = 0; ir < gr_nrows(s1) && k0 < k1; ir++)
-                from_float((const float *)gr_row(s1, ir) + k0 * bs, job->wdata + (size_t)ir * row_size + (size_t)k0 * bb,
-                           (k1 - k0) * bs);
+            for (int64_t ir = 0; ir < gr_nrows(s1) && k0 < k1; ir++) {
+                char *q = job->wdata + (size_t)ir * row_size + (size_t)k0 * bb;
+                from_float((const float *)gr_row(s1, ir) + k0 * bs, q, (k1 - k0) * bs);
+                if (sums) ggmlrpc_q4_0_act_sums(q, sums + (ir * nb + k0) * 8, k1 - k0);
+            }
             return;
         }
         for (int64_t ir = r0; ir < r1; ir++) {
@@ -85,6 +103,7 @@ void gr_k_mul_mat(gr_job *job, int phase) {
             if (vdt == GR_TYPE_F32) gr_load_f32(s1->type, src, s1->nb[0], (float *)dst, K);
             else if (vdt == GR_TYPE_F16) gr_vec.fp32_to_fp16(K, (const float *)src, (uint16_t *)dst);
             else from_float((const float *)src, dst, K);
+            if (sums) ggmlrpc_q4_0_act_sums(dst, sums + ir * (K / 32) * 8, K / 32);
         }
         return;
     }
@@ -186,6 +205,8 @@ static void mm_rows(gr_job *job, int64_t a0, int64_t a1, int64_t b0, int64_t b1,
     const int64_t K = s0->ne[0];
     const int64_t N = s1->ne[1], ne12 = s1->ne[2];
     const int64_t r2 = ne12 / s0->ne[2], r3 = s1->ne[3] / s0->ne[3];
+    const ggmlrpc_vec_dot_sums_fn qdots = mm_q4_sums(n) ? ggmlrpc_get_vec_dot_q4_0_sums() : NULL;
+    const int32_t *sums = qdots ? (const int32_t *)(job->wdata + mm_conv_bytes(n)) : NULL;
     /* one weight row against four activation rows of one batch at a time */
     const ggmlrpc_vec_dot_x4_fn qdot4 = conv && b1 - b0 >= 4 ? ggmlrpc_get_vec_dot_x4((uint32_t)s0->type) : NULL;
     const int64_t BLK = 16;
@@ -221,6 +242,7 @@ static void mm_rows(gr_job *job, int64_t a0, int64_t a1, int64_t b0, int64_t b1,
                 float v;
                 if (s0->type == GR_TYPE_F32) v = dot32(K, (const float *)wr, (const float *)act);
                 else if (s0->type == GR_TYPE_F16) v = dot16(K, (const uint16_t *)wr, (const uint16_t *)act);
+                else if (qdots) qdots(K, &v, wr, act, sums + c * (K / 32) * 8);
                 else qdot(K, &v, wr, act);
                 out[i01] = v;
             }

@@ -1523,6 +1523,46 @@ GR_AVX2 static void vec_dot_x4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, co
     for (int j = 0; j < 4; j++) s[j] = gr_hsum_ps8(acc[j]);
 }
 
+/* Q4_0 x Q8_0 with the offset moved out of the inner loop: per lane,
+ * sum((x - 8) * y) = sum(x * y) - 8 * sum(y), x in 0..15 unsigned, so PMADDUBSW
+ * takes the nibbles as they are (no sign juggling) and 8 * sum(y) per lane is
+ * computed once per activation row (it is shared by every weight row). The int32
+ * lanes equal those of vec_dot_q4_0_q8_0_avx2 exactly, except where y holds -128
+ * (that kernel's sign trick overflows there): such blocks are marked and take
+ * that kernel's steps. */
+#define GR_Q4S_MARK INT32_MIN
+
+GR_AVX2 static void q4_0_act_sums_avx2(const void *vy /* (nb,) q8_0 */, int32_t *sums /* (nb, 8) */, int64_t nb) {
+    const block_q8_0 *y = vy;
+    for (int64_t i = 0; i < nb; i++) {
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), qy), _mm256_set1_epi16(1));
+        if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(qy, _mm256_set1_epi8(-128))))
+            v = _mm256_set1_epi32(GR_Q4S_MARK);
+        _mm256_storeu_si256((__m256i *)(sums + 8 * i), v);
+    }
+}
+
+GR_AVX2 static void vec_dot_q4_0_q8_0_sums_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_0 */,
+                                                const void *vy /* (n/32,) q8_0 */, const int32_t *sums) {
+    const block_q4_0 *x = vx;
+    const block_q8_0 *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * GR_F16(y[i].d));
+        const __m256i qx = gr_nibbles32(x[i].qs);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        __m256i p;
+        if (sums[8 * i] != GR_Q4S_MARK)
+            p = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), _mm256_set1_epi16(1)),
+                                 _mm256_loadu_si256((const __m256i *)(sums + 8 * i)));
+        else
+            p = gr_dot_i8(_mm256_sub_epi8(qx, _mm256_set1_epi8(8)), qy);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
+    }
+    *s = gr_hsum_ps8(acc);
+}
+
 /* Q4_K: the min term goes to a 4-lane accumulator (pairs of sub-blocks), the
  * scale term to an 8-lane one, as in ggml's AVX2 kernel */
 GR_AVX2 static void vec_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q4_K */,
@@ -1984,6 +2024,24 @@ ggmlrpc_to_float_fn ggmlrpc_get_to_float(uint32_t type) {
 ggmlrpc_from_float_fn ggmlrpc_get_from_float(uint32_t type) {
     gr_qtraits k;
     return gr_resolve(type, &k) ? k.from_float : NULL;
+}
+
+int ggmlrpc_q4_0_act_sums(const void *act_blocks, int32_t *sums, int64_t nb) {
+#if GR_HAVE_X86
+    if (gr_simd_level() >= 1) {
+        q4_0_act_sums_avx2(act_blocks, sums, nb);
+        return 0;
+    }
+#endif
+    (void)act_blocks; (void)sums; (void)nb;
+    return -1;
+}
+
+ggmlrpc_vec_dot_sums_fn ggmlrpc_get_vec_dot_q4_0_sums(void) {
+#if GR_HAVE_X86
+    if (gr_simd_level() >= 1) return vec_dot_q4_0_q8_0_sums_avx2;
+#endif
+    return NULL;
 }
 
 ggmlrpc_vec_dot_x4_fn ggmlrpc_get_vec_dot_x4(uint32_t weight_type) {

@@ -141,6 +141,13 @@ ggmlrpc_vec_dot_fn ggmlrpc_get_vec_dot(uint32_t weight_type);
  * NULL where there is no such kernel (only Q4_0 and Q8_0 with AVX2 so far). */
 typedef void (*ggmlrpc_vec_dot_x4_fn)(int64_t n, float *s, const void *w_row, const void *const act_rows[4]);
 ggmlrpc_vec_dot_x4_fn ggmlrpc_get_vec_dot_x4(uint32_t weight_type);
+/* Q4_0 weights against a Q8_0 activation row whose per-block lane sums
+ * (8 int32 per block, ggmlrpc_q4_0_act_sums) were computed once: bit-equal to
+ * the Q4_0 vec_dot, fewer steps per weight block. NULL / -1 without AVX2. */
+typedef void (*ggmlrpc_vec_dot_sums_fn)(int64_t n, float *s, const void *w_row, const void *act_row,
+                                        const int32_t *sums);
+ggmlrpc_vec_dot_sums_fn ggmlrpc_get_vec_dot_q4_0_sums(void);
+int ggmlrpc_q4_0_act_sums(const void *act_blocks, int32_t *sums, int64_t nb);
 
 /* The same through a switch; each returns 0, or -1 when the type is not
  * supported or n is not a whole number of blocks (nothing is written then).
