@@ -121,7 +121,7 @@ def test_decode_matmul_chunks_give_each_row_its_dot(seed, wtype, n_cols):
         w = rng.standard_normal((M, K)).astype(np.float32)
         wq = np.concatenate([quants.quantize(int(wtype), r) for r in w])
     x = rng.standard_normal((n_cols, K)).astype(np.float32)
-    if n_cols == 3:   # an infinite activation quantizes to -128s: Q4_0's lane-sum kernel steps aside
+    if n_cols in (3, 5):   # an infinite activation quantizes to -128s: Q4_0's lane-sum kernel steps aside
         x[1, 70] = np.inf
     act = quants.vec_dot_type(int(wtype))
     want = np.array([[quants.vec_dot(int(wtype), wq[i * len(wq) // M:(i + 1) * len(wq) // M].tobytes(),
