@@ -251,6 +251,7 @@ class Session:
         self.buffers: dict[int, ServerBuffer] = {}
         self.graphs: dict[int, StoredGraph] = {}
         self.request: bytearray | None = None  # payload of the current fixed-size request
+        self.debug = server.debug
         self.next_base = BASE_START
         try:
             self.peer = "%s:%d" % sock.getpeername()[:2]
@@ -267,7 +268,8 @@ class Session:
                 self.dispatch(cmd, size)
         except ConnectionLost as e:
             if not self.server._closing.is_set():
-                self.server.dbg("[%s] %s", self.peer, e)
+                if self.debug:
+                    self.server.dbg("[%s] %s", self.peer, e)
         except GgmlRpcError as e:
             log.error("closing connection from %s: %s", self.peer, e)
         except Exception as e:  # never let one client take the server down
@@ -292,8 +294,9 @@ class Session:
                                 f"the client needs protocol v{protocol.PROTO_MAJOR}.x")
         client_caps = bytes(self.conn.recv_exact(CONN_CAPS_SIZE))
         caps = local_caps(self.conn.sock)
-        self.server.dbg("[hello] version: %d.%d.%d", protocol.PROTO_MAJOR, protocol.PROTO_MINOR,
-                        protocol.PROTO_PATCH)
+        if self.debug:
+            self.server.dbg("[hello] version: %d.%d.%d", protocol.PROTO_MAJOR, protocol.PROTO_MINOR,
+                            protocol.PROTO_PATCH)
         rsp = bytes([protocol.PROTO_MAJOR, protocol.PROTO_MINOR, protocol.PROTO_PATCH, 0]) + caps
         self.conn.send(protocol.SIZE.pack(len(rsp)), rsp)
         # The answer goes over TCP first; only then do the client's caps apply.
@@ -302,13 +305,6 @@ class Session:
 
     def reply(self, payload: bytes) -> None:
         self.conn.send_sized(payload)
-
-    def fixed(self, cmd: int, size: int) -> bytearray:
-        want = REQUEST_SIZE[cmd]
-        if size != want:
-            raise ProtocolError(f"{Cmd(cmd).name} payload of {size} bytes (expected {want})")
-        req = self.request
-        return req if req is not None else self.conn.recv_exact(size)
 
     def device_index(self, dev: int) -> int:
         if dev >= len(self.devices):
@@ -357,25 +353,30 @@ class Session:
 
     # -- dispatch ----------------------------------------------------------
     def dispatch(self, cmd: int, size: int) -> None:
+        """Run one command; self.request holds the payload of a fixed-size request,
+        which the transport reads only when `size` is the command's size."""
         if cmd >= CMD_COUNT:
             raise ProtocolError(f"unknown command {cmd}")
-        handler = _HANDLERS[cmd]
-        handler(self, size)
+        want = _FIXED_SIZE[cmd]
+        if want is not None and self.request is None:
+            raise ProtocolError(f"{Cmd(cmd).name} payload of {size} bytes (expected {want})")
+        _HANDLER_LIST[cmd](self, size)
 
     def cmd_hello(self, size):
         raise ProtocolError("second HELLO on a connection")
 
     def cmd_device_count(self, size):
-        self.fixed(Cmd.DEVICE_COUNT, size)
-        self.server.dbg("[device_count] %d", len(self.devices))
+        if self.debug:
+            self.server.dbg("[device_count] %d", len(self.devices))
         self.reply(U32.pack(len(self.devices)))
 
     def cmd_alloc_buffer(self, size):
-        dev, req = struct.unpack("<IQ", self.fixed(Cmd.ALLOC_BUFFER, size))
+        dev, req = struct.unpack("<IQ", self.request)
         self.device_index(dev)
         mem = self.devices[dev].alloc_buffer(req) if req else None
         if req and mem is None:
-            self.server.dbg("[alloc_buffer] device: %d, size: %d -> failed", dev, req)
+            if self.debug:
+                self.server.dbg("[alloc_buffer] device: %d, size: %d -> failed", dev, req)
             self.reply(U64x2.pack(0, 0))
             return
         handle = (next(Session._handles) << 4) | 0x5250_4300_0000_0000
@@ -384,32 +385,37 @@ class Session:
             base = self.next_base
             self.next_base += _round_up(req, BASE_GAP) + BASE_GAP
         self.buffers[handle] = ServerBuffer(handle, base, req, dev, mem)
-        self.server.dbg("[alloc_buffer] device: %d, size: %d -> remote_ptr: %x, remote_size: %d",
-                        dev, req, handle, req)
+        if self.debug:
+            self.server.dbg("[alloc_buffer] device: %d, size: %d -> remote_ptr: %x, remote_size: %d",
+                            dev, req, handle, req)
         self.reply(U64x2.pack(handle, req))
 
     def cmd_get_alignment(self, size):
-        (dev,) = U32.unpack(self.fixed(Cmd.GET_ALIGNMENT, size))
+        (dev,) = U32.unpack(self.request)
         a = self.devices[self.device_index(dev)].alignment()
-        self.server.dbg("[get_alignment] device: %d, alignment: %d", dev, a)
+        if self.debug:
+            self.server.dbg("[get_alignment] device: %d, alignment: %d", dev, a)
         self.reply(U64.pack(a))
 
     def cmd_get_max_size(self, size):
-        (dev,) = U32.unpack(self.fixed(Cmd.GET_MAX_SIZE, size))
+        (dev,) = U32.unpack(self.request)
         m = self.devices[self.device_index(dev)].max_size()
-        self.server.dbg("[get_max_size] device: %d, max_size: %d", dev, m)
+        if self.debug:
+            self.server.dbg("[get_max_size] device: %d, max_size: %d", dev, m)
         self.reply(U64.pack(m))
 
     def cmd_buffer_get_base(self, size):
-        (h,) = U64.unpack(self.fixed(Cmd.BUFFER_GET_BASE, size))
+        (h,) = U64.unpack(self.request)
         b = self.buffer(h)
-        self.server.dbg("[buffer_get_base] remote_ptr: %x -> %x", h, b.base)
+        if self.debug:
+            self.server.dbg("[buffer_get_base] remote_ptr: %x -> %x", h, b.base)
         self.reply(U64.pack(b.base))
 
     def cmd_free_buffer(self, size):
-        (h,) = U64.unpack(self.fixed(Cmd.FREE_BUFFER, size))
+        (h,) = U64.unpack(self.request)
         b = self.buffer(h)
-        self.server.dbg("[free_buffer] remote_ptr: %x", h)
+        if self.debug:
+            self.server.dbg("[free_buffer] remote_ptr: %x", h)
         # stored graphs may point into this buffer; like llama.cpp, drop them all
         self.drop_graphs()
         del self.buffers[h]
@@ -417,9 +423,10 @@ class Session:
             b.mem.free()
 
     def cmd_buffer_clear(self, size):
-        h, value = struct.unpack("<QB", self.fixed(Cmd.BUFFER_CLEAR, size))
+        h, value = struct.unpack("<QB", self.request)
         b = self.buffer(h)
-        self.server.dbg("[buffer_clear] remote_ptr: %x, value: %d", h, value)
+        if self.debug:
+            self.server.dbg("[buffer_clear] remote_ptr: %x, value: %d", h, value)
         if b.mem is not None:
             b.mem.fill(0, b.size, value)
 
@@ -431,8 +438,9 @@ class Session:
         cache_flag, offset = struct.unpack_from("<BQ", head, TENSOR_SIZE)
         n = size - SET_TENSOR_HEADER_SIZE
         at = self.region(t, b, offset, n)
-        self.server.dbg("[set_tensor] buffer: %x, data: %x, offset: %d, size: %d",
-                        b.handle, t.data, offset, n)
+        if self.debug:
+            self.server.dbg("[set_tensor] buffer: %x, data: %x, offset: %d, size: %d",
+                            b.handle, t.data, offset, n)
         if n:
             self.conn.recv_into_buffer(b.mem, at, n)
         cache = self.server.cache
@@ -448,20 +456,22 @@ class Session:
                 log.info("[set_tensor] saved to '%s'", path)
 
     def cmd_set_tensor_hash(self, size):
-        req = self.fixed(Cmd.SET_TENSOR_HASH, size)
+        req = self.request
         t, b = self.tensor(req)
         offset, h = OFF_SIZE.unpack_from(req, TENSOR_SIZE)
         cache = self.server.cache
         data = cache.load(h) if cache is not None else None
         if data is None:
-            self.server.dbg("[set_tensor_hash] hash: %x -> not cached", h)
+            if self.debug:
+                self.server.dbg("[set_tensor_hash] hash: %x -> not cached", h)
             self.reply(b"\x00")
             return
         try:
             n = len(data)
             at = self.region(t, b, offset, n)
-            self.server.dbg("[set_tensor_hash] buffer: %x, data: %x, offset: %d, size: %d, hash: %x",
-                            b.handle, t.data, offset, n, h)
+            if self.debug:
+                self.server.dbg("[set_tensor_hash] buffer: %x, data: %x, offset: %d, size: %d, hash: %x",
+                                b.handle, t.data, offset, n, h)
             if n:
                 b.mem.write(at, data)
         finally:
@@ -470,12 +480,13 @@ class Session:
         self.reply(b"\x01")
 
     def cmd_get_tensor(self, size):
-        req = self.fixed(Cmd.GET_TENSOR, size)
+        req = self.request
         t, b = self.tensor(req)
         offset, n = OFF_SIZE.unpack_from(req, TENSOR_SIZE)
         at = self.region(t, b, offset, n)
-        self.server.dbg("[get_tensor] buffer: %x, data: %x, offset: %d, size: %d",
-                        b.handle, t.data, offset, n)
+        if self.debug:
+            self.server.dbg("[get_tensor] buffer: %x, data: %x, offset: %d, size: %d",
+                            b.handle, t.data, offset, n)
         header = protocol.SIZE.pack(n)
         if n:
             self.conn.send_from_buffer(header, b.mem, at, n)
@@ -483,41 +494,44 @@ class Session:
             self.conn.send(header)
 
     def cmd_memset_tensor(self, size):
-        req = self.fixed(Cmd.MEMSET_TENSOR, size)
+        req = self.request
         t, b = self.tensor(req)
         offset, n = OFF_SIZE.unpack_from(req, TENSOR_SIZE)
         value = req[TENSOR_SIZE + 16]
         at = self.region(t, b, offset, n)
-        self.server.dbg("[memset_tensor] buffer: %x, data: %x, offset: %d, size: %d, value: %d",
-                        b.handle, t.data, offset, n, value)
+        if self.debug:
+            self.server.dbg("[memset_tensor] buffer: %x, data: %x, offset: %d, size: %d, value: %d",
+                            b.handle, t.data, offset, n, value)
         if n:
             b.mem.fill(at, n, value)
 
     def cmd_copy_tensor(self, size):
-        req = self.fixed(Cmd.COPY_TENSOR, size)
+        req = self.request
         src, sb = self.tensor(req, 0)
         dst, db = self.tensor(req, TENSOR_SIZE)
         n = src.nbytes
         if not self.codec.range_inside(dst.data, n, db.base, db.size):
             raise ValidationError(
                 f"COPY_TENSOR of {n} bytes would write past the destination buffer")
-        self.server.dbg("[copy_tensor] src->buffer: %x, dst->buffer: %x", sb.handle, db.handle)
+        if self.debug:
+            self.server.dbg("[copy_tensor] src->buffer: %x, dst->buffer: %x", sb.handle, db.handle)
         ok = True
         if n:
             ok = db.mem.copy_from(dst.data - db.base, sb.mem, src.data - sb.base, n)
         self.reply(b"\x01" if ok else b"\x00")
 
     def cmd_init_tensor(self, size):
-        req = self.fixed(Cmd.INIT_TENSOR, size)
+        req = self.request
         t, b = self.tensor(req, need_buffer=False, full=True)
-        self.server.dbg("[init_tensor] buffer: %x, data: %x", b.handle if b else 0, t.data)
+        if self.debug:
+            self.server.dbg("[init_tensor] buffer: %x, data: %x", b.handle if b else 0, t.data)
         if b is None:
             log.warning("INIT_TENSOR for tensor %r without a buffer", t.name_str)
             return
         self.devices[b.device].init_tensor(b.mem, t)
 
     def cmd_get_alloc_size(self, size):
-        req = self.fixed(Cmd.GET_ALLOC_SIZE, size)
+        req = self.request
         (dev,) = U32.unpack_from(req, 0)
         self.device_index(dev)
         t, b = self.tensor(req, 4, need_buffer=False, full=True)
@@ -527,14 +541,16 @@ class Session:
                 self.tensor(req, off, need_buffer=False)
         device = self.devices[b.device if b is not None else dev]
         n = device.alloc_size(t, t.nbytes)
-        self.server.dbg("[get_alloc_size] device: %d, buffer: %x, data: %x -> %d",
-                        dev, b.handle if b else 0, t.data, n)
+        if self.debug:
+            self.server.dbg("[get_alloc_size] device: %d, buffer: %x, data: %x -> %d",
+                            dev, b.handle if b else 0, t.data, n)
         self.reply(U64.pack(n))
 
     def cmd_get_device_memory(self, size):
-        (dev,) = U32.unpack(self.fixed(Cmd.GET_DEVICE_MEMORY, size))
+        (dev,) = U32.unpack(self.request)
         free, total = self.devices[self.device_index(dev)].memory()
-        self.server.dbg("[get_device_memory] device: %d, free_mem: %d, total_mem: %d", dev, free, total)
+        if self.debug:
+            self.server.dbg("[get_device_memory] device: %d, free_mem: %d, total_mem: %d", dev, free, total)
         self.reply(U64x2.pack(free, total))
 
     def cmd_graph_compute(self, size):
@@ -545,8 +561,9 @@ class Session:
         payload = self.recv_growing(size)
         device, node_ids, tensors = self.codec.decode_graph(payload)
         self.device_index(device)
-        self.server.dbg("[graph_compute] device: %d, n_nodes: %d, n_tensors: %d",
-                        device, len(node_ids), len(tensors))
+        if self.debug:
+            self.server.dbg("[graph_compute] device: %d, n_nodes: %d, n_tensors: %d",
+                            device, len(node_ids), len(tensors))
         graph = build_graph(self, device, node_ids, tensors)
         executor = self.devices[device].executor()
         self.graphs.pop(device, None)
@@ -555,12 +572,13 @@ class Session:
         self.graphs[device] = StoredGraph(graph, plan)
 
     def cmd_graph_recompute(self, size):
-        (dev,) = U32.unpack(self.fixed(Cmd.GRAPH_RECOMPUTE, size))
+        (dev,) = U32.unpack(self.request)
         self.device_index(dev)
         stored = self.graphs.get(dev)
         if stored is None:
             raise ValidationError(f"GRAPH_RECOMPUTE on device {dev} without a stored graph")
-        self.server.dbg("[graph_recompute] device: %d", dev)
+        if self.debug:
+            self.server.dbg("[graph_recompute] device: %d", dev)
         self.devices[dev].executor().run(stored.plan)
 
     def recv_growing(self, size: int) -> bytearray:
@@ -597,3 +615,5 @@ _HANDLERS = {
     Cmd.MEMSET_TENSOR: Session.cmd_memset_tensor,
 }
 assert len(_HANDLERS) == CMD_COUNT
+_HANDLER_LIST = [_HANDLERS[c] for c in range(CMD_COUNT)]
+_FIXED_SIZE = [REQUEST_SIZE[c] for c in range(CMD_COUNT)]  # None: variable size
