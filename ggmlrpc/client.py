@@ -223,10 +223,7 @@ class RemoteBackend:
         size = sum(len(p) for p in payload)
         head = protocol.HEADER.pack(cmd, size)
         try:
-            if len(payload) == 1:
-                self.conn.send(head, payload[0])
-            else:
-                self.conn.send(head, *payload) if payload else self.conn.send(head)
+            self.conn.send(head, *payload)
         except ConnectionLost as e:
             self._lost(e, f"before {Cmd(cmd).name}")
             raise

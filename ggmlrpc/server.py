@@ -31,12 +31,9 @@ from .transport import Conn, local_caps
 
 log = logging.getLogger("ggmlrpc.server")
 
-U8 = struct.Struct("<B")
 U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
-U64x2 = struct.Struct("<QQ")
-SIZE_U64 = struct.Struct("<QQ")  # | size u64 | value u64 |
-OFF_SIZE = struct.Struct("<QQ")
+U64x2 = struct.Struct("<QQ")  # (handle, size), (free, total), (offset, size|hash)
 MAX_GRAPH_PAYLOAD = 1 << 30      # no real graph comes near 1 GiB of tensor records
 GRAPH_CHUNK = 16 << 20           # graph payloads grow only as their bytes arrive
 
@@ -458,7 +455,7 @@ class Session:
     def cmd_set_tensor_hash(self, size):
         req = self.request
         t, b = self.tensor(req)
-        offset, h = OFF_SIZE.unpack_from(req, TENSOR_SIZE)
+        offset, h = U64x2.unpack_from(req, TENSOR_SIZE)
         cache = self.server.cache
         data = cache.load(h) if cache is not None else None
         if data is None:
@@ -482,7 +479,7 @@ class Session:
     def cmd_get_tensor(self, size):
         req = self.request
         t, b = self.tensor(req)
-        offset, n = OFF_SIZE.unpack_from(req, TENSOR_SIZE)
+        offset, n = U64x2.unpack_from(req, TENSOR_SIZE)
         at = self.region(t, b, offset, n)
         if self.debug:
             self.server.dbg("[get_tensor] buffer: %x, data: %x, offset: %d, size: %d",
@@ -496,7 +493,7 @@ class Session:
     def cmd_memset_tensor(self, size):
         req = self.request
         t, b = self.tensor(req)
-        offset, n = OFF_SIZE.unpack_from(req, TENSOR_SIZE)
+        offset, n = U64x2.unpack_from(req, TENSOR_SIZE)
         value = req[TENSOR_SIZE + 16]
         at = self.region(t, b, offset, n)
         if self.debug:
