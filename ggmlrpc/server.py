@@ -345,9 +345,6 @@ class Session:
             raise ValidationError(f"region {start:#x}+{size} outside the buffer")
         return start - b.base
 
-    def drop_graphs(self) -> None:
-        self.graphs.clear()
-
     # -- dispatch ----------------------------------------------------------
     def dispatch(self, cmd: int, size: int) -> None:
         """Run one command; self.request holds the payload of a fixed-size request,
@@ -414,7 +411,7 @@ class Session:
         if self.debug:
             self.server.dbg("[free_buffer] remote_ptr: %x", h)
         # stored graphs may point into this buffer; like llama.cpp, drop them all
-        self.drop_graphs()
+        self.graphs.clear()
         del self.buffers[h]
         if b.mem is not None:
             b.mem.free()

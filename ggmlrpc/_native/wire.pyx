@@ -195,13 +195,6 @@ cdef class NativeCodec:
         return h
 
 
-def fnv1a_addr(uintptr_t addr, size_t n, uint64_t h=GR_FNV_OFFSET):
-    """FNV-1a of n bytes at a raw address owned by the caller (a HostMemory)."""
-    with nogil:
-        h = ggmlrpc_fnv1a(<const uint8_t *>addr, n, h)
-    return h
-
-
 cdef class HostMemory:
     """Zero-filled, page-aligned host memory (an anonymous mapping) of a fixed size.
 
