@@ -131,7 +131,8 @@ def main(argv=None) -> int:
         for name, rs in runs.items():
             ok = [r for r in rs if "error" not in r]
             for k in ("pp", "tg"):
-                row[f"{name}_{k}"] = statistics.median(r[k] for r in ok) if ok else None
+                vals = [r[k] for r in ok if k in r]
+                row[f"{name}_{k}"] = statistics.median(vals) if vals else None
             if not ok:
                 row[f"{name}_error"] = rs[-1]["error"]
         for k in ("pp", "tg"):

@@ -100,6 +100,9 @@ typedef struct gr_vec_ops {
     /* out[j*4 + i] = dot_*_x8(w[i], x[j]) for i < 4, j < 2 at once (K % 8 == 0) */
     void (*tile_f32_x8)(int64_t K, const float *const w[4], const float *const x[2], float out[8]);
     void (*tile_f16_x8)(int64_t K, const uint16_t *const w[4], const uint16_t *const x[2], float out[8]);
+    /* C (M x N) += A (M x K) B (K x N), rows packed: every entry of C one
+     * sequential fused sum over k from its old value (ggml's simd_gemm) */
+    void (*gemm_f32)(int64_t M, int64_t K, int64_t N, float *C, const float *A, const float *B);
 } gr_vec_ops;
 
 extern gr_vec_ops gr_vec;

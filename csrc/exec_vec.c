@@ -139,6 +139,15 @@ static void tile_f16_x8_c(int64_t K, const uint16_t *const w[4], const uint16_t 
         for (int i = 0; i < 4; i++) out[j * 4 + i] = dot_f16_x8_c(K, w[i], x[j]);
 }
 
+static void gemm_f32_c(int64_t M, int64_t K, int64_t N, float *C, const float *A, const float *B) {
+    for (int64_t i = 0; i < M; i++)
+        for (int64_t j = 0; j < N; j++) {
+            float acc = C[i * N + j];
+            for (int64_t k = 0; k < K; k++) acc = fmaf(A[i * K + k], B[k * N + j], acc);
+            C[i * N + j] = acc;
+        }
+}
+
 static void fp16_to_fp32_c(int64_t n, const uint16_t *x, float *y) {
     for (int64_t i = 0; i < n; i++) y[i] = gr_fp16_to_fp32(x[i]);
 }
@@ -279,6 +288,49 @@ GR_AVX2 static void tile_f16_x8_avx(int64_t K, const uint16_t *const w[4], const
     out[4] = hsum_8_avx(a10); out[5] = hsum_8_avx(a11); out[6] = hsum_8_avx(a12); out[7] = hsum_8_avx(a13);
 }
 
+/* rm rows x rn*8 columns of C held in registers over the whole k loop; inlined
+ * with constant rm, rn so that the loops unroll */
+GR_AVX2 static inline __attribute__((always_inline)) void gemm_tile_avx(int rm, int rn, int64_t K, int64_t N, float *C,
+                                                                        const float *A, const float *B) {
+    __m256 acc[6][2];
+    for (int i = 0; i < rm; i++)
+        for (int r = 0; r < rn; r++) acc[i][r] = _mm256_loadu_ps(C + i * N + r * 8);
+    for (int64_t k = 0; k < K; k++) {
+        __m256 b[2];
+        for (int r = 0; r < rn; r++) b[r] = _mm256_loadu_ps(B + k * N + r * 8);
+        for (int i = 0; i < rm; i++) {
+            const __m256 a = _mm256_broadcast_ss(A + i * K + k);
+            for (int r = 0; r < rn; r++) acc[i][r] = _mm256_fmadd_ps(a, b[r], acc[i][r]);
+        }
+    }
+    for (int i = 0; i < rm; i++)
+        for (int r = 0; r < rn; r++) _mm256_storeu_ps(C + i * N + r * 8, acc[i][r]);
+}
+
+GR_AVX2 static void gemm_f32_avx(int64_t M, int64_t K, int64_t N, float *C, const float *A, const float *B) {
+    int64_t i = 0;
+    for (; i < M; i += 6) {
+        const int rm = M - i < 6 ? (int)(M - i) : 6;
+        float *c = C + i * N;
+        const float *a = A + i * K;
+        int64_t j = 0;
+        for (; j + 16 <= N; j += 16) {
+            if (rm == 6) gemm_tile_avx(6, 2, K, N, c + j, a, B + j);
+            else for (int r = 0; r < rm; r++) gemm_tile_avx(1, 2, K, N, c + r * N + j, a + r * K, B + j);
+        }
+        for (; j + 8 <= N; j += 8) {
+            if (rm == 6) gemm_tile_avx(6, 1, K, N, c + j, a, B + j);
+            else for (int r = 0; r < rm; r++) gemm_tile_avx(1, 1, K, N, c + r * N + j, a + r * K, B + j);
+        }
+        for (; j < N; j++)
+            for (int r = 0; r < rm; r++) {
+                float s = c[r * N + j];
+                for (int64_t k = 0; k < K; k++) s = fmaf(a[r * K + k], B[k * N + j], s);
+                c[r * N + j] = s;
+            }
+    }
+}
+
 GR_AVX2 static void fp16_to_fp32_avx(int64_t n, const uint16_t *x, float *y) {
     int64_t i = 0;
     for (; i + 7 < n; i += 8) _mm256_storeu_ps(y + i, load_h8(x + i));
@@ -387,14 +439,14 @@ int gr_vec_simd_available(void) {
 void gr_vec_init(int use_simd) {
     gr_vec_ops v = {
         dot_f32_c, dot_f32_x8_c, dot_f16_c, dot_f16_x8_c, fp16_to_fp32_c, fp32_to_fp16_c,
-        soft_max_c, silu_c, swiglu_c, mad_f32_c, mad_f16_c, tile_f32_x8_c, tile_f16_x8_c,
+        soft_max_c, silu_c, swiglu_c, mad_f32_c, mad_f16_c, tile_f32_x8_c, tile_f16_x8_c, gemm_f32_c,
     };
 #if GR_X86
     if (use_simd) {
         v = (gr_vec_ops){
             dot_f32_avx, dot_f32_x8_avx, dot_f16_avx, dot_f16_x8_avx, fp16_to_fp32_avx,
             fp32_to_fp16_avx, soft_max_avx, silu_avx, swiglu_avx, mad_f32_avx, mad_f16_avx,
-            tile_f32_x8_avx, tile_f16_x8_avx,
+            tile_f32_x8_avx, tile_f16_x8_avx, gemm_f32_avx,
         };
     }
 #else

@@ -264,7 +264,7 @@ static inline int64_t fa_row_floats(int64_t DK, int64_t DV) { return DK + 2 * DV
 size_t gr_wsize_flash_attn(const gr_node *n, int nth) {
     const int64_t DK = n->src[1].ne[0], DV = n->src[2].ne[0];
     int64_t per;
-    if (n->iparams[1] == FA_TILED) per = FA_TQ * DK + 2 * FA_TQ * FA_TK + FA_TQ * DV + FA_TK * DV + FA_TK * DK;
+    if (n->iparams[1] == FA_TILED) per = FA_TQ * DK + 2 * FA_TQ * FA_TK + FA_TQ * DV + FA_TK * DV + FA_TK * DK + DK;
     else per = fa_row_floats(DK, DV);
     size_t total = (size_t)nth * (size_t)(per + 16) * sizeof(float);
     if (n->iparams[1] == FA_SPLIT)   /* (M, S, VKQ) per head and chunk */
@@ -479,13 +479,14 @@ static void fa_tiled(gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
     const int64_t neq1 = c->q->ne[1], neq2 = c->q->ne[2];
     const int64_t nek1 = c->k->ne[1];
     const int32_t kvt = c->k->type;
-    float *base = gr_thread_f32(job, FA_TQ * DK + 2 * FA_TQ * FA_TK + FA_TQ * DV + FA_TK * DV + FA_TK * DK);
+    float *base = gr_thread_f32(job, FA_TQ * DK + 2 * FA_TQ * FA_TK + FA_TQ * DV + FA_TK * DV + FA_TK * DK + DK);
     float *Qf = base;                     /* (FA_TQ, DK) */
     float *KQ = Qf + FA_TQ * DK;          /* (FA_TQ, FA_TK) */
     float *mask32 = KQ + FA_TQ * FA_TK;   /* (FA_TQ, FA_TK) */
     float *VKQ = mask32 + FA_TQ * FA_TK;  /* (FA_TQ, DV) */
     float *V32 = VKQ + FA_TQ * DV;        /* (FA_TK, DV) */
-    float *K32 = V32 + FA_TK * DV;        /* (FA_TK, DK) */
+    float *K32 = V32 + FA_TK * DV;        /* (DK, FA_TK): K transposed */
+    float *Krow = K32 + FA_TK * DK;       /* (DK) */
     float S[FA_TQ], M[FA_TQ];
     int skip[FA_TQ];
 
@@ -529,21 +530,21 @@ static void fa_tiled(gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
                 }
                 if (can_skip) continue;
             }
-            for (int64_t k = 0; k < kv; k++) {
-                const char *kd = c->k->data + (ic + k) * c->k->nb[1] + ik2 * c->k->nb[2] + ik3 * c->k->nb[3];
-                gr_load_f32(kvt, kd, c->k->nb[0], K32 + k * DK, DK);
+            /* keys past kv are zero columns */
+            for (int64_t k = 0; k < FA_TK; k++) {
+                if (k < kv) {
+                    const char *kd = c->k->data + (ic + k) * c->k->nb[1] + ik2 * c->k->nb[2] + ik3 * c->k->nb[3];
+                    gr_load_f32(kvt, kd, c->k->nb[0], Krow, DK);
+                    for (int64_t e = 0; e < DK; e++) K32[e * FA_TK + k] = Krow[e];
+                } else {
+                    for (int64_t e = 0; e < DK; e++) K32[e * FA_TK + k] = 0.0f;
+                }
             }
             /* KQ = Q K^T, each entry one sequential fused sum over DK (rows past
              * `rows` are padding: ggml computes them, nothing reads them) */
-            for (int64_t t = 0; t < rows; t++)
-                for (int64_t k = 0; k < FA_TK; k++) {
-                    float acc = 0.0f;
-                    if (k < kv) {
-                        const float *qr = Qf + t * DK, *kr = K32 + k * DK;
-                        for (int64_t e = 0; e < DK; e++) acc = fmaf(qr[e], kr[e], acc);
-                    }
-                    KQ[t * FA_TK + k] = acc * c->scale;
-                }
+            memset(KQ, 0, sizeof(float) * (size_t)rows * FA_TK);
+            gr_vec.gemm_f32(rows, DK, FA_TK, KQ, Qf, K32);
+            for (int64_t i = 0; i < rows * FA_TK; i++) KQ[i] *= c->scale;
             if (c->softcap != 0.0f)
                 for (int64_t i = 0; i < rows * FA_TK; i++) KQ[i] = tanhf(KQ[i]) * c->softcap;
             if (kv < FA_TK)
@@ -578,11 +579,7 @@ static void fa_tiled(gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
             for (int64_t t = 0; t < rows; t++)
                 if (skip[t]) memset(KQ + t * FA_TK, 0, sizeof(float) * FA_TK);
             /* VKQ += softmax(KQ) V, sequential fused sums over the keys */
-            for (int64_t t = 0; t < rows; t++)
-                for (int64_t k = 0; k < FA_TK; k++) {
-                    const float p = KQ[t * FA_TK + k];
-                    gr_vec.mad_f32(DV, VKQ + t * DV, V32 + k * DV, p);
-                }
+            gr_vec.gemm_f32(rows, FA_TK, DV, VKQ, KQ, V32);
         }
         for (int64_t t = 0; t < rows; t++)
             fa_finish(c, VKQ + t * DV, M[t], S[t], iq2, fa_out(c, iq1 + t, iq2, iq3));
