@@ -41,10 +41,42 @@ static inline size_t mm_conv_bytes(const gr_node *n) {
     return (conv + 63) & ~(size_t)63;
 }
 
+static inline size_t mm_sums_bytes(const gr_node *n) {
+    return mm_q4_sums(n) ? (size_t)gr_nrows(&n->src[1]) * (size_t)(n->src[0].ne[0] / 32) * 32 : 0;
+}
+
+/* Prompt-sized Q8_0/Q4_0 products: every run of eight columns of one src1 batch
+ * is also written as a panel (ggmlrpc_panel_*), after the converted rows and
+ * the sums; bytes of one panel block, or 0 where the node takes no panels */
+static size_t mm_panel_kind(const gr_node *n) {
+    if (n->kernel != GR_K_MUL_MAT || n->iparams[0] != GR_TYPE_Q8_0 || n->iparams[1] != MM_VEC_DOT ||
+        n->src[1].type == GR_TYPE_Q8_0 || n->src[1].ne[1] < 8)
+        return 0;
+    return ggmlrpc_panel_bytes((uint32_t)n->src[0].type);
+}
+
+static inline size_t mm_panel_offset(const gr_node *n) {
+    return (mm_conv_bytes(n) + mm_sums_bytes(n) + 63) & ~(size_t)63;
+}
+
+static inline size_t mm_panel_end(const gr_node *n, size_t pb) {
+    const gr_tensor *s1 = &n->src[1];
+    const size_t groups = (size_t)(s1->ne[1] / 8) * (size_t)(s1->ne[2] * s1->ne[3]);
+    return mm_panel_offset(n) + groups * (size_t)(n->src[0].ne[0] / 32) * pb;
+}
+
+/* at run time: panels only where the plan made room for them (the SIMD level
+ * can be switched between planning and running) */
+static size_t mm_panel(const gr_node *n) {
+    const size_t pb = mm_panel_kind(n);
+    return pb && n->wsize >= mm_panel_end(n, pb) ? pb : 0;
+}
+
 size_t gr_wsize_mul_mat(const gr_node *n, int nth) {
     const gr_tensor *s1 = &n->src[1];
     size_t conv = mm_conv_bytes(n);
-    if (mm_q4_sums(n)) conv += (size_t)gr_nrows(s1) * (size_t)(n->src[0].ne[0] / 32) * 32;
+    conv += mm_sums_bytes(n);
+    if (mm_panel_kind(n)) conv = mm_panel_end(n, mm_panel_kind(n));
     if (n->kernel == GR_K_MUL_MAT_ID) conv += ((size_t)n->src[0].ne[2] * sizeof(int64_t) + 63) & ~(size_t)63;
     if (n->iparams[1] == MM_TILED) conv += (size_t)nth * gr_tiled_row_bytes(n->src[0].ne[0]);
     return conv + 64;
@@ -97,6 +129,7 @@ void gr_k_mul_mat(gr_job *job, int phase) {
             }
             return;
         }
+        const size_t pb = mm_panel(n);
         for (int64_t ir = r0; ir < r1; ir++) {
             const char *src = gr_row(s1, ir);
             char *dst = job->wdata + (size_t)ir * row_size;
@@ -104,6 +137,12 @@ void gr_k_mul_mat(gr_job *job, int phase) {
             else if (vdt == GR_TYPE_F16) gr_vec.fp32_to_fp16(K, (const float *)src, (uint16_t *)dst);
             else from_float((const float *)src, dst, K);
             if (sums) ggmlrpc_q4_0_act_sums(dst, sums + ir * (K / 32) * 8, K / 32);
+            const int64_t i11 = ir % N, G = N / 8;
+            if (pb && i11 < G * 8) {
+                const size_t group = (size_t)((ir / N) * G + i11 / 8);
+                ggmlrpc_panel_put((uint32_t)s0->type, dst, K / 32,
+                                  job->wdata + mm_panel_offset(n) + group * (size_t)(K / 32) * pb, (int)(i11 % 8));
+            }
         }
         return;
     }
@@ -172,6 +211,36 @@ void gr_k_mul_mat(gr_job *job, int phase) {
             }
             c = ce;
         }
+        }
+        return;
+    }
+
+    const size_t pb = mm_panel(n);
+    if (pb) {
+        /* prompts: chunks of 16 weight rows handed out one at a time, each
+         * against every panel of eight columns, the columns left over one by one */
+        const int64_t nb = K / 32, G = N / 8, CH = 16;
+        const ggmlrpc_panel_dot_fn pdot = ggmlrpc_get_panel_dot((uint32_t)s0->type);
+        const char *panels = job->wdata + mm_panel_offset(n);
+        const int nch = (int)((nr0 + CH - 1) / CH);
+        for (int ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+            const int64_t ib = ch * CH, ie = ib + CH < nr0 ? ib + CH : nr0;
+            for (int64_t sl = 0; sl < ne12 * ne13; sl++) {
+                const int64_t i12 = sl % ne12, i13 = sl / ne12;
+                const char *w = s0->data + (i12 / r2) * s0->nb[2] + (i13 / r3) * s0->nb[3];
+                for (int64_t g = 0; g < G; g++) {
+                    const char *pan = panels + (size_t)(sl * G + g) * (size_t)nb * pb;
+                    float *out[8];
+                    for (int j = 0; j < 8; j++)
+                        out[j] = (float *)(d->data + (8 * g + j) * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
+                    for (int64_t i01 = ib; i01 < ie; i01++) {
+                        float v[8];
+                        pdot(K, v, w + i01 * s0->nb[1], pan);
+                        for (int j = 0; j < 8; j++) out[j][i01] = v[j];
+                    }
+                }
+                if (G * 8 < N) mm_rows(job, ib, ie, sl * N + G * 8, (sl + 1) * N, qdot, dot32, dot16, conv);
+            }
         }
         return;
     }

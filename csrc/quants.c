@@ -1259,6 +1259,18 @@ static void vec_dot_tq2_0_q8_K(int64_t n, float *s, const void *vx /* (n/256,) t
     *s = sum;
 }
 
+/* ---- prompt-time panels (ggmlrpc_panel_*) ----------------------------------
+ * One panel block, eight activation rows (lanes) j:
+ *   f32 d[8] | i8 qs[8][32] | Q4_0 only: f32 t8[8][8] | u8 mark[8] | pad
+ * t8[j][m] = 8 * (sum of qs[j][4m..4m+3]): the -8 offset of Q4_0 weights per
+ * int32 lane, as a float (exact: |8 * 4 * 128| < 2^24), so that the kernel
+ * takes maddubs(nibbles, qs) - t8 instead of the sign trick on nibbles - 8.
+ * mark[j] = 1 where qs[j] holds -128 (only from non-finite activations): the
+ * sign trick overflows there, so that block takes the sign trick's steps for
+ * all eight lanes, and stays bit-equal to ggml. */
+#define GR_PANEL_Q8 (32 + 8 * 32)
+#define GR_PANEL_Q4 (GR_PANEL_Q8 + 8 * 32 + 32)
+
 /* ------------------------------------------------------------------------- */
 /* AVX2 + FMA + F16C kernels                                                  */
 /* ------------------------------------------------------------------------- */
@@ -1561,6 +1573,62 @@ GR_AVX2 static void vec_dot_q4_0_q8_0_sums_avx2(int64_t n, float *s, const void 
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
     }
     *s = gr_hsum_ps8(acc);
+}
+
+/* d[j] = dx * d_act[j] for the eight lanes, as vec_dot computes each */
+GR_AVX2 static inline void gr_panel_scales(float dx, const uint8_t *p, float dp[8]) {
+    _mm256_store_ps(dp, _mm256_mul_ps(_mm256_set1_ps(dx), _mm256_loadu_ps((const float *)p)));
+}
+
+GR_AVX2 static inline void gr_panel_finish(__m256 acc[8], float *s) {
+    for (int j = 0; j < 8; j++) s[j] = gr_hsum_ps8(acc[j]);
+}
+
+GR_AVX2 static void panel_dot_q8_0_avx2(int64_t n, float *s, const void *vx, const void *panel) {
+    const block_q8_0 *x = vx;
+    const uint8_t *p = panel;
+    __m256 acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+    float dp[8] __attribute__((aligned(32)));
+    for (int64_t i = 0; i < n / GR_QK; i++, p += GR_PANEL_Q8) {
+        gr_panel_scales(GR_F16(x[i].d), p, dp);
+        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
+        for (int j = 0; j < 8; j++) {
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * j));
+            acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(dp + j), _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[j]);
+        }
+    }
+    gr_panel_finish(acc, s);
+}
+
+GR_AVX2 static void panel_dot_q4_0_avx2(int64_t n, float *s, const void *vx, const void *panel) {
+    const block_q4_0 *x = vx;
+    const uint8_t *p = panel;
+    const __m256i ones = _mm256_set1_epi16(1);
+    __m256 acc[8];
+    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+    float dp[8] __attribute__((aligned(32)));
+    for (int64_t i = 0; i < n / GR_QK; i++, p += GR_PANEL_Q4) {
+        gr_panel_scales(GR_F16(x[i].d), p, dp);
+        const __m256i qx = gr_nibbles32(x[i].qs);
+        uint64_t marks;
+        memcpy(&marks, p + GR_PANEL_Q8 + 8 * 32, 8);
+        if (__builtin_expect(marks == 0, 1)) {
+            for (int j = 0; j < 8; j++) {
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * j));
+                const __m256 f = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), ones)),
+                                               _mm256_loadu_ps((const float *)(p + GR_PANEL_Q8 + 32 * j)));
+                acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(dp + j), f, acc[j]);
+            }
+        } else {
+            const __m256i qs = _mm256_sub_epi8(qx, _mm256_set1_epi8(8));
+            for (int j = 0; j < 8; j++) {
+                const __m256i qy = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * j));
+                acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(dp + j), _mm256_cvtepi32_ps(gr_dot_i8(qs, qy)), acc[j]);
+            }
+        }
+    }
+    gr_panel_finish(acc, s);
 }
 
 /* Q4_K: the min term goes to a 4-lane accumulator (pairs of sub-blocks), the
@@ -2049,6 +2117,51 @@ ggmlrpc_vec_dot_x4_fn ggmlrpc_get_vec_dot_x4(uint32_t weight_type) {
     if (gr_simd_level() >= 1) {
         if (weight_type == GR_TYPE_Q4_0) return vec_dot_x4_q4_0_q8_0_avx2;
         if (weight_type == GR_TYPE_Q8_0) return vec_dot_x4_q8_0_q8_0_avx2;
+    }
+#endif
+    (void)weight_type;
+    return NULL;
+}
+
+size_t ggmlrpc_panel_bytes(uint32_t weight_type) {
+#if GR_HAVE_X86
+    if (gr_simd_level() >= 1) {
+        if (weight_type == GR_TYPE_Q8_0) return GR_PANEL_Q8;
+        if (weight_type == GR_TYPE_Q4_0) return GR_PANEL_Q4;
+    }
+#endif
+    (void)weight_type;
+    return 0;
+}
+
+void ggmlrpc_panel_put(uint32_t weight_type, const void *act, int64_t nb, void *panel, int lane) {
+    const block_q8_0 *y = act;
+    const size_t pb = weight_type == GR_TYPE_Q4_0 ? GR_PANEL_Q4 : GR_PANEL_Q8;
+    for (int64_t i = 0; i < nb; i++) {
+        uint8_t *p = (uint8_t *)panel + (size_t)i * pb;
+        const float d = gr_fp16_to_fp32(y[i].d);
+        memcpy(p + 4 * lane, &d, 4);
+        memcpy(p + 32 + 32 * lane, y[i].qs, 32);
+        if (weight_type != GR_TYPE_Q4_0) continue;
+        uint8_t mark = 0;
+        for (int m = 0; m < 8; m++) {
+            int t = 0;
+            for (int k = 0; k < 4; k++) {
+                t += y[i].qs[4 * m + k];
+                mark |= y[i].qs[4 * m + k] == -128;
+            }
+            const float f = 8.0f * (float)t;
+            memcpy(p + GR_PANEL_Q8 + 32 * lane + 4 * m, &f, 4);
+        }
+        p[GR_PANEL_Q8 + 8 * 32 + lane] = mark;
+    }
+}
+
+ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type) {
+#if GR_HAVE_X86
+    if (gr_simd_level() >= 1) {
+        if (weight_type == GR_TYPE_Q4_0) return panel_dot_q4_0_avx2;
+        if (weight_type == GR_TYPE_Q8_0) return panel_dot_q8_0_avx2;
     }
 #endif
     (void)weight_type;

@@ -149,6 +149,18 @@ typedef void (*ggmlrpc_vec_dot_sums_fn)(int64_t n, float *s, const void *w_row, 
 ggmlrpc_vec_dot_sums_fn ggmlrpc_get_vec_dot_q4_0_sums(void);
 int ggmlrpc_q4_0_act_sums(const void *act_blocks, int32_t *sums, int64_t nb);
 
+/* Prompt-time panels: eight Q8_0 activation rows interleaved block by block,
+ * scales already in F32, for a kernel that unpacks each weight block once for
+ * the eight of them. Every output is bit-equal to the vec_dot kernel's.
+ *   panel_bytes: bytes of one block of a panel (all eight rows), 0 where there
+ *                is no panel kernel for weight_type (Q4_0 and Q8_0 with AVX2);
+ *   panel_put:   writes Q8_0 row `act` (nb blocks) into lane 0..7 of `panel`;
+ *   panel_dot:   s[j] = dot(w_row, lane j) for j < 8 over n elements. */
+typedef void (*ggmlrpc_panel_dot_fn)(int64_t n, float *s /* (8,) */, const void *w_row, const void *panel);
+size_t ggmlrpc_panel_bytes(uint32_t weight_type);
+void ggmlrpc_panel_put(uint32_t weight_type, const void *act, int64_t nb, void *panel, int lane);
+ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type);
+
 /* The same through a switch; each returns 0, or -1 when the type is not
  * supported or n is not a whole number of blocks (nothing is written then).
  *   dequantize_row: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_K, Q2_K..Q6_K,

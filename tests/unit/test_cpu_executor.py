@@ -139,6 +139,47 @@ def test_decode_matmul_chunks_give_each_row_its_dot(seed, wtype, n_cols):
             np.testing.assert_array_equal(b.read(out).view(np.uint32), want.ravel().view(np.uint32))
 
 
+@pytest.mark.parametrize("wtype", [T.Q4_0, T.Q8_0])
+def test_prompt_matmul_panels_give_each_row_its_dot(seed, wtype):
+    """Prompt-shaped Q4_0/Q8_0 products take runs of eight activation columns of
+    one src1 batch at once (panels) and the columns left over one by one; with two
+    batches of 19 columns, an infinite activation (Q8_0 -128s, where Q4_0's
+    offset-free kernel steps aside), every thread count, and a plan made without
+    SIMD kernels run with them: every output is the one dot product of its row."""
+    from ggmlrpc._native import quants
+    from ggmlrpc._native import executor as native
+    rng = np.random.default_rng(seed)
+    K, M, N, B = 256, 40, 19, 2
+    w = rng.standard_normal((M, K)).astype(np.float32)
+    wq = np.concatenate([quants.quantize(int(wtype), r) for r in w])
+    x = rng.standard_normal((B, N, K)).astype(np.float32)
+    x[1, 10, 70] = np.inf   # in the second batch's second panel
+    x[0, 17, 3] = -np.inf   # in the first batch's leftover columns
+    act = quants.vec_dot_type(int(wtype))
+    rb = len(wq) // M
+    want = np.array([[[quants.vec_dot(int(wtype), wq[i * rb:(i + 1) * rb].tobytes(),
+                                      quants.quantize(act, x[b, j]).tobytes()) for i in range(M)]
+                      for j in range(N)] for b in range(B)], np.float32)
+    for n_threads, simd_at_plan in ((1, True), (2, True), (3, True), (2, False)):
+        b = Builder(4 << 20)
+        wt = b.tensor(wtype, (K, M), data=wq)
+        xt = b.tensor(T.F32, (K, N, B), data=x)
+        out = b.tensor(T.F32, (M, N, B), Op.MUL_MAT, (wt, xt))
+        ex = CpuExecutor(n_threads)
+        before = native.simd_level()
+        try:
+            native.set_simd(simd_at_plan)
+            quants.simd(1 if simd_at_plan else 0)
+            plan = ex.compile(b.graph())
+        finally:
+            native.set_simd(bool(before))
+            quants.simd(before)
+        for _ in range(2):
+            b.buf.mem.fill(b.placement[out.id].offset, M * N * B * 4, 0)
+            ex.run(plan)
+            np.testing.assert_array_equal(b.read(out).view(np.uint32), want.ravel().view(np.uint32))
+
+
 def test_unsupported_and_invalid_are_typed(seed):
     b = Builder()
     x = b.tensor(T.F32, (8,), data=np.ones(8, np.float32))
