@@ -1580,33 +1580,46 @@ GR_AVX2 static inline void gr_panel_scales(float dx, const uint8_t *p, float dp[
     _mm256_store_ps(dp, _mm256_mul_ps(_mm256_set1_ps(dx), _mm256_loadu_ps((const float *)p)));
 }
 
-GR_AVX2 static inline void gr_panel_finish(__m256 acc[8], float *s) {
-    for (int j = 0; j < 8; j++) s[j] = gr_hsum_ps8(acc[j]);
+/* The eight accumulators are named variables, not an array: GCC keeps an
+ * array of them in memory and stores all eight on every block. STEP(j, q) adds
+ * lane j's int32 lanes q (as floats, scaled) to acc##j. */
+#define GR_PANEL_ACC8                                                                    \
+    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0, acc4 = acc0, \
+           acc5 = acc0, acc6 = acc0, acc7 = acc0
+#define GR_PANEL_FMA(j, f) acc##j = _mm256_fmadd_ps(_mm256_broadcast_ss(dp + (j)), (f), acc##j)
+#define GR_PANEL_EACH(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define GR_PANEL_STORE(j) s[j] = gr_hsum_ps8(acc##j);
+
+/* lane j's int32 lanes as floats: sum(nibbles * qs) - t8, and the sign trick's */
+GR_AVX2 static inline __m256 gr_panel_q4_lane(__m256i qx, const uint8_t *p, int j) {
+    const __m256i qy = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * j));
+    const __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), _mm256_set1_epi16(1));
+    return _mm256_sub_ps(_mm256_cvtepi32_ps(v), _mm256_loadu_ps((const float *)(p + GR_PANEL_Q8 + 32 * j)));
+}
+
+GR_AVX2 static inline __m256 gr_panel_sign_lane(__m256i qx, const uint8_t *p, int j) {
+    return _mm256_cvtepi32_ps(gr_dot_i8(qx, _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * j))));
 }
 
 GR_AVX2 static void panel_dot_q8_0_avx2(int64_t n, float *s, const void *vx, const void *panel) {
     const block_q8_0 *x = vx;
     const uint8_t *p = panel;
-    __m256 acc[8];
-    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+    GR_PANEL_ACC8;
     float dp[8] __attribute__((aligned(32)));
     for (int64_t i = 0; i < n / GR_QK; i++, p += GR_PANEL_Q8) {
         gr_panel_scales(GR_F16(x[i].d), p, dp);
         const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        for (int j = 0; j < 8; j++) {
-            const __m256i qy = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * j));
-            acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(dp + j), _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[j]);
-        }
+#define Q8_STEP(j) GR_PANEL_FMA(j, gr_panel_sign_lane(qx, p, j));
+        GR_PANEL_EACH(Q8_STEP)
+#undef Q8_STEP
     }
-    gr_panel_finish(acc, s);
+    GR_PANEL_EACH(GR_PANEL_STORE)
 }
 
 GR_AVX2 static void panel_dot_q4_0_avx2(int64_t n, float *s, const void *vx, const void *panel) {
     const block_q4_0 *x = vx;
     const uint8_t *p = panel;
-    const __m256i ones = _mm256_set1_epi16(1);
-    __m256 acc[8];
-    for (int j = 0; j < 8; j++) acc[j] = _mm256_setzero_ps();
+    GR_PANEL_ACC8;
     float dp[8] __attribute__((aligned(32)));
     for (int64_t i = 0; i < n / GR_QK; i++, p += GR_PANEL_Q4) {
         gr_panel_scales(GR_F16(x[i].d), p, dp);
@@ -1614,21 +1627,17 @@ GR_AVX2 static void panel_dot_q4_0_avx2(int64_t n, float *s, const void *vx, con
         uint64_t marks;
         memcpy(&marks, p + GR_PANEL_Q8 + 8 * 32, 8);
         if (__builtin_expect(marks == 0, 1)) {
-            for (int j = 0; j < 8; j++) {
-                const __m256i qy = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * j));
-                const __m256 f = _mm256_sub_ps(_mm256_cvtepi32_ps(_mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), ones)),
-                                               _mm256_loadu_ps((const float *)(p + GR_PANEL_Q8 + 32 * j)));
-                acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(dp + j), f, acc[j]);
-            }
+#define Q4_STEP(j) GR_PANEL_FMA(j, gr_panel_q4_lane(qx, p, j));
+            GR_PANEL_EACH(Q4_STEP)
+#undef Q4_STEP
         } else {
             const __m256i qs = _mm256_sub_epi8(qx, _mm256_set1_epi8(8));
-            for (int j = 0; j < 8; j++) {
-                const __m256i qy = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * j));
-                acc[j] = _mm256_fmadd_ps(_mm256_broadcast_ss(dp + j), _mm256_cvtepi32_ps(gr_dot_i8(qs, qy)), acc[j]);
-            }
+#define Q4_SIGN_STEP(j) GR_PANEL_FMA(j, gr_panel_sign_lane(qs, p, j));
+            GR_PANEL_EACH(Q4_SIGN_STEP)
+#undef Q4_SIGN_STEP
         }
     }
-    gr_panel_finish(acc, s);
+    GR_PANEL_EACH(GR_PANEL_STORE)
 }
 
 /* Q4_K: the min term goes to a 4-lane accumulator (pairs of sub-blocks), the
