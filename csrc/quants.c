@@ -1588,7 +1588,21 @@ GR_AVX2 static inline void gr_panel_scales(float dx, const uint8_t *p, float dp[
            acc5 = acc0, acc6 = acc0, acc7 = acc0
 #define GR_PANEL_FMA(j, f) acc##j = _mm256_fmadd_ps(_mm256_broadcast_ss(dp + (j)), (f), acc##j)
 #define GR_PANEL_EACH(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
-#define GR_PANEL_STORE(j) s[j] = gr_hsum_ps8(acc##j);
+
+/* s[j] = gr_hsum_ps8(acc_j) for the eight at once, the same additions in the
+ * same order per output: (v0+v4)+(v2+v6) and (v1+v5)+(v3+v7), then their sum */
+GR_AVX2 static inline void gr_hsum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5,
+                                      __m256 a6, __m256 a7, float *s) {
+#define GR_HALVES(x, y) _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x31), _mm256_permute2f128_ps(x, y, 0x20))
+    const __m256 t01 = GR_HALVES(a0, a1), t23 = GR_HALVES(a2, a3);   /* r_j[k] = v_k + v_(k+4) */
+    const __m256 t45 = GR_HALVES(a4, a5), t67 = GR_HALVES(a6, a7);
+#undef GR_HALVES
+    const __m256 u0 = _mm256_add_ps(_mm256_shuffle_ps(t01, t23, 0x44), _mm256_shuffle_ps(t01, t23, 0xEE));
+    const __m256 u1 = _mm256_add_ps(_mm256_shuffle_ps(t45, t67, 0x44), _mm256_shuffle_ps(t45, t67, 0xEE));
+    const __m256 h = _mm256_hadd_ps(u0, u1);   /* s0 s2 s4 s6 | s1 s3 s5 s7 */
+    _mm256_storeu_ps(s, _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
+}
+#define GR_PANEL_STORE8 gr_hsum8x8(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, s)
 
 /* lane j's int32 lanes as floats: sum(nibbles * qs) - t8, and the sign trick's */
 GR_AVX2 static inline __m256 gr_panel_q4_lane(__m256i qx, const uint8_t *p, int j) {
@@ -1613,7 +1627,7 @@ GR_AVX2 static void panel_dot_q8_0_avx2(int64_t n, float *s, const void *vx, con
         GR_PANEL_EACH(Q8_STEP)
 #undef Q8_STEP
     }
-    GR_PANEL_EACH(GR_PANEL_STORE)
+    GR_PANEL_STORE8;
 }
 
 GR_AVX2 static void panel_dot_q4_0_avx2(int64_t n, float *s, const void *vx, const void *panel) {
@@ -1637,7 +1651,7 @@ GR_AVX2 static void panel_dot_q4_0_avx2(int64_t n, float *s, const void *vx, con
 #undef Q4_SIGN_STEP
         }
     }
-    GR_PANEL_EACH(GR_PANEL_STORE)
+    GR_PANEL_STORE8;
 }
 
 /* Q4_K: the min term goes to a 4-lane accumulator (pairs of sub-blocks), the
