@@ -165,8 +165,10 @@ static const float GELU_QUICK_COEF = -1.702f;
 static const float SQRT_2_OVER_PI = 0.79788456080286535587989211986876f;
 static const float SQRT_2_INV = 0.70710678118654752440084436210484f;
 
+/* as ggml's x86 build computes it: the compiler contracts 1 + A*x*x into one
+ * fused multiply-add (the rest has no product added to anything) */
 static inline float gelu_f32(float x) {
-    return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * (1.0f + GELU_COEF_A * x * x)));
+    return 0.5f * x * (1.0f + tanhf(SQRT_2_OVER_PI * x * fmaf(GELU_COEF_A * x, x, 1.0f)));
 }
 static inline float gelu_quick_f32(float x) { return x * (1.0f / (1.0f + expf(GELU_QUICK_COEF * x))); }
 static inline float round_f16(float x) { return gr_fp16_to_fp32(gr_fp32_to_fp16(x)); }

@@ -23,8 +23,9 @@
 /* ---- MUL_MAT --------------------------------------------------------------- */
 
 /* node iparams: [0] vec_dot type, [1] summation order (MM_VEC_DOT, MM_GEMM,
- * MM_TILED), [2] bytes of one converted src1 row */
-enum { MM_VEC_DOT = 0, MM_GEMM = 1, MM_TILED = 2 };
+ * MM_TILED, MM_Q0_GEMM: IQ4_NL weights, 2+ columns, tinyBLAS's one accumulator
+ * per output, ggmlrpc_get_vec_dot_gemm), [2] bytes of one converted src1 row */
+enum { MM_VEC_DOT = 0, MM_GEMM = 1, MM_TILED = 2, MM_Q0_GEMM = 3 };
 
 /* converted src1 rows, then (MUL_MAT_ID) one row count per expert */
 /* Q4_0 weights, activations converted here to Q8_0 (so never holding -128
@@ -49,9 +50,12 @@ static inline size_t mm_sums_bytes(const gr_node *n) {
  * is also written as a panel (ggmlrpc_panel_*), after the converted rows and
  * the sums; bytes of one panel block, or 0 where the node takes no panels */
 static size_t mm_panel_kind(const gr_node *n) {
-    if (n->kernel != GR_K_MUL_MAT || n->iparams[0] != GR_TYPE_Q8_0 || n->iparams[1] != MM_VEC_DOT ||
-        n->src[1].type == GR_TYPE_Q8_0 || n->src[1].ne[1] < 8)
+    if (n->kernel != GR_K_MUL_MAT || n->iparams[0] != GR_TYPE_Q8_0 || n->src[1].type == GR_TYPE_Q8_0 ||
+        n->src[1].ne[1] < 8)
         return 0;
+    /* panels sum in one accumulator: vec_dot's order for Q4_0/Q8_0, only the
+     * GEMM order for IQ4_NL */
+    if (n->iparams[1] != (n->src[0].type == GR_TYPE_IQ4_NL ? MM_Q0_GEMM : MM_VEC_DOT)) return 0;
     return ggmlrpc_panel_bytes((uint32_t)n->src[0].type);
 }
 
@@ -157,7 +161,8 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     float (*dot32)(int64_t, const float *, const float *) = order == MM_GEMM ? gr_vec.dot_f32_x8 : gr_vec.dot_f32;
     float (*dot16)(int64_t, const uint16_t *, const uint16_t *) = order == MM_GEMM ? gr_vec.dot_f16_x8 : gr_vec.dot_f16;
     ggmlrpc_vec_dot_fn qdot = NULL;
-    if (s0->type != GR_TYPE_F32 && s0->type != GR_TYPE_F16) qdot = ggmlrpc_get_vec_dot((uint32_t)s0->type);
+    if (s0->type != GR_TYPE_F32 && s0->type != GR_TYPE_F16)
+        qdot = order == MM_Q0_GEMM ? ggmlrpc_get_vec_dot_gemm((uint32_t)s0->type) : ggmlrpc_get_vec_dot((uint32_t)s0->type);
 
     if (order == MM_TILED) {
         /* decode each weight row once per src0 batch, then dot it with every column */

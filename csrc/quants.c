@@ -1706,7 +1706,8 @@ GR_AVX2 static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx /
         const float d = y[i].d * _cvtsh_ss(x[i].d);
         const float dmin = -y[i].d * _cvtsh_ss(x[i].dmin);
         gr_k4_scales(x[i].scales, sc, mn);
-        acc_m += dmin * (float)gr_k4_minsum(mn, y[i].bsums);
+        /* fused, as ggml's `summs += dmin * isum` compiles for x86 (contracted) */
+        acc_m = fmaf(dmin, (float)gr_k4_minsum(mn, y[i].bsums), acc_m);
 
         const uint8_t *q5 = x[i].qs;
         const int8_t *q8 = y[i].qs;
@@ -1947,6 +1948,39 @@ GR_AVX2 static void vec_dot_iq4_nl_q8_0_avx2(int64_t n, float *s, const void *vx
     *s = gr_dot_lut_row(n / GR_QK, vx, 0, vy, kvalues_iq4nl);
 }
 
+/* IQ4_NL the way llamafile's tinyBLAS_Q0_AVX sums a product (what ggml's CPU
+ * backend runs for 2+ activation rows): one accumulator, blocks in order */
+GR_AVX2 static void vec_dot_iq4_nl_q8_0_seq_avx2(int64_t n, float *s, const void *vx /* (n/32,) iq4_nl */,
+                                                 const void *vy /* (n/32,) q8_0 */) {
+    const block_iq4_nl *x = vx;
+    const block_q8_0 *y = vy;
+    const __m256i lut = gr_lut_load(kvalues_iq4nl);
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * GR_F16(y[i].d));
+        const __m256i qx = gr_lut_nibbles32(x[i].qs, lut);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc);
+    }
+    *s = gr_hsum_ps8(acc);
+}
+
+GR_AVX2 static void panel_dot_iq4_nl_avx2(int64_t n, float *s, const void *vx, const void *panel) {
+    const block_iq4_nl *x = vx;
+    const uint8_t *p = panel;
+    const __m256i lut = gr_lut_load(kvalues_iq4nl);
+    GR_PANEL_ACC8;
+    float dp[8] __attribute__((aligned(32)));
+    for (int64_t i = 0; i < n / GR_QK; i++, p += GR_PANEL_Q8) {
+        gr_panel_scales(GR_F16(x[i].d), p, dp);
+        const __m256i qx = gr_lut_nibbles32(x[i].qs, lut);
+#define IQ4_STEP(j) GR_PANEL_FMA(j, gr_panel_sign_lane(qx, p, j));
+        GR_PANEL_EACH(IQ4_STEP)
+#undef IQ4_STEP
+    }
+    GR_PANEL_STORE8;
+}
+
 GR_AVX2 static void vec_dot_mxfp4_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) mxfp4 */,
                                             const void *vy /* (n/32,) q8_0 */) {
     *s = gr_dot_lut_row(n / GR_QK, vx, 1, vy, kvalues_fp4);
@@ -2149,7 +2183,7 @@ ggmlrpc_vec_dot_x4_fn ggmlrpc_get_vec_dot_x4(uint32_t weight_type) {
 size_t ggmlrpc_panel_bytes(uint32_t weight_type) {
 #if GR_HAVE_X86
     if (gr_simd_level() >= 1) {
-        if (weight_type == GR_TYPE_Q8_0) return GR_PANEL_Q8;
+        if (weight_type == GR_TYPE_Q8_0 || weight_type == GR_TYPE_IQ4_NL) return GR_PANEL_Q8;
         if (weight_type == GR_TYPE_Q4_0) return GR_PANEL_Q4;
     }
 #endif
@@ -2185,10 +2219,18 @@ ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type) {
     if (gr_simd_level() >= 1) {
         if (weight_type == GR_TYPE_Q4_0) return panel_dot_q4_0_avx2;
         if (weight_type == GR_TYPE_Q8_0) return panel_dot_q8_0_avx2;
+        if (weight_type == GR_TYPE_IQ4_NL) return panel_dot_iq4_nl_avx2;
     }
 #endif
     (void)weight_type;
     return NULL;
+}
+
+ggmlrpc_vec_dot_fn ggmlrpc_get_vec_dot_gemm(uint32_t weight_type) {
+#if GR_HAVE_X86
+    if (gr_simd_level() >= 1 && weight_type == GR_TYPE_IQ4_NL) return vec_dot_iq4_nl_q8_0_seq_avx2;
+#endif
+    return ggmlrpc_get_vec_dot(weight_type);
 }
 
 ggmlrpc_vec_dot_fn ggmlrpc_get_vec_dot(uint32_t weight_type) {

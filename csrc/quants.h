@@ -20,9 +20,11 @@
  *    Q2_K..Q6_K, IQ4_NL, IQ4_XS, MXFP4) sum in the lane order of ggml's AVX2
  *    kernels and give the same floats as a native AVX2 ggml build; the portable
  *    kernels (and the other types) sum per block in ggml's generic order and
- *    agree to float rounding. ggml on AVX-512 hosts, and ggml's tinyBLAS path
- *    (MUL_MAT with 2+ activation columns for F32/F16/BF16/Q8_0/Q4_0/Q5_0/IQ4_NL)
- *    sum in other orders: those agree to float rounding only.
+ *    agree to float rounding. ggml's tinyBLAS path (MUL_MAT with 2+ activation
+ *    columns) sums Q4_0/Q5_0/Q8_0/IQ4_NL in one accumulator, blocks in order
+ *    (ggmlrpc_get_vec_dot_gemm), and F32/F16/BF16 in orders of its own (the
+ *    executor mirrors F32/F16); ggml on AVX-512 hosts sums in other orders
+ *    again: those agree to float rounding.
  */
 #ifndef GGMLRPC_QUANTS_H
 #define GGMLRPC_QUANTS_H
@@ -149,11 +151,18 @@ typedef void (*ggmlrpc_vec_dot_sums_fn)(int64_t n, float *s, const void *w_row, 
 ggmlrpc_vec_dot_sums_fn ggmlrpc_get_vec_dot_q4_0_sums(void);
 int ggmlrpc_q4_0_act_sums(const void *act_blocks, int32_t *sums, int64_t nb);
 
+/* The dot product in the order of ggml's prompt-time GEMM for Q4_0, Q5_0, Q8_0
+ * and IQ4_NL weights (llamafile's tinyBLAS, 2+ activation rows): one 8-lane
+ * accumulator, blocks in order. The vec_dot kernel where that is already its
+ * order (all but IQ4_NL); bit-equal to ggml with AVX2 only. */
+ggmlrpc_vec_dot_fn ggmlrpc_get_vec_dot_gemm(uint32_t weight_type);
+
 /* Prompt-time panels: eight Q8_0 activation rows interleaved block by block,
  * scales already in F32, for a kernel that unpacks each weight block once for
- * the eight of them. Every output is bit-equal to the vec_dot kernel's.
+ * the eight of them. Every output is bit-equal to ggmlrpc_get_vec_dot_gemm's.
  *   panel_bytes: bytes of one block of a panel (all eight rows), 0 where there
- *                is no panel kernel for weight_type (Q4_0 and Q8_0 with AVX2);
+ *                is no panel kernel for weight_type (Q4_0, Q8_0 and IQ4_NL with
+ *                AVX2; IQ4_NL's sums in the GEMM order, see ggmlrpc_get_vec_dot_gemm);
  *   panel_put:   writes Q8_0 row `act` (nb blocks) into lane 0..7 of `panel`;
  *   panel_dot:   s[j] = dot(w_row, lane j) for j < 8 over n elements. */
 typedef void (*ggmlrpc_panel_dot_fn)(int64_t n, float *s /* (8,) */, const void *w_row, const void *panel);

@@ -415,11 +415,16 @@ def rule_mul_mat(node, srcs):
     if K % ggml.blck_size(vdt):
         raise invalid(node, srcs, "rows are not whole blocks of the activation type")
     # ggml's summation order: its prompt-time GEMM for F32/F16 weights, its tiled
-    # K-quant GEMM from 8 activation rows on, else one vec_dot per output
+    # K-quant GEMM from 8 activation rows on, else one vec_dot per output (whose
+    # order is tinyBLAS's too for Q4_0, Q5_0 and Q8_0)
     gemm = int(w.type in (T.F32, T.F16) and N >= 2 and K % 8 == 0 and M % 4 == 0
                and (x.type != vdt or contiguous(x)))
     if w.type in TILED_TYPES and N >= 8:
         gemm = 2
+    # IQ4_NL from 2 activation rows on: tinyBLAS's one accumulator per output
+    # (vec_dot has two); like ggml, only for src1 converted here or contiguous
+    if w.type == T.IQ4_NL and N >= 2 and (x.type != vdt or contiguous(x)):
+        gemm = 3
     row_size = K // ggml.blck_size(vdt) * ggml.type_size(vdt)
     return Spec(ids.K.MUL_MAT, iparams=(vdt, gemm, row_size), srcs=[w, x])
 

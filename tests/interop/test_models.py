@@ -136,28 +136,9 @@ LOGIT_CASES: list[Case] = (
 # case id -> why it fails (strict: the marker turns into a failure once it passes)
 XFAIL: dict[str, str] = {}
 
-_GELU = ("{op} on F32 goes through ggml's F16 table: for the F16 input 0xbfff (-1.9990234) "
-         "the reference's entry is 0xa9d3 (-0.04550171), ours 0xa9d2 (-0.04547119); the exact "
-         "value lies on the rounding midpoint and the reference build fills its table with "
-         "ggml_gelu_f32 contracted to fused multiply-adds, ours rounds every step")
-_IQ4_NL = ("MUL_MAT with IQ4_NL weights and 2+ activation rows: ggml's CPU backend takes "
-           "llamafile's tinyBLAS_Q0_AVX kernel (one accumulator, blocks in order), ours the "
-           "AVX2 vec_dot order (even and odd blocks in two accumulators); last bits differ "
-           "from the prompt on")
-_Q5_K = ("MUL_MAT with Q5_K weights of 2+ super-blocks a row (ffn_down, K=512) and one "
-         "activation row: ggml's AVX2 vec_dot_q5_K_q8_K adds each block's mins term with a "
-         "fused multiply-add (summs += dmin * isum compiles to vfmadd231ss), ours rounds "
-         "dmin * isum first; decode steps' logits differ in the last bits")
-LOGIT_XFAIL: dict[str, str] = {
-    "gemma2-F16-fa_on-ours": _GELU.format(op="GLU GEGLU (ffn_geglu)"),
-    "gemma2-F16-fa_off-ours": _GELU.format(op="GLU GEGLU (ffn_geglu)"),
-    "phi2-F16-fa_on-ours": _GELU.format(op="UNARY GELU (ffn_gelu)"),
-    "phi2-F16-fa_off-ours": _GELU.format(op="UNARY GELU (ffn_gelu)"),
-    "llama-IQ4_NL-fa_on-ours": _IQ4_NL,
-    "qwen2-IQ4_NL-fa_on-ours": _IQ4_NL,
-    "llama-Q5_K_M-fa_on-ours": _Q5_K,
-    "phi3-Q5_K_M-fa_on-ours": _Q5_K,
-}
+# sessions whose logits are known to differ from the reference server's, with the
+# cause (strict xfail: a fix shows up as a failure until the entry goes); none now
+LOGIT_XFAIL: dict[str, str] = {}
 
 
 def params(cases: list[Case], xfail: dict[str, str]):

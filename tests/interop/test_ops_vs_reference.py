@@ -76,6 +76,18 @@ def unary(u, t=T.F32):
     return build
 
 
+def unary_every_f16(u):
+    """GELU-like ops on F32 read ggml's table indexed by the F16 input: every F16
+    value from -10 to 10 (the table's range) as input, each table entry once."""
+    def build(c, r):
+        h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16).view(np.float16)
+        x = h[np.isfinite(h) & (np.abs(h) <= 10)].astype(np.float32)
+        x = np.concatenate([x, np.zeros((-len(x)) % 64, np.float32)])
+        t = c.new(T.F32, (64, len(x) // 64), x.reshape(-1, 64))
+        return [c.op(Op.UNARY, T.F32, t.ne, t, params=[u])]
+    return build
+
+
 def simple(opcode, params=()):
     def build(c, r):
         x = inp(c, r, T.F32, (41, 3), 1.0, 2.0)
@@ -151,6 +163,16 @@ def mul_mat(wt, K=64, M=12, N=5, xt=T.F32):
     def build(c, r):
         w = quant(c, r, wt, (K, M)) if ggml.is_quantized(wt) or wt == T.BF16 else inp(c, r, wt, (K, M))
         return [c.op(Op.MUL_MAT, T.F32, (M, N), w, inp(c, r, xt, (K, N)))]
+    return build
+
+
+def mul_mat_prompt(wt, N, batches=1):
+    """Prompt-sized products: runs of eight activation rows (panels) and the rows
+    left over, over one or more src1 batches sharing the weights."""
+    def build(c, r):
+        K, M = 256, 20
+        w = quant(c, r, wt, (K, M))
+        return [c.op(Op.MUL_MAT, T.F32, (M, N, batches), w, inp(c, r, T.F32, (K, N, batches)))]
     return build
 
 
@@ -563,6 +585,7 @@ CASES = {
     "add-f16-f32-f32": binary(Op.ADD, T.F16, T.F32, T.F32),
     **{f"unary-{u.name}": unary(u) for u in U},
     **{f"unary-{u.name}-f16": unary(u, T.F16) for u in (U.GELU, U.GELU_QUICK, U.SILU, U.TANH, U.EXP)},
+    **{f"unary-{u.name}-every-f16": unary_every_f16(u) for u in (U.GELU, U.GELU_QUICK)},
     "sqr": simple(Op.SQR), "sqrt": simple(Op.SQRT), "log": simple(Op.LOG), "sin": simple(Op.SIN),
     "cos": simple(Op.COS), "leaky_relu": simple(Op.LEAKY_RELU, [f32_bits(0.1)]),
     "scale": simple(Op.SCALE, [f32_bits(1.3)]), "scale-bias": simple(Op.SCALE, [f32_bits(1.3), f32_bits(0.5)]),
@@ -590,6 +613,8 @@ CASES = {
        (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL,
         T.IQ4_XS, T.MXFP4) for n in (1,)},
     "mul_mat-Q8_0-batch": mul_mat(T.Q8_0, K=128, M=8, N=4), "mul_mat-Q4_0-batch": mul_mat(T.Q4_0, K=128, M=8, N=4),
+    **{f"mul_mat-{t.name}-prompt{n}x{b}": mul_mat_prompt(t, n, b) for t in (T.Q4_0, T.Q5_0, T.Q8_0, T.IQ4_NL)
+       for n, b in ((2, 1), (19, 1), (11, 2))},
     "mul_mat-batched": mul_mat_batched, "hadamard-f32": hadamard(T.F32), "hadamard-f16": hadamard(T.F16), "mul_mat-attention": mul_mat_attention,
     "fa-1": flash_attn(1), "fa-7": flash_attn(7), "fa-70": flash_attn(70), "fa-70-f32": flash_attn(70, kv_t=T.F32),
     "fa-1-f32": flash_attn(1, kv_t=T.F32), "fa-split-600": flash_attn(1, nkv=600),
