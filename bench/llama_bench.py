@@ -136,8 +136,12 @@ def main(argv=None) -> int:
             if not ok:
                 row[f"{name}_error"] = rs[-1]["error"]
         for k in ("pp", "tg"):
-            o, r = row.get(f"ours_{k}"), row.get(f"reference_{k}")
-            row[f"ratio_{k}"] = (o / r) if o and r else None
+            # the median of each round's ratio (the two servers ran back to back),
+            # steadier than a ratio of medians when the host's speed drifts
+            pairs = [(o[k], r[k]) for o, r in zip(runs["ours"], runs["reference"])
+                     if k in o and k in r]
+            row[f"ratio_{k}"] = statistics.median(o / r for o, r in pairs) if pairs else None
+            row[f"rounds_{k}"] = [[round(o, 2), round(r, 2)] for o, r in pairs]
         results.append(row)
 
     print(f"{'type':6} {'ref pp' + str(args.pp):>11} {'ours pp':>9} {'ratio':>6}  "
