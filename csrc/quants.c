@@ -1588,6 +1588,16 @@ GR_AVX2 static inline void gr_panel_scales(float dx, const uint8_t *p, float dp[
            acc5 = acc0, acc6 = acc0, acc7 = acc0
 #define GR_PANEL_FMA(j, f) acc##j = _mm256_fmadd_ps(_mm256_broadcast_ss(dp + (j)), (f), acc##j)
 #define GR_PANEL_EACH(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+/* four lanes at a time, the integer steps of the four before their float steps
+ * (a little faster than lane after lane on Zen 1): I(j) gives lane j's int32
+ * lanes, F(j, v) their floats */
+#define GR_PANEL_QUAD(a, b, c, d, I, F)                                  \
+    {                                                                   \
+        const __m256i va = I(a), vb = I(b), vc = I(c), vd = I(d);       \
+        GR_PANEL_FMA(a, F(a, va)); GR_PANEL_FMA(b, F(b, vb));           \
+        GR_PANEL_FMA(c, F(c, vc)); GR_PANEL_FMA(d, F(d, vd));           \
+    }
+#define GR_PANEL_STAGED(I, F) GR_PANEL_QUAD(0, 1, 2, 3, I, F) GR_PANEL_QUAD(4, 5, 6, 7, I, F)
 
 /* s[j] = gr_hsum_ps8(acc_j) for the eight at once, the same additions in the
  * same order per output: (v0+v4)+(v2+v6) and (v1+v5)+(v3+v7), then their sum */
@@ -1604,13 +1614,7 @@ GR_AVX2 static inline void gr_hsum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3
 }
 #define GR_PANEL_STORE8 gr_hsum8x8(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, s)
 
-/* lane j's int32 lanes as floats: sum(nibbles * qs) - t8, and the sign trick's */
-GR_AVX2 static inline __m256 gr_panel_q4_lane(__m256i qx, const uint8_t *p, int j) {
-    const __m256i qy = _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * j));
-    const __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), _mm256_set1_epi16(1));
-    return _mm256_sub_ps(_mm256_cvtepi32_ps(v), _mm256_loadu_ps((const float *)(p + GR_PANEL_Q8 + 32 * j)));
-}
-
+/* lane j's int32 lanes by the sign trick, as floats */
 GR_AVX2 static inline __m256 gr_panel_sign_lane(__m256i qx, const uint8_t *p, int j) {
     return _mm256_cvtepi32_ps(gr_dot_i8(qx, _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * j))));
 }
@@ -1623,9 +1627,9 @@ GR_AVX2 static void panel_dot_q8_0_avx2(int64_t n, float *s, const void *vx, con
     for (int64_t i = 0; i < n / GR_QK; i++, p += GR_PANEL_Q8) {
         gr_panel_scales(GR_F16(x[i].d), p, dp);
         const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-#define Q8_STEP(j) GR_PANEL_FMA(j, gr_panel_sign_lane(qx, p, j));
-        GR_PANEL_EACH(Q8_STEP)
-#undef Q8_STEP
+#define Q8_INT(j) gr_dot_i8(qx, _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * (j))))
+#define Q8_FLT(j, v) _mm256_cvtepi32_ps(v)
+        GR_PANEL_STAGED(Q8_INT, Q8_FLT)
     }
     GR_PANEL_STORE8;
 }
@@ -1641,9 +1645,12 @@ GR_AVX2 static void panel_dot_q4_0_avx2(int64_t n, float *s, const void *vx, con
         uint64_t marks;
         memcpy(&marks, p + GR_PANEL_Q8 + 8 * 32, 8);
         if (__builtin_expect(marks == 0, 1)) {
-#define Q4_STEP(j) GR_PANEL_FMA(j, gr_panel_q4_lane(qx, p, j));
-            GR_PANEL_EACH(Q4_STEP)
-#undef Q4_STEP
+#define Q4_INT(j) _mm256_madd_epi16(_mm256_maddubs_epi16(qx, _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * (j)))), \
+                                   _mm256_set1_epi16(1))
+#define Q4_FLT(j, v) _mm256_sub_ps(_mm256_cvtepi32_ps(v), _mm256_loadu_ps((const float *)(p + GR_PANEL_Q8 + 32 * (j))))
+            GR_PANEL_STAGED(Q4_INT, Q4_FLT)
+#undef Q4_INT
+#undef Q4_FLT
         } else {
             const __m256i qs = _mm256_sub_epi8(qx, _mm256_set1_epi8(8));
 #define Q4_SIGN_STEP(j) GR_PANEL_FMA(j, gr_panel_sign_lane(qs, p, j));
@@ -1974,9 +1981,9 @@ GR_AVX2 static void panel_dot_iq4_nl_avx2(int64_t n, float *s, const void *vx, c
     for (int64_t i = 0; i < n / GR_QK; i++, p += GR_PANEL_Q8) {
         gr_panel_scales(GR_F16(x[i].d), p, dp);
         const __m256i qx = gr_lut_nibbles32(x[i].qs, lut);
-#define IQ4_STEP(j) GR_PANEL_FMA(j, gr_panel_sign_lane(qx, p, j));
-        GR_PANEL_EACH(IQ4_STEP)
-#undef IQ4_STEP
+        GR_PANEL_STAGED(Q8_INT, Q8_FLT)   /* the Q8_0 kernel's steps on the looked-up levels */
+#undef Q8_INT
+#undef Q8_FLT
     }
     GR_PANEL_STORE8;
 }
