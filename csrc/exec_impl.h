@@ -103,6 +103,10 @@ typedef struct gr_vec_ops {
     /* C (M x N) += A (M x K) B (K x N), rows packed: every entry of C one
      * sequential fused sum over k from its old value (ggml's simd_gemm) */
     void (*gemm_f32)(int64_t M, int64_t K, int64_t N, float *C, const float *A, const float *B);
+    /* ROPE's rotation of np pairs (x[p*istep], x[p*istep + joff]) of an F32 or F16
+     * row by (cos, sin) = (cs[2p], cs[2p+1]), fused as ggml's x86 build computes it */
+    void (*rope_rotate)(int32_t type, char *dst, const char *src, int64_t np, int64_t istep, int64_t joff,
+                        const float *cs);
 } gr_vec_ops;
 
 extern gr_vec_ops gr_vec;

@@ -699,30 +699,6 @@ static void rope_cache(const gr_node *n, const float *pos4, float freq_scale, co
     }
 }
 
-static inline void rotate(int32_t type, char *dst, const char *src, int64_t i, int64_t j, float c, float s) {
-    float x0, x1;
-    if (type == GR_TYPE_F32) {
-        memcpy(&x0, src + 4 * i, 4);
-        memcpy(&x1, src + 4 * j, 4);
-    } else {
-        uint16_t h0, h1;
-        memcpy(&h0, src + 2 * i, 2);
-        memcpy(&h1, src + 2 * j, 2);
-        x0 = gr_fp16_to_fp32(h0);
-        x1 = gr_fp16_to_fp32(h1);
-    }
-    const float y0 = fmaf(x0, c, -(x1 * s));
-    const float y1 = fmaf(x0, s, x1 * c);
-    if (type == GR_TYPE_F32) {
-        memcpy(dst + 4 * i, &y0, 4);
-        memcpy(dst + 4 * j, &y1, 4);
-    } else {
-        const uint16_t h0 = gr_fp32_to_fp16(y0), h1 = gr_fp32_to_fp16(y1);
-        memcpy(dst + 2 * i, &h0, 2);
-        memcpy(dst + 2 * j, &h1, 2);
-    }
-}
-
 /* Rotary embedding (sub: 0 forward, 1 backward = rotate by -theta).
  *   src0, dst: (ne0, heads, tokens, ne3) F32/F16; src1: positions (tokens [x4 for mrope]) I32;
  *   src2: frequency factors (>= n_dims/2) F32 or absent */
@@ -779,18 +755,13 @@ void gr_k_rope(gr_job *job, int phase) {
         const char *src = gr_at(s, 0, i1, i2, i3);
         char *dst = gr_at(d, 0, i1, i2, i3);
         if (vision) {
-            for (int64_t i0 = 0; i0 < ne0; i0 += 2)
-                rotate(s->type, dst, src, i0 / 2, i0 / 2 + n_dims, cache[i0], cache[i0 + 1]);
+            gr_vec.rope_rotate(s->type, dst, src, (ne0 + 1) / 2, 1, n_dims, cache);
             continue;
         }
         const char *so = src + n_offs * esz;
         char *dof = dst + n_offs * esz;
-        if (mode == 0) {
-            for (int64_t i0 = 0; i0 < n_dims; i0 += 2) rotate(s->type, dof, so, i0, i0 + 1, cache[i0], cache[i0 + 1]);
-        } else {
-            for (int64_t i0 = 0; i0 < n_dims; i0 += 2)
-                rotate(s->type, dof, so, i0 / 2, i0 / 2 + n_dims / 2, cache[i0], cache[i0 + 1]);
-        }
+        if (mode == 0) gr_vec.rope_rotate(s->type, dof, so, (n_dims + 1) / 2, 2, 1, cache);
+        else gr_vec.rope_rotate(s->type, dof, so, (n_dims + 1) / 2, 1, n_dims / 2, cache);
         /* channels outside [n_offs, n_offs + n_dims) pass through */
         if (src != dst) {
             if (n_offs > 0) memmove(dst, src, (size_t)(n_offs * esz));

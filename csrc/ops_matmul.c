@@ -592,17 +592,17 @@ static void fa_tiled(gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
         for (int64_t ic = 0; ic < nek1; ic += FA_TK) {
             const int64_t kv = nek1 - ic < FA_TK ? nek1 - ic : FA_TK;
             if (c->mask) {
-                int can_skip = 1;
+                int live = 0;   /* any entry not -inf: a tile of -inf only is skipped */
                 for (int64_t t = 0; t < rows; t++) {
-                    const uint16_t *mp = fa_mask_row(c, iq1 + t, iq2, iq3);
+                    float *m = mask32 + t * FA_TK;
+                    gr_vec.fp16_to_fp32(kv, fa_mask_row(c, iq1 + t, iq2, iq3) + ic, m);
                     for (int64_t k = 0; k < kv; k++) {
-                        const float mv = slope * gr_fp16_to_fp32(mp[ic + k]);
-                        mask32[t * FA_TK + k] = mv;
-                        if (mv != -INFINITY) can_skip = 0;
+                        m[k] *= slope;
+                        live |= m[k] != -INFINITY;
                     }
-                    for (int64_t k = kv; k < FA_TK; k++) mask32[t * FA_TK + k] = -INFINITY;
+                    for (int64_t k = kv; k < FA_TK; k++) m[k] = -INFINITY;
                 }
-                if (can_skip) continue;
+                if (!live) continue;
             }
             /* keys past kv are zero columns */
             for (int64_t k = 0; k < FA_TK; k++) {
