@@ -211,6 +211,20 @@ float gr_tiled_dot_row(const gr_tiled_row *r, const void *act);   /* act: K/256 
 void gr_tiled_init(int use_simd);
 void *gr_tiled_scratch(const gr_job *job, size_t used);
 
+/* The same sums for runs of eight activation rows at once ("K panels", AVX2):
+ * the eight rows' Q8_K blocks interleaved per block (gr_kpanel_put), weight
+ * rows decoded into unsigned codes with ready-made scale vectors
+ * (gr_kpanel_decode, GR_KROW_BYTES per block plus two floats), and
+ * gr_kpanel_dot giving the eight outputs of one weight row, each bit-equal to
+ * gr_tiled_dot_row's. gr_kpanel_available: 0 where the kernel is missing. */
+#define GR_KPANEL_BYTES 2368   /* per block: q8 (8 x 256), bsum pairs (256), d (8 x f32), pad */
+#define GR_KROW_BYTES 1024     /* per block: codes (256), scale, min and bias vectors (3 x 256) */
+int gr_kpanel_available(int32_t type);
+void gr_kpanel_put(const void *q8k_row, int64_t nb, void *panel, int lane);
+void gr_kpanel_decode(int32_t type, int64_t nb, const void *w_row, void *krow, float *d, float *dmin);
+void gr_kpanel_dot(int32_t type, int64_t nb, const void *krow, const float *d, const float *dmin,
+                   const void *panel, float out[8]);
+
 /* Scratch needs, per kernel. */
 size_t gr_wsize_mul_mat(const gr_node *n, int nth);
 size_t gr_wsize_flash_attn(const gr_node *n, int nth);

@@ -76,8 +76,35 @@ static size_t mm_panel(const gr_node *n) {
     return pb && n->wsize >= mm_panel_end(n, pb) ? pb : 0;
 }
 
+/* K-quant weights (ggml's tiled order), 8+ columns converted here to Q8_K: the
+ * same panels (gr_kpanel_*) after the converted rows, then per thread one
+ * decoded row for leftover columns and a chunk of KP_CH rows in kernel layout */
+#define KP_CH 16
+static int mm_kpanel_kind(const gr_node *n) {
+    return n->kernel == GR_K_MUL_MAT && n->iparams[1] == MM_TILED && n->iparams[0] == GR_TYPE_Q8_K &&
+           n->src[1].type != GR_TYPE_Q8_K && n->src[1].ne[1] >= 8 && gr_kpanel_available(n->src[0].type);
+}
+
+static inline size_t mm_kpanel_threads(const gr_node *n) {   /* offset of the per-thread part */
+    const gr_tensor *s1 = &n->src[1];
+    const size_t groups = (size_t)(s1->ne[1] / 8) * (size_t)(s1->ne[2] * s1->ne[3]);
+    const size_t panels = groups * (size_t)(n->src[0].ne[0] / 256) * GR_KPANEL_BYTES;
+    return (mm_conv_bytes(n) + panels + 63) & ~(size_t)63;
+}
+
+static inline size_t mm_kpanel_per_thread(const gr_node *n) {
+    const int64_t K = n->src[0].ne[0], nb = K / 256;
+    const size_t one = (gr_tiled_row_bytes(K) + 63) & ~(size_t)63;
+    return (one + (size_t)KP_CH * (size_t)nb * (GR_KROW_BYTES + 8) + 63) & ~(size_t)63;
+}
+
+static int mm_kpanel(const gr_node *n, int nth) {
+    return mm_kpanel_kind(n) && n->wsize >= mm_kpanel_threads(n) + (size_t)nth * mm_kpanel_per_thread(n);
+}
+
 size_t gr_wsize_mul_mat(const gr_node *n, int nth) {
     const gr_tensor *s1 = &n->src[1];
+    if (mm_kpanel_kind(n)) return mm_kpanel_threads(n) + (size_t)nth * mm_kpanel_per_thread(n) + 64;
     size_t conv = mm_conv_bytes(n);
     conv += mm_sums_bytes(n);
     if (mm_panel_kind(n)) conv = mm_panel_end(n, mm_panel_kind(n));
@@ -134,6 +161,7 @@ void gr_k_mul_mat(gr_job *job, int phase) {
             return;
         }
         const size_t pb = mm_panel(n);
+        const int kp = mm_kpanel(n, job->nth);
         for (int64_t ir = r0; ir < r1; ir++) {
             const char *src = gr_row(s1, ir);
             char *dst = job->wdata + (size_t)ir * row_size;
@@ -146,6 +174,11 @@ void gr_k_mul_mat(gr_job *job, int phase) {
                 const size_t group = (size_t)((ir / N) * G + i11 / 8);
                 ggmlrpc_panel_put((uint32_t)s0->type, dst, K / 32,
                                   job->wdata + mm_panel_offset(n) + group * (size_t)(K / 32) * pb, (int)(i11 % 8));
+            }
+            if (kp && i11 < G * 8) {
+                const size_t group = (size_t)((ir / N) * G + i11 / 8);
+                gr_kpanel_put(dst, K / 256, job->wdata + mm_conv_bytes(n) + group * (size_t)(K / 256) * GR_KPANEL_BYTES,
+                              (int)(i11 % 8));
             }
         }
         return;
@@ -163,6 +196,50 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     ggmlrpc_vec_dot_fn qdot = NULL;
     if (s0->type != GR_TYPE_F32 && s0->type != GR_TYPE_F16)
         qdot = order == MM_Q0_GEMM ? ggmlrpc_get_vec_dot_gemm((uint32_t)s0->type) : ggmlrpc_get_vec_dot((uint32_t)s0->type);
+
+    if (order == MM_TILED && mm_kpanel(n, job->nth)) {
+        /* chunks of KP_CH weight rows handed out one at a time, decoded once per
+         * src1 batch, each row against every panel of eight columns; the columns
+         * left over take the one-row path */
+        const int64_t nb = K / 256, G = N / 8;
+        const char *panels = job->wdata + mm_conv_bytes(n);
+        char *mine = job->wdata + mm_kpanel_threads(n) + (size_t)job->ith * mm_kpanel_per_thread(n);
+        void *rowmem = mine;
+        char *krows = mine + ((gr_tiled_row_bytes(K) + 63) & ~(size_t)63);
+        float *dd = (float *)(krows + (size_t)KP_CH * (size_t)nb * GR_KROW_BYTES), *dm = dd + KP_CH * nb;
+        const int nch = (int)((nr0 + KP_CH - 1) / KP_CH);
+        for (int ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+            const int64_t ib = ch * KP_CH, ie = ib + KP_CH < nr0 ? ib + KP_CH : nr0;
+            for (int64_t sl = 0; sl < ne12 * ne13; sl++) {
+                const int64_t i12 = sl % ne12, i13 = sl / ne12;
+                const char *w = s0->data + (i12 / r2) * s0->nb[2] + (i13 / r3) * s0->nb[3];
+                for (int64_t i01 = ib; i01 < ie; i01++)
+                    gr_kpanel_decode(s0->type, nb, w + i01 * s0->nb[1], krows + (size_t)(i01 - ib) * nb * GR_KROW_BYTES,
+                                     dd + (i01 - ib) * nb, dm + (i01 - ib) * nb);
+                for (int64_t g = 0; g < G; g++) {
+                    const char *pan = panels + (size_t)(sl * G + g) * (size_t)nb * GR_KPANEL_BYTES;
+                    float *out[8];
+                    for (int j = 0; j < 8; j++)
+                        out[j] = (float *)(d->data + (8 * g + j) * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
+                    for (int64_t i01 = ib; i01 < ie; i01++) {
+                        float v[8];
+                        gr_kpanel_dot(s0->type, nb, krows + (size_t)(i01 - ib) * nb * GR_KROW_BYTES, dd + (i01 - ib) * nb,
+                                      dm + (i01 - ib) * nb, pan, v);
+                        for (int j = 0; j < 8; j++) out[j][i01] = v[j];
+                    }
+                }
+                for (int64_t i01 = ib; i01 < ie && G * 8 < N; i01++) {
+                    const gr_tiled_row row = gr_tiled_decode(s0->type, K, w + i01 * s0->nb[1], rowmem);
+                    for (int64_t i11 = G * 8; i11 < N; i11++) {
+                        const char *act = job->wdata + (size_t)(sl * N + i11) * row_size;
+                        float *out = (float *)(d->data + i11 * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
+                        out[i01] = gr_tiled_dot_row(&row, act);
+                    }
+                }
+            }
+        }
+        return;
+    }
 
     if (order == MM_TILED) {
         /* decode each weight row once per src0 batch, then dot it with every column */

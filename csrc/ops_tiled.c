@@ -245,10 +245,14 @@ __attribute__((target("avx2"))) static void block_sums_avx2(const int8_t *w, con
 static void (*block_sums)(const int8_t *, const int8_t *, const int16_t *, const int16_t *, const int16_t *,
                           int32_t *, int32_t *) = block_sums_c;
 
+static int kpanel_simd = 0;   /* the K-panel kernel is AVX2 only */
+
 void gr_tiled_init(int use_simd) {
     block_sums = block_sums_c;
+    kpanel_simd = 0;
 #if GR_TILED_X86
     if (use_simd) block_sums = block_sums_avx2;
+    kpanel_simd = use_simd;
 #else
     (void)use_simd;
 #endif
@@ -266,4 +270,148 @@ float gr_tiled_dot_row(const gr_tiled_row *r, const void *act) {
         acc = fmaf(v, y[b].d, acc);
     }
     return acc;
+}
+
+/* ---- K panels ---------------------------------------------------------------
+ * Activation panel, per 256-element block of eight rows t:
+ *   i8 q[t][256] | i16 pairs[k][t][2] = (bsums[2k], bsums[2k+1]) of row t | f32 d[t] | pad
+ * Decoded weight row, per block:
+ *   u8 codes[256]                unsigned: w + bias (bias 4 for Q3_K, 32 for Q6_K,
+ *                                0 otherwise; IQ4_XS keeps its signed levels)
+ *   i16 scv[c][16]               chunk c of 32: (sc[2c] x 8 | sc[2c+1] x 8)
+ *   i16 mnp[k][8][2]             (mn[2k], mn[2k+1]) x 8, for s2 = sum mn * bsums
+ *   i16 bsp[k][8][2]             (-bias sc[2k], -bias sc[2k+1]) x 8
+ * so that s1 = sum_c madd(maddubs(codes_c, q_c), scv_c) + sum_k madd(pairs_k, bsp_k)
+ * is the same integer as sum over groups of sc * (w . q), with no sign steps
+ * (codes <= 63: maddubs pairs stay within int16). IQ4_XS (levels up to 127)
+ * takes the sign trick instead. */
+#define KP_PAIRS 2048
+#define KP_D 2304
+#define KR_SCV 256
+#define KR_MNP 512
+#define KR_BSP 768
+
+static int kpanel_bias(int32_t type) {
+    return type == GR_TYPE_Q3_K ? 4 : type == GR_TYPE_Q6_K ? 32 : 0;
+}
+
+
+int gr_kpanel_available(int32_t type) {
+    size_t bs;
+    int hm;
+    return kpanel_simd && decoder_for(type, &bs, &hm) != NULL;
+}
+
+void gr_kpanel_put(const void *q8k_row, int64_t nb, void *panel, int lane) {
+    const block_q8_K *y = q8k_row;
+    for (int64_t b = 0; b < nb; b++) {
+        char *p = (char *)panel + (size_t)b * GR_KPANEL_BYTES;
+        memcpy(p + 256 * lane, y[b].qs, 256);
+        int16_t *pairs = (int16_t *)(p + KP_PAIRS);
+        for (int k = 0; k < 8; k++) {
+            pairs[16 * k + 2 * lane] = y[b].bsums[2 * k];
+            pairs[16 * k + 2 * lane + 1] = y[b].bsums[2 * k + 1];
+        }
+        memcpy(p + KP_D + 4 * lane, &y[b].d, 4);
+    }
+}
+
+void gr_kpanel_decode(int32_t type, int64_t nb, const void *w_row, void *krow, float *d, float *dmin) {
+    size_t bsize;
+    int has_min;
+    const kdec_fn fn = decoder_for(type, &bsize, &has_min);
+    const int bias = kpanel_bias(type);
+    int8_t w[256];
+    int16_t sc[16], mn[16];
+    for (int64_t b = 0; b < nb; b++) {
+        char *o = (char *)krow + (size_t)b * GR_KROW_BYTES;
+        float dd, dm;
+        fn((const char *)w_row + (size_t)b * bsize, (kdec){ w, sc, mn, &dd, &dm });
+        d[b] = dd;
+        dmin[b] = dm;
+        for (int e = 0; e < 256; e++) o[e] = (char)(w[e] + bias);
+        int16_t *scv = (int16_t *)(o + KR_SCV), *mnp = (int16_t *)(o + KR_MNP), *bsp = (int16_t *)(o + KR_BSP);
+        for (int c = 0; c < 8; c++)
+            for (int l = 0; l < 8; l++) {
+                scv[16 * c + l] = sc[2 * c];
+                scv[16 * c + 8 + l] = sc[2 * c + 1];
+                mnp[16 * c + 2 * l] = mn[2 * c];
+                mnp[16 * c + 2 * l + 1] = mn[2 * c + 1];
+                bsp[16 * c + 2 * l] = (int16_t)(-bias * sc[2 * c]);
+                bsp[16 * c + 2 * l + 1] = (int16_t)(-bias * sc[2 * c + 1]);
+            }
+    }
+}
+
+#if GR_TILED_X86
+/* the eight int32 vectors' sums, one per lane (integer: any order is exact) */
+__attribute__((target("avx2"))) static inline __m256i kp_reduce8(__m256i a0, __m256i a1, __m256i a2, __m256i a3,
+                                                                 __m256i a4, __m256i a5, __m256i a6, __m256i a7) {
+    const __m256i h0 = _mm256_hadd_epi32(_mm256_hadd_epi32(a0, a1), _mm256_hadd_epi32(a2, a3));
+    const __m256i h1 = _mm256_hadd_epi32(_mm256_hadd_epi32(a4, a5), _mm256_hadd_epi32(a6, a7));
+    return _mm256_add_epi32(_mm256_permute2x128_si256(h0, h1, 0x20), _mm256_permute2x128_si256(h0, h1, 0x31));
+}
+
+#define KP_EACH(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+
+__attribute__((target("avx2,fma"))) static void kpanel_dot_avx2(int32_t type, int64_t nb, const void *krow,
+                                                                const float *d, const float *dmin,
+                                                                const void *panel, float out[8]) {
+    size_t bs;
+    int has_min;
+    decoder_for(type, &bs, &has_min);
+    const int bias = kpanel_bias(type), sign = type == GR_TYPE_IQ4_XS;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *w = (const char *)krow + (size_t)b * GR_KROW_BYTES;
+        const char *p = (const char *)panel + (size_t)b * GR_KPANEL_BYTES;
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+#define KP_Q(t, c) _mm256_loadu_si256((const __m256i *)(p + 256 * (t) + 32 * (c)))
+        if (!sign) {
+            for (int c = 0; c < 8; c++) {
+                const __m256i u = _mm256_loadu_si256((const __m256i *)(w + 32 * c));
+                const __m256i sv = _mm256_loadu_si256((const __m256i *)(w + KR_SCV + 32 * c));
+#define KP_STEP(t) a##t = _mm256_add_epi32(a##t, _mm256_madd_epi16(_mm256_maddubs_epi16(u, KP_Q(t, c)), sv));
+                KP_EACH(KP_STEP)
+#undef KP_STEP
+            }
+        } else {
+            for (int c = 0; c < 8; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(w + 32 * c));
+                const __m256i av = _mm256_sign_epi8(v, v);
+                const __m256i sv = _mm256_loadu_si256((const __m256i *)(w + KR_SCV + 32 * c));
+#define KP_STEP(t) \
+    a##t = _mm256_add_epi32(a##t, _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(KP_Q(t, c), v)), sv));
+                KP_EACH(KP_STEP)
+#undef KP_STEP
+            }
+        }
+#undef KP_Q
+        __m256i s1 = kp_reduce8(a0, a1, a2, a3, a4, a5, a6, a7);
+        if (bias)
+            for (int k = 0; k < 8; k++)
+                s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(p + KP_PAIRS + 32 * k)),
+                                                            _mm256_loadu_si256((const __m256i *)(w + KR_BSP + 32 * k))));
+        /* r = d * s1; r = fma(-dmin, s2, r); acc = fma(r, d8, acc), per output */
+        __m256 r = _mm256_mul_ps(_mm256_set1_ps(d[b]), _mm256_cvtepi32_ps(s1));
+        if (has_min) {
+            __m256i s2 = _mm256_setzero_si256();
+            for (int k = 0; k < 8; k++)
+                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(p + KP_PAIRS + 32 * k)),
+                                                            _mm256_loadu_si256((const __m256i *)(w + KR_MNP + 32 * k))));
+            r = _mm256_fnmadd_ps(_mm256_set1_ps(dmin[b]), _mm256_cvtepi32_ps(s2), r);
+        }
+        acc = _mm256_fmadd_ps(r, _mm256_loadu_ps((const float *)(p + KP_D)), acc);
+    }
+    _mm256_storeu_ps(out, acc);
+}
+#endif
+
+void gr_kpanel_dot(int32_t type, int64_t nb, const void *krow, const float *d, const float *dmin,
+                   const void *panel, float out[8]) {
+#if GR_TILED_X86
+    kpanel_dot_avx2(type, nb, krow, d, dmin, panel, out);
+#else
+    (void)type; (void)nb; (void)krow; (void)d; (void)dmin; (void)panel; (void)out;
+#endif
 }
