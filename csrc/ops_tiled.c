@@ -41,7 +41,7 @@ static inline void k4_scale_min(const uint8_t *q, int j, int *sc, int *m) {
 }
 
 /* One block decoded: w[256] signed values (|w| <= 127), sc/mn per 16 elements
- * (a 32-element sub-block's scale repeated), d and dmin. */
+ * (a 32-element sub-block's scale repeated), d and dmin; w NULL: all but w. */
 typedef struct {
     int8_t *w;
     int16_t *sc, *mn;
@@ -58,7 +58,7 @@ static void dec_q4_K(const void *blk, kdec o) {
         o.sc[2 * s] = o.sc[2 * s + 1] = (int16_t)sc;
         o.mn[2 * s] = o.mn[2 * s + 1] = (int16_t)m;
         const uint8_t *qs = x->qs + 32 * (s / 2);
-        for (int l = 0; l < 32; l++) o.w[32 * s + l] = (int8_t)((s & 1) ? qs[l] >> 4 : qs[l] & 0xF);
+        for (int l = 0; l < 32 && o.w; l++) o.w[32 * s + l] = (int8_t)((s & 1) ? qs[l] >> 4 : qs[l] & 0xF);
     }
 }
 
@@ -72,7 +72,7 @@ static void dec_q5_K(const void *blk, kdec o) {
         o.sc[2 * s] = o.sc[2 * s + 1] = (int16_t)sc;
         o.mn[2 * s] = o.mn[2 * s + 1] = (int16_t)m;
         const uint8_t *qs = x->qs + 32 * (s / 2);
-        for (int l = 0; l < 32; l++) {
+        for (int l = 0; l < 32 && o.w; l++) {
             const int lo = (s & 1) ? qs[l] >> 4 : qs[l] & 0xF;
             o.w[32 * s + l] = (int8_t)(lo | ((x->qh[l] >> s) & 1) << 4);
         }
@@ -83,7 +83,7 @@ static void dec_q6_K(const void *blk, kdec o) {
     const block_q6_K *x = blk;
     *o.d = gr_fp16_to_fp32(x->d);
     *o.dmin = 0.0f;
-    for (int e = 0; e < 256; e++) {
+    for (int e = 0; e < 256 && o.w; e++) {
         const int half = e >> 7, el = e & 127, quarter = el >> 5, l = el & 31;
         const uint8_t lq = x->ql[64 * half + 32 * (quarter & 1) + l];
         const int lo = quarter < 2 ? lq & 0xF : lq >> 4;
@@ -108,7 +108,7 @@ static void dec_q3_K(const void *blk, kdec o) {
     aux[0] = (aux[0] & 0x0f0f0f0fu) | (((t >> 0) & 0x03030303u) << 4);
     aux[1] = (aux[1] & 0x0f0f0f0fu) | (((t >> 2) & 0x03030303u) << 4);
     const int8_t *scales = (const int8_t *)aux;
-    for (int e = 0; e < 256; e++) {
+    for (int e = 0; e < 256 && o.w; e++) {
         const int half = e >> 7, el = e & 127, group = el >> 5, l = el & 31;
         const int low = (x->qs[32 * half + l] >> (2 * group)) & 3;
         const int high = (x->hmask[l] >> (4 * half + group)) & 1;
@@ -124,7 +124,7 @@ static void dec_q2_K(const void *blk, kdec o) {
     const block_q2_K *x = blk;
     *o.d = gr_fp16_to_fp32(x->d);
     *o.dmin = gr_fp16_to_fp32(x->dmin);
-    for (int e = 0; e < 256; e++) {
+    for (int e = 0; e < 256 && o.w; e++) {
         const int half = e >> 7, el = e & 127;
         o.w[e] = (int8_t)((x->qs[32 * half + (el & 31)] >> (2 * (el >> 5))) & 3);
     }
@@ -143,7 +143,7 @@ static void dec_iq4_xs(const void *blk, kdec o) {
         o.sc[2 * s] = o.sc[2 * s + 1] = (int16_t)(ls - 32);
         o.mn[2 * s] = o.mn[2 * s + 1] = 0;
         const uint8_t *qs = x->qs + 16 * s;
-        for (int l = 0; l < 16; l++) {
+        for (int l = 0; l < 16 && o.w; l++) {
             o.w[32 * s + l] = IQ4NL_VALUES[qs[l] & 0xF];
             o.w[32 * s + 16 + l] = IQ4NL_VALUES[qs[l] >> 4];
         }
@@ -316,31 +316,117 @@ void gr_kpanel_put(const void *q8k_row, int64_t nb, void *panel, int lane) {
     }
 }
 
+#if GR_TILED_X86
+/* the 256 codes of one block (w + bias, the same values the dec_* functions
+ * give minus their bias) with AVX2, 32 at a time */
+#define KP_LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
+#define KP_STORE(p, v) _mm256_storeu_si256((__m256i *)(p), v)
+#define KP_BITS(v, sh, m) _mm256_and_si256(_mm256_srli_epi16(v, sh), _mm256_set1_epi8(m))
+
+__attribute__((target("avx2"))) static void kp_codes_avx2(int32_t type, const void *blk, uint8_t *u) {
+    switch (type) {
+    case GR_TYPE_Q4_K: {
+        const block_q4_K *x = blk;
+        for (int j = 0; j < 4; j++) {
+            const __m256i q = KP_LOAD(x->qs + 32 * j);
+            KP_STORE(u + 64 * j, KP_BITS(q, 0, 0xF));
+            KP_STORE(u + 64 * j + 32, KP_BITS(q, 4, 0xF));
+        }
+        return;
+    }
+    case GR_TYPE_Q5_K: {
+        const block_q5_K *x = blk;
+        const __m256i qh = KP_LOAD(x->qh);
+        for (int j = 0; j < 4; j++) {
+            const __m256i q = KP_LOAD(x->qs + 32 * j);
+            const __m256i h0 = _mm256_slli_epi16(KP_BITS(qh, 2 * j, 1), 4), h1 = _mm256_slli_epi16(KP_BITS(qh, 2 * j + 1, 1), 4);
+            KP_STORE(u + 64 * j, _mm256_or_si256(KP_BITS(q, 0, 0xF), h0));
+            KP_STORE(u + 64 * j + 32, _mm256_or_si256(KP_BITS(q, 4, 0xF), h1));
+        }
+        return;
+    }
+    case GR_TYPE_Q6_K: {
+        const block_q6_K *x = blk;
+        for (int half = 0; half < 2; half++) {
+            const __m256i qh = KP_LOAD(x->qh + 32 * half);
+            for (int quarter = 0; quarter < 4; quarter++) {
+                const __m256i lq = KP_LOAD(x->ql + 64 * half + 32 * (quarter & 1));
+                const __m256i lo = KP_BITS(lq, quarter < 2 ? 0 : 4, 0xF);
+                const __m256i hi = _mm256_slli_epi16(KP_BITS(qh, 2 * quarter, 3), 4);
+                KP_STORE(u + 128 * half + 32 * quarter, _mm256_or_si256(lo, hi));
+            }
+        }
+        return;
+    }
+    case GR_TYPE_Q3_K: {
+        const block_q3_K *x = blk;
+        const __m256i hm = KP_LOAD(x->hmask);
+        for (int half = 0; half < 2; half++) {
+            const __m256i q = KP_LOAD(x->qs + 32 * half);
+            for (int group = 0; group < 4; group++) {
+                const __m256i hi = _mm256_slli_epi16(KP_BITS(hm, 4 * half + group, 1), 2);
+                KP_STORE(u + 128 * half + 32 * group, _mm256_or_si256(KP_BITS(q, 2 * group, 3), hi));
+            }
+        }
+        return;
+    }
+    case GR_TYPE_Q2_K: {
+        const block_q2_K *x = blk;
+        for (int half = 0; half < 2; half++) {
+            const __m256i q = KP_LOAD(x->qs + 32 * half);
+            for (int group = 0; group < 4; group++) KP_STORE(u + 128 * half + 32 * group, KP_BITS(q, 2 * group, 3));
+        }
+        return;
+    }
+    case GR_TYPE_IQ4_XS: {   /* the signed levels themselves (no bias) */
+        const block_iq4_xs *x = blk;
+        const __m128i lut = _mm_loadu_si128((const __m128i *)IQ4NL_VALUES);
+        for (int sb = 0; sb < 8; sb++) {
+            const __m128i q = _mm_loadu_si128((const __m128i *)(x->qs + 16 * sb));
+            const __m128i m = _mm_set1_epi8(0xF);
+            _mm_storeu_si128((__m128i *)(u + 32 * sb), _mm_shuffle_epi8(lut, _mm_and_si128(q, m)));
+            _mm_storeu_si128((__m128i *)(u + 32 * sb + 16), _mm_shuffle_epi8(lut, _mm_and_si128(_mm_srli_epi16(q, 4), m)));
+        }
+        return;
+    }
+    default:
+        return;
+    }
+}
+
+/* the scale, min and bias vectors of one decoded block */
+__attribute__((target("avx2"))) static void kp_vectors_avx2(const int16_t sc[16], const int16_t mn[16], int bias,
+                                                            char *o) {
+    for (int c = 0; c < 8; c++) {
+        KP_STORE(o + KR_SCV + 32 * c, _mm256_set_m128i(_mm_set1_epi16(sc[2 * c + 1]), _mm_set1_epi16(sc[2 * c])));
+        KP_STORE(o + KR_MNP + 32 * c, _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)mn[2 * c + 1] << 16 |
+                                                                   (uint16_t)mn[2 * c])));
+        const int16_t b0 = (int16_t)(-bias * sc[2 * c]), b1 = (int16_t)(-bias * sc[2 * c + 1]);
+        KP_STORE(o + KR_BSP + 32 * c, _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)b1 << 16 | (uint16_t)b0)));
+    }
+}
+#undef KP_LOAD
+#undef KP_STORE
+#undef KP_BITS
+#endif
+
 void gr_kpanel_decode(int32_t type, int64_t nb, const void *w_row, void *krow, float *d, float *dmin) {
+#if GR_TILED_X86
     size_t bsize;
     int has_min;
     const kdec_fn fn = decoder_for(type, &bsize, &has_min);
     const int bias = kpanel_bias(type);
-    int8_t w[256];
     int16_t sc[16], mn[16];
     for (int64_t b = 0; b < nb; b++) {
         char *o = (char *)krow + (size_t)b * GR_KROW_BYTES;
-        float dd, dm;
-        fn((const char *)w_row + (size_t)b * bsize, (kdec){ w, sc, mn, &dd, &dm });
-        d[b] = dd;
-        dmin[b] = dm;
-        for (int e = 0; e < 256; e++) o[e] = (char)(w[e] + bias);
-        int16_t *scv = (int16_t *)(o + KR_SCV), *mnp = (int16_t *)(o + KR_MNP), *bsp = (int16_t *)(o + KR_BSP);
-        for (int c = 0; c < 8; c++)
-            for (int l = 0; l < 8; l++) {
-                scv[16 * c + l] = sc[2 * c];
-                scv[16 * c + 8 + l] = sc[2 * c + 1];
-                mnp[16 * c + 2 * l] = mn[2 * c];
-                mnp[16 * c + 2 * l + 1] = mn[2 * c + 1];
-                bsp[16 * c + 2 * l] = (int16_t)(-bias * sc[2 * c]);
-                bsp[16 * c + 2 * l + 1] = (int16_t)(-bias * sc[2 * c + 1]);
-            }
+        const char *blk = (const char *)w_row + (size_t)b * bsize;
+        fn(blk, (kdec){ NULL, sc, mn, d + b, dmin + b });   /* scales only */
+        kp_codes_avx2(type, blk, (uint8_t *)o);
+        kp_vectors_avx2(sc, mn, bias, o);
     }
+#else
+    (void)type; (void)nb; (void)w_row; (void)krow; (void)d; (void)dmin;
+#endif
 }
 
 #if GR_TILED_X86
