@@ -280,7 +280,8 @@ float gr_tiled_dot_row(const gr_tiled_row *r, const void *act) {
  *                                0 otherwise; IQ4_XS keeps its signed levels)
  *   i16 scv[c][16]               chunk c of 32: (sc[2c] x 8 | sc[2c+1] x 8)
  *   i16 mnp[k][8][2]             (mn[2k], mn[2k+1]) x 8, for s2 = sum mn * bsums
- *   i16 bsp[k][8][2]             (-bias sc[2k], -bias sc[2k+1]) x 8
+ *                                (formats with minimums)
+ *   i16 bsp[k][8][2]             (-bias sc[2k], -bias sc[2k+1]) x 8 (bias 4 or 32)
  * so that s1 = sum_c madd(maddubs(codes_c, q_c), scv_c) + sum_k madd(pairs_k, bsp_k)
  * is the same integer as sum over groups of sc * (w . q), with no sign steps
  * (codes <= 63: maddubs pairs stay within int16). IQ4_XS (levels up to 127)
@@ -395,14 +396,17 @@ __attribute__((target("avx2"))) static void kp_codes_avx2(int32_t type, const vo
 }
 
 /* the scale, min and bias vectors of one decoded block */
-__attribute__((target("avx2"))) static void kp_vectors_avx2(const int16_t sc[16], const int16_t mn[16], int bias,
-                                                            char *o) {
+__attribute__((target("avx2"))) static void kp_vectors_avx2(const int16_t sc[16], const int16_t mn[16], int has_min,
+                                                            int bias, char *o) {
     for (int c = 0; c < 8; c++) {
         KP_STORE(o + KR_SCV + 32 * c, _mm256_set_m128i(_mm_set1_epi16(sc[2 * c + 1]), _mm_set1_epi16(sc[2 * c])));
-        KP_STORE(o + KR_MNP + 32 * c, _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)mn[2 * c + 1] << 16 |
-                                                                   (uint16_t)mn[2 * c])));
-        const int16_t b0 = (int16_t)(-bias * sc[2 * c]), b1 = (int16_t)(-bias * sc[2 * c + 1]);
-        KP_STORE(o + KR_BSP + 32 * c, _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)b1 << 16 | (uint16_t)b0)));
+        if (has_min)
+            KP_STORE(o + KR_MNP + 32 * c, _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)mn[2 * c + 1] << 16 |
+                                                                       (uint16_t)mn[2 * c])));
+        if (bias) {
+            const int16_t b0 = (int16_t)(-bias * sc[2 * c]), b1 = (int16_t)(-bias * sc[2 * c + 1]);
+            KP_STORE(o + KR_BSP + 32 * c, _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)b1 << 16 | (uint16_t)b0)));
+        }
     }
 }
 #undef KP_LOAD
@@ -422,7 +426,7 @@ void gr_kpanel_decode(int32_t type, int64_t nb, const void *w_row, void *krow, f
         const char *blk = (const char *)w_row + (size_t)b * bsize;
         fn(blk, (kdec){ NULL, sc, mn, d + b, dmin + b });   /* scales only */
         kp_codes_avx2(type, blk, (uint8_t *)o);
-        kp_vectors_avx2(sc, mn, bias, o);
+        kp_vectors_avx2(sc, mn, has_min, bias, o);   /* the min and bias vectors only where read */
     }
 #else
     (void)type; (void)nb; (void)w_row; (void)krow; (void)d; (void)dmin;
