@@ -180,6 +180,46 @@ def test_prompt_matmul_panels_give_each_row_its_dot(seed, wtype):
             np.testing.assert_array_equal(b.read(out).view(np.uint32), want.ravel().view(np.uint32))
 
 
+@pytest.mark.parametrize("wtype", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS])
+def test_prompt_k_quant_panels_match_the_one_row_path(seed, wtype):
+    """K-quant products with 8+ activation rows take runs of eight rows at once (K
+    panels) and the rows left over one by one; with two src1 batches, 1-3 threads:
+    every output equals the one-row tiled path's (a plan made without SIMD kernels
+    has no room for panels and takes that path, SIMD on or off at run time)."""
+    from ggmlrpc._native import executor as native
+    from ggmlrpc._native import quants
+    from tests.ops.test_quants import random_blocks
+    rng = np.random.default_rng(seed)
+    K, M, N, B = 512, 36, 19, 2
+    wq = random_blocks(rng, int(wtype), K * M)
+    x = rng.standard_normal((B, N, K)).astype(np.float32)
+
+    def run(n_threads, simd_at_plan, simd_at_run):
+        b = Builder(8 << 20)
+        wt = b.tensor(wtype, (K, M), data=wq)
+        xt = b.tensor(T.F32, (K, N, B), data=x)
+        out = b.tensor(T.F32, (M, N, B), Op.MUL_MAT, (wt, xt))
+        ex = CpuExecutor(n_threads)
+        before = native.simd_level()
+        try:
+            native.set_simd(simd_at_plan)
+            quants.simd(1 if simd_at_plan else 0)
+            plan = ex.compile(b.graph())
+            native.set_simd(simd_at_run)
+            quants.simd(1 if simd_at_run else 0)
+            ex.run(plan)
+        finally:
+            native.set_simd(bool(before))
+            quants.simd(before)
+        return b.read(out).copy()
+
+    want = run(1, False, False)
+    assert np.isfinite(want).all()
+    np.testing.assert_array_equal(run(2, False, True).view(np.uint32), want.view(np.uint32))
+    for n_threads in (1, 2, 3):
+        np.testing.assert_array_equal(run(n_threads, True, True).view(np.uint32), want.view(np.uint32))
+
+
 def test_unsupported_and_invalid_are_typed(seed):
     b = Builder()
     x = b.tensor(T.F32, (8,), data=np.ones(8, np.float32))
