@@ -139,6 +139,36 @@ def test_decode_matmul_chunks_give_each_row_its_dot(seed, wtype, n_cols):
             np.testing.assert_array_equal(b.read(out).view(np.uint32), want.ravel().view(np.uint32))
 
 
+def _matmul_runs(wtype, wq, x, M, n_threads, simd_at_plan, simd_at_run, runs=1):
+    """MUL_MAT of weights wq (M rows) with activations x (B, N, K): the plan made
+    with SIMD kernels on or off, then run `runs` times with them on or off (the
+    result zeroed before each run); the outputs of every run."""
+    from ggmlrpc._native import executor as native
+    from ggmlrpc._native import quants
+    B, N, K = x.shape
+    b = Builder(8 << 20)
+    wt = b.tensor(wtype, (K, M), data=wq)
+    xt = b.tensor(T.F32, (K, N, B), data=x)
+    out = b.tensor(T.F32, (M, N, B), Op.MUL_MAT, (wt, xt))
+    ex = CpuExecutor(n_threads)
+    before = native.simd_level()
+    got = []
+    try:
+        native.set_simd(simd_at_plan)
+        quants.simd(1 if simd_at_plan else 0)
+        plan = ex.compile(b.graph())
+        native.set_simd(simd_at_run)
+        quants.simd(1 if simd_at_run else 0)
+        for _ in range(runs):
+            b.buf.mem.fill(b.placement[out.id].offset, M * N * B * 4, 0)
+            ex.run(plan)
+            got.append(b.read(out).copy())
+    finally:
+        native.set_simd(bool(before))
+        quants.simd(before)
+    return got
+
+
 @pytest.mark.parametrize("wtype", [T.Q4_0, T.Q8_0])
 def test_prompt_matmul_panels_give_each_row_its_dot(seed, wtype):
     """Prompt-shaped Q4_0/Q8_0 products take runs of eight activation columns of
@@ -147,7 +177,6 @@ def test_prompt_matmul_panels_give_each_row_its_dot(seed, wtype):
     offset-free kernel steps aside), every thread count, and a plan made without
     SIMD kernels run with them: every output is the one dot product of its row."""
     from ggmlrpc._native import quants
-    from ggmlrpc._native import executor as native
     rng = np.random.default_rng(seed)
     K, M, N, B = 256, 40, 19, 2
     w = rng.standard_normal((M, K)).astype(np.float32)
@@ -161,23 +190,8 @@ def test_prompt_matmul_panels_give_each_row_its_dot(seed, wtype):
                                       quants.quantize(act, x[b, j]).tobytes()) for i in range(M)]
                       for j in range(N)] for b in range(B)], np.float32)
     for n_threads, simd_at_plan in ((1, True), (2, True), (3, True), (2, False)):
-        b = Builder(4 << 20)
-        wt = b.tensor(wtype, (K, M), data=wq)
-        xt = b.tensor(T.F32, (K, N, B), data=x)
-        out = b.tensor(T.F32, (M, N, B), Op.MUL_MAT, (wt, xt))
-        ex = CpuExecutor(n_threads)
-        before = native.simd_level()
-        try:
-            native.set_simd(simd_at_plan)
-            quants.simd(1 if simd_at_plan else 0)
-            plan = ex.compile(b.graph())
-        finally:
-            native.set_simd(bool(before))
-            quants.simd(before)
-        for _ in range(2):
-            b.buf.mem.fill(b.placement[out.id].offset, M * N * B * 4, 0)
-            ex.run(plan)
-            np.testing.assert_array_equal(b.read(out).view(np.uint32), want.ravel().view(np.uint32))
+        for got in _matmul_runs(wtype, wq, x, M, n_threads, simd_at_plan, True, runs=2):
+            np.testing.assert_array_equal(got.view(np.uint32), want.ravel().view(np.uint32))
 
 
 @pytest.mark.parametrize("wtype", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS])
@@ -186,8 +200,6 @@ def test_prompt_k_quant_panels_match_the_one_row_path(seed, wtype):
     panels) and the rows left over one by one; with two src1 batches, 1-3 threads:
     every output equals the one-row tiled path's (a plan made without SIMD kernels
     has no room for panels and takes that path, SIMD on or off at run time)."""
-    from ggmlrpc._native import executor as native
-    from ggmlrpc._native import quants
     from tests.ops.test_quants import random_blocks
     rng = np.random.default_rng(seed)
     K, M, N, B = 512, 36, 19, 2
@@ -195,23 +207,7 @@ def test_prompt_k_quant_panels_match_the_one_row_path(seed, wtype):
     x = rng.standard_normal((B, N, K)).astype(np.float32)
 
     def run(n_threads, simd_at_plan, simd_at_run):
-        b = Builder(8 << 20)
-        wt = b.tensor(wtype, (K, M), data=wq)
-        xt = b.tensor(T.F32, (K, N, B), data=x)
-        out = b.tensor(T.F32, (M, N, B), Op.MUL_MAT, (wt, xt))
-        ex = CpuExecutor(n_threads)
-        before = native.simd_level()
-        try:
-            native.set_simd(simd_at_plan)
-            quants.simd(1 if simd_at_plan else 0)
-            plan = ex.compile(b.graph())
-            native.set_simd(simd_at_run)
-            quants.simd(1 if simd_at_run else 0)
-            ex.run(plan)
-        finally:
-            native.set_simd(bool(before))
-            quants.simd(before)
-        return b.read(out).copy()
+        return _matmul_runs(wtype, wq, x, M, n_threads, simd_at_plan, simd_at_run)[0]
 
     want = run(1, False, False)
     assert np.isfinite(want).all()
