@@ -1261,10 +1261,11 @@ static void vec_dot_tq2_0_q8_K(int64_t n, float *s, const void *vx /* (n/256,) t
 
 /* ---- prompt-time panels (ggmlrpc_panel_*) ----------------------------------
  * One panel block, eight activation rows (lanes) j:
- *   f32 d[8] | i8 qs[8][32] | Q4_0 only: f32 t8[8][8] | u8 mark[8] | pad
+ *   f32 d[8] | i8 qs[8][32] | Q4_0, Q5_0: f32 t8[8][8] | u8 mark[8] | pad
  * t8[j][m] = 8 * (sum of qs[j][4m..4m+3]): the -8 offset of Q4_0 weights per
- * int32 lane, as a float (exact: |8 * 4 * 128| < 2^24), so that the kernel
- * takes maddubs(nibbles, qs) - t8 instead of the sign trick on nibbles - 8.
+ * int32 lane, as a float (exact: |16 * 4 * 128| < 2^24; Q5_0's -16 doubles it),
+ * so that the kernel takes maddubs(codes, qs) - t8 instead of the sign trick
+ * on codes - 8.
  * mark[j] = 1 where qs[j] holds -128 (only from non-finite activations): the
  * sign trick overflows there, so that block takes the sign trick's steps for
  * all eight lanes, and stays bit-equal to ggml. */
@@ -1634,33 +1635,6 @@ GR_AVX2 static void panel_dot_q8_0_avx2(int64_t n, float *s, const void *vx, con
     GR_PANEL_STORE8;
 }
 
-GR_AVX2 static void panel_dot_q4_0_avx2(int64_t n, float *s, const void *vx, const void *panel) {
-    const block_q4_0 *x = vx;
-    const uint8_t *p = panel;
-    GR_PANEL_ACC8;
-    float dp[8] __attribute__((aligned(32)));
-    for (int64_t i = 0; i < n / GR_QK; i++, p += GR_PANEL_Q4) {
-        gr_panel_scales(GR_F16(x[i].d), p, dp);
-        const __m256i qx = gr_nibbles32(x[i].qs);
-        uint64_t marks;
-        memcpy(&marks, p + GR_PANEL_Q8 + 8 * 32, 8);
-        if (__builtin_expect(marks == 0, 1)) {
-#define Q4_INT(j) _mm256_madd_epi16(_mm256_maddubs_epi16(qx, _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * (j)))), \
-                                   _mm256_set1_epi16(1))
-#define Q4_FLT(j, v) _mm256_sub_ps(_mm256_cvtepi32_ps(v), _mm256_loadu_ps((const float *)(p + GR_PANEL_Q8 + 32 * (j))))
-            GR_PANEL_STAGED(Q4_INT, Q4_FLT)
-#undef Q4_INT
-#undef Q4_FLT
-        } else {
-            const __m256i qs = _mm256_sub_epi8(qx, _mm256_set1_epi8(8));
-#define Q4_SIGN_STEP(j) GR_PANEL_FMA(j, gr_panel_sign_lane(qs, p, j));
-            GR_PANEL_EACH(Q4_SIGN_STEP)
-#undef Q4_SIGN_STEP
-        }
-    }
-    GR_PANEL_STORE8;
-}
-
 /* Q4_K: the min term goes to a 4-lane accumulator (pairs of sub-blocks), the
  * scale term to an 8-lane one, as in ggml's AVX2 kernel */
 GR_AVX2 static void vec_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q4_K */,
@@ -1803,6 +1777,53 @@ GR_AVX2 static inline __m256i gr_q5_codes32(const uint8_t *qh /* (4,) */, const 
     const __m256i hi = _mm256_and_si256(gr_bits_to_bytes32(qh), _mm256_set1_epi8(0x10));
     return _mm256_or_si256(gr_nibbles32(qs), hi);
 }
+
+/* Q4_0 and Q5_0: unsigned codes c (nibbles, or nibbles and the fifth bit) and
+ * the weight is c - off; maddubs(c, qs) - t (t = off * lane sums, kept in the
+ * panel for off = 8 and doubled for 16, exactly) replaces the sign trick on
+ * c - off, which blocks holding -128 still take (the panel marks them) */
+GR_AVX2 static inline __attribute__((always_inline)) void gr_panel_dot_off(int64_t n, float *s, const void *vx,
+                                                                           const void *panel, int q5) {
+    const uint8_t *x = vx;
+    const size_t bsize = q5 ? sizeof(block_q5_0) : sizeof(block_q4_0);
+    const uint8_t *p = panel;
+    GR_PANEL_ACC8;
+    float dp[8] __attribute__((aligned(32)));
+    for (int64_t i = 0; i < n / GR_QK; i++, p += GR_PANEL_Q4, x += bsize) {
+        gr_fp16_t dx;
+        memcpy(&dx, x, 2);
+        gr_panel_scales(GR_F16(dx), p, dp);
+        const __m256i qx = q5 ? gr_q5_codes32(((const block_q5_0 *)x)->qh, ((const block_q5_0 *)x)->qs)
+                              : gr_nibbles32(((const block_q4_0 *)x)->qs);
+        uint64_t marks;
+        memcpy(&marks, p + GR_PANEL_Q8 + 8 * 32, 8);
+        if (__builtin_expect(marks == 0, 1)) {
+#define OFF_INT(j) _mm256_madd_epi16(_mm256_maddubs_epi16(qx, _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * (j)))), \
+                                    _mm256_set1_epi16(1))
+#define OFF_T(j) _mm256_loadu_ps((const float *)(p + GR_PANEL_Q8 + 32 * (j)))
+#define OFF_FLT(j, v) _mm256_sub_ps(_mm256_cvtepi32_ps(v), q5 ? _mm256_add_ps(OFF_T(j), OFF_T(j)) : OFF_T(j))
+            GR_PANEL_STAGED(OFF_INT, OFF_FLT)
+#undef OFF_INT
+#undef OFF_T
+#undef OFF_FLT
+        } else {
+            const __m256i qs = _mm256_sub_epi8(qx, _mm256_set1_epi8(q5 ? 16 : 8));
+#define OFF_SIGN_STEP(j) GR_PANEL_FMA(j, gr_panel_sign_lane(qs, p, j));
+            GR_PANEL_EACH(OFF_SIGN_STEP)
+#undef OFF_SIGN_STEP
+        }
+    }
+    GR_PANEL_STORE8;
+}
+
+GR_AVX2 static void panel_dot_q4_0_avx2(int64_t n, float *s, const void *vx, const void *panel) {
+    gr_panel_dot_off(n, s, vx, panel, 0);
+}
+
+GR_AVX2 static void panel_dot_q5_0_avx2(int64_t n, float *s, const void *vx, const void *panel) {
+    gr_panel_dot_off(n, s, vx, panel, 1);
+}
+
 
 /* Q4_1/Q5_1: the min term m * s (s = the activation's d*sum(q)) is summed
  * apart in float, as ggml's AVX2 kernels do */
@@ -2191,7 +2212,7 @@ size_t ggmlrpc_panel_bytes(uint32_t weight_type) {
 #if GR_HAVE_X86
     if (gr_simd_level() >= 1) {
         if (weight_type == GR_TYPE_Q8_0 || weight_type == GR_TYPE_IQ4_NL) return GR_PANEL_Q8;
-        if (weight_type == GR_TYPE_Q4_0) return GR_PANEL_Q4;
+        if (weight_type == GR_TYPE_Q4_0 || weight_type == GR_TYPE_Q5_0) return GR_PANEL_Q4;
     }
 #endif
     (void)weight_type;
@@ -2200,13 +2221,14 @@ size_t ggmlrpc_panel_bytes(uint32_t weight_type) {
 
 void ggmlrpc_panel_put(uint32_t weight_type, const void *act, int64_t nb, void *panel, int lane) {
     const block_q8_0 *y = act;
-    const size_t pb = weight_type == GR_TYPE_Q4_0 ? GR_PANEL_Q4 : GR_PANEL_Q8;
+    const int off = weight_type == GR_TYPE_Q4_0 || weight_type == GR_TYPE_Q5_0;   /* the t8 lanes too */
+    const size_t pb = off ? GR_PANEL_Q4 : GR_PANEL_Q8;
     for (int64_t i = 0; i < nb; i++) {
         uint8_t *p = (uint8_t *)panel + (size_t)i * pb;
         const float d = gr_fp16_to_fp32(y[i].d);
         memcpy(p + 4 * lane, &d, 4);
         memcpy(p + 32 + 32 * lane, y[i].qs, 32);
-        if (weight_type != GR_TYPE_Q4_0) continue;
+        if (!off) continue;
         uint8_t mark = 0;
         for (int m = 0; m < 8; m++) {
             int t = 0;
@@ -2227,6 +2249,7 @@ ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type) {
         if (weight_type == GR_TYPE_Q4_0) return panel_dot_q4_0_avx2;
         if (weight_type == GR_TYPE_Q8_0) return panel_dot_q8_0_avx2;
         if (weight_type == GR_TYPE_IQ4_NL) return panel_dot_iq4_nl_avx2;
+        if (weight_type == GR_TYPE_Q5_0) return panel_dot_q5_0_avx2;
     }
 #endif
     (void)weight_type;
