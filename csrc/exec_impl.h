@@ -210,6 +210,9 @@ gr_tiled_row gr_tiled_decode(int32_t type, int64_t K, const void *w_row, void *m
 float gr_tiled_dot_row(const gr_tiled_row *r, const void *act);   /* act: K/256 Q8_K blocks */
 void gr_tiled_init(int use_simd);
 void *gr_tiled_scratch(const gr_job *job, size_t used);
+/* MUL_MAT_ID's routing index after its converted rows: rows per expert, where
+ * each expert's run starts, and the (slot, token) pairs grouped by expert */
+size_t gr_mmid_index_bytes(const gr_node *n);
 
 /* The same sums for runs of eight activation rows at once ("K panels", AVX2):
  * the eight rows' Q8_K blocks interleaved per block (gr_kpanel_put), weight

@@ -417,8 +417,17 @@ static void k_argsort(gr_job *job, int phase) {
 
 /* ---- MoE and outer product ----------------------------------------------------------- */
 
+#define MMID_CH 16   /* weight rows per chunk of an expert's run */
+
+size_t gr_mmid_index_bytes(const gr_node *n) {
+    const size_t n_as = (size_t)n->src[0].ne[2], pairs = (size_t)(n->src[2].ne[0] * n->src[2].ne[1]);
+    return ((2 * n_as * sizeof(int64_t) + 63) & ~(size_t)63) + ((pairs * sizeof(int64_t) + 63) & ~(size_t)63);
+}
+
 /* dst[:, e, t] = src0[:, :, ids[e, t]] @ src1[:, e % ne11, t]; phase 0 converts src1
- * to the vec_dot type (iparams as MUL_MAT), ggml's vec_dot order throughout.
+ * to the vec_dot type (iparams as MUL_MAT), ggml's vec_dot order throughout, but
+ * for K-quant experts with 8 routed rows or more: ggml's tiled order, and those
+ * experts go one by one, each weight row decoded once for all its rows.
  *   src0: (K, M, n_as); src1: (K, ne11, T); ids: (n_used, T) I32; dst: (M, n_used, T) */
 static void k_mul_mat_id(gr_job *job, int phase) {
     const gr_node *n = job->node;
@@ -427,19 +436,34 @@ static void k_mul_mat_id(gr_job *job, int phase) {
     const size_t row_size = (size_t)n->iparams[2];
     const int64_t K = w->ne[0], M = w->ne[1], n_as = w->ne[2];
     const int conv = x->type != vdt;
-    /* rows routed to each expert: ggml uses its tiled K-quant order for an expert
-     * with 8 rows or more */
+    /* rows routed to each expert, where each expert's run of (slot + n_used *
+     * token) starts in `pairs` */
     const size_t conv_bytes = ((conv ? row_size * (size_t)gr_nrows(x) : 0) + 63) & ~(size_t)63;
-    int64_t *counts = (int64_t *)(job->wdata + conv_bytes);
+    int64_t *counts = (int64_t *)(job->wdata + conv_bytes), *starts = counts + n_as;
+    int64_t *pairs = (int64_t *)(job->wdata + conv_bytes + (((size_t)n_as * 16 + 63) & ~(size_t)63));
+    const int64_t n_used = ids->ne[0], T = ids->ne[1];
     if (phase == 0) {
         if (job->ith == 0) {
+            gr_chunk_set(job, job->nth);
             memset(counts, 0, (size_t)n_as * sizeof(int64_t));
-            for (int64_t t = 0; t < ids->ne[1]; t++)
-                for (int64_t e = 0; e < ids->ne[0]; e++) {
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t e = 0; e < n_used; e++) {
                     int32_t a;
                     memcpy(&a, ids->data + e * ids->nb[0] + t * ids->nb[1], 4);
                     if (a >= 0 && a < n_as) counts[a]++;
                 }
+            int64_t at = 0;
+            for (int64_t a = 0; a < n_as; a++) {
+                starts[a] = at;
+                at += counts[a];
+            }
+            for (int64_t t = 0; t < T; t++)
+                for (int64_t e = 0; e < n_used; e++) {
+                    int32_t a;
+                    memcpy(&a, ids->data + e * ids->nb[0] + t * ids->nb[1], 4);
+                    if (a >= 0 && a < n_as) pairs[starts[a]++] = e + n_used * t;
+                }
+            for (int64_t a = 0; a < n_as; a++) starts[a] -= counts[a];
         }
         if (!conv) return;
         int64_t r0, r1;
@@ -457,7 +481,34 @@ static void k_mul_mat_id(gr_job *job, int phase) {
     }
     ggmlrpc_vec_dot_fn qdot = NULL;
     if (w->type != GR_TYPE_F32 && w->type != GR_TYPE_F16) qdot = ggmlrpc_get_vec_dot((uint32_t)w->type);
-    const int64_t n_used = ids->ne[0], T = ids->ne[1], ne11 = x->ne[1];
+    const int64_t ne11 = x->ne[1];
+    const int tiled_type = n->iparams[1] != 0;
+    void *mem = tiled_type ? gr_tiled_scratch(job, conv_bytes + gr_mmid_index_bytes(n)) : NULL;
+    if (tiled_type) {
+        /* experts with 8+ rows: chunks of an expert's weight rows handed out one
+         * at a time, each row decoded once and dotted with every routed row */
+        const int64_t nch = (M + MMID_CH - 1) / MMID_CH;
+        int64_t total = 0;
+        for (int64_t a = 0; a < n_as; a++) total += counts[a] >= 8 ? nch : 0;
+        int64_t a = 0, before = 0;   /* items of the experts before a */
+        for (int64_t it = job->ith; it < total; it = gr_chunk_next(job)) {
+            while (counts[a] < 8 || it >= before + nch) {
+                if (counts[a] >= 8) before += nch;
+                a++;
+            }
+            const int64_t ib = (it - before) * MMID_CH, ie = ib + MMID_CH < M ? ib + MMID_CH : M;
+            for (int64_t i01 = ib; i01 < ie; i01++) {
+                const gr_tiled_row row = gr_tiled_decode(w->type, K, w->data + a * w->nb[2] + i01 * w->nb[1], mem);
+                for (int64_t k = starts[a]; k < starts[a] + counts[a]; k++) {
+                    const int64_t e = pairs[k] % n_used, t = pairs[k] / n_used, i11 = e % ne11;
+                    const char *act = conv ? job->wdata + (size_t)(i11 + t * ne11) * row_size
+                                           : x->data + i11 * x->nb[1] + t * x->nb[2];
+                    float *out = (float *)(d->data + e * d->nb[1] + t * d->nb[2]);
+                    out[i01] = gr_tiled_dot_row(&row, act);
+                }
+            }
+        }
+    }
     int64_t r0, r1;
     gr_range(n_used * T, job->ith, job->nth, &r0, &r1);
     for (int64_t p = r0; p < r1; p++) {
@@ -473,17 +524,13 @@ static void k_mul_mat_id(gr_job *job, int phase) {
                                : x->data + i11 * x->nb[1] + t * x->nb[2];
         const char *wa = w->data + a * w->nb[2];
         float *out = (float *)(d->data + e * d->nb[1] + t * d->nb[2]);
-        const int tiled = n->iparams[1] && counts[a] >= 8;
-        void *mem = tiled ? gr_tiled_scratch(job, conv_bytes + (((size_t)n_as * 8 + 63) & ~(size_t)63)) : NULL;
+        if (tiled_type && counts[a] >= 8) continue;   /* done above */
         for (int64_t i01 = 0; i01 < M; i01++) {
             const char *wr = wa + i01 * w->nb[1];
             float v;
             if (w->type == GR_TYPE_F32) v = gr_vec.dot_f32(K, (const float *)wr, (const float *)act);
             else if (w->type == GR_TYPE_F16) v = gr_vec.dot_f16(K, (const uint16_t *)wr, (const uint16_t *)act);
-            else if (tiled) {
-                const gr_tiled_row row = gr_tiled_decode(w->type, K, wr, mem);
-                v = gr_tiled_dot_row(&row, act);
-            } else qdot(K, &v, wr, act);
+            else qdot(K, &v, wr, act);
             out[i01] = v;
         }
     }

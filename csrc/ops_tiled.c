@@ -188,6 +188,9 @@ static inline gr_tiled_row row_view(void *mem, int64_t K) {
     return r;
 }
 
+static int kpanel_simd = 0;   /* the AVX2 K-panel kernels and unpackers are in use */
+static void kp_codes_signed(int32_t type, const void *blk, int8_t *w);   /* AVX2, below */
+
 gr_tiled_row gr_tiled_decode(int32_t type, int64_t K, const void *w_row, void *mem) {
     size_t bsize;
     int has_min;
@@ -195,8 +198,13 @@ gr_tiled_row gr_tiled_decode(int32_t type, int64_t K, const void *w_row, void *m
     gr_tiled_row r = row_view(mem, K);
     r.has_min = has_min;
     for (int64_t b = 0; b < K / 256; b++) {
-        const kdec o = { r.w + 256 * b, r.sc + 16 * b, r.mn + 16 * b, r.d + b, r.dmin + b };
-        fn((const char *)w_row + (size_t)b * bsize, o);
+        const char *blk = (const char *)w_row + (size_t)b * bsize;
+        if (kpanel_simd) {   /* the same values, unpacked with AVX2 */
+            fn(blk, (kdec){ NULL, r.sc + 16 * b, r.mn + 16 * b, r.d + b, r.dmin + b });
+            kp_codes_signed(type, blk, r.w + 256 * b);
+        } else {
+            fn(blk, (kdec){ r.w + 256 * b, r.sc + 16 * b, r.mn + 16 * b, r.d + b, r.dmin + b });
+        }
     }
     return r;
 }
@@ -245,8 +253,6 @@ __attribute__((target("avx2"))) static void block_sums_avx2(const int8_t *w, con
 static void (*block_sums)(const int8_t *, const int8_t *, const int16_t *, const int16_t *, const int16_t *,
                           int32_t *, int32_t *) = block_sums_c;
 
-static int kpanel_simd = 0;   /* the K-panel kernel is AVX2 only */
-
 void gr_tiled_init(int use_simd) {
     block_sums = block_sums_c;
     kpanel_simd = 0;
@@ -258,18 +264,31 @@ void gr_tiled_init(int use_simd) {
 #endif
 }
 
+#define GR_TILED_DOT_BODY(SUMS)                                                                  \
+    const block_q8_K *y = act;                                                                   \
+    float acc = 0.0f;                                                                            \
+    for (int64_t b = 0; b < r->K / 256; b++) {                                                   \
+        int32_t s1, s2;                                                                          \
+        SUMS(r->w + 256 * b, y[b].qs, r->sc + 16 * b, r->mn + 16 * b, y[b].bsums, &s1, &s2);     \
+        float v = r->d[b] * (float)s1;                                                           \
+        if (r->has_min) v = fmaf(-r->dmin[b], (float)s2, v);                                     \
+        acc = fmaf(v, y[b].d, acc);                                                              \
+    }                                                                                            \
+    return acc;
+
+#if GR_TILED_X86
+/* the same steps with the AVX2 sums inlined and fmaf one instruction */
+__attribute__((target("avx2,fma"))) static float tiled_dot_row_avx2(const gr_tiled_row *r, const void *act) {
+    GR_TILED_DOT_BODY(block_sums_avx2)
+}
+#endif
+
 /*   act: K / 256 Q8_K blocks */
 float gr_tiled_dot_row(const gr_tiled_row *r, const void *act) {
-    const block_q8_K *y = act;
-    float acc = 0.0f;
-    for (int64_t b = 0; b < r->K / 256; b++) {
-        int32_t s1, s2;
-        block_sums(r->w + 256 * b, y[b].qs, r->sc + 16 * b, r->mn + 16 * b, y[b].bsums, &s1, &s2);
-        float v = r->d[b] * (float)s1;
-        if (r->has_min) v = fmaf(-r->dmin[b], (float)s2, v);
-        acc = fmaf(v, y[b].d, acc);
-    }
-    return acc;
+#if GR_TILED_X86
+    if (kpanel_simd) return tiled_dot_row_avx2(r, act);
+#endif
+    GR_TILED_DOT_BODY(block_sums)
 }
 
 /* ---- K panels ---------------------------------------------------------------
@@ -409,9 +428,19 @@ __attribute__((target("avx2"))) static void kp_vectors_avx2(const int16_t sc[16]
         }
     }
 }
+
+/* the signed values of dec_*: codes minus the format's bias */
+__attribute__((target("avx2"))) static void kp_codes_signed(int32_t type, const void *blk, int8_t *w) {
+    kp_codes_avx2(type, blk, (uint8_t *)w);
+    const int bias = kpanel_bias(type);
+    if (bias)
+        for (int c = 0; c < 8; c++) KP_STORE(w + 32 * c, _mm256_sub_epi8(KP_LOAD(w + 32 * c), _mm256_set1_epi8((char)bias)));
+}
 #undef KP_LOAD
 #undef KP_STORE
 #undef KP_BITS
+#else
+static void kp_codes_signed(int32_t type, const void *blk, int8_t *w) { (void)type; (void)blk; (void)w; }
 #endif
 
 void gr_kpanel_decode(int32_t type, int64_t nb, const void *w_row, void *krow, float *d, float *dmin) {
