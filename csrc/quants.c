@@ -1945,6 +1945,14 @@ GR_AVX2 static inline __m256i gr_lut_load(const int8_t *levels /* (16,) */) {
     return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels));
 }
 
+/* gr_lut_block_scale with the F16 scale through the table (same values) */
+static inline float gr_lut_block_scale_tab(const uint8_t *b /* block */, int e8m0) {
+    if (e8m0) return gr_e8m0_half(b[0]);
+    uint16_t h;
+    memcpy(&h, b, sizeof h);
+    return GR_F16(h);
+}
+
 /* IQ4_NL/MXFP4 like ggml's AVX2 kernels: even and odd blocks go to two
  * accumulators; an odd last block is added in scalar float */
 GR_AVX2 static inline float gr_dot_lut_row(int64_t nb, const uint8_t *x /* (nb,) blocks */, int e8m0,
@@ -1959,14 +1967,14 @@ GR_AVX2 static inline float gr_dot_lut_row(int64_t nb, const uint8_t *x /* (nb,)
             const uint8_t *b = x + (size_t)(i + k) * stride;
             const __m256i qx = gr_lut_nibbles32(b + qoff, lut);
             const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i + k].qs);
-            const __m256 d = _mm256_set1_ps(_cvtsh_ss(y[i + k].d) * gr_lut_block_scale(b, e8m0));
+            const __m256 d = _mm256_set1_ps(GR_F16(y[i + k].d) * gr_lut_block_scale_tab(b, e8m0));
             acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[k]);
         }
     }
     float sum = gr_hsum_ps8(_mm256_add_ps(acc[0], acc[1]));
     if (i < nb) {
         const uint8_t *b = x + (size_t)i * stride;
-        sum += (_cvtsh_ss(y[i].d) * gr_lut_block_scale(b, e8m0)) * (float)gr_dot_lut32(b + qoff, levels, y[i].qs);
+        sum += (GR_F16(y[i].d) * gr_lut_block_scale_tab(b, e8m0)) * (float)gr_dot_lut32(b + qoff, levels, y[i].qs);
     }
     return sum;
 }
