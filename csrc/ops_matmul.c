@@ -50,7 +50,8 @@ static inline size_t mm_sums_bytes(const gr_node *n) {
  * is also written as a panel (ggmlrpc_panel_*), after the converted rows and
  * the sums; bytes of one panel block, or 0 where the node takes no panels */
 static size_t mm_panel_kind(const gr_node *n) {
-    if (n->kernel != GR_K_MUL_MAT || n->iparams[0] != GR_TYPE_Q8_0 || n->src[1].type == GR_TYPE_Q8_0 ||
+    const int32_t vdt = (int32_t)n->iparams[0];
+    if (n->kernel != GR_K_MUL_MAT || (vdt != GR_TYPE_Q8_0 && vdt != GR_TYPE_Q8_1) || n->src[1].type == vdt ||
         n->src[1].ne[1] < 8)
         return 0;
     /* panels sum in one accumulator: vec_dot's order for Q4_0/Q8_0, only the

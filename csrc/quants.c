@@ -1271,6 +1271,8 @@ static void vec_dot_tq2_0_q8_K(int64_t n, float *s, const void *vx /* (n/256,) t
  * all eight lanes, and stays bit-equal to ggml. */
 #define GR_PANEL_Q8 (32 + 8 * 32)
 #define GR_PANEL_Q4 (GR_PANEL_Q8 + 8 * 32 + 32)
+/* Q4_1, Q5_1 (Q8_1 activations): f32 d[8] | i8 qs[8][32] | f32 s[8] (Q8_1's d * sum) */
+#define GR_PANEL_Q81 (GR_PANEL_Q8 + 32)
 
 /* ------------------------------------------------------------------------- */
 /* AVX2 + FMA + F16C kernels                                                  */
@@ -1834,12 +1836,50 @@ GR_AVX2 static void vec_dot_q4_1_q8_1_avx2(int64_t n, float *s, const void *vx /
     __m256 acc = _mm256_setzero_ps();
     float summs = 0.0f;
     for (int64_t i = 0; i < n / GR_QK; i++) {
-        summs += _cvtsh_ss(x[i].m) * _cvtsh_ss(y[i].s);
+        summs += GR_F16(x[i].m) * GR_F16(y[i].s);
         const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * GR_F16(y[i].d));
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         acc = _mm256_fmadd_ps(d, gr_dot_u8_ps(gr_nibbles32(x[i].qs), qy), acc);
     }
     *s = gr_hsum_ps8(acc) + summs;
+}
+
+/* Q4_1/Q5_1 against eight Q8_1 rows: the vec_dot steps per output, the minimum
+ * terms (summs += m * s, rounded product then sum) eight at a time */
+GR_AVX2 static inline __attribute__((always_inline)) void gr_panel_dot_min(int64_t n, float *s, const void *vx,
+                                                                           const void *panel, int q5) {
+    const uint8_t *x = vx;
+    const size_t bsize = q5 ? sizeof(block_q5_1) : sizeof(block_q4_1);
+    const uint8_t *p = panel;
+    GR_PANEL_ACC8;
+    __m256 summs = _mm256_setzero_ps();
+    float dp[8] __attribute__((aligned(32)));
+    for (int64_t i = 0; i < n / GR_QK; i++, p += GR_PANEL_Q81, x += bsize) {
+        gr_fp16_t dx, mx;
+        memcpy(&dx, x, 2);
+        memcpy(&mx, x + 2, 2);
+        summs = _mm256_add_ps(summs, _mm256_mul_ps(_mm256_set1_ps(GR_F16(mx)),
+                                                   _mm256_loadu_ps((const float *)(p + GR_PANEL_Q8))));
+        gr_panel_scales(GR_F16(dx), p, dp);
+        const __m256i qx = q5 ? gr_q5_codes32(((const block_q5_1 *)x)->qh, ((const block_q5_1 *)x)->qs)
+                              : gr_nibbles32(((const block_q4_1 *)x)->qs);
+#define MIN_INT(j) _mm256_madd_epi16(_mm256_maddubs_epi16(qx, _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * (j)))), \
+                                    _mm256_set1_epi16(1))
+#define MIN_FLT(j, v) _mm256_cvtepi32_ps(v)
+        GR_PANEL_STAGED(MIN_INT, MIN_FLT)
+#undef MIN_INT
+#undef MIN_FLT
+    }
+    GR_PANEL_STORE8;
+    _mm256_storeu_ps(s, _mm256_add_ps(_mm256_loadu_ps(s), summs));   /* hsum(acc) + summs */
+}
+
+GR_AVX2 static void panel_dot_q4_1_avx2(int64_t n, float *s, const void *vx, const void *panel) {
+    gr_panel_dot_min(n, s, vx, panel, 0);
+}
+
+GR_AVX2 static void panel_dot_q5_1_avx2(int64_t n, float *s, const void *vx, const void *panel) {
+    gr_panel_dot_min(n, s, vx, panel, 1);
 }
 
 GR_AVX2 static void vec_dot_q5_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q5_0 */,
@@ -1863,7 +1903,7 @@ GR_AVX2 static void vec_dot_q5_1_q8_1_avx2(int64_t n, float *s, const void *vx /
     __m256 acc = _mm256_setzero_ps();
     float summs = 0.0f;
     for (int64_t i = 0; i < n / GR_QK; i++) {
-        summs += _cvtsh_ss(x[i].m) * _cvtsh_ss(y[i].s);
+        summs += GR_F16(x[i].m) * GR_F16(y[i].s);
         const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * GR_F16(y[i].d));
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
         acc = _mm256_fmadd_ps(d, gr_dot_u8_ps(gr_q5_codes32(x[i].qh, x[i].qs), qy), acc);
@@ -2221,6 +2261,7 @@ size_t ggmlrpc_panel_bytes(uint32_t weight_type) {
     if (gr_simd_level() >= 1) {
         if (weight_type == GR_TYPE_Q8_0 || weight_type == GR_TYPE_IQ4_NL) return GR_PANEL_Q8;
         if (weight_type == GR_TYPE_Q4_0 || weight_type == GR_TYPE_Q5_0) return GR_PANEL_Q4;
+        if (weight_type == GR_TYPE_Q4_1 || weight_type == GR_TYPE_Q5_1) return GR_PANEL_Q81;
     }
 #endif
     (void)weight_type;
@@ -2228,6 +2269,17 @@ size_t ggmlrpc_panel_bytes(uint32_t weight_type) {
 }
 
 void ggmlrpc_panel_put(uint32_t weight_type, const void *act, int64_t nb, void *panel, int lane) {
+    if (weight_type == GR_TYPE_Q4_1 || weight_type == GR_TYPE_Q5_1) {   /* Q8_1 rows */
+        const block_q8_1 *y = act;
+        for (int64_t i = 0; i < nb; i++) {
+            uint8_t *p = (uint8_t *)panel + (size_t)i * GR_PANEL_Q81;
+            const float d = gr_fp16_to_fp32(y[i].d), sm = gr_fp16_to_fp32(y[i].s);
+            memcpy(p + 4 * lane, &d, 4);
+            memcpy(p + 32 + 32 * lane, y[i].qs, 32);
+            memcpy(p + GR_PANEL_Q8 + 4 * lane, &sm, 4);
+        }
+        return;
+    }
     const block_q8_0 *y = act;
     const int off = weight_type == GR_TYPE_Q4_0 || weight_type == GR_TYPE_Q5_0;   /* the t8 lanes too */
     const size_t pb = off ? GR_PANEL_Q4 : GR_PANEL_Q8;
@@ -2258,6 +2310,8 @@ ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type) {
         if (weight_type == GR_TYPE_Q8_0) return panel_dot_q8_0_avx2;
         if (weight_type == GR_TYPE_IQ4_NL) return panel_dot_iq4_nl_avx2;
         if (weight_type == GR_TYPE_Q5_0) return panel_dot_q5_0_avx2;
+        if (weight_type == GR_TYPE_Q4_1) return panel_dot_q4_1_avx2;
+        if (weight_type == GR_TYPE_Q5_1) return panel_dot_q5_1_avx2;
     }
 #endif
     (void)weight_type;

@@ -157,13 +157,13 @@ int ggmlrpc_q4_0_act_sums(const void *act_blocks, int32_t *sums, int64_t nb);
  * order (all but IQ4_NL); bit-equal to ggml with AVX2 only. */
 ggmlrpc_vec_dot_fn ggmlrpc_get_vec_dot_gemm(uint32_t weight_type);
 
-/* Prompt-time panels: eight Q8_0 activation rows interleaved block by block,
+/* Prompt-time panels: eight Q8_0 (Q8_1 for Q4_1/Q5_1) activation rows interleaved block by block,
  * scales already in F32, for a kernel that unpacks each weight block once for
  * the eight of them. Every output is bit-equal to ggmlrpc_get_vec_dot_gemm's.
  *   panel_bytes: bytes of one block of a panel (all eight rows), 0 where there
- *                is no panel kernel for weight_type (Q4_0, Q5_0, Q8_0 and IQ4_NL with
+ *                is no panel kernel for weight_type (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0 and IQ4_NL with
  *                AVX2; IQ4_NL's sums in the GEMM order, see ggmlrpc_get_vec_dot_gemm);
- *   panel_put:   writes Q8_0 row `act` (nb blocks) into lane 0..7 of `panel`;
+ *   panel_put:   writes activation row `act` (nb blocks) into lane 0..7 of `panel`;
  *   panel_dot:   s[j] = dot(w_row, lane j) for j < 8 over n elements. */
 typedef void (*ggmlrpc_panel_dot_fn)(int64_t n, float *s /* (8,) */, const void *w_row, const void *panel);
 size_t ggmlrpc_panel_bytes(uint32_t weight_type);

@@ -625,7 +625,8 @@ CASES = {
        (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL,
         T.IQ4_XS, T.MXFP4) for n in (1,)},
     "mul_mat-Q8_0-batch": mul_mat(T.Q8_0, K=128, M=8, N=4), "mul_mat-Q4_0-batch": mul_mat(T.Q4_0, K=128, M=8, N=4),
-    **{f"mul_mat-{t.name}-prompt{n}x{b}": mul_mat_prompt(t, n, b) for t in (T.Q4_0, T.Q5_0, T.Q8_0, T.IQ4_NL)
+    **{f"mul_mat-{t.name}-prompt{n}x{b}": mul_mat_prompt(t, n, b)
+       for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL)
        for n, b in ((2, 1), (19, 1), (11, 2))},
     "mul_mat-batched": mul_mat_batched, "hadamard-f32": hadamard(T.F32), "hadamard-f16": hadamard(T.F16), "mul_mat-attention": mul_mat_attention,
     "fa-1": flash_attn(1), "fa-7": flash_attn(7), "fa-70": flash_attn(70), "fa-70-f32": flash_attn(70, kv_t=T.F32),

@@ -169,13 +169,14 @@ def _matmul_runs(wtype, wq, x, M, n_threads, simd_at_plan, simd_at_run, runs=1):
     return got
 
 
-@pytest.mark.parametrize("wtype", [T.Q4_0, T.Q5_0, T.Q8_0])
+@pytest.mark.parametrize("wtype", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0])
 def test_prompt_matmul_panels_give_each_row_its_dot(seed, wtype):
-    """Prompt-shaped Q4_0/Q5_0/Q8_0 products take runs of eight activation columns
-    of one src1 batch at once (panels) and the columns left over one by one; with
-    two batches of 19 columns, an infinite activation (Q8_0 -128s, where the
-    offset-free Q4_0/Q5_0 kernel steps aside), every thread count, and a plan made without
-    SIMD kernels run with them: every output is the one dot product of its row."""
+    """Prompt-shaped Q4_0/Q4_1/Q5_0/Q5_1/Q8_0 products take runs of eight
+    activation columns of one src1 batch at once (panels) and the columns left
+    over one by one; with two batches of 19 columns, an infinite activation (Q8_0
+    -128s, where the offset-free Q4_0/Q5_0 kernel steps aside), every thread
+    count, and a plan made without SIMD kernels run with them: every output is
+    the one dot product of its row."""
     from ggmlrpc._native import quants
     rng = np.random.default_rng(seed)
     K, M, N, B = 256, 40, 19, 2
