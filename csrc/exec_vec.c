@@ -139,7 +139,8 @@ static void tile_f16_x8_c(int64_t K, const uint16_t *const w[4], const uint16_t 
         for (int i = 0; i < 4; i++) out[j * 4 + i] = dot_f16_x8_c(K, w[i], x[j]);
 }
 
-static void gemm_f32_c(int64_t M, int64_t K, int64_t N, float *C, const float *A, const float *B) {
+static void gemm_f32_c(int64_t M, int64_t K, int64_t N, float *C /* (M, N) */, const float *A /* (M, K) */,
+                       const float *B /* (K, N) */) {
     for (int64_t i = 0; i < M; i++)
         for (int64_t j = 0; j < N; j++) {
             float acc = C[i * N + j];
@@ -176,7 +177,7 @@ static inline void rope_pair(int32_t type, char *dst, const char *src, int64_t i
     for (int64_t p = 0; p < np; p++) rope_pair(type, dst, src, p * istep, p * istep + joff, cs[2 * p], cs[2 * p + 1]);
 
 static void rope_rotate_c(int32_t type, char *dst, const char *src, int64_t np, int64_t istep, int64_t joff,
-                          const float *cs) {
+                          const float *cs /* (2 np,) cos, sin */) {
     GR_ROPE_ROTATE_BODY
 }
 
@@ -339,7 +340,8 @@ GR_AVX2 static inline __attribute__((always_inline)) void gemm_tile_avx(int rm, 
         for (int r = 0; r < rn; r++) _mm256_storeu_ps(C + i * N + r * 8, acc[i][r]);
 }
 
-GR_AVX2 static void gemm_f32_avx(int64_t M, int64_t K, int64_t N, float *C, const float *A, const float *B) {
+GR_AVX2 static void gemm_f32_avx(int64_t M, int64_t K, int64_t N, float *C /* (M, N) */, const float *A /* (M, K) */,
+                                 const float *B /* (K, N) */) {
     int64_t i = 0;
     for (; i < M; i += 6) {
         const int rm = M - i < 6 ? (int)(M - i) : 6;
@@ -365,7 +367,7 @@ GR_AVX2 static void gemm_f32_avx(int64_t M, int64_t K, int64_t N, float *C, cons
 
 /* the same steps; fmaf becomes one instruction here instead of a libm call */
 GR_AVX2 static void rope_rotate_avx(int32_t type, char *dst, const char *src, int64_t np, int64_t istep, int64_t joff,
-                                    const float *cs) {
+                                    const float *cs /* (2 np,) cos, sin */) {
     GR_ROPE_ROTATE_BODY
 }
 

@@ -322,7 +322,8 @@ int gr_kpanel_available(int32_t type) {
     return kpanel_simd && decoder_for(type, &bs, &hm) != NULL;
 }
 
-void gr_kpanel_put(const void *q8k_row, int64_t nb, void *panel, int lane) {
+void gr_kpanel_put(const void *q8k_row /* (nb,) q8_K */, int64_t nb, void *panel /* (nb, GR_KPANEL_BYTES) */,
+                   int lane) {
     const block_q8_K *y = q8k_row;
     for (int64_t b = 0; b < nb; b++) {
         char *p = (char *)panel + (size_t)b * GR_KPANEL_BYTES;
@@ -343,7 +344,8 @@ void gr_kpanel_put(const void *q8k_row, int64_t nb, void *panel, int lane) {
 #define KP_STORE(p, v) _mm256_storeu_si256((__m256i *)(p), v)
 #define KP_BITS(v, sh, m) _mm256_and_si256(_mm256_srli_epi16(v, sh), _mm256_set1_epi8(m))
 
-__attribute__((target("avx2"))) static void kp_codes_avx2(int32_t type, const void *blk, uint8_t *u) {
+__attribute__((target("avx2"))) static void kp_codes_avx2(int32_t type, const void *blk /* one block */,
+                                                          uint8_t *u /* (256,) */) {
     switch (type) {
     case GR_TYPE_Q4_K: {
         const block_q4_K *x = blk;
@@ -443,7 +445,8 @@ __attribute__((target("avx2"))) static void kp_codes_signed(int32_t type, const 
 static void kp_codes_signed(int32_t type, const void *blk, int8_t *w) { (void)type; (void)blk; (void)w; }
 #endif
 
-void gr_kpanel_decode(int32_t type, int64_t nb, const void *w_row, void *krow, float *d, float *dmin) {
+void gr_kpanel_decode(int32_t type, int64_t nb, const void *w_row /* (nb,) blocks */,
+                      void *krow /* (nb, GR_KROW_BYTES) */, float *d /* (nb,) */, float *dmin /* (nb,) */) {
 #if GR_TILED_X86
     size_t bsize;
     int has_min;
@@ -526,8 +529,9 @@ __attribute__((target("avx2,fma"))) static void kpanel_dot_avx2(int32_t type, in
 }
 #endif
 
-void gr_kpanel_dot(int32_t type, int64_t nb, const void *krow, const float *d, const float *dmin,
-                   const void *panel, float out[8]) {
+void gr_kpanel_dot(int32_t type, int64_t nb, const void *krow /* (nb, GR_KROW_BYTES) */,
+                   const float *d /* (nb,) */, const float *dmin /* (nb,) */,
+                   const void *panel /* (nb, GR_KPANEL_BYTES) */, float out[8]) {
 #if GR_TILED_X86
     kpanel_dot_avx2(type, nb, krow, d, dmin, panel, out);
 #else

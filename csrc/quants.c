@@ -1622,7 +1622,8 @@ GR_AVX2 static inline __m256 gr_panel_sign_lane(__m256i qx, const uint8_t *p, in
     return _mm256_cvtepi32_ps(gr_dot_i8(qx, _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * j))));
 }
 
-GR_AVX2 static void panel_dot_q8_0_avx2(int64_t n, float *s, const void *vx, const void *panel) {
+GR_AVX2 static void panel_dot_q8_0_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q8_0 */,
+                                        const void *panel /* (n/32,) panel blocks */) {
     const block_q8_0 *x = vx;
     const uint8_t *p = panel;
     GR_PANEL_ACC8;
@@ -1784,8 +1785,8 @@ GR_AVX2 static inline __m256i gr_q5_codes32(const uint8_t *qh /* (4,) */, const 
  * the weight is c - off; maddubs(c, qs) - t (t = off * lane sums, kept in the
  * panel for off = 8 and doubled for 16, exactly) replaces the sign trick on
  * c - off, which blocks holding -128 still take (the panel marks them) */
-GR_AVX2 static inline __attribute__((always_inline)) void gr_panel_dot_off(int64_t n, float *s, const void *vx,
-                                                                           const void *panel, int q5) {
+GR_AVX2 static inline __attribute__((always_inline)) void gr_panel_dot_off(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) blocks */,
+                                                                           const void *panel /* (n/32,) */, int q5) {
     const uint8_t *x = vx;
     const size_t bsize = q5 ? sizeof(block_q5_0) : sizeof(block_q4_0);
     const uint8_t *p = panel;
@@ -1818,11 +1819,13 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_panel_dot_off(int64
     GR_PANEL_STORE8;
 }
 
-GR_AVX2 static void panel_dot_q4_0_avx2(int64_t n, float *s, const void *vx, const void *panel) {
+GR_AVX2 static void panel_dot_q4_0_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q4_0 */,
+                                        const void *panel /* (n/32,) panel blocks */) {
     gr_panel_dot_off(n, s, vx, panel, 0);
 }
 
-GR_AVX2 static void panel_dot_q5_0_avx2(int64_t n, float *s, const void *vx, const void *panel) {
+GR_AVX2 static void panel_dot_q5_0_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q5_0 */,
+                                        const void *panel /* (n/32,) panel blocks */) {
     gr_panel_dot_off(n, s, vx, panel, 1);
 }
 
@@ -1846,8 +1849,8 @@ GR_AVX2 static void vec_dot_q4_1_q8_1_avx2(int64_t n, float *s, const void *vx /
 
 /* Q4_1/Q5_1 against eight Q8_1 rows: the vec_dot steps per output, the minimum
  * terms (summs += m * s, rounded product then sum) eight at a time */
-GR_AVX2 static inline __attribute__((always_inline)) void gr_panel_dot_min(int64_t n, float *s, const void *vx,
-                                                                           const void *panel, int q5) {
+GR_AVX2 static inline __attribute__((always_inline)) void gr_panel_dot_min(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) blocks */,
+                                                                           const void *panel /* (n/32,) */, int q5) {
     const uint8_t *x = vx;
     const size_t bsize = q5 ? sizeof(block_q5_1) : sizeof(block_q4_1);
     const uint8_t *p = panel;
@@ -1874,11 +1877,13 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_panel_dot_min(int64
     _mm256_storeu_ps(s, _mm256_add_ps(_mm256_loadu_ps(s), summs));   /* hsum(acc) + summs */
 }
 
-GR_AVX2 static void panel_dot_q4_1_avx2(int64_t n, float *s, const void *vx, const void *panel) {
+GR_AVX2 static void panel_dot_q4_1_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q4_1 */,
+                                        const void *panel /* (n/32,) panel blocks */) {
     gr_panel_dot_min(n, s, vx, panel, 0);
 }
 
-GR_AVX2 static void panel_dot_q5_1_avx2(int64_t n, float *s, const void *vx, const void *panel) {
+GR_AVX2 static void panel_dot_q5_1_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q5_1 */,
+                                        const void *panel /* (n/32,) panel blocks */) {
     gr_panel_dot_min(n, s, vx, panel, 1);
 }
 
@@ -2041,7 +2046,8 @@ GR_AVX2 static void vec_dot_iq4_nl_q8_0_seq_avx2(int64_t n, float *s, const void
     *s = gr_hsum_ps8(acc);
 }
 
-GR_AVX2 static void panel_dot_iq4_nl_avx2(int64_t n, float *s, const void *vx, const void *panel) {
+GR_AVX2 static void panel_dot_iq4_nl_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) iq4_nl */,
+                                          const void *panel /* (n/32,) panel blocks */) {
     const block_iq4_nl *x = vx;
     const uint8_t *p = panel;
     const __m256i lut = gr_lut_load(kvalues_iq4nl);
@@ -2268,7 +2274,8 @@ size_t ggmlrpc_panel_bytes(uint32_t weight_type) {
     return 0;
 }
 
-void ggmlrpc_panel_put(uint32_t weight_type, const void *act, int64_t nb, void *panel, int lane) {
+void ggmlrpc_panel_put(uint32_t weight_type, const void *act /* (nb,) q8_0 or q8_1 */, int64_t nb,
+                       void *panel /* (nb,) panel blocks */, int lane) {
     if (weight_type == GR_TYPE_Q4_1 || weight_type == GR_TYPE_Q5_1) {   /* Q8_1 rows */
         const block_q8_1 *y = act;
         for (int64_t i = 0; i < nb; i++) {
