@@ -213,6 +213,9 @@ void *gr_tiled_scratch(const gr_job *job, size_t used);
 /* MUL_MAT_ID's routing index after its converted rows: rows per expert, where
  * each expert's run starts, and the (slot, token) pairs grouped by expert */
 size_t gr_mmid_index_bytes(const gr_node *n);
+/* MUL_MAT_ID with K-quant experts: per-thread scratch after the index (one
+ * decoded row, and with SIMD kernels a chunk of rows in K-panel layout) */
+size_t gr_mmid_thread_bytes(const gr_node *n);
 
 /* The same sums for runs of eight activation rows at once ("K panels", AVX2):
  * the eight rows' Q8_K blocks interleaved per block (gr_kpanel_put), weight
@@ -221,12 +224,16 @@ size_t gr_mmid_index_bytes(const gr_node *n);
  * gr_kpanel_dot giving the eight outputs of one weight row, each bit-equal to
  * gr_tiled_dot_row's. gr_kpanel_available: 0 where the kernel is missing. */
 #define GR_KPANEL_BYTES 2368   /* per block: q8 (8 x 256), bsum pairs (256), d (8 x f32), pad */
-#define GR_KROW_BYTES 1024     /* per block: codes (256), scale, min and bias vectors (3 x 256) */
+#define GR_KROW_BYTES 1088     /* per block: codes (256), scale, min and bias vectors (3 x 256), mins and
+                                  biases per 16 (2 x 32) */
 int gr_kpanel_available(int32_t type);
 void gr_kpanel_put(const void *q8k_row, int64_t nb, void *panel, int lane);
 void gr_kpanel_decode(int32_t type, int64_t nb, const void *w_row, void *krow, float *d, float *dmin);
 void gr_kpanel_dot(int32_t type, int64_t nb, const void *krow, const float *d, const float *dmin,
                    const void *panel, float out[8]);
+/* the same eight outputs against eight Q8_K rows read where they are (no panel) */
+void gr_kpanel_dot_rows(int32_t type, int64_t nb, const void *krow, const float *d, const float *dmin,
+                        const void *const act[8], float out[8]);
 
 /* Scratch needs, per kernel. */
 size_t gr_wsize_mul_mat(const gr_node *n, int nth);

@@ -109,8 +109,12 @@ size_t gr_wsize_mul_mat(const gr_node *n, int nth) {
     size_t conv = mm_conv_bytes(n);
     conv += mm_sums_bytes(n);
     if (mm_panel_kind(n)) conv = mm_panel_end(n, mm_panel_kind(n));
-    if (n->kernel == GR_K_MUL_MAT_ID) conv += gr_mmid_index_bytes(n);
-    if (n->iparams[1] == MM_TILED) conv += (size_t)nth * gr_tiled_row_bytes(n->src[0].ne[0]);
+    if (n->kernel == GR_K_MUL_MAT_ID) {
+        conv += gr_mmid_index_bytes(n);
+        if (n->iparams[1] == MM_TILED) conv = ((conv + 63) & ~(size_t)63) + (size_t)nth * gr_mmid_thread_bytes(n);
+    } else if (n->iparams[1] == MM_TILED) {
+        conv += (size_t)nth * gr_tiled_row_bytes(n->src[0].ne[0]);
+    }
     return conv + 64;
 }
 

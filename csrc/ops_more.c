@@ -419,6 +419,17 @@ static void k_argsort(gr_job *job, int phase) {
 
 #define MMID_CH 16   /* weight rows per chunk of an expert's run */
 
+static int mmid_kpanel_kind(const gr_node *n) {
+    return n->iparams[1] && gr_kpanel_available(n->src[0].type) && n->iparams[0] == GR_TYPE_Q8_K;
+}
+
+size_t gr_mmid_thread_bytes(const gr_node *n) {
+    const int64_t K = n->src[0].ne[0];
+    size_t b = (gr_tiled_row_bytes(K) + 63) & ~(size_t)63;
+    if (mmid_kpanel_kind(n)) b += (size_t)MMID_CH * (size_t)(K / 256) * (GR_KROW_BYTES + 8);
+    return (b + 63) & ~(size_t)63;
+}
+
 size_t gr_mmid_index_bytes(const gr_node *n) {
     const size_t n_as = (size_t)n->src[0].ne[2], pairs = (size_t)(n->src[2].ne[0] * n->src[2].ne[1]);
     return ((2 * n_as * sizeof(int64_t) + 63) & ~(size_t)63) + ((pairs * sizeof(int64_t) + 63) & ~(size_t)63);
@@ -483,7 +494,15 @@ static void k_mul_mat_id(gr_job *job, int phase) {
     if (w->type != GR_TYPE_F32 && w->type != GR_TYPE_F16) qdot = ggmlrpc_get_vec_dot((uint32_t)w->type);
     const int64_t ne11 = x->ne[1];
     const int tiled_type = n->iparams[1] != 0;
-    void *mem = tiled_type ? gr_tiled_scratch(job, conv_bytes + gr_mmid_index_bytes(n)) : NULL;
+    const size_t threads_at = (conv_bytes + gr_mmid_index_bytes(n) + 63) & ~(size_t)63;
+    char *mem = tiled_type ? job->wdata + threads_at + (size_t)job->ith * gr_mmid_thread_bytes(n) : NULL;
+    /* K-panel kernel on the routed rows where they are, if the plan made room */
+    const int kp = tiled_type && mmid_kpanel_kind(n) &&
+                   n->wsize >= threads_at + (size_t)job->nth * gr_mmid_thread_bytes(n);
+    const int64_t nb = K / 256;
+    char *krows = kp ? mem + ((gr_tiled_row_bytes(K) + 63) & ~(size_t)63) : NULL;
+    float *kd = kp ? (float *)(krows + (size_t)MMID_CH * (size_t)nb * GR_KROW_BYTES) : NULL;
+    float *kdm = kp ? kd + MMID_CH * nb : NULL;
     if (tiled_type) {
         /* experts with 8+ rows: chunks of an expert's weight rows handed out one
          * at a time, each row decoded once and dotted with every routed row */
@@ -497,6 +516,31 @@ static void k_mul_mat_id(gr_job *job, int phase) {
                 a++;
             }
             const int64_t ib = (it - before) * MMID_CH, ie = ib + MMID_CH < M ? ib + MMID_CH : M;
+            if (kp) {   /* eight routed rows at a time; a short last group repeats its first row */
+                for (int64_t i01 = ib; i01 < ie; i01++)
+                    gr_kpanel_decode(w->type, nb, w->data + a * w->nb[2] + i01 * w->nb[1],
+                                     krows + (size_t)(i01 - ib) * nb * GR_KROW_BYTES, kd + (i01 - ib) * nb,
+                                     kdm + (i01 - ib) * nb);
+                for (int64_t k0 = starts[a]; k0 < starts[a] + counts[a]; k0 += 8) {
+                    const int64_t cnt = starts[a] + counts[a] - k0 < 8 ? starts[a] + counts[a] - k0 : 8;
+                    const void *act[8];
+                    float *outs[8];
+                    for (int j = 0; j < 8; j++) {
+                        const int64_t pr = pairs[k0 + (j < cnt ? j : 0)];
+                        const int64_t e = pr % n_used, t = pr / n_used, i11 = e % ne11;
+                        act[j] = conv ? job->wdata + (size_t)(i11 + t * ne11) * row_size
+                                      : x->data + i11 * x->nb[1] + t * x->nb[2];
+                        outs[j] = (float *)(d->data + e * d->nb[1] + t * d->nb[2]);
+                    }
+                    for (int64_t i01 = ib; i01 < ie; i01++) {
+                        float v[8];
+                        gr_kpanel_dot_rows(w->type, nb, krows + (size_t)(i01 - ib) * nb * GR_KROW_BYTES,
+                                           kd + (i01 - ib) * nb, kdm + (i01 - ib) * nb, act, v);
+                        for (int64_t j = 0; j < cnt; j++) outs[j][i01] = v[j];
+                    }
+                }
+                continue;
+            }
             for (int64_t i01 = ib; i01 < ie; i01++) {
                 const gr_tiled_row row = gr_tiled_decode(w->type, K, w->data + a * w->nb[2] + i01 * w->nb[1], mem);
                 for (int64_t k = starts[a]; k < starts[a] + counts[a]; k++) {

@@ -301,6 +301,7 @@ float gr_tiled_dot_row(const gr_tiled_row *r, const void *act) {
  *   i16 mnp[k][8][2]             (mn[2k], mn[2k+1]) x 8, for s2 = sum mn * bsums
  *                                (formats with minimums)
  *   i16 bsp[k][8][2]             (-bias sc[2k], -bias sc[2k+1]) x 8 (bias 4 or 32)
+ *   i16 mn[16], i16 -bias sc[16] the same per 16 elements, for rows read in place
  * so that s1 = sum_c madd(maddubs(codes_c, q_c), scv_c) + sum_k madd(pairs_k, bsp_k)
  * is the same integer as sum over groups of sc * (w . q), with no sign steps
  * (codes <= 63: maddubs pairs stay within int16). IQ4_XS (levels up to 127)
@@ -310,6 +311,8 @@ float gr_tiled_dot_row(const gr_tiled_row *r, const void *act) {
 #define KR_SCV 256
 #define KR_MNP 512
 #define KR_BSP 768
+#define KR_MN16 1024   /* i16 mn[16] */
+#define KR_BS16 1056   /* i16 -bias sc[16] */
 
 static int kpanel_bias(int32_t type) {
     return type == GR_TYPE_Q3_K ? 4 : type == GR_TYPE_Q6_K ? 32 : 0;
@@ -429,6 +432,8 @@ __attribute__((target("avx2"))) static void kp_vectors_avx2(const int16_t sc[16]
             KP_STORE(o + KR_BSP + 32 * c, _mm256_set1_epi32((int32_t)((uint32_t)(uint16_t)b1 << 16 | (uint16_t)b0)));
         }
     }
+    if (has_min) KP_STORE(o + KR_MN16, KP_LOAD(mn));
+    if (bias) KP_STORE(o + KR_BS16, _mm256_mullo_epi16(KP_LOAD(sc), _mm256_set1_epi16((short)-bias)));
 }
 
 /* the signed values of dec_*: codes minus the format's bias */
@@ -528,6 +533,76 @@ __attribute__((target("avx2,fma"))) static void kpanel_dot_avx2(int32_t type, in
     _mm256_storeu_ps(out, acc);
 }
 #endif
+
+#if GR_TILED_X86
+__attribute__((target("avx2,fma"))) static void kpanel_dot_rows_avx2(int32_t type, int64_t nb, const void *krow,
+                                                                     const float *d, const float *dmin,
+                                                                     const void *const act[8], float out[8]) {
+    size_t bs;
+    int has_min;
+    decoder_for(type, &bs, &has_min);
+    const int bias = kpanel_bias(type), sign = type == GR_TYPE_IQ4_XS;
+    const block_q8_K *y[8];
+    for (int t = 0; t < 8; t++) y[t] = act[t];
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *w = (const char *)krow + (size_t)b * GR_KROW_BYTES;
+        __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+#define KR_Q(t, c) _mm256_loadu_si256((const __m256i *)(y[t][b].qs + 32 * (c)))
+        if (!sign) {
+            for (int c = 0; c < 8; c++) {
+                const __m256i u = _mm256_loadu_si256((const __m256i *)(w + 32 * c));
+                const __m256i sv = _mm256_loadu_si256((const __m256i *)(w + KR_SCV + 32 * c));
+#define KR_STEP(t) a##t = _mm256_add_epi32(a##t, _mm256_madd_epi16(_mm256_maddubs_epi16(u, KR_Q(t, c)), sv));
+                KP_EACH(KR_STEP)
+#undef KR_STEP
+            }
+        } else {
+            for (int c = 0; c < 8; c++) {
+                const __m256i v = _mm256_loadu_si256((const __m256i *)(w + 32 * c));
+                const __m256i av = _mm256_sign_epi8(v, v);
+                const __m256i sv = _mm256_loadu_si256((const __m256i *)(w + KR_SCV + 32 * c));
+#define KR_STEP(t) \
+    a##t = _mm256_add_epi32(a##t, _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(KR_Q(t, c), v)), sv));
+                KP_EACH(KR_STEP)
+#undef KR_STEP
+            }
+        }
+#undef KR_Q
+#define KR_BSUMS(t) _mm256_loadu_si256((const __m256i *)y[t][b].bsums)
+        if (bias) {   /* -bias * sum over groups of sc * bsums, per row */
+            const __m256i bv = _mm256_loadu_si256((const __m256i *)(w + KR_BS16));
+#define KR_BIAS(t) a##t = _mm256_add_epi32(a##t, _mm256_madd_epi16(bv, KR_BSUMS(t)));
+            KP_EACH(KR_BIAS)
+#undef KR_BIAS
+        }
+        __m256 r = _mm256_mul_ps(_mm256_set1_ps(d[b]), _mm256_cvtepi32_ps(kp_reduce8(a0, a1, a2, a3, a4, a5, a6, a7)));
+        if (has_min) {
+            const __m256i mv = _mm256_loadu_si256((const __m256i *)(w + KR_MN16));
+            const __m256i s2 = kp_reduce8(_mm256_madd_epi16(mv, KR_BSUMS(0)), _mm256_madd_epi16(mv, KR_BSUMS(1)),
+                                          _mm256_madd_epi16(mv, KR_BSUMS(2)), _mm256_madd_epi16(mv, KR_BSUMS(3)),
+                                          _mm256_madd_epi16(mv, KR_BSUMS(4)), _mm256_madd_epi16(mv, KR_BSUMS(5)),
+                                          _mm256_madd_epi16(mv, KR_BSUMS(6)), _mm256_madd_epi16(mv, KR_BSUMS(7)));
+            r = _mm256_fnmadd_ps(_mm256_set1_ps(dmin[b]), _mm256_cvtepi32_ps(s2), r);
+        }
+#undef KR_BSUMS
+        const __m256 d8 = _mm256_setr_ps(y[0][b].d, y[1][b].d, y[2][b].d, y[3][b].d, y[4][b].d, y[5][b].d,
+                                         y[6][b].d, y[7][b].d);
+        acc = _mm256_fmadd_ps(r, d8, acc);
+    }
+    _mm256_storeu_ps(out, acc);
+}
+#endif
+
+void gr_kpanel_dot_rows(int32_t type, int64_t nb, const void *krow /* (nb, GR_KROW_BYTES) */,
+                        const float *d /* (nb,) */, const float *dmin /* (nb,) */,
+                        const void *const act[8] /* (nb,) q8_K each */, float out[8]) {
+#if GR_TILED_X86
+    kpanel_dot_rows_avx2(type, nb, krow, d, dmin, act, out);
+#else
+    (void)type; (void)nb; (void)krow; (void)d; (void)dmin; (void)act; (void)out;
+#endif
+}
 
 void gr_kpanel_dot(int32_t type, int64_t nb, const void *krow /* (nb, GR_KROW_BYTES) */,
                    const float *d /* (nb,) */, const float *dmin /* (nb,) */,
