@@ -503,19 +503,40 @@ static void k_mul_mat_id(gr_job *job, int phase) {
     char *krows = kp ? mem + ((gr_tiled_row_bytes(K) + 63) & ~(size_t)63) : NULL;
     float *kd = kp ? (float *)(krows + (size_t)MMID_CH * (size_t)nb * GR_KROW_BYTES) : NULL;
     float *kdm = kp ? kd + MMID_CH * nb : NULL;
-    if (tiled_type) {
-        /* experts with 8+ rows: chunks of an expert's weight rows handed out one
-         * at a time, each row decoded once and dotted with every routed row */
+    const int quant = w->type != GR_TYPE_F32 && w->type != GR_TYPE_F16;
+    if (quant) {
+        /* expert by expert: chunks of an expert's weight rows handed out one at a
+         * time, each row (decoded once, for K-quant experts with 8+ routed rows)
+         * dotted with every routed row while it is in cache */
+        const ggmlrpc_vec_dot_x4_fn qdot4 = conv ? ggmlrpc_get_vec_dot_x4((uint32_t)w->type) : NULL;
         const int64_t nch = (M + MMID_CH - 1) / MMID_CH;
         int64_t total = 0;
-        for (int64_t a = 0; a < n_as; a++) total += counts[a] >= 8 ? nch : 0;
+        for (int64_t a = 0; a < n_as; a++) total += counts[a] > 0 ? nch : 0;
         int64_t a = 0, before = 0;   /* items of the experts before a */
         for (int64_t it = job->ith; it < total; it = gr_chunk_next(job)) {
-            while (counts[a] < 8 || it >= before + nch) {
-                if (counts[a] >= 8) before += nch;
+            while (counts[a] == 0 || it >= before + nch) {
+                if (counts[a] > 0) before += nch;
                 a++;
             }
             const int64_t ib = (it - before) * MMID_CH, ie = ib + MMID_CH < M ? ib + MMID_CH : M;
+#define MMID_ACT(pr) (conv ? job->wdata + (size_t)((pr) % n_used % ne11 + (pr) / n_used * ne11) * row_size \
+                           : x->data + (pr) % n_used % ne11 * x->nb[1] + (pr) / n_used * x->nb[2])
+#define MMID_OUT(pr) ((float *)(d->data + (pr) % n_used * d->nb[1] + (pr) / n_used * d->nb[2]))
+            if (!(tiled_type && counts[a] >= 8)) {   /* ggml's vec_dot order: one product each */
+                for (int64_t i01 = ib; i01 < ie; i01++) {
+                    const char *wr = w->data + a * w->nb[2] + i01 * w->nb[1];
+                    int64_t k = starts[a];
+                    for (; qdot4 && k + 4 <= starts[a] + counts[a]; k += 4) {
+                        const void *act[4] = { MMID_ACT(pairs[k]), MMID_ACT(pairs[k + 1]), MMID_ACT(pairs[k + 2]),
+                                               MMID_ACT(pairs[k + 3]) };
+                        float v[4];
+                        qdot4(K, v, wr, act);
+                        for (int j = 0; j < 4; j++) MMID_OUT(pairs[k + j])[i01] = v[j];
+                    }
+                    for (; k < starts[a] + counts[a]; k++) qdot(K, &MMID_OUT(pairs[k])[i01], wr, MMID_ACT(pairs[k]));
+                }
+                continue;
+            }
             if (kp) {   /* eight routed rows at a time; a short last group repeats its first row */
                 for (int64_t i01 = ib; i01 < ie; i01++)
                     gr_kpanel_decode(w->type, nb, w->data + a * w->nb[2] + i01 * w->nb[1],
@@ -553,6 +574,9 @@ static void k_mul_mat_id(gr_job *job, int phase) {
             }
         }
     }
+#undef MMID_ACT
+#undef MMID_OUT
+    /* every (slot, token): the expert id checked; F32/F16 experts computed here */
     int64_t r0, r1;
     gr_range(n_used * T, job->ith, job->nth, &r0, &r1);
     for (int64_t p = r0; p < r1; p++) {
@@ -568,7 +592,7 @@ static void k_mul_mat_id(gr_job *job, int phase) {
                                : x->data + i11 * x->nb[1] + t * x->nb[2];
         const char *wa = w->data + a * w->nb[2];
         float *out = (float *)(d->data + e * d->nb[1] + t * d->nb[2]);
-        if (tiled_type && counts[a] >= 8) continue;   /* done above */
+        if (quant) continue;   /* done above */
         for (int64_t i01 = 0; i01 < M; i01++) {
             const char *wr = wa + i01 * w->nb[1];
             float v;

@@ -274,8 +274,9 @@ def mul_mat_id_many(wt):
 
 
 def mul_mat_id_mixed(wt):
-    """20 tokens over 4 experts: experts 0-2 get 8 rows or more (tiled, one expert at
-    a time, 40 weight rows in chunks), expert 3 fewer (vec_dot order)."""
+    """20 tokens over 4 experts: experts 0-2 get 8 rows or more (tiled for K-quants),
+    expert 3 fewer (vec_dot order); one expert at a time, 40 weight rows in chunks,
+    routed rows four at a time for Q4_0/Q8_0."""
     def build(c, r):
         K, M, T_ = 512, 40, 20
         w = quant(c, r, wt, (K, M, 4))
@@ -661,7 +662,8 @@ CASES = {
     **{f"mul_mat-{t.name}-tiled": mul_mat(t, K=512, M=16, N=n) for t, n in
        ((T.Q2_K, 8), (T.Q3_K, 9), (T.Q4_K, 13), (T.Q5_K, 8), (T.Q6_K, 20), (T.IQ4_XS, 8))},
     **{f"mul_mat_id-{t.name}-tiled": mul_mat_id_many(t) for t in (T.Q4_K, T.Q6_K)},
-    **{f"mul_mat_id-{t.name}-mixed": mul_mat_id_mixed(t) for t in (T.Q4_K, T.Q5_K, T.Q3_K, T.IQ4_XS)},
+    **{f"mul_mat_id-{t.name}-mixed": mul_mat_id_mixed(t)
+       for t in (T.Q4_K, T.Q5_K, T.Q3_K, T.IQ4_XS, T.Q8_0, T.Q4_0, T.Q5_0)},
     "ssm_conv": ssm_conv, "ssm_scan-mamba2": ssm_scan(128), "ssm_scan-mamba2-tail": ssm_scan(40),
     "ssm_scan-mamba1": ssm_scan(16, mamba1=True), "ssm_scan-snapshots": ssm_scan(64, K=3),
     "im2col-2d": im2col(True), "im2col-2d-f16": im2col(True, T.F16), "im2col-1d": im2col(False),
