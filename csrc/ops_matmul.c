@@ -5,7 +5,16 @@
  * Q4_0/Q8_0 weights...), then every output is one dot product of a weight row
  * with an activation row. F32/F16 dot products use one of two summation orders,
  * picked by the compiler exactly where ggml picks them: its prompt-time GEMM
- * (one 8-lane accumulator) or its vec_dot (four 8-lane accumulators).
+ * (one 8-lane accumulator) or its vec_dot (four 8-lane accumulators). Quantized
+ * products sum as vec_dot does, except IQ4_NL from 2 columns on (tinyBLAS's one
+ * accumulator) and the K-quants from 8 columns on (ggml's tiled order).
+ *
+ * Speed comes from doing each output's steps for several columns at once:
+ * runs of eight columns are also written as panels (ggmlrpc_panel_* for the
+ * Q4/Q5/Q8 and IQ4_NL formats, gr_kpanel_* for the K-quants), so that a weight
+ * row is unpacked once for the eight; every output stays bit-equal to its
+ * one-column kernel. Weight rows go to threads in chunks handed out one at a
+ * time.
  *
  * FLASH_ATTN_EXT has ggml's two numerics: per query row with Q rounded to the
  * K type's vec_dot type and an F16 accumulator for F16 V (the "one chunk"
