@@ -87,8 +87,8 @@ static size_t mm_panel(const gr_node *n) {
 }
 
 /* K-quant weights (ggml's tiled order), 8+ columns converted here to Q8_K: the
- * same panels (gr_kpanel_*) after the converted rows, then per thread one
- * decoded row for leftover columns and a chunk of KP_CH rows in kernel layout */
+ * same panels (gr_kpanel_*) after the converted rows, then per thread a chunk of
+ * KP_CH weight rows in kernel layout */
 #define KP_CH 16
 static int mm_kpanel_kind(const gr_node *n) {
     return n->kernel == GR_K_MUL_MAT && n->iparams[1] == MM_TILED && n->iparams[0] == GR_TYPE_Q8_K &&
@@ -103,9 +103,8 @@ static inline size_t mm_kpanel_threads(const gr_node *n) {   /* offset of the pe
 }
 
 static inline size_t mm_kpanel_per_thread(const gr_node *n) {
-    const int64_t K = n->src[0].ne[0], nb = K / 256;
-    const size_t one = (gr_tiled_row_bytes(K) + 63) & ~(size_t)63;
-    return (one + (size_t)KP_CH * (size_t)nb * (GR_KROW_BYTES + 8) + 63) & ~(size_t)63;
+    const int64_t nb = n->src[0].ne[0] / 256;
+    return ((size_t)KP_CH * (size_t)nb * (GR_KROW_BYTES + 8) + 63) & ~(size_t)63;
 }
 
 static int mm_kpanel(const gr_node *n, int nth) {
@@ -213,13 +212,11 @@ void gr_k_mul_mat(gr_job *job, int phase) {
 
     if (order == MM_TILED && mm_kpanel(n, job->nth)) {
         /* chunks of KP_CH weight rows handed out one at a time, decoded once per
-         * src1 batch, each row against every panel of eight columns; the columns
-         * left over take the one-row path */
+         * src1 batch, each row against every panel of eight columns and the
+         * columns left over */
         const int64_t nb = K / 256, G = N / 8;
         const char *panels = job->wdata + mm_conv_bytes(n);
-        char *mine = job->wdata + mm_kpanel_threads(n) + (size_t)job->ith * mm_kpanel_per_thread(n);
-        void *rowmem = mine;
-        char *krows = mine + ((gr_tiled_row_bytes(K) + 63) & ~(size_t)63);
+        char *krows = job->wdata + mm_kpanel_threads(n) + (size_t)job->ith * mm_kpanel_per_thread(n);
         float *dd = (float *)(krows + (size_t)KP_CH * (size_t)nb * GR_KROW_BYTES), *dm = dd + KP_CH * nb;
         const int nch = (int)((nr0 + KP_CH - 1) / KP_CH);
         for (int ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
@@ -242,12 +239,19 @@ void gr_k_mul_mat(gr_job *job, int phase) {
                         for (int j = 0; j < 8; j++) out[j][i01] = v[j];
                     }
                 }
-                for (int64_t i01 = ib; i01 < ie && G * 8 < N; i01++) {
-                    const gr_tiled_row row = gr_tiled_decode(s0->type, K, w + i01 * s0->nb[1], rowmem);
-                    for (int64_t i11 = G * 8; i11 < N; i11++) {
-                        const char *act = job->wdata + (size_t)(sl * N + i11) * row_size;
-                        float *out = (float *)(d->data + i11 * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
-                        out[i01] = gr_tiled_dot_row(&row, act);
+                if (G * 8 < N) {   /* the columns left over, read in place, the last repeated */
+                    const void *act[8];
+                    float *out[8];
+                    for (int j = 0; j < 8; j++) {
+                        const int64_t i11 = G * 8 + j < N ? G * 8 + j : N - 1;
+                        act[j] = job->wdata + (size_t)(sl * N + i11) * row_size;
+                        out[j] = (float *)(d->data + i11 * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
+                    }
+                    for (int64_t i01 = ib; i01 < ie; i01++) {
+                        float v[8];
+                        gr_kpanel_dot_rows(s0->type, nb, krows + (size_t)(i01 - ib) * nb * GR_KROW_BYTES, dd + (i01 - ib) * nb,
+                                           dm + (i01 - ib) * nb, act, v);
+                        for (int64_t j = 0; j < N - G * 8; j++) out[j][i01] = v[j];
                     }
                 }
             }
