@@ -2079,10 +2079,12 @@ GR_AVX2 static void vec_dot_iq4_xs_q8_K_avx2(int64_t n, float *s, const void *vx
         for (int ib = 0; ib < 8; ib++) {
             const __m256i qx = gr_lut_nibbles32(x[i].qs + 16 * ib, lut);
             const __m256i qy = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * ib));
-            const __m256i p = gr_dot_i8(qx, qy);
-            sumi = _mm256_add_epi32(sumi, _mm256_mullo_epi32(p, _mm256_set1_epi32(gr_iq4xs_scale(&x[i], ib))));
+            /* the sub-block scale goes into the pair sums' PMADDWD (the same exact
+             * integers as multiplying the lane sums, without the slow VPMULLD) */
+            const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16((short)gr_iq4xs_scale(&x[i], ib))));
         }
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d) * y[i].d);
+        const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * y[i].d);
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     *s = gr_hsum_ps8(acc);
