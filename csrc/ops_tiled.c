@@ -481,6 +481,28 @@ __attribute__((target("avx2"))) static inline __m256i kp_reduce8(__m256i a0, __m
 
 #define KP_EACH(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
 
+/* a0..a7 += the integer sums of block w's 256 codes with the eight columns'
+ * Q8_K values, KP_QLOAD(t, c) loading column t's 32 values of chunk c: no sign steps
+ * for the unsigned codes, the sign trick for IQ4_XS's levels */
+#define KP_INT_SUMS()                                                                                   \
+    if (!sign) {                                                                                         \
+        for (int c = 0; c < 8; c++) {                                                                    \
+            const __m256i u = _mm256_loadu_si256((const __m256i *)(w + 32 * c));                         \
+            const __m256i sv = _mm256_loadu_si256((const __m256i *)(w + KR_SCV + 32 * c));               \
+            KP_EACH(KP_STEP_U)                                                                           \
+        }                                                                                                \
+    } else {                                                                                             \
+        for (int c = 0; c < 8; c++) {                                                                    \
+            const __m256i v = _mm256_loadu_si256((const __m256i *)(w + 32 * c));                         \
+            const __m256i av = _mm256_sign_epi8(v, v);                                                   \
+            const __m256i sv = _mm256_loadu_si256((const __m256i *)(w + KR_SCV + 32 * c));               \
+            KP_EACH(KP_STEP_S)                                                                           \
+        }                                                                                                \
+    }
+#define KP_STEP_U(t) a##t = _mm256_add_epi32(a##t, _mm256_madd_epi16(_mm256_maddubs_epi16(u, KP_QLOAD(t, c)), sv));
+#define KP_STEP_S(t) \
+    a##t = _mm256_add_epi32(a##t, _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(KP_QLOAD(t, c), v)), sv));
+
 __attribute__((target("avx2,fma"))) static void kpanel_dot_avx2(int32_t type, int64_t nb, const void *krow,
                                                                 const float *d, const float *dmin,
                                                                 const void *panel, float out[8]) {
@@ -493,27 +515,9 @@ __attribute__((target("avx2,fma"))) static void kpanel_dot_avx2(int32_t type, in
         const char *w = (const char *)krow + (size_t)b * GR_KROW_BYTES;
         const char *p = (const char *)panel + (size_t)b * GR_KPANEL_BYTES;
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-#define KP_Q(t, c) _mm256_loadu_si256((const __m256i *)(p + 256 * (t) + 32 * (c)))
-        if (!sign) {
-            for (int c = 0; c < 8; c++) {
-                const __m256i u = _mm256_loadu_si256((const __m256i *)(w + 32 * c));
-                const __m256i sv = _mm256_loadu_si256((const __m256i *)(w + KR_SCV + 32 * c));
-#define KP_STEP(t) a##t = _mm256_add_epi32(a##t, _mm256_madd_epi16(_mm256_maddubs_epi16(u, KP_Q(t, c)), sv));
-                KP_EACH(KP_STEP)
-#undef KP_STEP
-            }
-        } else {
-            for (int c = 0; c < 8; c++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(w + 32 * c));
-                const __m256i av = _mm256_sign_epi8(v, v);
-                const __m256i sv = _mm256_loadu_si256((const __m256i *)(w + KR_SCV + 32 * c));
-#define KP_STEP(t) \
-    a##t = _mm256_add_epi32(a##t, _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(KP_Q(t, c), v)), sv));
-                KP_EACH(KP_STEP)
-#undef KP_STEP
-            }
-        }
-#undef KP_Q
+#define KP_QLOAD(t, c) _mm256_loadu_si256((const __m256i *)(p + 256 * (t) + 32 * (c)))
+        KP_INT_SUMS()
+#undef KP_QLOAD
         __m256i s1 = kp_reduce8(a0, a1, a2, a3, a4, a5, a6, a7);
         if (bias)
             for (int k = 0; k < 8; k++)
@@ -548,27 +552,9 @@ __attribute__((target("avx2,fma"))) static void kpanel_dot_rows_avx2(int32_t typ
     for (int64_t b = 0; b < nb; b++) {
         const char *w = (const char *)krow + (size_t)b * GR_KROW_BYTES;
         __m256i a0 = _mm256_setzero_si256(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
-#define KR_Q(t, c) _mm256_loadu_si256((const __m256i *)(y[t][b].qs + 32 * (c)))
-        if (!sign) {
-            for (int c = 0; c < 8; c++) {
-                const __m256i u = _mm256_loadu_si256((const __m256i *)(w + 32 * c));
-                const __m256i sv = _mm256_loadu_si256((const __m256i *)(w + KR_SCV + 32 * c));
-#define KR_STEP(t) a##t = _mm256_add_epi32(a##t, _mm256_madd_epi16(_mm256_maddubs_epi16(u, KR_Q(t, c)), sv));
-                KP_EACH(KR_STEP)
-#undef KR_STEP
-            }
-        } else {
-            for (int c = 0; c < 8; c++) {
-                const __m256i v = _mm256_loadu_si256((const __m256i *)(w + 32 * c));
-                const __m256i av = _mm256_sign_epi8(v, v);
-                const __m256i sv = _mm256_loadu_si256((const __m256i *)(w + KR_SCV + 32 * c));
-#define KR_STEP(t) \
-    a##t = _mm256_add_epi32(a##t, _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(KR_Q(t, c), v)), sv));
-                KP_EACH(KR_STEP)
-#undef KR_STEP
-            }
-        }
-#undef KR_Q
+#define KP_QLOAD(t, c) _mm256_loadu_si256((const __m256i *)(y[t][b].qs + 32 * (c)))
+        KP_INT_SUMS()
+#undef KP_QLOAD
 #define KR_BSUMS(t) _mm256_loadu_si256((const __m256i *)y[t][b].bsums)
         if (bias) {   /* -bias * sum over groups of sc * bsums, per row */
             const __m256i bv = _mm256_loadu_si256((const __m256i *)(w + KR_BS16));
