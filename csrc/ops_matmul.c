@@ -73,10 +73,14 @@ static inline size_t mm_panel_offset(const gr_node *n) {
     return (mm_conv_bytes(n) + mm_sums_bytes(n) + 63) & ~(size_t)63;
 }
 
-static inline size_t mm_panel_end(const gr_node *n, size_t pb) {
+/* runs of eight columns of one src1 batch: the panels a node writes */
+static inline size_t mm_groups(const gr_node *n) {
     const gr_tensor *s1 = &n->src[1];
-    const size_t groups = (size_t)(s1->ne[1] / 8) * (size_t)(s1->ne[2] * s1->ne[3]);
-    return mm_panel_offset(n) + groups * (size_t)(n->src[0].ne[0] / 32) * pb;
+    return (size_t)(s1->ne[1] / 8) * (size_t)(s1->ne[2] * s1->ne[3]);
+}
+
+static inline size_t mm_panel_end(const gr_node *n, size_t pb) {
+    return mm_panel_offset(n) + mm_groups(n) * (size_t)(n->src[0].ne[0] / 32) * pb;
 }
 
 /* at run time: panels only where the plan made room for them (the SIMD level
@@ -96,9 +100,7 @@ static int mm_kpanel_kind(const gr_node *n) {
 }
 
 static inline size_t mm_kpanel_threads(const gr_node *n) {   /* offset of the per-thread part */
-    const gr_tensor *s1 = &n->src[1];
-    const size_t groups = (size_t)(s1->ne[1] / 8) * (size_t)(s1->ne[2] * s1->ne[3]);
-    const size_t panels = groups * (size_t)(n->src[0].ne[0] / 256) * GR_KPANEL_BYTES;
+    const size_t panels = mm_groups(n) * (size_t)(n->src[0].ne[0] / 256) * GR_KPANEL_BYTES;
     return (mm_conv_bytes(n) + panels + 63) & ~(size_t)63;
 }
 
@@ -183,15 +185,14 @@ void gr_k_mul_mat(gr_job *job, int phase) {
             else from_float((const float *)src, dst, K);
             if (sums) ggmlrpc_q4_0_act_sums(dst, sums + ir * (K / 32) * 8, K / 32);
             const int64_t i11 = ir % N, G = N / 8;
-            if (pb && i11 < G * 8) {
+            if ((pb || kp) && i11 < G * 8) {   /* lane i11 % 8 of its batch's panel i11 / 8 */
                 const size_t group = (size_t)((ir / N) * G + i11 / 8);
-                ggmlrpc_panel_put((uint32_t)s0->type, dst, K / 32,
-                                  job->wdata + mm_panel_offset(n) + group * (size_t)(K / 32) * pb, (int)(i11 % 8));
-            }
-            if (kp && i11 < G * 8) {
-                const size_t group = (size_t)((ir / N) * G + i11 / 8);
-                gr_kpanel_put(dst, K / 256, job->wdata + mm_conv_bytes(n) + group * (size_t)(K / 256) * GR_KPANEL_BYTES,
-                              (int)(i11 % 8));
+                if (pb)
+                    ggmlrpc_panel_put((uint32_t)s0->type, dst, K / 32,
+                                      job->wdata + mm_panel_offset(n) + group * (size_t)(K / 32) * pb, (int)(i11 % 8));
+                else
+                    gr_kpanel_put(dst, K / 256, job->wdata + mm_conv_bytes(n) + group * (size_t)(K / 256) * GR_KPANEL_BYTES,
+                                  (int)(i11 % 8));
             }
         }
         return;

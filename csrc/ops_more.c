@@ -436,9 +436,10 @@ size_t gr_mmid_index_bytes(const gr_node *n) {
 }
 
 /* dst[:, e, t] = src0[:, :, ids[e, t]] @ src1[:, e % ne11, t]; phase 0 converts src1
- * to the vec_dot type (iparams as MUL_MAT), ggml's vec_dot order throughout, but
- * for K-quant experts with 8 routed rows or more: ggml's tiled order, and those
- * experts go one by one, each weight row decoded once for all its rows.
+ * to the vec_dot type (iparams as MUL_MAT) and groups the routed rows by expert.
+ * ggml's vec_dot order throughout, but for K-quant experts with 8 routed rows or
+ * more: ggml's tiled order. Quantized experts go one by one, each weight row
+ * dotted with all the expert's rows while it is in cache.
  *   src0: (K, M, n_as); src1: (K, ne11, T); ids: (n_used, T) I32; dst: (M, n_used, T) */
 static void k_mul_mat_id(gr_job *job, int phase) {
     const gr_node *n = job->node;
@@ -548,10 +549,8 @@ static void k_mul_mat_id(gr_job *job, int phase) {
                     float *outs[8];
                     for (int j = 0; j < 8; j++) {
                         const int64_t pr = pairs[k0 + (j < cnt ? j : 0)];
-                        const int64_t e = pr % n_used, t = pr / n_used, i11 = e % ne11;
-                        act[j] = conv ? job->wdata + (size_t)(i11 + t * ne11) * row_size
-                                      : x->data + i11 * x->nb[1] + t * x->nb[2];
-                        outs[j] = (float *)(d->data + e * d->nb[1] + t * d->nb[2]);
+                        act[j] = MMID_ACT(pr);
+                        outs[j] = MMID_OUT(pr);
                     }
                     for (int64_t i01 = ib; i01 < ie; i01++) {
                         float v[8];
@@ -564,13 +563,8 @@ static void k_mul_mat_id(gr_job *job, int phase) {
             }
             for (int64_t i01 = ib; i01 < ie; i01++) {
                 const gr_tiled_row row = gr_tiled_decode(w->type, K, w->data + a * w->nb[2] + i01 * w->nb[1], mem);
-                for (int64_t k = starts[a]; k < starts[a] + counts[a]; k++) {
-                    const int64_t e = pairs[k] % n_used, t = pairs[k] / n_used, i11 = e % ne11;
-                    const char *act = conv ? job->wdata + (size_t)(i11 + t * ne11) * row_size
-                                           : x->data + i11 * x->nb[1] + t * x->nb[2];
-                    float *out = (float *)(d->data + e * d->nb[1] + t * d->nb[2]);
-                    out[i01] = gr_tiled_dot_row(&row, act);
-                }
+                for (int64_t k = starts[a]; k < starts[a] + counts[a]; k++)
+                    MMID_OUT(pairs[k])[i01] = gr_tiled_dot_row(&row, MMID_ACT(pairs[k]));
             }
         }
     }
@@ -587,19 +581,16 @@ static void k_mul_mat_id(gr_job *job, int phase) {
             gr_fail(job, GR_EXEC_EINDEX, "MUL_MAT_ID expert %d out of range [0, %lld)", a, (long long)n_as);
             return;
         }
+        if (quant) continue;   /* done above */
         const int64_t i11 = e % ne11;
         const char *act = conv ? job->wdata + (size_t)(i11 + t * ne11) * row_size
                                : x->data + i11 * x->nb[1] + t * x->nb[2];
         const char *wa = w->data + a * w->nb[2];
         float *out = (float *)(d->data + e * d->nb[1] + t * d->nb[2]);
-        if (quant) continue;   /* done above */
         for (int64_t i01 = 0; i01 < M; i01++) {
             const char *wr = wa + i01 * w->nb[1];
-            float v;
-            if (w->type == GR_TYPE_F32) v = gr_vec.dot_f32(K, (const float *)wr, (const float *)act);
-            else if (w->type == GR_TYPE_F16) v = gr_vec.dot_f16(K, (const uint16_t *)wr, (const uint16_t *)act);
-            else qdot(K, &v, wr, act);
-            out[i01] = v;
+            out[i01] = w->type == GR_TYPE_F32 ? gr_vec.dot_f32(K, (const float *)wr, (const float *)act)
+                                              : gr_vec.dot_f16(K, (const uint16_t *)wr, (const uint16_t *)act);
         }
     }
 }

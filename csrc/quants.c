@@ -1601,6 +1601,9 @@ GR_AVX2 static inline void gr_panel_scales(float dx, const uint8_t *p, float dp[
         GR_PANEL_FMA(c, F(c, vc)); GR_PANEL_FMA(d, F(d, vd));           \
     }
 #define GR_PANEL_STAGED(I, F) GR_PANEL_QUAD(0, 1, 2, 3, I, F) GR_PANEL_QUAD(4, 5, 6, 7, I, F)
+/* unsigned codes qx against lane j's q8 (no sign steps): the int32 lane sums */
+#define GR_PANEL_U8_INT(j) \
+    _mm256_madd_epi16(_mm256_maddubs_epi16(qx, _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * (j)))), _mm256_set1_epi16(1))
 
 /* s[j] = gr_hsum_ps8(acc_j) for the eight at once, the same additions in the
  * same order per output: (v0+v4)+(v2+v6) and (v1+v5)+(v3+v7), then their sum */
@@ -1801,12 +1804,9 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_panel_dot_off(int64
         uint64_t marks;
         memcpy(&marks, p + GR_PANEL_Q8 + 8 * 32, 8);
         if (__builtin_expect(marks == 0, 1)) {
-#define OFF_INT(j) _mm256_madd_epi16(_mm256_maddubs_epi16(qx, _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * (j)))), \
-                                    _mm256_set1_epi16(1))
 #define OFF_T(j) _mm256_loadu_ps((const float *)(p + GR_PANEL_Q8 + 32 * (j)))
 #define OFF_FLT(j, v) _mm256_sub_ps(_mm256_cvtepi32_ps(v), q5 ? _mm256_add_ps(OFF_T(j), OFF_T(j)) : OFF_T(j))
-            GR_PANEL_STAGED(OFF_INT, OFF_FLT)
-#undef OFF_INT
+            GR_PANEL_STAGED(GR_PANEL_U8_INT, OFF_FLT)
 #undef OFF_T
 #undef OFF_FLT
         } else {
@@ -1866,11 +1866,8 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_panel_dot_min(int64
         gr_panel_scales(GR_F16(dx), p, dp);
         const __m256i qx = q5 ? gr_q5_codes32(((const block_q5_1 *)x)->qh, ((const block_q5_1 *)x)->qs)
                               : gr_nibbles32(((const block_q4_1 *)x)->qs);
-#define MIN_INT(j) _mm256_madd_epi16(_mm256_maddubs_epi16(qx, _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * (j)))), \
-                                    _mm256_set1_epi16(1))
 #define MIN_FLT(j, v) _mm256_cvtepi32_ps(v)
-        GR_PANEL_STAGED(MIN_INT, MIN_FLT)
-#undef MIN_INT
+        GR_PANEL_STAGED(GR_PANEL_U8_INT, MIN_FLT)
 #undef MIN_FLT
     }
     GR_PANEL_STORE8;
