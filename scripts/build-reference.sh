@@ -1,18 +1,26 @@
 #!/usr/bin/env bash
 # Build the reference llama.cpp peer (ggml-rpc-server, llama-completion, llama-bench,
-# llama-simple, llama-quantize) from the PyPI sdist llama-cpp-python==0.3.36 into a
-# cache directory outside the repository. Idempotent: a finished build is reused.
+# llama-simple, llama-quantize, llama-tokenize, test-backend-ops) from the PyPI sdist
+# llama-cpp-python==0.3.36 into a cache directory outside the repository. Idempotent:
+# a finished build is reused.
 #
 #   scripts/build-reference.sh            # builds (once) and prints the bin directory
+#   scripts/build-reference.sh --where    # prints the bin directory if the build is
+#                                         # complete, else exits 1 (never builds)
 #
-# GGMLRPC_REFERENCE_DIR overrides the cache location
-# (default: ${XDG_CACHE_HOME:-$HOME/.cache}/ggmlrpc/reference-0.3.36).
+# ggml is built for this host's CPU (GGML_NATIVE) and as shared libraries (test-backend-ops
+# is driven through a small LD_PRELOAD library that registers RPC servers), so the cache
+# directory is keyed by the CPU's feature flags: a cache made on another CPU kind is never
+# run here. GGMLRPC_REFERENCE_DIR overrides the cache location
+# (default: ${XDG_CACHE_HOME:-$HOME/.cache}/ggmlrpc/reference-0.3.36-<cpu key>).
 set -euo pipefail
 
 version=0.3.36
-root=${GGMLRPC_REFERENCE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ggmlrpc/reference-$version}
+cpukey=$( (grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m) | md5sum | cut -c1-8)
+root=${GGMLRPC_REFERENCE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ggmlrpc/reference-$version-$cpukey}
 bin=$root/build/bin
-targets=(ggml-rpc-server llama-completion llama-bench llama-simple llama-quantize)
+targets=(ggml-rpc-server llama-completion llama-bench llama-simple llama-quantize
+         llama-tokenize test-backend-ops)
 
 have_all() {
     for t in "${targets[@]}"; do [ -x "$bin/$t" ] || return 1; done
@@ -23,6 +31,7 @@ if have_all; then
     echo "$bin"
     exit 0
 fi
+[ "${1:-}" = "--where" ] && exit 1
 
 mkdir -p "$root"
 exec 9>"$root/.lock"
@@ -40,14 +49,16 @@ if [ ! -d "$root/src/vendor/llama.cpp" ]; then
 fi
 
 jobs=${GGMLRPC_BUILD_JOBS:-$(nproc)}
-cmake -S "$root/src/vendor/llama.cpp" -B "$root/build" -G Ninja \
+generator=()
+command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
+cmake -S "$root/src/vendor/llama.cpp" -B "$root/build" "${generator[@]}" \
     -DCMAKE_BUILD_TYPE=Release \
     -DGGML_RPC=ON \
     -DGGML_NATIVE=ON \
-    -DBUILD_SHARED_LIBS=OFF \
+    -DBUILD_SHARED_LIBS=ON \
     -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF \
-    -DLLAMA_BUILD_TESTS=OFF \
+    -DLLAMA_BUILD_TESTS=ON \
     -DLLAMA_BUILD_SERVER=OFF >&2
 cmake --build "$root/build" -j "$jobs" --target "${targets[@]}" >&2
 touch "$root/.complete"

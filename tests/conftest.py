@@ -1,6 +1,7 @@
 """Shared fixtures: our server in-process or as a command, the reference llama.cpp peer."""
 from __future__ import annotations
 
+import functools
 import os
 import random
 import shutil
@@ -136,13 +137,16 @@ def server_proc():
         p.stop()
 
 
+@functools.lru_cache(maxsize=None)
 def reference_bin() -> Path | None:
+    """The reference build's bin directory if it is complete (GGMLRPC_REFERENCE_BIN, or
+    scripts/build-reference.sh's cache for this CPU), else None. Never builds."""
     env = os.environ.get("GGMLRPC_REFERENCE_BIN")
     if env:
         return Path(env)
-    cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache")
-    d = cache / "ggmlrpc" / "reference-0.3.36" / "build" / "bin"
-    return d if (d / "ggml-rpc-server").exists() else None
+    out = subprocess.run(["bash", str(REPO / "scripts" / "build-reference.sh"), "--where"],
+                         capture_output=True, text=True)
+    return Path(out.stdout.strip()) if out.returncode == 0 else None
 
 
 @pytest.fixture(scope="session")
