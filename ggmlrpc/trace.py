@@ -14,8 +14,7 @@ Replaying sends one connection's requests in order over a fresh connection and
 reads an answer after each command that has one. The recorded server's buffer
 handles and base addresses are not the replay target's, so every request field
 that names a buffer or an address is translated on the way out (see AddressMap),
-and the answers are compared with the recorded ones by the rules of
-shared/traces/README.md (see compare_answer).
+and the answers are compared with the recorded ones (see compare_answer).
 
     python -m ggmlrpc.trace <session dir> <host:port> [--stop-before GRAPH_COMPUTE]
 """

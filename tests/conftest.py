@@ -1,6 +1,7 @@
 """Shared fixtures: our server in-process or as a command, the reference llama.cpp peer."""
 from __future__ import annotations
 
+import ctypes
 import functools
 import os
 import random
@@ -15,9 +16,10 @@ from pathlib import Path
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
-SHARED = Path(os.environ.get("GGMLRPC_SHARED", REPO.parent / "shared"))
-TRACES = SHARED / "traces"
-MODELS = SHARED / "models"
+# recorded llama.cpp sessions and the small models they ran (tests/data/README.md)
+DATA = REPO / "tests" / "data"
+TRACES = DATA / "traces"
+MODELS = DATA / "models"
 
 
 def free_port() -> int:
@@ -162,6 +164,37 @@ def ref_bin():
                              check=True, capture_output=True, text=True).stdout
         d = Path(out.strip().splitlines()[-1])
     return d
+
+
+@functools.lru_cache(maxsize=None)
+def reference_kernel_family(bin_dir: Path) -> str:
+    """The kernel family ggml was compiled with in the reference build, asked from its CPU
+    library (ggml_cpu_has_*, compile-time facts): "x86-avx512" (512-bit vector ops and
+    tinyBLAS tiles, other summation orders), "x86-avx2" (AVX2 + FMA + F16C), or "other"."""
+    lib = next(iter(sorted(bin_dir.glob("libggml-cpu.so*"))), None)
+    if lib is None:
+        return "other"
+    cpu = ctypes.CDLL(str(lib))
+    has = {n: getattr(cpu, f"ggml_cpu_has_{n}")() for n in ("avx512", "avx2", "fma", "f16c")}
+    if has["avx512"]:
+        return "x86-avx512"
+    if has["avx2"] and has["fma"] and has["f16c"]:
+        return "x86-avx2"
+    return "other"
+
+
+@pytest.fixture(scope="session")
+def bit_exact(ref_bin) -> bool:
+    """Whether our executor claims to reproduce, bit for bit, the kernels ggml picked in the
+    reference build on this host. Where it does, tests assert byte equality with the
+    reference; elsewhere they assert test-backend-ops-style error bounds (and greedy text
+    only where a recorded session from a reproduced family says what it must be)."""
+    from ggmlrpc._native import executor
+
+    family = reference_kernel_family(ref_bin)
+    ours = "x86-avx2" if executor.simd_level() else "portable"
+    print(f"\n[kernels] reference: {family}, ours: {ours}")
+    return family == ours
 
 
 @pytest.fixture

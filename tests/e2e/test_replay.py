@@ -1,4 +1,4 @@
-"""Recorded llama.cpp sessions (shared/traces) replayed against our server and the reference.
+"""Recorded llama.cpp sessions (tests/data/traces) replayed against our server and the reference.
 
 Every connection of every session is replayed up to its first GRAPH_COMPUTE, with
 the recorded answers compared and every weight write read back. The same prefixes

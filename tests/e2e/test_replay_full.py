@@ -1,4 +1,4 @@
-"""Every recorded llama.cpp session (shared/traces) replayed in full against our server.
+"""Every recorded llama.cpp session (tests/data/traces) replayed in full against our server.
 
 The graphs run on our CPU executor: the prompt graph, then decoding with
 GRAPH_RECOMPUTE, with the logits compared to what llama.cpp's own server answered

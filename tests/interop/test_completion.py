@@ -3,8 +3,9 @@
 For each shared model, with the prompt and flash-attention choice of its recorded
 session: greedy decoding of 16 tokens with every layer on our server
 (`--rpc ours -ngl 99`) against the same run on llama.cpp's local CPU backend
-(`-ngl 0`), and against the output recorded through llama.cpp's own RPC server
-(shared/traces/<session>/stdout.txt). Greedy decoding turns the smallest logit
+(`-ngl 0`, where this host's llama.cpp was built for the kernel family we reproduce),
+and against the output recorded through an AVX2 build of llama.cpp's own RPC server
+(tests/data/traces/<session>/stdout.txt, on every host). Greedy decoding turns the smallest logit
 difference at a near-tie into different text, so equal text over 16 tokens is a
 strong check of the whole executor.
 
@@ -63,7 +64,9 @@ def completion(ref_bin: Path, model: Path, args: list[str], rpc: str | None, ext
     RPC server at all), so a run whose output does not end in its blank line is
     repeated."""
     argv = [str(ref_bin / "llama-completion"), "-m", str(model), *args, *extra]
-    argv += ["--rpc", rpc, "-ngl", "99"] if rpc else ["-ngl", "0"]
+    # the local CPU run keeps llama.cpp's plain CPU buffers (no repacked or AMX weights),
+    # which is what an RPC server computes with
+    argv += ["--rpc", rpc, "-ngl", "99"] if rpc else ["-ngl", "0", "--no-repack"]
     env = dict(os.environ, GGML_NO_BACKTRACE="1")
     for _ in range(4):
         r = subprocess.run(argv, capture_output=True, env=env, timeout=300)
@@ -74,19 +77,22 @@ def completion(ref_bin: Path, model: Path, args: list[str], rpc: str | None, ext
 
 
 @pytest.mark.parametrize("model_file", sorted(SESSIONS))
-def test_same_text_as_local_cpu(ref_bin, server_proc, model_file):
+def test_same_text_as_local_cpu(ref_bin, server_proc, bit_exact, model_file):
     session = SESSIONS[model_file]
     model = MODELS / model_file
     args = recorded_args(session)
     assert args[args.index("-n") + 1] == "16" and "-ngl" not in args
     srv = server_proc("-t", "2")
     ours = completion(ref_bin, model, args, srv.endpoint)
-    local = completion(ref_bin, model, args, None)
     recorded = (TRACES / session / "stdout.txt").read_bytes().decode("utf-8", "surrogateescape")
     prompt = args[args.index("-p") + 1]
     assert ours.startswith(" " + prompt) and len(ours) > len(prompt) + 1
-    assert ours == local
+    # the recorded text came from an AVX2 build of llama.cpp, whose kernels we reproduce on
+    # every x86-64 host; this host's llama.cpp prints the same text only where it was built
+    # for that family too (random weights make greedy decoding sensitive to summation order)
     assert ours.strip() == recorded.strip()
+    if bit_exact:
+        assert ours == completion(ref_bin, model, args, None)
 
 
 @pytest.mark.parametrize("kv", ["q8_0", "q4_0"])

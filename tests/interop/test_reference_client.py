@@ -25,16 +25,16 @@ from ggmlrpc import ggml, protocol
 from ggmlrpc.client import RemoteBackend, op
 from ggmlrpc.errors import ServerClosed
 from ggmlrpc.ggml import GGMLOp, GGMLType
+from tests.conftest import MODELS, TRACES
 
 pytestmark = pytest.mark.interop
 
-SHARED = Path(os.environ.get("GGMLRPC_SHARED", Path(__file__).resolve().parents[3] / "shared"))
 HEX = r"(?:0x)?([0-9a-f]+)"
 
 
 def trace_graph_ops(trace: str) -> set[int]:
     """Ops of the nodes a backend runs in the recorded session's graphs."""
-    data = (SHARED / "traces" / trace / "conn-12.trc").read_bytes()
+    data = (TRACES / trace / "conn-12.trc").read_bytes()
     ops, off = set(), 8
     while off < len(data):
         direction, cmd, n = struct.unpack_from("<BBQ", data, off)
@@ -112,6 +112,19 @@ def llama_completion(ref_bin: Path, model: Path, endpoint: str, extra: list[str]
                           timeout=120)
 
 
+def llama_completion_runs(ref_bin: Path, model: Path, endpoint: str, extra: list[str]) -> list:
+    """Every attempt at one llama-completion run: the client now and then loses its
+    output at exit (its stdout ends before the closing blank line, or is empty; seen with
+    no RPC server at all), and such a run is repeated, at most four times in all. Each
+    attempt is a session the server saw."""
+    attempts = []
+    for _ in range(4):
+        attempts.append(llama_completion(ref_bin, model, endpoint, extra))
+        if attempts[-1].returncode != 0 or attempts[-1].stdout.endswith("\n\n"):
+            break
+    return attempts
+
+
 def wait_all_closed(srv, timeout: float = 10.0) -> None:
     """Until the server has printed the end of every connection it accepted."""
     deadline = time.monotonic() + timeout
@@ -131,7 +144,7 @@ MODEL_RUNS = [  # model file, its recorded session (same flash-attention choice)
 @pytest.mark.parametrize("kind", ["reference", "ours"])
 @pytest.mark.parametrize("model_file, trace, extra", MODEL_RUNS)
 def test_llama_completion_session(request, ref_bin, server_proc, kind, model_file, trace, extra):
-    model = SHARED / "models" / model_file
+    model = MODELS / model_file
     start = request.getfixturevalue("ref_server") if kind == "reference" else server_proc
     srv = start("-t", "1", env=dict(os.environ, GGML_RPC_DEBUG="1"))
     missing = unsupported_ops(trace_graph_ops(trace)) if kind == "ours" else set()
@@ -142,7 +155,8 @@ def test_llama_completion_session(request, ref_bin, server_proc, kind, model_fil
     if bystander:
         held = bystander.alloc_buffer(64).tensor(GGMLType.I32, (16,))
         bystander.set_tensor(held, np.arange(16, dtype=np.int32))
-    runs = [llama_completion(ref_bin, model, srv.endpoint, extra) for _ in range(2)]
+    tries = [llama_completion_runs(ref_bin, model, srv.endpoint, extra) for _ in range(2)]
+    runs = [r for attempts in tries for r in attempts]
     if bystander:
         np.testing.assert_array_equal(bystander.get_array(held), np.arange(16))
         bystander.close()
@@ -181,8 +195,8 @@ def test_llama_completion_session(request, ref_bin, server_proc, kind, model_fil
     # and reached GRAPH_COMPUTE
     assert len(log.lines("graph_compute")) >= len(runs)
     if not missing:
-        for r in runs:
-            assert r.returncode == 0, r.stderr[-3000:]
+        assert all(r.returncode == 0 for r in runs), runs[-1].stderr[-3000:]
+        for r in (attempts[-1] for attempts in tries):
             assert r.stdout.startswith(" hello world") and len(r.stdout) > len(" hello world")
         assert log.lines("graph_recompute") and log.lines("get_tensor")
     else:
