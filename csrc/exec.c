@@ -39,7 +39,14 @@ static void set_kernel(int id, gr_kernel_fn fn, int phases) {
 }
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
-static int simd_enabled;
+static int simd_wanted = 1;   /* SIMD kernels unless set_simd(0) */
+static int simd_enabled;      /* ... and the CPU has them for the family */
+static int family;            /* the ggml build whose orders the primitives follow */
+
+static void select_kernels(void) {
+    simd_enabled = gr_vec_init(family, simd_wanted);
+    gr_tiled_init(simd_enabled);
+}
 
 static void exec_init(void) {
     set_kernel(GR_K_DUP, gr_k_dup, 1);
@@ -60,9 +67,8 @@ static void exec_init(void) {
     gr_register_backward_kernels(set_kernel);
     gr_register_conv_kernels(set_kernel);
     gr_register_recurrent_kernels(set_kernel);
-    simd_enabled = gr_vec_simd_available();
-    gr_vec_init(simd_enabled);
-    gr_tiled_init(simd_enabled);
+    family = gr_vec_native_family();
+    select_kernels();
 }
 
 int ggmlrpc_exec_simd_level(void) {
@@ -73,10 +79,27 @@ int ggmlrpc_exec_simd_level(void) {
 int ggmlrpc_exec_set_simd(int enable) {
     pthread_once(&init_once, exec_init);
     const int old = simd_enabled;
-    simd_enabled = enable && gr_vec_simd_available();
-    gr_vec_init(simd_enabled);
-    gr_tiled_init(simd_enabled);
+    simd_wanted = enable;
+    select_kernels();
     return old;
+}
+
+int ggmlrpc_exec_family(void) {
+    pthread_once(&init_once, exec_init);
+    return family;
+}
+
+int ggmlrpc_exec_set_family(int f) {
+    pthread_once(&init_once, exec_init);
+    const int old = family;
+    family = f ? f : gr_vec_native_family();
+    select_kernels();
+    return old;
+}
+
+int ggmlrpc_exec_vec_lanes(void) {
+    pthread_once(&init_once, exec_init);
+    return gr_vec.lanes;
 }
 
 size_t ggmlrpc_exec_wsize(const gr_node *node, int nth) {

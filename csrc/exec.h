@@ -169,6 +169,13 @@ size_t ggmlrpc_exec_wsize(const gr_node *node, int n_threads);
 int ggmlrpc_exec_simd_level(void);
 /* Force the portable kernels (tests compare both paths); returns the old level. */
 int ggmlrpc_exec_set_simd(int enable);
+/* The ggml x86 build whose summation orders the kernels reproduce (GR_FAMILY_* in
+ * exec_impl.h: 1 AVX2, 2 AVX-512, 3 AVX-512 with FP16 arithmetic); by default the one a
+ * native build on this CPU is. set_family(0) restores that; both return the old one. */
+int ggmlrpc_exec_family(void);
+int ggmlrpc_exec_set_family(int family);
+/* the family's vector width in floats (8 or 16): ggml's prompt-time GEMM needs K % lanes == 0 */
+int ggmlrpc_exec_vec_lanes(void);
 
 #ifdef __cplusplus
 }

@@ -82,13 +82,25 @@ static inline void gr_store_f32(int32_t type, char *dst, int64_t stride, const f
 
 /* ---- vector primitives (exec_vec.c) ----------------------------------- */
 
+/* The ggml x86 build whose summation orders the primitives reproduce. ggml's vector
+ * code is written for its register width: an AVX2 build sums in 8-lane partial sums,
+ * an AVX-512 build in 16-lane ones (and exp, tinyBLAS and the horizontal sums
+ * follow), and a build with AVX512-FP16 also scales and accumulates F16 vectors in
+ * half precision. A family's portable twins compute the same bits on any CPU. */
+enum {
+    GR_FAMILY_AVX2 = 1,
+    GR_FAMILY_AVX512 = 2,
+    GR_FAMILY_AVX512_FP16 = 3,
+};
+
 typedef struct gr_vec_ops {
-    /* ggml_vec_dot_f32's order: four 8-lane accumulators over blocks of 32 */
+    int lanes;     /* 8 or 16: the family's vector width in floats */
+    /* ggml_vec_dot_f32's order: four accumulators of `lanes` over blocks of 4*lanes */
     float (*dot_f32)(int64_t n, const float *x, const float *y);
-    /* the prompt-time GEMM's order: one 8-lane accumulator (n % 8 == 0) */
-    float (*dot_f32_x8)(int64_t n, const float *x, const float *y);
+    /* the prompt-time GEMM's (tinyBLAS's) order: one accumulator of `lanes` (n % lanes == 0) */
+    float (*dot_f32_gemm)(int64_t n, const float *x, const float *y);
     float (*dot_f16)(int64_t n, const uint16_t *x, const uint16_t *y);
-    float (*dot_f16_x8)(int64_t n, const uint16_t *x, const uint16_t *y);
+    float (*dot_f16_gemm)(int64_t n, const uint16_t *x, const uint16_t *y);
     void (*fp16_to_fp32)(int64_t n, const uint16_t *x, float *y);
     void (*fp32_to_fp16)(int64_t n, const float *x, uint16_t *y);
     /* y = exp(x - max) with ggml's vector exp; returns the sum (as ggml adds it) */
@@ -97,9 +109,10 @@ typedef struct gr_vec_ops {
     void (*swiglu)(int64_t n, float *y, const float *x, const float *g);
     void (*mad_f32)(int64_t n, float *y, const float *x, float v);   /* y += x*v (fused) */
     void (*mad_f16)(int64_t n, uint16_t *y, const uint16_t *x, float v);
-    /* out[j*4 + i] = dot_*_x8(w[i], x[j]) for i < 4, j < 2 at once (K % 8 == 0) */
-    void (*tile_f32_x8)(int64_t K, const float *const w[4], const float *const x[2], float out[8]);
-    void (*tile_f16_x8)(int64_t K, const uint16_t *const w[4], const uint16_t *const x[2], float out[8]);
+    void (*scale_f16)(int64_t n, uint16_t *y, float v);                /* y *= v */
+    /* out[j*4 + i] = dot_*_gemm(w[i], x[j]) for i < 4, j < 2 at once (K % lanes == 0) */
+    void (*tile_f32_gemm)(int64_t K, const float *const w[4], const float *const x[2], float out[8]);
+    void (*tile_f16_gemm)(int64_t K, const uint16_t *const w[4], const uint16_t *const x[2], float out[8]);
     /* C (M x N) += A (M x K) B (K x N), rows packed: every entry of C one
      * sequential fused sum over k from its old value (ggml's simd_gemm) */
     void (*gemm_f32)(int64_t M, int64_t K, int64_t N, float *C, const float *A, const float *B);
@@ -110,7 +123,20 @@ typedef struct gr_vec_ops {
 } gr_vec_ops;
 
 extern gr_vec_ops gr_vec;
-void gr_vec_init(int use_simd);
+/* the primitives of `family`, SIMD where the CPU has it and use_simd is set, else the
+ * portable twins; returns whether SIMD kernels were chosen */
+int gr_vec_init(int family, int use_simd);
+/* sum + a*b in a scalar loop of ggml's that GCC leaves unfused in its AVX2 build and
+ * fuses in its AVX-512 one (compiled code, read off each build) */
+static inline float gr_family_madd(float sum, float a, float b) {
+    return gr_vec.lanes == 16 ? fmaf(a, b, sum) : sum + a * b;
+}
+
+/* ggml_vec_dot_f32's reduction of four partial sums of the family's width
+ * (acc[j][l], l < gr_vec.lanes): pairwise, then across the lanes */
+float gr_vec_reduce4(float acc[4][16]);
+/* the family a native ggml build on this CPU uses */
+int gr_vec_native_family(void);
 int gr_vec_simd_available(void);
 
 /* ggml's vector exp (max error ~1.5 ulp) for one float, the exact twin of the

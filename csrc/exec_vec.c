@@ -1,13 +1,14 @@
-/* Vector primitives of the CPU kernels, in two builds chosen at run time:
- * AVX2+FMA+F16C (functions compiled with a target attribute, so the library
- * itself still runs on any x86-64) and portable C.
+/* Vector primitives of the CPU kernels, for each ggml x86 build we reproduce (a
+ * family, exec_impl.h: AVX2, AVX-512, AVX-512 with FP16 arithmetic), in SIMD
+ * versions chosen at run time (functions compiled with target attributes, so the
+ * library itself still runs on any x86-64) and portable C.
  *
- * Both follow the summation order of ggml's x86 kernels on purpose: dot
- * products accumulate in 8-lane partial sums in the same lane pattern and are
- * reduced in the same order, and exp uses the same polynomial, so a model gives
- * the same floats through our server as through llama.cpp's CPU backend. The
- * portable twins emulate the lanes with fmaf, so they agree with the SIMD path
- * bit for bit (tests check this).
+ * All follow the summation order of ggml's x86 kernels on purpose: dot products
+ * accumulate in partial sums of the family's width in the same lane pattern and
+ * are reduced in the same order, and exp uses the same algorithm, so a model gives
+ * the same floats through our server as through llama.cpp's CPU backend built for
+ * that family. The portable twins emulate the lanes with fmaf, so they agree with
+ * the SIMD versions bit for bit (tests check this).
  */
 #include <math.h>
 #include <stdint.h>
@@ -23,6 +24,12 @@
 #endif
 
 gr_vec_ops gr_vec;
+
+/* the family's vector width and whether its F16 vector ops round in half precision
+ * (set by gr_vec_init; the portable twins read them) */
+static int vec_lanes = 8;
+static int vec_fp16 = 0;
+
 
 /* ---- ggml's vector exp, one lane --------------------------------------- */
 
@@ -49,7 +56,24 @@ static inline float expf_lane(float x) {
     return fmaf(s2, j, s2) * s1;
 }
 
-float gr_expf_vec1(float x) { return expf_lane(x); }
+/* The 16-lane exp of ggml's AVX-512 build: the same reduction and polynomial, but
+ * 1 + p(b) is formed with one more fused step and scaled by 2^n with VSCALEFPS (one
+ * rounding, gradual underflow); |n| > 192 gives +inf or 0. */
+static inline float expf_lane16(float x) {
+    const float shift = 0x1.8p23f;
+    const float z = fmaf(x, 0x1.715476p+0f, shift);
+    const float n = z - shift;
+    const float b = fmaf(-n, 0x1.7f7d1cp-20f, fmaf(-n, 0x1.62e4p-1f, x));
+    const float u = b * b;
+    const float j = fmaf(fmaf(fmaf(0x1.0e4020p-7f, b, 0x1.573e2ep-5f), u,
+                              fmaf(0x1.555e66p-3f, b, 0x1.fffdb6p-2f)),
+                         u, fmaf(0x1.ffffecp-1f, b, 1.0f));
+    if (n != n) return n;
+    if (fabsf(n) > 192.0f) return n <= 0.0f ? 0.0f : INFINITY;
+    return ldexpf(j, (int)n);
+}
+
+float gr_expf_vec1(float x) { return vec_lanes == 16 ? expf_lane16(x) : expf_lane(x); }
 
 static inline float leftovers_f32(float s, int64_t i, int64_t n, const float *x, const float *y);
 
@@ -91,52 +115,82 @@ static inline float hsum_8(const float a[8]) {
     return (t[0] + t[2]) + (t[1] + t[3]);
 }
 
-static float dot_f32_c(int64_t n, const float *x, const float *y) {
-    const int64_t np = n & ~(int64_t)31;
-    float acc[4][8] = {{0}};
-    for (int64_t i = 0; i < np; i += 32)
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 8; l++)
-                acc[j][l] = fmaf(x[i + j * 8 + l], y[i + j * 8 + l], acc[j][l]);
-    return leftovers_f32(reduce_4x8(acc), np, n, x, y);
+/* one 16-lane accumulator as GCC's _mm512_reduce_add_ps sums it (ggml's AVX-512
+ * reductions and tinyBLAS's hsum): high half onto low half twice, then (0+2)+(1+3) */
+static inline float hsum_16(const float a[16]) {
+    float t8[8], t4[4];
+    for (int l = 0; l < 8; l++) t8[l] = a[l + 8] + a[l];
+    for (int l = 0; l < 4; l++) t4[l] = t8[l + 4] + t8[l];
+    return (t4[0] + t4[2]) + (t4[1] + t4[3]);
 }
 
-static float dot_f32_x8_c(int64_t n, const float *x, const float *y) {
-    float acc[8] = {0};
-    for (int64_t i = 0; i < n; i += 8)
-        for (int l = 0; l < 8; l++) acc[l] = fmaf(x[i + l], y[i + l], acc[l]);
-    return hsum_8(acc);
+/* ggml_vec_dot_f32's reduction of its four accumulators: pairwise, then across lanes */
+static inline float reduce_4(float acc[4][16], int L) {
+    for (int l = 0; l < L; l++) {
+        acc[0][l] += acc[2][l];
+        acc[1][l] += acc[3][l];
+    }
+    for (int l = 0; l < L; l++) acc[0][l] += acc[1][l];
+    if (L == 16) return hsum_16(acc[0]);
+    float t[4];
+    for (int l = 0; l < 4; l++) t[l] = acc[0][l] + acc[0][l + 4];
+    return (t[0] + t[1]) + (t[2] + t[3]);
+}
+
+float gr_vec_reduce4(float acc[4][16]) { return reduce_4(acc, vec_lanes); }
+
+static inline float hsum_lanes(const float *a, int L) { return L == 16 ? hsum_16(a) : hsum_8(a); }
+
+static float dot_f32_c(int64_t n, const float *x, const float *y) {
+    const int L = vec_lanes;
+    const int64_t np = n & ~(int64_t)(4 * L - 1);
+    float acc[4][16] = {{0}};
+    for (int64_t i = 0; i < np; i += 4 * L)
+        for (int j = 0; j < 4; j++)
+            for (int l = 0; l < L; l++)
+                acc[j][l] = fmaf(x[i + j * L + l], y[i + j * L + l], acc[j][l]);
+    return leftovers_f32(reduce_4(acc, L), np, n, x, y);
+}
+
+static float dot_f32_gemm_c(int64_t n, const float *x, const float *y) {
+    const int L = vec_lanes;
+    float acc[16] = {0};
+    for (int64_t i = 0; i < n; i += L)
+        for (int l = 0; l < L; l++) acc[l] = fmaf(x[i + l], y[i + l], acc[l]);
+    return hsum_lanes(acc, L);
 }
 
 static float dot_f16_c(int64_t n, const uint16_t *x, const uint16_t *y) {
-    const int64_t np = n & ~(int64_t)31;
-    float acc[4][8] = {{0}};
-    for (int64_t i = 0; i < np; i += 32)
+    const int L = vec_lanes;
+    const int64_t np = n & ~(int64_t)(4 * L - 1);
+    float acc[4][16] = {{0}};
+    for (int64_t i = 0; i < np; i += 4 * L)
         for (int j = 0; j < 4; j++)
-            for (int l = 0; l < 8; l++)
-                acc[j][l] = fmaf(gr_fp16_to_fp32(x[i + j * 8 + l]), gr_fp16_to_fp32(y[i + j * 8 + l]),
+            for (int l = 0; l < L; l++)
+                acc[j][l] = fmaf(gr_fp16_to_fp32(x[i + j * L + l]), gr_fp16_to_fp32(y[i + j * L + l]),
                                  acc[j][l]);
-    double s = reduce_4x8(acc);
+    double s = reduce_4(acc, L);
     for (int64_t i = np; i < n; i++) s += (double)(gr_fp16_to_fp32(x[i]) * gr_fp16_to_fp32(y[i]));
     return (float)s;
 }
 
-static float dot_f16_x8_c(int64_t n, const uint16_t *x, const uint16_t *y) {
-    float acc[8] = {0};
-    for (int64_t i = 0; i < n; i += 8)
-        for (int l = 0; l < 8; l++)
+static float dot_f16_gemm_c(int64_t n, const uint16_t *x, const uint16_t *y) {
+    const int L = vec_lanes;
+    float acc[16] = {0};
+    for (int64_t i = 0; i < n; i += L)
+        for (int l = 0; l < L; l++)
             acc[l] = fmaf(gr_fp16_to_fp32(x[i + l]), gr_fp16_to_fp32(y[i + l]), acc[l]);
-    return hsum_8(acc);
+    return hsum_lanes(acc, L);
 }
 
-static void tile_f32_x8_c(int64_t K, const float *const w[4], const float *const x[2], float out[8]) {
+static void tile_f32_gemm_c(int64_t K, const float *const w[4], const float *const x[2], float out[8]) {
     for (int j = 0; j < 2; j++)
-        for (int i = 0; i < 4; i++) out[j * 4 + i] = dot_f32_x8_c(K, w[i], x[j]);
+        for (int i = 0; i < 4; i++) out[j * 4 + i] = dot_f32_gemm_c(K, w[i], x[j]);
 }
 
-static void tile_f16_x8_c(int64_t K, const uint16_t *const w[4], const uint16_t *const x[2], float out[8]) {
+static void tile_f16_gemm_c(int64_t K, const uint16_t *const w[4], const uint16_t *const x[2], float out[8]) {
     for (int j = 0; j < 2; j++)
-        for (int i = 0; i < 4; i++) out[j * 4 + i] = dot_f16_x8_c(K, w[i], x[j]);
+        for (int i = 0; i < 4; i++) out[j * 4 + i] = dot_f16_gemm_c(K, w[i], x[j]);
 }
 
 static void gemm_f32_c(int64_t M, int64_t K, int64_t N, float *C /* (M, N) */, const float *A /* (M, K) */,
@@ -189,13 +243,17 @@ static void fp32_to_fp16_c(int64_t n, const float *x, uint16_t *y) {
     for (int64_t i = 0; i < n; i++) y[i] = gr_fp32_to_fp16(x[i]);
 }
 
+/* exp over groups of the family's width (the vector exp), the rest with libm's expf */
+static inline float expf_group(float x) { return vec_lanes == 16 ? expf_lane16(x) : expf_lane(x); }
+
 static double soft_max_c(int64_t n, float *y, const float *x, float max) {
+    const int L = vec_lanes;
     double sum = 0.0;
     int64_t i = 0;
-    for (; i + 7 < n; i += 8) {
-        float v[8];
-        for (int l = 0; l < 8; l++) v[l] = y[i + l] = expf_lane(x[i + l] - max);
-        sum += (double)hsum_8(v);
+    for (; i + L - 1 < n; i += L) {
+        float v[16];
+        for (int l = 0; l < L; l++) v[l] = y[i + l] = expf_group(x[i + l] - max);
+        sum += (double)hsum_lanes(v, L);
     }
     for (; i < n; i++) {
         const float v = expf(x[i] - max);
@@ -206,27 +264,54 @@ static double soft_max_c(int64_t n, float *y, const float *x, float max) {
 }
 
 static void silu_c(int64_t n, float *y, const float *x) {
+    const int L = vec_lanes;
     int64_t i = 0;
-    for (; i + 7 < n; i += 8)
-        for (int l = 0; l < 8; l++) y[i + l] = x[i + l] / (1.0f + expf_lane(0.0f - x[i + l]));
+    for (; i + L - 1 < n; i += L)
+        for (int l = 0; l < L; l++) y[i + l] = x[i + l] / (1.0f + expf_group(0.0f - x[i + l]));
     for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
 static void swiglu_c(int64_t n, float *y, const float *x, const float *g) {
+    const int L = vec_lanes;
     int64_t i = 0;
-    for (; i + 7 < n; i += 8)
-        for (int l = 0; l < 8; l++)
-            y[i + l] = (x[i + l] / (1.0f + expf_lane(0.0f - x[i + l]))) * g[i + l];
+    for (; i + L - 1 < n; i += L)
+        for (int l = 0; l < L; l++)
+            y[i + l] = (x[i + l] / (1.0f + expf_group(0.0f - x[i + l]))) * g[i + l];
     for (; i < n; i++) y[i] = (x[i] / (1.0f + expf(-x[i]))) * g[i];
 }
+
+/* An AVX512-FP16 build scales and accumulates F16 vectors in half precision over
+ * blocks of 128 (four 32-lane registers): v rounded to F16, one rounding per
+ * operation. a*b + c of F16 values is exact in double precision (22 + 11 significant
+ * bits within F16's exponent range, or an overflow either way); it reaches F16 with
+ * one rounding through single precision rounded to odd (13 spare bits). */
+static inline uint16_t fma_h(uint16_t a, uint16_t b, uint16_t c) {
+    const double d = (double)gr_fp16_to_fp32(a) * (double)gr_fp16_to_fp32(b) + (double)gr_fp16_to_fp32(c);
+    float f = (float)d;
+    if ((double)f != d && !(gr_f32_bits(f) & 1)) f = nextafterf(f, d > (double)f ? INFINITY : -INFINITY);
+    return gr_fp32_to_fp16(f);
+}
+
+static inline int64_t f16_block_end(int64_t n) { return vec_fp16 ? n & ~(int64_t)127 : 0; }
 
 static void mad_f32_c(int64_t n, float *y, const float *x, float v) {
     for (int64_t i = 0; i < n; i++) y[i] = fmaf(x[i], v, y[i]);
 }
 
 static void mad_f16_c(int64_t n, uint16_t *y, const uint16_t *x, float v) {
-    for (int64_t i = 0; i < n; i++)
+    const int64_t np = f16_block_end(n);
+    const uint16_t hv = gr_fp32_to_fp16(v);
+    for (int64_t i = 0; i < np; i++) y[i] = fma_h(x[i], hv, y[i]);
+    for (int64_t i = np; i < n; i++)
         y[i] = gr_fp32_to_fp16(fmaf(gr_fp16_to_fp32(x[i]), v, gr_fp16_to_fp32(y[i])));
+}
+
+static void scale_f16_c(int64_t n, uint16_t *y, float v) {
+    const int64_t np = f16_block_end(n);
+    const uint16_t hv = gr_fp32_to_fp16(v);
+    for (int64_t i = 0; i < np; i++)   /* an F16 product is exact in single precision */
+        y[i] = gr_fp32_to_fp16(gr_fp16_to_fp32(y[i]) * gr_fp16_to_fp32(hv));
+    for (int64_t i = np; i < n; i++) y[i] = gr_fp32_to_fp16(gr_fp16_to_fp32(y[i]) * v);
 }
 
 /* ---- AVX2 + FMA + F16C -------------------------------------------------- */
@@ -263,7 +348,7 @@ GR_AVX2 static float dot_f32_avx(int64_t n, const float *x, const float *y) {
     return leftovers_f32(reduce_4x8_avx(acc), np, n, x, y);
 }
 
-GR_AVX2 static float dot_f32_x8_avx(int64_t n, const float *x, const float *y) {
+GR_AVX2 static float dot_f32_gemm_avx(int64_t n, const float *x, const float *y) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 8)
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc);
@@ -281,7 +366,7 @@ GR_AVX2 static float dot_f16_avx(int64_t n, const uint16_t *x, const uint16_t *y
     return (float)s;
 }
 
-GR_AVX2 static float dot_f16_x8_avx(int64_t n, const uint16_t *x, const uint16_t *y) {
+GR_AVX2 static float dot_f16_gemm_avx(int64_t n, const uint16_t *x, const uint16_t *y) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(load_h8(x + i), load_h8(y + i), acc);
     return hsum_8_avx(acc);
@@ -289,7 +374,7 @@ GR_AVX2 static float dot_f16_x8_avx(int64_t n, const uint16_t *x, const uint16_t
 
 /* 4 weight rows x 2 activation rows: eight accumulators, each summing its own
  * products in the same order as dot_*_x8_avx */
-GR_AVX2 static void tile_f32_x8_avx(int64_t K, const float *const w[4], const float *const x[2], float out[8]) {
+GR_AVX2 static void tile_f32_gemm_avx(int64_t K, const float *const w[4], const float *const x[2], float out[8]) {
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
     __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     for (int64_t k = 0; k < K; k += 8) {
@@ -305,7 +390,7 @@ GR_AVX2 static void tile_f32_x8_avx(int64_t K, const float *const w[4], const fl
     out[4] = hsum_8_avx(a10); out[5] = hsum_8_avx(a11); out[6] = hsum_8_avx(a12); out[7] = hsum_8_avx(a13);
 }
 
-GR_AVX2 static void tile_f16_x8_avx(int64_t K, const uint16_t *const w[4], const uint16_t *const x[2], float out[8]) {
+GR_AVX2 static void tile_f16_gemm_avx(int64_t K, const uint16_t *const w[4], const uint16_t *const x[2], float out[8]) {
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
     __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     for (int64_t k = 0; k < K; k += 8) {
@@ -464,7 +549,165 @@ GR_AVX2 static void mad_f16_avx(int64_t n, uint16_t *y, const uint16_t *x, float
     }
     for (; i < n; i++) y[i] = gr_fp32_to_fp16(fmaf(gr_fp16_to_fp32(x[i]), v, gr_fp16_to_fp32(y[i])));
 }
+/* ---- AVX-512 (F, DQ, BW, VL) and AVX512-FP16 --------------------------- */
+
+#define GR_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
+#define GR_AVX512FP16 __attribute__((target("avx512fp16,avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
+
+/* hsum_16's order in registers (written out rather than left to a compiler's
+ * _mm512_reduce_add_ps, whose order is the compiler's choice) */
+GR_AVX512 static inline float hsum_16_avx512(__m512 a) {
+    const __m256 t8 = _mm256_add_ps(_mm512_extractf32x8_ps(a, 1), _mm512_castps512_ps256(a));
+    const __m128 t4 = _mm_add_ps(_mm256_extractf128_ps(t8, 1), _mm256_castps256_ps128(t8));
+    const __m128 t2 = _mm_add_ps(t4, _mm_movehl_ps(t4, t4));
+    return _mm_cvtss_f32(_mm_add_ss(t2, _mm_movehdup_ps(t2)));
+}
+
+GR_AVX512 static inline __m512 load_h16(const uint16_t *p) {
+    return _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)p));
+}
+
+GR_AVX512 static inline float reduce_4x16_avx512(__m512 a[4]) {
+    a[0] = _mm512_add_ps(a[0], a[2]);
+    a[1] = _mm512_add_ps(a[1], a[3]);
+    return hsum_16_avx512(_mm512_add_ps(a[0], a[1]));
+}
+
+GR_AVX512 static float dot_f32_avx512(int64_t n, const float *x, const float *y) {
+    const int64_t np = n & ~(int64_t)63;
+    __m512 acc[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
+    for (int64_t i = 0; i < np; i += 64)
+        for (int j = 0; j < 4; j++)
+            acc[j] = _mm512_fmadd_ps(_mm512_loadu_ps(x + i + j * 16), _mm512_loadu_ps(y + i + j * 16), acc[j]);
+    return leftovers_f32(reduce_4x16_avx512(acc), np, n, x, y);
+}
+
+GR_AVX512 static float dot_f32_gemm_avx512(int64_t n, const float *x, const float *y) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc);
+    return hsum_16_avx512(acc);
+}
+
+GR_AVX512 static float dot_f16_avx512(int64_t n, const uint16_t *x, const uint16_t *y) {
+    const int64_t np = n & ~(int64_t)63;
+    __m512 acc[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
+    for (int64_t i = 0; i < np; i += 64)
+        for (int j = 0; j < 4; j++)
+            acc[j] = _mm512_fmadd_ps(load_h16(x + i + j * 16), load_h16(y + i + j * 16), acc[j]);
+    double s = reduce_4x16_avx512(acc);
+    for (int64_t i = np; i < n; i++) s += (double)(gr_fp16_to_fp32(x[i]) * gr_fp16_to_fp32(y[i]));
+    return (float)s;
+}
+
+GR_AVX512 static float dot_f16_gemm_avx512(int64_t n, const uint16_t *x, const uint16_t *y) {
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(load_h16(x + i), load_h16(y + i), acc);
+    return hsum_16_avx512(acc);
+}
+
+/* 4 weight rows x 2 activation rows, each output its own accumulator summed as
+ * dot_*_gemm_avx512 sums it */
+#define GR_TILE_GEMM_AVX512(LOAD)                                                                  \
+    __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;                             \
+    __m512 a10 = a00, a11 = a00, a12 = a00, a13 = a00;                                             \
+    for (int64_t k = 0; k < K; k += 16) {                                                          \
+        const __m512 x0 = LOAD(x[0] + k), x1 = LOAD(x[1] + k);                                     \
+        const __m512 w0 = LOAD(w[0] + k), w1 = LOAD(w[1] + k);                                     \
+        const __m512 w2 = LOAD(w[2] + k), w3 = LOAD(w[3] + k);                                     \
+        a00 = _mm512_fmadd_ps(w0, x0, a00); a01 = _mm512_fmadd_ps(w1, x0, a01);                    \
+        a02 = _mm512_fmadd_ps(w2, x0, a02); a03 = _mm512_fmadd_ps(w3, x0, a03);                    \
+        a10 = _mm512_fmadd_ps(w0, x1, a10); a11 = _mm512_fmadd_ps(w1, x1, a11);                    \
+        a12 = _mm512_fmadd_ps(w2, x1, a12); a13 = _mm512_fmadd_ps(w3, x1, a13);                    \
+    }                                                                                              \
+    out[0] = hsum_16_avx512(a00); out[1] = hsum_16_avx512(a01);                                    \
+    out[2] = hsum_16_avx512(a02); out[3] = hsum_16_avx512(a03);                                    \
+    out[4] = hsum_16_avx512(a10); out[5] = hsum_16_avx512(a11);                                    \
+    out[6] = hsum_16_avx512(a12); out[7] = hsum_16_avx512(a13);
+
+GR_AVX512 static void tile_f32_gemm_avx512(int64_t K, const float *const w[4], const float *const x[2], float out[8]) {
+    GR_TILE_GEMM_AVX512(_mm512_loadu_ps)
+}
+
+GR_AVX512 static void tile_f16_gemm_avx512(int64_t K, const uint16_t *const w[4], const uint16_t *const x[2],
+                                          float out[8]) {
+    GR_TILE_GEMM_AVX512(load_h16)
+}
+
+/* the 16-lane exp; lane for lane the same arithmetic as expf_lane16() */
+GR_AVX512 static inline __m512 expf_avx512(__m512 x) {
+    const __m512 shift = _mm512_set1_ps(0x1.8p23f);
+    const __m512 z = _mm512_fmadd_ps(x, _mm512_set1_ps(0x1.715476p+0f), shift);
+    const __m512 n = _mm512_sub_ps(z, shift);
+    const __m512 b = _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.7f7d1cp-20f),
+                                      _mm512_fnmadd_ps(n, _mm512_set1_ps(0x1.62e4p-1f), x));
+    const __mmask16 d = _mm512_cmp_ps_mask(_mm512_abs_ps(n), _mm512_set1_ps(192.0f), _CMP_GT_OQ);
+    const __m512 u = _mm512_mul_ps(b, b);
+    const __m512 j = _mm512_fmadd_ps(
+        _mm512_fmadd_ps(_mm512_fmadd_ps(_mm512_set1_ps(0x1.0e4020p-7f), b, _mm512_set1_ps(0x1.573e2ep-5f)), u,
+                        _mm512_fmadd_ps(_mm512_set1_ps(0x1.555e66p-3f), b, _mm512_set1_ps(0x1.fffdb6p-2f))),
+        u, _mm512_fmadd_ps(_mm512_set1_ps(0x1.ffffecp-1f), b, _mm512_set1_ps(1.0f)));
+    const __m512 r = _mm512_scalef_ps(j, n);
+    if (!d) return r;
+    const __m512 alt = _mm512_mask_blend_ps(_mm512_cmp_ps_mask(n, _mm512_setzero_ps(), _CMP_LE_OQ),
+                                            _mm512_set1_ps(INFINITY), _mm512_setzero_ps());
+    return _mm512_mask_blend_ps(d, r, alt);
+}
+
+GR_AVX512 static double soft_max_avx512(int64_t n, float *y, const float *x, float max) {
+    double sum = 0.0;
+    int64_t i = 0;
+    const __m512 vmax = _mm512_set1_ps(max);
+    for (; i + 15 < n; i += 16) {
+        const __m512 v = expf_avx512(_mm512_sub_ps(_mm512_loadu_ps(x + i), vmax));
+        _mm512_storeu_ps(y + i, v);
+        sum += (double)hsum_16_avx512(v);
+    }
+    for (; i < n; i++) {
+        const float v = expf(x[i] - max);
+        sum += (double)v;
+        y[i] = v;
+    }
+    return sum;
+}
+
+GR_AVX512 static inline __m512 silu_avx512_16(__m512 x) {
+    const __m512 e = expf_avx512(_mm512_sub_ps(_mm512_setzero_ps(), x));
+    return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
+}
+
+GR_AVX512 static void silu_avx512(int64_t n, float *y, const float *x) {
+    int64_t i = 0;
+    for (; i + 15 < n; i += 16) _mm512_storeu_ps(y + i, silu_avx512_16(_mm512_loadu_ps(x + i)));
+    for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
+}
+
+GR_AVX512 static void swiglu_avx512(int64_t n, float *y, const float *x, const float *g) {
+    int64_t i = 0;
+    for (; i + 15 < n; i += 16)
+        _mm512_storeu_ps(y + i, _mm512_mul_ps(silu_avx512_16(_mm512_loadu_ps(x + i)), _mm512_loadu_ps(g + i)));
+    for (; i < n; i++) y[i] = (x[i] / (1.0f + expf(-x[i]))) * g[i];
+}
+
+/* F16 vectors in half precision, blocks of 128; the rest as the AVX2 build does */
+GR_AVX512FP16 static void mad_f16_avx512fp16(int64_t n, uint16_t *y, const uint16_t *x, float v) {
+    const int64_t np = n & ~(int64_t)127;
+    const __m512h hv = _mm512_set1_ph((_Float16)v);
+    for (int64_t i = 0; i < np; i += 32)
+        _mm512_storeu_ph(y + i, _mm512_fmadd_ph(_mm512_loadu_ph(x + i), hv, _mm512_loadu_ph(y + i)));
+    mad_f16_avx(n - np, y + np, x + np, v);
+}
+
+GR_AVX512FP16 static void scale_f16_avx512fp16(int64_t n, uint16_t *y, float v) {
+    const int64_t np = n & ~(int64_t)127;
+    const __m512h hv = _mm512_set1_ph((_Float16)v);
+    for (int64_t i = 0; i < np; i += 32) _mm512_storeu_ph(y + i, _mm512_mul_ph(_mm512_loadu_ph(y + i), hv));
+    for (int64_t i = np; i < n; i++) y[i] = gr_fp32_to_fp16(gr_fp16_to_fp32(y[i]) * v);
+}
 #endif /* GR_X86 */
+
+static void scale_f16_plain(int64_t n, uint16_t *y, float v) {
+    for (int64_t i = 0; i < n; i++) y[i] = gr_fp32_to_fp16(gr_fp16_to_fp32(y[i]) * v);
+}
 
 int gr_vec_simd_available(void) {
 #if GR_X86
@@ -476,21 +719,62 @@ int gr_vec_simd_available(void) {
 #endif
 }
 
-void gr_vec_init(int use_simd) {
-    gr_vec_ops v = {
-        dot_f32_c, dot_f32_x8_c, dot_f16_c, dot_f16_x8_c, fp16_to_fp32_c, fp32_to_fp16_c,
-        soft_max_c, silu_c, swiglu_c, mad_f32_c, mad_f16_c, tile_f32_x8_c, tile_f16_x8_c, gemm_f32_c, rope_rotate_c,
-    };
+static int has_avx512(void) {
 #if GR_X86
-    if (use_simd) {
+    __builtin_cpu_init();
+    return gr_vec_simd_available() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
+           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
+#else
+    return 0;
+#endif
+}
+
+static int has_avx512fp16(void) {
+#if GR_X86
+    return has_avx512() && __builtin_cpu_supports("avx512fp16");
+#else
+    return 0;
+#endif
+}
+
+int gr_vec_native_family(void) {
+    return has_avx512fp16() ? GR_FAMILY_AVX512_FP16 : has_avx512() ? GR_FAMILY_AVX512 : GR_FAMILY_AVX2;
+}
+
+int gr_vec_init(int family, int use_simd) {
+    if (family < GR_FAMILY_AVX2 || family > GR_FAMILY_AVX512_FP16) family = GR_FAMILY_AVX2;
+    vec_lanes = family == GR_FAMILY_AVX2 ? 8 : 16;
+    vec_fp16 = family == GR_FAMILY_AVX512_FP16;
+    gr_vec_ops v = {
+        vec_lanes, dot_f32_c, dot_f32_gemm_c, dot_f16_c, dot_f16_gemm_c, fp16_to_fp32_c, fp32_to_fp16_c,
+        soft_max_c, silu_c, swiglu_c, mad_f32_c, mad_f16_c, scale_f16_c, tile_f32_gemm_c, tile_f16_gemm_c,
+        gemm_f32_c, rope_rotate_c,
+    };
+    int simd = 0;
+#if GR_X86
+    if (use_simd && gr_vec_simd_available() && family == GR_FAMILY_AVX2) {
         v = (gr_vec_ops){
-            dot_f32_avx, dot_f32_x8_avx, dot_f16_avx, dot_f16_x8_avx, fp16_to_fp32_avx,
-            fp32_to_fp16_avx, soft_max_avx, silu_avx, swiglu_avx, mad_f32_avx, mad_f16_avx,
-            tile_f32_x8_avx, tile_f16_x8_avx, gemm_f32_avx, rope_rotate_avx,
+            8, dot_f32_avx, dot_f32_gemm_avx, dot_f16_avx, dot_f16_gemm_avx, fp16_to_fp32_avx,
+            fp32_to_fp16_avx, soft_max_avx, silu_avx, swiglu_avx, mad_f32_avx, mad_f16_avx, scale_f16_plain,
+            tile_f32_gemm_avx, tile_f16_gemm_avx, gemm_f32_avx, rope_rotate_avx,
         };
+        simd = 1;
+    } else if (use_simd && has_avx512() && family != GR_FAMILY_AVX2 &&
+               (family == GR_FAMILY_AVX512 || has_avx512fp16())) {
+        /* element-wise primitives (mad, conversions, rope, the FA GEMM's per-entry sums)
+         * give the same bits at either width: the AVX2 versions serve */
+        v = (gr_vec_ops){
+            16, dot_f32_avx512, dot_f32_gemm_avx512, dot_f16_avx512, dot_f16_gemm_avx512, fp16_to_fp32_avx,
+            fp32_to_fp16_avx, soft_max_avx512, silu_avx512, swiglu_avx512, mad_f32_avx,
+            family == GR_FAMILY_AVX512_FP16 ? mad_f16_avx512fp16 : mad_f16_avx,
+            family == GR_FAMILY_AVX512_FP16 ? scale_f16_avx512fp16 : scale_f16_plain,
+            tile_f32_gemm_avx512, tile_f16_gemm_avx512, gemm_f32_avx, rope_rotate_avx,
+        };
+        simd = 1;
     }
 #else
     (void)use_simd;
 #endif
     gr_vec = v;
+    return simd;
 }

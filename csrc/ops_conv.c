@@ -150,8 +150,8 @@ static void k_conv(gr_job *job, int phase) {
                 const char *w[4];
                 for (int i = 0; i < 4; i++) w[i] = knl + (size_t)(oc + i < g.OC ? oc + i : oc) * (size_t)K * ts;
                 float t[8];
-                if (f16) gr_vec.tile_f16_x8(K, (const uint16_t *const *)w, (const uint16_t *const *)act, t);
-                else gr_vec.tile_f32_x8(K, (const float *const *)w, (const float *const *)act, t);
+                if (f16) gr_vec.tile_f16_gemm(K, (const uint16_t *const *)w, (const uint16_t *const *)act, t);
+                else gr_vec.tile_f32_gemm(K, (const float *const *)w, (const float *const *)act, t);
                 for (int64_t j = 0; j < 2; j++)
                     for (int i = 0; i < 4 && oc + i < g.OC; i++) *conv_out(&g, n->dst.data, p + j, oc + i) = t[j * 4 + i];
             }
@@ -162,8 +162,8 @@ static void k_conv(gr_job *job, int phase) {
             for (int64_t oc = 0; oc < g.OC; oc++) {
                 const char *w = knl + (size_t)oc * (size_t)K * ts;
                 float v;
-                if (f16) v = (ord[j] ? gr_vec.dot_f16_x8 : gr_vec.dot_f16)(K, (const uint16_t *)w, (const uint16_t *)a);
-                else v = (ord[j] ? gr_vec.dot_f32_x8 : gr_vec.dot_f32)(K, (const float *)w, (const float *)a);
+                if (f16) v = (ord[j] ? gr_vec.dot_f16_gemm : gr_vec.dot_f16)(K, (const uint16_t *)w, (const uint16_t *)a);
+                else v = (ord[j] ? gr_vec.dot_f32_gemm : gr_vec.dot_f32)(K, (const float *)w, (const float *)a);
                 *conv_out(&g, n->dst.data, p + j, oc) = v;
             }
         }

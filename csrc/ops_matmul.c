@@ -205,8 +205,8 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     if (nr0 >= nr1) gr_range(nr0, job->ith, job->nth, &a0, &a1);
     else gr_range(nr1, job->ith, job->nth, &b0, &b1);
 
-    float (*dot32)(int64_t, const float *, const float *) = order == MM_GEMM ? gr_vec.dot_f32_x8 : gr_vec.dot_f32;
-    float (*dot16)(int64_t, const uint16_t *, const uint16_t *) = order == MM_GEMM ? gr_vec.dot_f16_x8 : gr_vec.dot_f16;
+    float (*dot32)(int64_t, const float *, const float *) = order == MM_GEMM ? gr_vec.dot_f32_gemm : gr_vec.dot_f32;
+    float (*dot16)(int64_t, const uint16_t *, const uint16_t *) = order == MM_GEMM ? gr_vec.dot_f16_gemm : gr_vec.dot_f16;
     ggmlrpc_vec_dot_fn qdot = NULL;
     if (s0->type != GR_TYPE_F32 && s0->type != GR_TYPE_F16)
         qdot = order == MM_Q0_GEMM ? ggmlrpc_get_vec_dot_gemm((uint32_t)s0->type) : ggmlrpc_get_vec_dot((uint32_t)s0->type);
@@ -305,8 +305,8 @@ void gr_k_mul_mat(gr_job *job, int phase) {
                 const char *w[4];
                 for (int i = 0; i < 4; i++) w[i] = wb + (i01 + i < re ? i01 + i : i01) * s0->nb[1];
                 float t[8];
-                if (f16) gr_vec.tile_f16_x8(K, (const uint16_t *const *)w, (const uint16_t *const *)act, t);
-                else gr_vec.tile_f32_x8(K, (const float *const *)w, (const float *const *)act, t);
+                if (f16) gr_vec.tile_f16_gemm(K, (const uint16_t *const *)w, (const uint16_t *const *)act, t);
+                else gr_vec.tile_f32_gemm(K, (const float *const *)w, (const float *const *)act, t);
                 for (int64_t j = 0; j < ce - c; j++)
                     for (int i = 0; i < 4 && i01 + i < re; i++) out[j][i01 + i] = t[j * 4 + i];
             }
@@ -563,7 +563,7 @@ static void fa_row(const gr_node *n, gr_job *job, const fa_ctx *c, int64_t ir, i
             if (s > M) {
                 M = s;
                 ms = expf(Mold - M);
-                for (int64_t d = 0; d < DV; d++) VKQ16[d] = gr_fp32_to_fp16(gr_fp16_to_fp32(VKQ16[d]) * ms);
+                gr_vec.scale_f16(DV, VKQ16, ms);
             } else {
                 vs = expf(s - M);
             }

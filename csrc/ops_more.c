@@ -1043,7 +1043,7 @@ static void k_lightning_indexer(gr_job *job, int phase) {
                 float score = 0.0f;
                 for (int64_t h = 0; h < H; h++) {
                     const float qk = gr_vec.dot_f32(E, (const float *)gr_at(q, 0, h, t, s), kv);
-                    score += (qk > 0.0f ? qk : 0.0f) * wr[h];   /* not fused in ggml's build */
+                    score = gr_family_madd(score, qk > 0.0f ? qk : 0.0f, wr[h]);
                 }
                 uint16_t mh;
                 memcpy(&mh, mr + j * 2, 2);
@@ -1131,7 +1131,7 @@ static void k_dsv4_hc_pre(gr_job *job, int phase) {
             } else {
                 memcpy(&wv, gr_at(w, h, t, 0, 0), 4);
             }
-            sum += xv * wv;   /* not fused in ggml's build */
+            sum = gr_family_madd(sum, xv, wv);
         }
         const float v = scale * sum;
         memcpy(gr_at(d, i, t, 0, 0), &v, 4);
@@ -1160,7 +1160,7 @@ static void k_dsv4_hc_post(gr_job *job, int phase) {
                 float rv, cv;
                 memcpy(&rv, gr_at(r, i, h, t, 0), 4);
                 memcpy(&cv, gr_at(cb, j, h, t, 0), 4);
-                sum += rv * cv;   /* not fused in ggml's build */
+                sum = gr_family_madd(sum, rv, cv);
             }
         } else {
             float rv;

@@ -84,27 +84,20 @@ static void k_ssm_scan(gr_job *job, int phase) {
                     int64_t i0 = 0;
                     if (A->ne[0] == 1) {
                         /* ggml's vector loop: products rounded, added, one fused sum per
-                         * lane in four 8-lane accumulators, reduced like its dot product */
-                        const int64_t np = nc & ~(int64_t)31;
-                        float acc[4][8] = {{0}};
-                        for (; i0 < np; i0 += 32)
+                         * lane in four accumulators of the family's width, reduced like
+                         * its dot product */
+                        const int L = gr_vec.lanes;
+                        const int64_t np = nc & ~(int64_t)(4 * L - 1);
+                        float acc[4][16] = {{0}};
+                        for (; i0 < np; i0 += 4 * L)
                             for (int j = 0; j < 4; j++)
-                                for (int l = 0; l < 8; l++) {
-                                    const int64_t e = i0 + 8 * j + l;
+                                for (int l = 0; l < L; l++) {
+                                    const int64_t e = i0 + L * j + l;
                                     const float st = fmaf(s0[e + ii * nc], dA, b[e + g * nc] * x_dt);
                                     acc[j][l] = fmaf(st, cc[e + g * nc], acc[j][l]);
                                     s[e + ii * nc] = st;
                                 }
-                        if (np) {
-                            float t[4];
-                            for (int l = 0; l < 8; l++) {
-                                acc[0][l] += acc[2][l];
-                                acc[1][l] += acc[3][l];
-                            }
-                            for (int l = 0; l < 8; l++) acc[0][l] += acc[1][l];
-                            for (int l = 0; l < 4; l++) t[l] = acc[0][l] + acc[0][l + 4];
-                            sum = (t[0] + t[1]) + (t[2] + t[3]);
-                        }
+                        if (np) sum = gr_vec_reduce4(acc);
                         for (; i0 < nc; i0++) {
                             const float st = fmaf(s0[i0 + ii * nc], dA, b[i0 + g * nc] * x_dt);
                             sum = fmaf(st, cc[i0 + g * nc], sum);
@@ -234,8 +227,9 @@ static void k_solve_tri(gr_job *job, int phase) {
         float *x = (float *)(d->data + i2 * d->nb[2] + i3 * d->nb[3]);
         for (int64_t i = 0; i < nn; i++) {
             /* as GCC vectorizes ggml's loop: groups of rounded products (four when
-             * the column is contiguous, else two) added in order, the rest fused */
-            const int64_t g = k == 1 ? 4 : 2;
+             * the column is contiguous or the build is AVX-512's, else two) added in
+             * order, the rest fused */
+            const int64_t g = k == 1 || gr_vec.lanes == 16 ? 4 : 2;
             const float *ai = a + i * nn;
             float sum = 0.0f;
             int64_t t = 0;

@@ -166,33 +166,46 @@ def ref_bin():
     return d
 
 
+def host_cpu_flags() -> set[str]:
+    try:
+        with open("/proc/cpuinfo") as f:
+            return next((set(line.split(":", 1)[1].split()) for line in f if line.startswith("flags")), set())
+    except OSError:
+        return set()
+
+
 @functools.lru_cache(maxsize=None)
 def reference_kernel_family(bin_dir: Path) -> str:
     """The kernel family ggml was compiled with in the reference build, asked from its CPU
-    library (ggml_cpu_has_*, compile-time facts): "x86-avx512" (512-bit vector ops and
-    tinyBLAS tiles, other summation orders), "x86-avx2" (AVX2 + FMA + F16C), or "other"."""
-    lib = next(iter(sorted(bin_dir.glob("libggml-cpu.so*"))), None)
-    if lib is None:
-        return "other"
-    cpu = ctypes.CDLL(str(lib))
-    has = {n: getattr(cpu, f"ggml_cpu_has_{n}")() for n in ("avx512", "avx2", "fma", "f16c")}
+    library (ggml_cpu_has_*, compile-time facts), in our executor's names: "x86-avx2"
+    (AVX2 + FMA + F16C), "x86-avx512" (512-bit vector ops, other summation orders),
+    "x86-avx512-fp16" (also F16 vector arithmetic in half precision; ggml does not report
+    AVX512-FP16, so a native AVX-512 build on a CPU that has it is taken to use it), or
+    "other"."""
+    has = {n: reference_has(bin_dir, n) for n in ("avx512", "avx2", "fma", "f16c")}
     if has["avx512"]:
-        return "x86-avx512"
+        return "x86-avx512-fp16" if "avx512_fp16" in host_cpu_flags() else "x86-avx512"
     if has["avx2"] and has["fma"] and has["f16c"]:
         return "x86-avx2"
     return "other"
 
 
+def reference_has(bin_dir: Path, feature: str) -> bool:
+    """ggml_cpu_has_<feature>() of the reference build's CPU library."""
+    lib = next(iter(sorted(bin_dir.glob("libggml-cpu.so*"))), None)
+    return bool(lib and getattr(ctypes.CDLL(str(lib)), f"ggml_cpu_has_{feature}")())
+
+
 @pytest.fixture(scope="session")
 def bit_exact(ref_bin) -> bool:
-    """Whether our executor claims to reproduce, bit for bit, the kernels ggml picked in the
-    reference build on this host. Where it does, tests assert byte equality with the
-    reference; elsewhere they assert test-backend-ops-style error bounds (and greedy text
-    only where a recorded session from a reproduced family says what it must be)."""
+    """Whether our executor reproduces, bit for bit, the kernels ggml picked in the
+    reference build on this host (its kernel family, portable twins included). Where it
+    does, tests assert byte equality with the reference; elsewhere they assert
+    test-backend-ops-style error bounds (and greedy text only where a recorded session
+    from a reproduced family says what it must be)."""
     from ggmlrpc._native import executor
 
-    family = reference_kernel_family(ref_bin)
-    ours = "x86-avx2" if executor.simd_level() else "portable"
+    family, ours = reference_kernel_family(ref_bin), executor.kernel_family()
     print(f"\n[kernels] reference: {family}, ours: {ours}")
     return family == ours
 

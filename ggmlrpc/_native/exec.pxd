@@ -57,6 +57,9 @@ cdef extern from "exec.h" nogil:
     size_t ggmlrpc_exec_wsize(const gr_node *node, int n_threads)
     int ggmlrpc_exec_simd_level()
     int ggmlrpc_exec_set_simd(int enable)
+    int ggmlrpc_exec_family()
+    int ggmlrpc_exec_set_family(int family)
+    int ggmlrpc_exec_vec_lanes()
 
 cdef extern from "quants.h" nogil:
     ctypedef void (*ggmlrpc_to_float_fn)(const void *src, float *dst, int64_t n)

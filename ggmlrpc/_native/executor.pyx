@@ -168,13 +168,38 @@ cdef class Plan:
 
 
 def simd_level():
-    """1 when the AVX2/FMA/F16C kernels run, 0 for the portable ones."""
+    """1 when SIMD kernels (AVX2/FMA/F16C, or AVX-512 for the AVX-512 families) run, 0
+    for the portable twins."""
     return ggmlrpc_exec_simd_level()
 
 
 def set_simd(bint enable):
     """Use the SIMD kernels (when the CPU has them) or the portable twins; returns the old level."""
     return ggmlrpc_exec_set_simd(enable)
+
+
+# the ggml x86 builds whose summation orders the executor reproduces (csrc/exec_impl.h)
+FAMILIES = {"x86-avx2": 1, "x86-avx512": 2, "x86-avx512-fp16": 3}
+_FAMILY_NAMES = {v: k for k, v in FAMILIES.items()}
+
+
+def kernel_family():
+    """The ggml build whose results the kernels reproduce bit for bit: "x86-avx2",
+    "x86-avx512" or "x86-avx512-fp16" (by default the one a native build on this CPU is)."""
+    return _FAMILY_NAMES[ggmlrpc_exec_family()]
+
+
+def set_kernel_family(name):
+    """Reproduce another family (None: this CPU's native one); returns the old name. Not
+    while graphs run. A family whose SIMD this CPU lacks runs on the portable twins."""
+    if name is not None and name not in FAMILIES:
+        raise ValueError(f"unknown kernel family {name!r}; known: {', '.join(FAMILIES)}")
+    return _FAMILY_NAMES[ggmlrpc_exec_set_family(FAMILIES[name] if name else 0)]
+
+
+def vec_lanes():
+    """The family's vector width in floats (8 or 16)."""
+    return ggmlrpc_exec_vec_lanes()
 
 
 def vec_dot_type(uint32_t weight_type):

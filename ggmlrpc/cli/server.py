@@ -138,6 +138,14 @@ def main(argv: list[str] | None = None) -> int:
     if not devices:
         sys.stderr.write("No devices found\n")
         return 1
+    if any(d.name == "CPU" for d in devices):
+        from ..compute.cpu import select_kernel_family
+        try:
+            family = select_kernel_family()
+        except DeviceError as e:
+            sys.stderr.write(f"error: {e}\n")
+            return 1
+        logging.getLogger(__name__).debug("CPU kernels reproduce ggml's %s build", family)
 
     cache_dir = None
     if params.cache:

@@ -16,6 +16,7 @@ bounds before that.
 """
 from __future__ import annotations
 
+import os
 import threading
 
 from .. import ggml
@@ -42,6 +43,19 @@ class CpuPlan:
 def _native():
     from .._native import executor
     return executor
+
+
+def select_kernel_family(env=os.environ) -> str:
+    """GGMLRPC_KERNELS names the ggml build whose results the executor reproduces bit for
+    bit ("x86-avx2", "x86-avx512", "x86-avx512-fp16"); unset, it is the one a native
+    llama.cpp build on this CPU is. Returns the family in use."""
+    ex = _native()
+    name = env.get("GGMLRPC_KERNELS") or None
+    try:
+        ex.set_kernel_family(name)
+    except ValueError as e:
+        raise DeviceError(f"GGMLRPC_KERNELS: {e}") from None
+    return ex.kernel_family()
 
 
 class CpuExecutor:

@@ -417,7 +417,7 @@ def rule_mul_mat(node, srcs):
     # ggml's summation order: its prompt-time GEMM for F32/F16 weights, its tiled
     # K-quant GEMM from 8 activation rows on, else one vec_dot per output (whose
     # order is tinyBLAS's too for Q4_0, Q5_0 and Q8_0)
-    gemm = int(w.type in (T.F32, T.F16) and N >= 2 and K % 8 == 0 and M % 4 == 0
+    gemm = int(w.type in (T.F32, T.F16) and N >= 2 and K % ex.vec_lanes() == 0 and M % 4 == 0
                and (x.type != vdt or contiguous(x)))
     if w.type in TILED_TYPES and N >= 8:
         gemm = 2
@@ -1019,7 +1019,7 @@ def rule_conv(node, srcs):
     K = nelements(k) // oc
     if K * ts(k) + oc * 4 > 16 << 20:
         raise unsupported(node, srcs, "with patches over ggml's 16 MiB work buffer")
-    gemm = int(K % 8 == 0 and oc % 4 == 0)
+    gemm = int(K % _ex().vec_lanes() == 0 and oc % 4 == 0)
     return Spec(ids.K.CONV, int(three), iparams=(0, gemm), srcs=[k, x])
 
 

@@ -166,6 +166,22 @@ def test_rejected_values(args):
         assert f"WARNING: Host ('{args[1]}') is != '127.0.0.1'" in r.stderr
 
 
+def test_unknown_kernel_family_refused():
+    r = run(our_server_argv("-p", str(free_port())), dict(QUIET, GGMLRPC_KERNELS="x86-avx3"))
+    assert r.returncode == 1
+    assert "GGMLRPC_KERNELS" in r.stderr and "x86-avx3" in r.stderr and "x86-avx2" in r.stderr
+    assert "Starting RPC server" not in r.stdout
+
+
+def test_kernel_family_from_environment(server_proc):
+    """GGMLRPC_KERNELS picks the ggml build the executor reproduces (said at debug level)."""
+    p = server_proc(env=dict(os.environ, GGMLRPC_KERNELS="x86-avx2", GGML_RPC_DEBUG="1"))
+    with RemoteBackend(p.endpoint) as rb:
+        assert rb.device_count() == 1
+    p.stop()
+    assert "CPU kernels reproduce ggml's x86-avx2 build" in p.output()[1]
+
+
 def test_any_host_warning_on_stderr(server_proc):
     p = server_proc("-H", "0.0.0.0", env=QUIET)
     out = wait_for(p, "transport")

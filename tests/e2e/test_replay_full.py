@@ -2,10 +2,11 @@
 
 The graphs run on our CPU executor: the prompt graph, then decoding with
 GRAPH_RECOMPUTE, with the logits compared to what llama.cpp's own server answered
-(README rules: NMSE well under 1e-4, the same top token). Our kernels follow
-ggml's rounding and summation order, so the logits are in fact bit for bit the
-recorded ones; the strict tests hold that, with one thread and several, and with
-the portable kernels as well as the SIMD ones.
+(NMSE well under 1e-4, the same top token). Our kernels follow ggml's rounding and
+summation order, and the sessions were recorded on an AVX2 build of llama.cpp: with
+the executor reproducing that build (whatever this CPU is), the logits are bit for
+bit the recorded ones; the strict tests hold that, with one thread and several, and
+with the portable kernels as well as the SIMD ones.
 """
 from __future__ import annotations
 
@@ -31,6 +32,15 @@ def threaded_server():
     srv.start()
     yield srv
     srv.close()
+
+
+@pytest.fixture
+def avx2_family():
+    """The executor reproduces ggml's AVX2 build, the one the sessions were recorded with."""
+    from ggmlrpc._native import executor
+    old = executor.set_kernel_family("x86-avx2")
+    yield
+    executor.set_kernel_family(old)
 
 
 @pytest.fixture
@@ -69,11 +79,11 @@ def test_whole_session_replays(server, endpoint, session):
 
 
 @pytest.mark.parametrize("session", SESSIONS)
-def test_logits_bit_exact_threaded(threaded_server, session):
+def test_logits_bit_exact_threaded(threaded_server, avx2_family, session):
     # an NMSE bound of 1e-30 admits only identical logits
     replay(f"127.0.0.1:{threaded_server.port}", session, max_nmse=1e-30)
 
 
 @pytest.mark.parametrize("session", SESSIONS)
-def test_logits_bit_exact_portable(threaded_server, portable_kernels, session):
+def test_logits_bit_exact_portable(threaded_server, avx2_family, portable_kernels, session):
     replay(f"127.0.0.1:{threaded_server.port}", session, max_nmse=1e-30)

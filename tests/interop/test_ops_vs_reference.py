@@ -751,12 +751,21 @@ def assert_outputs_close(ours, ref):
         assert err <= MAX_NMSE, f"output {i} ({T(t).name}): NMSE {err:.3g} > {MAX_NMSE:g}"
 
 
+# cases whose kernels our executor does not reproduce on some builds of ggml, by the
+# CPU feature of the build that changes them (they keep the NMSE bound there)
+NOT_REPRODUCED = {
+    # an AVX512-BF16 build multiplies BF16 pairs with VDPBF16PS (tinyBLAS and vec_dot)
+    "mul_mat-bf16": "avx512_bf16",
+}
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_same_bytes_as_reference(endpoints, bit_exact, name):
+def test_same_bytes_as_reference(endpoints, bit_exact, ref_bin, name):
+    from tests.conftest import reference_has
     ours, ref = endpoints
     seed = sum(map(ord, name))
     a, b = run_case(ours, CASES[name], seed), run_case(ref, CASES[name], seed)
-    if bit_exact:
+    if bit_exact and not (name in NOT_REPRODUCED and reference_has(ref_bin, NOT_REPRODUCED[name])):
         assert a == b
     else:
         assert_outputs_close(a, b)

@@ -126,6 +126,11 @@ def graph_zoo(c, rng):
         w = c.new(wt, (70, 12), rng.standard_normal((12, 70)).astype(np.float16 if wt == T.F16 else np.float32))
         xs = c.view(x, (70, n), (4, 280, 280 * n, 280 * n))
         outs.append(c.op(Op.MUL_MAT, T.F32, (12, n), w, xs))
+    # the prompt-time GEMM's order (K a multiple of every family's width)
+    x64 = c.new(T.F32, (64, 6), rng.standard_normal((6, 64)).astype(np.float32))
+    for wt in (T.F32, T.F16):
+        w = c.new(wt, (64, 12), rng.standard_normal((12, 64)).astype(np.float16 if wt == T.F16 else np.float32))
+        outs.append(c.op(Op.MUL_MAT, T.F32, (12, 6), w, x64))
     outs.append(c.op(Op.SOFT_MAX, T.F32, (70, 6), x, params=[f32_bits(0.7), 0]))
     outs.append(c.op(Op.UNARY, T.F32, (70, 6), x, params=[U.SILU]))
     outs.append(c.op(Op.GLU, T.F32, (35, 6), x, params=[G.SWIGLU, 1]))
@@ -139,10 +144,24 @@ def graph_zoo(c, rng):
     q = c.new(T.F32, (32, 3, 4), rng.standard_normal((4, 3, 32)).astype(np.float32))
     kv = c.new(T.F16, (32, 20, 2), rng.standard_normal((2, 20, 32)).astype(np.float16))
     outs.append(c.op(Op.FLASH_ATTN_EXT, T.F32, (32, 4, 3, 1), q, kv, kv, params=[f32_bits(0.2), 0, 0, 0]))
+    # heads of 136: the F16 accumulator's blocks of 128 (half-precision arithmetic in the
+    # AVX512-FP16 family) and a tail
+    q = c.new(T.F32, (136, 2, 2), rng.standard_normal((2, 2, 136)).astype(np.float32))
+    kv = c.new(T.F16, (136, 24, 2), rng.standard_normal((2, 24, 136)).astype(np.float16))
+    outs.append(c.op(Op.FLASH_ATTN_EXT, T.F32, (136, 2, 2, 1), q, kv, kv, params=[f32_bits(0.1), 0, 0, 0]))
     return outs
 
 
-def test_simd_and_portable_kernels_agree(server, seed, portable):
+@pytest.fixture(params=["x86-avx2", "x86-avx512", "x86-avx512-fp16"])
+def family(request):
+    """Each ggml build whose orders the executor reproduces, in turn."""
+    from ggmlrpc._native import executor
+    old = executor.set_kernel_family(request.param)
+    yield request.param
+    executor.set_kernel_family(old)
+
+
+def test_simd_and_portable_kernels_agree(server, seed, family, portable):
     from ggmlrpc._native import executor, quants
     results = []
     for simd in (False, True):
@@ -156,5 +175,5 @@ def test_simd_and_portable_kernels_agree(server, seed, portable):
         finally:
             c.close()
     if executor.simd_level() == 0:
-        pytest.skip("this CPU has no AVX2: only the portable kernels exist")
+        pytest.skip(f"this CPU cannot run the {family} SIMD kernels: only their portable twins exist")
     assert results[0] == results[1]
