@@ -1,11 +1,15 @@
 """Prometheus metrics of a running server (`ggml-rpc-server --metrics HOST:PORT`).
 
-Counting stays off the hot path: each connection counts into its own plain
-``SessionStats`` (lists of ints written only by that connection's thread, no
-locks), and ``Metrics`` folds them together when Prometheus scrapes: the live
-connections' counters plus the totals of the connections that have ended, which
-are added in once, when a connection ends. A scrape may see a connection's
-counters a command behind; every number only ever grows, so nothing is lost.
+Counting stays off the hot path: each connection counts into its own counters,
+written only by that connection's thread, without locks: per command a native
+``CommandCounters`` (two clock reads and four additions in C around the
+session's dispatch; ``PyCommandCounters`` is its pure-Python twin), and for the
+rarer events (graphs, cache, GET_TENSOR bytes) plain ints in ``SessionStats``.
+``Metrics`` folds them together when Prometheus scrapes: the live connections'
+counters plus the totals of the connections that have ended, added in once, when
+a connection ends. A scrape may see a connection's counters a command behind;
+every number only ever grows. Response bytes follow from the protocol's response
+sizes (RESPONSE_SIZE) and the GET_TENSOR bytes sent.
 
 What is shown (the names as exposed):
 
@@ -41,14 +45,19 @@ import ipaddress
 import os
 import re
 import threading
-from bisect import bisect_right
+from bisect import bisect_left
 from collections import Counter
 from time import perf_counter_ns
 
 from . import __version__, protocol
 from .errors import (ConnectionLost, DeviceError, GgmlRpcError, ProtocolError, RpcTimeout,
                      UnsupportedError, ValidationError)
-from .protocol import CMD_COUNT, CONN_CAPS_SIZE, HEADER, Cmd
+from .protocol import CMD_COUNT, CONN_CAPS_SIZE, HEADER, RESPONSE_SIZE, SIZE, Cmd
+
+try:
+    from ._native.counters import CommandCounters as _NativeCounters
+except ImportError:  # pragma: no cover - only without the built extension
+    _NativeCounters = None
 
 # Upper bounds of the command latency buckets, in seconds (+Inf follows).
 LATENCY_BUCKETS = (10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,
@@ -57,7 +66,6 @@ _BOUNDS_NS = tuple(round(b * 1e9) for b in LATENCY_BUCKETS)
 _NB = len(_BOUNDS_NS) + 1  # buckets per command, the last one +Inf
 
 _HELLO_REQUEST = HEADER.size + CONN_CAPS_SIZE
-_HELLO_RESPONSE = protocol.SIZE.size + 4 + CONN_CAPS_SIZE
 _CACHE_FILE = re.compile(r"^[0-9a-f]{16}$")
 
 # Why a connection ended, grouped by the exception the session logged.
@@ -84,19 +92,52 @@ def close_reason(exc: BaseException | None, closing: bool) -> str:
     return "internal"
 
 
-class SessionStats:
-    """One connection's counters. Written only by the connection's own thread."""
+class PyCommandCounters:
+    """The pure-Python twin of ggmlrpc._native.counters.CommandCounters: `dispatch`
+    stands in for a session's dispatch, times the real one and counts the command
+    once it returns (a command that raises is not counted; the connection's close
+    reason says why it ended)."""
 
-    __slots__ = ("greeted", "count", "rx", "tx", "ns", "hist", "graphs", "cache_hits",
+    def __init__(self, dispatch, n_commands: int, bounds_ns, header_size: int):
+        self._dispatch = dispatch
+        self.bounds = tuple(bounds_ns)
+        self.nb = len(self.bounds) + 1
+        self.header = header_size
+        self.count = [0] * n_commands
+        self.rx = [0] * n_commands
+        self.ns = [0] * n_commands
+        self.hist = [0] * (n_commands * self.nb)
+
+    def dispatch(self, cmd: int, size: int) -> None:
+        t0 = perf_counter_ns()
+        self._dispatch(cmd, size)
+        dt = perf_counter_ns() - t0
+        self.count[cmd] += 1
+        self.rx[cmd] += self.header + size
+        self.ns[cmd] += dt
+        self.hist[cmd * self.nb + bisect_left(self.bounds, dt)] += 1  # le: dt <= bound
+
+    def snapshot(self):
+        return list(self.count), list(self.rx), list(self.ns), list(self.hist)
+
+
+def command_counters(dispatch, native: bool):
+    """Counters around `dispatch`: the native ones unless told otherwise or not built."""
+    cls = _NativeCounters if native and _NativeCounters is not None else PyCommandCounters
+    return cls(dispatch, CMD_COUNT, _BOUNDS_NS, HEADER.size)
+
+
+class SessionStats:
+    """One connection's counters, written only by the connection's own thread. The
+    per-command ones (`commands`) exist only while a metrics collector is attached."""
+
+    __slots__ = ("greeted", "commands", "get_tensor_bytes", "graphs", "cache_hits",
                  "cache_misses", "cache_saved", "cache_stores")
 
     def __init__(self):
         self.greeted = False
-        self.count = [0] * CMD_COUNT      # per command id
-        self.rx = [0] * CMD_COUNT         # request bytes, header included
-        self.tx = [0] * CMD_COUNT         # response bytes, size field included
-        self.ns = [0] * CMD_COUNT         # handling time
-        self.hist = [0] * (CMD_COUNT * _NB)  # (command, latency bucket), not cumulative
+        self.commands = None              # PyCommandCounters or the native twin
+        self.get_tensor_bytes = 0         # GET_TENSOR data sent (responses of variable size)
         self.graphs: dict[tuple[int, str], list] = {}  # (device, kind) -> [runs, nodes, ns]
         self.cache_hits = 0
         self.cache_misses = 0
@@ -106,9 +147,6 @@ class SessionStats:
     def hello(self) -> None:
         """The HELLO exchange went through: the connection is being served."""
         self.greeted = True
-        self.count[Cmd.HELLO] += 1
-        self.rx[Cmd.HELLO] += _HELLO_REQUEST
-        self.tx[Cmd.HELLO] += _HELLO_RESPONSE
 
     def graph(self, device: int, kind: str, n_nodes: int, ns: int) -> None:
         g = self.graphs.get((device, kind))
@@ -122,43 +160,48 @@ class SessionStats:
         self.cache_hits += 1
         self.cache_saved += n
 
-    def counting(self, dispatch, conn):
-        """`dispatch` wrapped so that each command it runs is counted: request bytes
-        from the header's size, response bytes from what the connection sent, and the
-        time from the request's header to the response's last byte (a request's
-        variable payload is read inside). A command that raises is not counted; the
-        connection's close reason says why it ended."""
-        count, rx, tx, ns, hist = self.count, self.rx, self.tx, self.ns, self.hist
-        bounds = _BOUNDS_NS
-        head = HEADER.size
 
-        def counted_dispatch(cmd: int, size: int) -> None:
-            sent = conn.sent
-            t0 = perf_counter_ns()
-            dispatch(cmd, size)
-            dt = perf_counter_ns() - t0
-            count[cmd] += 1
-            rx[cmd] += head + size
-            tx[cmd] += conn.sent - sent
-            ns[cmd] += dt
-            hist[cmd * _NB + bisect_right(bounds, dt)] += 1
+class Totals:
+    """Counters summed over connections: what a scrape shows."""
 
-        return counted_dispatch
+    def __init__(self):
+        self.count = [0] * CMD_COUNT
+        self.rx = [0] * CMD_COUNT
+        self.ns = [0] * CMD_COUNT
+        self.hist = [0] * (CMD_COUNT * _NB)
+        self.get_tensor_bytes = 0
+        self.graphs: dict[tuple[int, str], list] = {}
+        self.cache = [0, 0, 0, 0]         # hits, misses, saved bytes, stores
 
-    def add(self, other: SessionStats) -> None:
-        for mine, theirs in ((self.count, other.count), (self.rx, other.rx), (self.tx, other.tx),
-                             (self.ns, other.ns), (self.hist, other.hist)):
-            for i, v in enumerate(list(theirs)):
+    def add(self, stats: SessionStats | Totals) -> None:
+        if isinstance(stats, Totals):
+            parts = (stats.count, stats.rx, stats.ns, stats.hist)
+            cache = stats.cache
+        else:
+            parts = stats.commands.snapshot() if stats.commands is not None else ()
+            cache = (stats.cache_hits, stats.cache_misses, stats.cache_saved, stats.cache_stores)
+            if stats.greeted:  # exchanged before the command loop: counted, not timed
+                self.count[Cmd.HELLO] += 1
+                self.rx[Cmd.HELLO] += _HELLO_REQUEST
+        for mine, theirs in zip((self.count, self.rx, self.ns, self.hist), parts):
+            for i, v in enumerate(theirs):
                 if v:
                     mine[i] += v
-        for key, g in list(other.graphs.items()):
+        for key, g in list(stats.graphs.items()):
             mine = self.graphs.setdefault(key, [0, 0, 0])
             for i in range(3):
                 mine[i] += g[i]
-        self.cache_hits += other.cache_hits
-        self.cache_misses += other.cache_misses
-        self.cache_saved += other.cache_saved
-        self.cache_stores += other.cache_stores
+        self.get_tensor_bytes += stats.get_tensor_bytes
+        self.cache = [a + b for a, b in zip(self.cache, cache)]
+
+    def response_bytes(self, cmd: int) -> int:
+        """Responses are fixed by the protocol but for GET_TENSOR's data."""
+        size = RESPONSE_SIZE[cmd]
+        if size is None:
+            return 0
+        if size < 0:
+            return self.count[cmd] * SIZE.size + self.get_tensor_bytes
+        return self.count[cmd] * (SIZE.size + size)
 
 
 def parse_endpoint(text: str) -> tuple[str, int]:
@@ -189,7 +232,7 @@ class Metrics:
         self.server = server
         self._lock = threading.Lock()    # taken once per connection, never per command
         self._live: dict = {}            # Session -> SessionStats
-        self._ended = SessionStats()     # the sum over connections that have ended
+        self._ended = Totals()           # the sum over connections that have ended
         self._accepted = 0
         self._refused: Counter[str] = Counter()
         self._closed: Counter[str] = Counter()
@@ -200,7 +243,9 @@ class Metrics:
     # -- hooks the server calls (once per connection) --------------------------
     def attach(self, session) -> None:
         """A connection was accepted: count its commands from now on."""
-        session.dispatch = session.stats.counting(session.dispatch, session.conn)
+        stats = session.stats
+        stats.commands = command_counters(session.dispatch, session.server.native)
+        session.dispatch = stats.commands.dispatch
         with self._lock:
             self._accepted += 1
             self._live[session] = session.stats
@@ -245,7 +290,7 @@ class Metrics:
     # -- the scrape --------------------------------------------------------------
     def snapshot(self):
         """(stats summed over every connection, live sessions, accepted, refused, closed)."""
-        total = SessionStats()
+        total = Totals()
         with self._lock:
             live = list(self._live.items())
             total.add(self._ended)
@@ -301,7 +346,7 @@ class Metrics:
         for c in seen:
             count.add_metric([names[c]], total.count[c])
             rx.add_metric([names[c]], total.rx[c])
-            tx.add_metric([names[c]], total.tx[c])
+            tx.add_metric([names[c]], total.response_bytes(c))
             if c == Cmd.HELLO:  # exchanged before the command loop, not timed
                 continue
             acc, buckets = 0, []
@@ -361,15 +406,14 @@ class Metrics:
         yield from (*fams, free, tot)
 
     def _cache(self, total, CounterMetricFamily, GaugeMetricFamily):
+        hits, misses, saved, stores = total.cache
         yield CounterMetricFamily("ggmlrpc_cache_hits", "SET_TENSOR_HASH answered from the cache",
-                                  value=total.cache_hits)
+                                  value=hits)
         yield CounterMetricFamily("ggmlrpc_cache_misses",
-                                  "SET_TENSOR_HASH answered 'not cached'", value=total.cache_misses)
+                                  "SET_TENSOR_HASH answered 'not cached'", value=misses)
         yield CounterMetricFamily("ggmlrpc_cache_saved_bytes",
-                                  "tensor bytes not transferred thanks to the cache",
-                                  value=total.cache_saved)
-        yield CounterMetricFamily("ggmlrpc_cache_stores", "cache files written",
-                                  value=total.cache_stores)
+                                  "tensor bytes not transferred thanks to the cache", value=saved)
+        yield CounterMetricFamily("ggmlrpc_cache_stores", "cache files written", value=stores)
         cache = self.server.cache
         if cache is None:
             return

@@ -499,6 +499,7 @@ class Session:
             self.server.dbg("[get_tensor] buffer: %x, data: %x, offset: %d, size: %d",
                             b.handle, t.data, offset, n)
         header = protocol.SIZE.pack(n)
+        self.stats.get_tensor_bytes += n
         if n:
             self.conn.send_from_buffer(header, b.mem, at, n)
         else:

@@ -41,7 +41,6 @@ class Conn:
         # native reads go through a read-ahead buffer (one recv per small message);
         # nothing may read this socket around it
         self._rbuf = _wire.RecvBuffer() if self.native else None
-        self.sent = 0  # bytes sent so far (the server's metrics read it)
 
     # -- reading -----------------------------------------------------------
     def recv_exact(self, n: int) -> bytearray:
@@ -121,13 +120,11 @@ class Conn:
         """Send byte strings back to back (natively: one message, one writev)."""
         if self.native:
             _wire.sendv(self.fd, parts, _ms(self.timeout))
-            self.sent += sum(map(len, parts))  # byte strings, as callers size them
             return
         try:
             self.sock.settimeout(self.timeout)
             for p in parts:
                 self.sock.sendall(p)
-            self.sent += sum(map(len, parts))  # byte strings, as callers size them
         except socket.timeout as e:
             raise RpcTimeout("send timed out") from e
         except OSError as e:
@@ -139,7 +136,6 @@ class Conn:
         """A response: | size u64 | payload |."""
         if self.native:
             _wire.send_sized(self.fd, payload, _ms(self.timeout))
-            self.sent += SIZE.size + len(payload)
         else:
             self.send(SIZE.pack(len(payload)), payload)
 
@@ -147,13 +143,11 @@ class Conn:
         """Send header then n bytes of a device buffer, from the buffer's memory."""
         if self.native:
             buffer.send_from(self.fd, header, offset, n, _ms(self.timeout))
-            self.sent += len(header) + n
         else:
             try:
                 self.sock.settimeout(self.timeout)
                 self.sock.sendall(header)
                 self.sock.sendall(buffer.view()[offset:offset + n])
-                self.sent += len(header) + n
             except OSError as e:
                 raise ConnectionLost(f"send failed: {e}") from e
             finally:
