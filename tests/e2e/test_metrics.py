@@ -382,3 +382,22 @@ def test_off_by_default(server_proc):
         rb.device_count()
     out, _ = p.output()
     assert "metrics" not in out
+
+
+def test_readme_names_every_metric(tmp_path):
+    """Every ggmlrpc_* family a scrape shows is in the README's table."""
+    from pathlib import Path
+    readme = (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    m = Metered(cache_dir=str(tmp_path))
+    try:
+        with RemoteBackend(m.endpoint) as rb:
+            rb.device_count()
+            rb.synchronize()
+            s = m.scrape()
+    finally:
+        m.close()
+    names = {n for n in s.types if n.startswith("ggmlrpc_")}
+    assert len(names) >= 20
+    for name in names:
+        suffix = "_total" if s.types[name] == "counter" else ""
+        assert f"`{name}{suffix}`" in readme, name
