@@ -221,8 +221,8 @@ class Server:
             session.run()
         finally:
             session.release()
-            if session.stats_hook is not None:
-                session.stats_hook.detach(session)
+            if session.metrics is not None:
+                session.metrics.detach(session)
             with self._lock:
                 self._sessions.discard(session)
                 self._threads.discard(threading.current_thread())
@@ -261,9 +261,9 @@ class Session:
             self.peer = "?"
         self.end: BaseException | None = None  # why the connection ended
         self.stats = SessionStats()  # plain counters; read by a metrics collector if any
-        self.stats_hook = server.metrics
-        if self.stats_hook is not None:
-            self.stats_hook.attach(self)  # also counts each command from here on
+        self.metrics = server.metrics  # a metrics.Metrics collector, or None
+        if self.metrics is not None:
+            self.metrics.attach(self)  # also counts each command from here on
 
     # -- plumbing ----------------------------------------------------------
     def run(self) -> None:
