@@ -261,6 +261,57 @@ def test_graphs_and_memory_by_device():
         m.close()
 
 
+def test_scrapes_during_traffic_only_grow(metered, seed):
+    """Clients come and go, allocate, compute and free while scrapes run: every
+    scrape parses, no counter ever goes back, and the connection counts balance."""
+    import random
+    import threading
+
+    stop = threading.Event()
+    errors = []
+
+    def client(k):
+        rng = random.Random(seed + k)
+        try:
+            while not stop.is_set():
+                with RemoteBackend(metered.endpoint) as rb:
+                    for _ in range(rng.randrange(1, 6)):
+                        buf = rb.alloc_buffer(1 << 16)
+                        a = buf.tensor(GGMLType.F32, (256,), offset=0, name="a")
+                        rb.set_tensor(a, np.full(256, k, np.float32))
+                        c = op(GGMLOp.ADD, GGMLType.F32, (256,), a, a, name="c")
+                        c.buffer, c.data = buf, buf.base + 4096
+                        rb.graph_compute([c])
+                        rb.graph_recompute()
+                        assert rb.get_array(c)[0] == 2 * k
+                        buf.free()
+        except Exception as e:  # reported below
+            errors.append(e)
+
+    threads = [threading.Thread(target=client, args=(k,)) for k in range(2)]
+    for t in threads:
+        t.start()
+    try:
+        last = {}
+        for _ in range(30):
+            s = metered.scrape()
+            assert balanced(s)
+            counters = {k: v for k, v in s.samples.items()
+                        if k[0].endswith(("_total", "_count", "_sum", "_bucket"))}
+            for k, v in counters.items():
+                assert v >= last.get(k, 0), k
+            last = counters
+    finally:
+        stop.set()
+        for t in threads:
+            t.join(30)
+    assert not errors, errors
+    s = metered.wait("all closed", lambda s: s.value("ggmlrpc_connections_open") == 0)
+    assert s.value("ggmlrpc_graph_computes_total", device="CPU", kind="compute") == \
+        s.value("ggmlrpc_graph_computes_total", device="CPU", kind="recompute") > 0
+    assert s.value("ggmlrpc_device_buffers", device="CPU") == 0 and balanced(s)
+
+
 # -- the local cache ------------------------------------------------------------------------
 
 def test_cache_hits_misses_and_files(tmp_path, seed):
