@@ -110,6 +110,8 @@ def main(argv=None) -> int:
     ap.add_argument("--embd", type=int, default=1024)
     ap.add_argument("--ff", type=int, default=2816)
     ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--metrics", action="store_true",
+                    help="also run ours with --metrics (ours+metrics) and report on/off ratios")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
 
@@ -118,15 +120,18 @@ def main(argv=None) -> int:
     ours_argv = [ours] if ours and Path(ours).resolve() != (ref / "ggml-rpc-server").resolve() \
         else [sys.executable, "-m", "ggmlrpc.cli.server"]
     servers = {"reference": [str(ref / "ggml-rpc-server")], "ours": ours_argv}
+    if args.metrics:  # every command counted; the endpoint on a free loopback port
+        servers["ours+metrics"] = ours_argv + ["--metrics", "127.0.0.1:0"]
     shape = LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64,
                        n_head_kv=args.embd // 64)
     results = []
     for qtype in args.types:
         m = model(ref, qtype, shape)
         runs = {name: [] for name in servers}
-        for _ in range(args.rounds):
-            for name, argv_ in servers.items():
-                runs[name].append(run_once(ref, argv_, m, args))
+        for i in range(args.rounds):
+            names = list(servers)
+            for name in (names if i % 2 == 0 else names[::-1]):  # alternate who goes first
+                runs[name].append(run_once(ref, servers[name], m, args))
         row = {"type": qtype, "model": m.name, "threads": args.threads}
         for name, rs in runs.items():
             ok = [r for r in rs if "error" not in r]
@@ -142,6 +147,12 @@ def main(argv=None) -> int:
                      if k in o and k in r]
             row[f"ratio_{k}"] = statistics.median(o / r for o, r in pairs) if pairs else None
             row[f"rounds_{k}"] = [[round(o, 2), round(r, 2)] for o, r in pairs]
+            if args.metrics:
+                on = [(m_[k], o[k]) for m_, o in zip(runs["ours+metrics"], runs["ours"])
+                      if k in m_ and k in o]
+                row[f"metrics_{k}"] = [round(m_, 2) for m_, _ in on]
+                row[f"metrics_on_over_off_{k}"] = (statistics.median(m_ / o for m_, o in on)
+                                                   if on else None)
         results.append(row)
 
     print(f"{'type':6} {'ref pp' + str(args.pp):>11} {'ours pp':>9} {'ratio':>6}  "
@@ -153,6 +164,9 @@ def main(argv=None) -> int:
               f"{fmt(r['ratio_tg'], 6, 2)}")
         if r.get("ours_error"):
             print(f"  ours failed: {r['ours_error']}")
+        if args.metrics:
+            print(f"  metrics on/off: pp {fmt(r['metrics_on_over_off_pp'], 5, 3)}, "
+                  f"tg {fmt(r['metrics_on_over_off_tg'], 5, 3)}")
     print(json.dumps(results, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=2))

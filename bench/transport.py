@@ -143,7 +143,10 @@ def main(argv=None) -> int:
                     help="payload sizes in MiB, comma separated (empty: latency only)")
     ap.add_argument("--reps", type=int, default=0, help="runs per size and peer (0: by size)")
     ap.add_argument("--latency-n", type=int, default=4000, help="round trips per server")
-    ap.add_argument("--peers", default="ours,reference", help="servers to run: ours, reference")
+    ap.add_argument("--peers", default="ours,reference",
+                    help="servers to run: ours, reference, ours+metrics")
+    ap.add_argument("--metrics", action="store_true",
+                    help="also run ours with --metrics (peer ours+metrics) and report on/off ratios")
     ap.add_argument("--client-timeout", type=float, default=60.0,
                     help="RemoteBackend timeout in seconds (<= 0: none)")
     ap.add_argument("--json", metavar="PATH", help="also write the JSON document here")
@@ -151,7 +154,11 @@ def main(argv=None) -> int:
 
     sizes = [int(float(s) * MiB) for s in args.sizes.split(",") if s]
     fx = _fixtures()
-    argvs = {"ours": fx.our_server_argv()}
+    argvs = {"ours": fx.our_server_argv(),
+             # metrics on: every command counted; the endpoint on a free loopback port
+             "ours+metrics": fx.our_server_argv("--metrics", "127.0.0.1:0")}
+    if args.metrics and "ours+metrics" not in args.peers.split(","):
+        args.peers += ",ours+metrics"
     if "reference" in args.peers:
         ref = fx.reference_bin()
         if ref is None:
@@ -207,11 +214,16 @@ def main(argv=None) -> int:
             if {"ours", "reference"} <= set(names):
                 r[f"{op}_ours_over_reference"] = (row[f"ours_{op}"]["median_gbps"]
                                                   / row[f"reference_{op}"]["median_gbps"])
+            if {"ours", "ours+metrics"} <= set(names):
+                r[f"{op}_metrics_on_over_off"] = (row[f"ours+metrics_{op}"]["median_gbps"]
+                                                  / row[f"ours_{op}"]["median_gbps"])
         ratios[size] = r
     results["ratios"] = ratios
-    if {"ours", "reference"} <= set(names):
-        for lat in results["latency_us"].values():
+    for lat in results["latency_us"].values():
+        if {"ours", "reference"} <= set(names):
             lat["ours_over_reference_median"] = lat["ours"]["median"] / lat["reference"]["median"]
+        if {"ours", "ours+metrics"} <= set(names):
+            lat["metrics_on_over_off_median"] = lat["ours+metrics"]["median"] / lat["ours"]["median"]
 
     print_table(results, names)
     doc = json.dumps(results, indent=2)

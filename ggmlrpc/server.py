@@ -20,11 +20,13 @@ import sys
 import tempfile
 import threading
 from dataclasses import dataclass
+from time import perf_counter_ns
 
 from . import ggml, protocol
 from .errors import (ConnectionLost, GgmlRpcError, ProtocolError, UnsupportedError,
                      ValidationError)
 from .graph import build_graph
+from .metrics import SessionStats
 from .protocol import (CONN_CAPS_SIZE, Cmd, CMD_COUNT, REQUEST_SIZE, SET_TENSOR_HEADER_SIZE,
                        TENSOR_SIZE)
 from .transport import Conn, local_caps
@@ -151,6 +153,7 @@ class Server:
         self._threads: set[threading.Thread] = set()
         self._closing = threading.Event()
         self.listener: socket.socket | None = None
+        self.metrics = None  # a metrics.Metrics: told of each connection, counts its commands
 
     # -- lifecycle ---------------------------------------------------------
     def bind(self) -> None:
@@ -218,6 +221,8 @@ class Server:
             session.run()
         finally:
             session.release()
+            if session.metrics is not None:
+                session.metrics.detach(session)
             with self._lock:
                 self._sessions.discard(session)
                 self._threads.discard(threading.current_thread())
@@ -254,22 +259,31 @@ class Session:
             self.peer = "%s:%d" % sock.getpeername()[:2]
         except OSError:
             self.peer = "?"
+        self.end: BaseException | None = None  # why the connection ended
+        self.stats = SessionStats()  # plain counters; read by a metrics collector if any
+        self.metrics = server.metrics  # a metrics.Metrics collector, or None
+        if self.metrics is not None:
+            self.metrics.attach(self)  # also counts each command from here on
 
     # -- plumbing ----------------------------------------------------------
     def run(self) -> None:
         try:
             self.hello()
+            self.stats.hello()
             while True:
                 # a fixed-size request comes with its payload, read in the same call
                 cmd, size, self.request = self.conn.recv_request()
                 self.dispatch(cmd, size)
         except ConnectionLost as e:
+            self.end = e
             if not self.server._closing.is_set():
                 if self.debug:
                     self.server.dbg("[%s] %s", self.peer, e)
         except GgmlRpcError as e:
+            self.end = e
             log.error("closing connection from %s: %s", self.peer, e)
         except Exception as e:  # never let one client take the server down
+            self.end = e
             log.exception("closing connection from %s after an internal error: %r", self.peer, e)
         finally:
             self.conn.close()
@@ -447,6 +461,7 @@ class Session:
                 # client its connection (llama.cpp ignores a failed write as well)
                 log.warning("[set_tensor] cannot write cache file for %016x: %s", h, e)
             else:
+                self.stats.cache_stores += 1
                 log.info("[set_tensor] saved to '%s'", path)
 
     def cmd_set_tensor_hash(self, size):
@@ -456,6 +471,7 @@ class Session:
         cache = self.server.cache
         data = cache.load(h) if cache is not None else None
         if data is None:
+            self.stats.cache_misses += 1
             if self.debug:
                 self.server.dbg("[set_tensor_hash] hash: %x -> not cached", h)
             self.reply(b"\x00")
@@ -471,6 +487,7 @@ class Session:
         finally:
             if isinstance(data, mmap.mmap):
                 data.close()
+        self.stats.cache_hit(n)
         self.reply(b"\x01")
 
     def cmd_get_tensor(self, size):
@@ -482,6 +499,7 @@ class Session:
             self.server.dbg("[get_tensor] buffer: %x, data: %x, offset: %d, size: %d",
                             b.handle, t.data, offset, n)
         header = protocol.SIZE.pack(n)
+        self.stats.get_tensor_bytes += n
         if n:
             self.conn.send_from_buffer(header, b.mem, at, n)
         else:
@@ -558,12 +576,14 @@ class Session:
         if self.debug:
             self.server.dbg("[graph_compute] device: %d, n_nodes: %d, n_tensors: %d",
                             device, len(node_ids), len(tensors))
+        t0 = perf_counter_ns()
         graph = build_graph(self, device, node_ids, tensors)
         executor = self.devices[device].executor()
         self.graphs.pop(device, None)
         plan = executor.compile(graph)
         executor.run(plan)
         self.graphs[device] = StoredGraph(graph, plan)
+        self.stats.graph(device, "compute", len(node_ids), perf_counter_ns() - t0)
 
     def cmd_graph_recompute(self, size):
         (dev,) = U32.unpack(self.request)
@@ -573,7 +593,9 @@ class Session:
             raise ValidationError(f"GRAPH_RECOMPUTE on device {dev} without a stored graph")
         if self.debug:
             self.server.dbg("[graph_recompute] device: %d", dev)
+        t0 = perf_counter_ns()
         self.devices[dev].executor().run(stored.plan)
+        self.stats.graph(dev, "recompute", len(stored.graph.nodes), perf_counter_ns() - t0)
 
     def recv_growing(self, size: int) -> bytearray:
         """Read a variable payload in chunks, so memory grows only as bytes arrive."""

@@ -10,6 +10,7 @@ import threading
 
 from ..devices import select_devices, split_names
 from ..errors import DeviceError
+from ..metrics import Metrics, parse_endpoint
 from ..server import Server, cache_directory
 
 MiB = 1024 * 1024
@@ -27,7 +28,9 @@ def usage(prog: str) -> str:
             "  -d, --device <dev1,dev2,...>     comma-separated list of devices\n"
             "  -H, --host HOST                  host to bind to (default: 127.0.0.1)\n"
             "  -p, --port PORT                  port to bind to (default: 50052)\n"
-            "  -c, --cache                      enable local file cache\n")
+            "  -c, --cache                      enable local file cache\n"
+            "      --metrics [HOST:]PORT        serve Prometheus metrics at http://HOST:PORT/metrics\n"
+            "                                   (default: off; HOST defaults to 127.0.0.1)\n")
 
 
 class Params:
@@ -36,6 +39,7 @@ class Params:
     threads = None
     devices: list[str]
     cache = False
+    metrics: tuple[str, int] | None = None
 
     def __init__(self):
         self.devices = []
@@ -77,6 +81,11 @@ def parse(argv: list[str], prog: str) -> Params:
             p.devices.extend(split_names(value()))
         elif arg in ("-c", "--cache"):
             p.cache = True
+        elif arg == "--metrics":
+            try:
+                p.metrics = parse_endpoint(value())
+            except ValueError as e:
+                raise UsageError(f"error: {e}") from None
         elif arg in ("-h", "--help"):
             sys.stderr.write(usage(prog) + "\n")
             raise SystemExit(0)
@@ -85,11 +94,11 @@ def parse(argv: list[str], prog: str) -> Params:
     return p
 
 
-def host_warning(host: str) -> str:
+def host_warning(host: str, what: str = "RPC server") -> str:
     bang = "!" * 59
     return (f"\n{bang}\n"
             f"WARNING: Host ('{host}') is != '127.0.0.1'\n"
-            "         Never expose the RPC server to an open network!\n"
+            f"         Never expose the {what} to an open network!\n"
             "         This is an experimental feature and is not secure!\n"
             f"{bang}\n\n")
 
@@ -99,11 +108,13 @@ def device_line(dev) -> str:
     return f"  {dev.name}: {dev.description} ({total // MiB} MiB, {free // MiB} MiB free)"
 
 
-def banner(endpoint: str, cache_dir: str | None, devices) -> str:
+def banner(endpoint: str, cache_dir: str | None, devices, metrics: str | None = None) -> str:
     lines = ["Starting RPC server v7.0.0",
              f"  endpoint       : {endpoint}",
-             f"  local cache    : {cache_dir or 'n/a'}",
-             "Devices:"]
+             f"  local cache    : {cache_dir or 'n/a'}"]
+    if metrics:  # only with --metrics: the default banner stays llama.cpp's
+        lines.append(f"  metrics        : {metrics}")
+    lines.append("Devices:")
     lines += [device_line(d) for d in devices]
     lines.append("  transport      : TCP")
     return "\n".join(lines)
@@ -126,6 +137,8 @@ def main(argv: list[str] | None = None) -> int:
     except ValueError:
         sys.stderr.write(f"error: host must be a numeric IPv4 address: {params.host}\n")
         return 1
+    if params.metrics and params.metrics[0] != "127.0.0.1":
+        sys.stderr.write(host_warning(params.metrics[0], "metrics endpoint"))
 
     try:
         devices = select_devices(params.devices, params.threads or default_threads())
@@ -157,8 +170,17 @@ def main(argv: list[str] | None = None) -> int:
             return 1
 
     endpoint = f"{params.host}:{params.port}"
-    print(banner(endpoint, cache_dir, devices), flush=True)
     server = Server(devices, params.host, params.port, cache_dir=cache_dir)
+    metrics_url = None
+    if params.metrics:
+        server.metrics = Metrics(server)
+        try:
+            port = server.metrics.serve(*params.metrics)
+        except OSError as e:
+            sys.stderr.write(f"Failed to create metrics socket: {e}\n")
+            return 1
+        metrics_url = f"http://{params.metrics[0]}:{port}/metrics"
+    print(banner(endpoint, cache_dir, devices, metrics_url), flush=True)
     try:
         server.bind()
     except OSError as e:
@@ -178,6 +200,8 @@ def main(argv: list[str] | None = None) -> int:
         if not worker.is_alive():
             return 1
     server.close()
+    if server.metrics is not None:
+        server.metrics.close()
     return 0
 
 

@@ -39,6 +39,11 @@ class CpuPlan:
     def __len__(self):
         return len(self.native)
 
+    @property
+    def scratch_bytes(self) -> int:
+        """The plan's scratch memory, held while the plan is stored."""
+        return self.native.wsize
+
 
 def _native():
     from .._native import executor
