@@ -165,13 +165,15 @@ int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
  * The compiler calls this after filling in the node. */
 size_t ggmlrpc_exec_wsize(const gr_node *node, int n_threads);
 
-/* 1 when the AVX2/FMA/F16C kernels are in use on this CPU. */
+/* 1 when SIMD kernels of the current family are in use on this CPU, 0 for the
+ * portable twins. */
 int ggmlrpc_exec_simd_level(void);
 /* Force the portable kernels (tests compare both paths); returns the old level. */
 int ggmlrpc_exec_set_simd(int enable);
 /* The ggml x86 build whose summation orders the kernels reproduce (GR_FAMILY_* in
- * exec_impl.h: 1 AVX2, 2 AVX-512, 3 AVX-512 with FP16 arithmetic); by default the one a
- * native build on this CPU is. set_family(0) restores that; both return the old one. */
+ * exec_impl.h: 1 AVX2, 2 AVX-512, 3 AVX-512 with BF16 products, 4 also with FP16
+ * arithmetic); by default the one a native build on this CPU is. set_family(0)
+ * restores that; both return the old one. */
 int ggmlrpc_exec_family(void);
 int ggmlrpc_exec_set_family(int family);
 /* the family's vector width in floats (8 or 16): ggml's prompt-time GEMM needs K % lanes == 0 */

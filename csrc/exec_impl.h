@@ -85,12 +85,15 @@ static inline void gr_store_f32(int32_t type, char *dst, int64_t stride, const f
 /* The ggml x86 build whose summation orders the primitives reproduce. ggml's vector
  * code is written for its register width: an AVX2 build sums in 8-lane partial sums,
  * an AVX-512 build in 16-lane ones (and exp, tinyBLAS and the horizontal sums
- * follow), and a build with AVX512-FP16 also scales and accumulates F16 vectors in
- * half precision. A family's portable twins compute the same bits on any CPU. */
+ * follow); with AVX512-BF16 it multiplies BF16 pairs with VDPBF16PS, and with
+ * AVX512-FP16 (CPUs that have it have BF16 too) it also scales and accumulates F16
+ * vectors in half precision. A family's portable twins compute the same bits on any
+ * CPU. */
 enum {
     GR_FAMILY_AVX2 = 1,
     GR_FAMILY_AVX512 = 2,
-    GR_FAMILY_AVX512_FP16 = 3,
+    GR_FAMILY_AVX512_BF16 = 3,
+    GR_FAMILY_AVX512_FP16 = 4,
 };
 
 typedef struct gr_vec_ops {
@@ -116,6 +119,11 @@ typedef struct gr_vec_ops {
     /* C (M x N) += A (M x K) B (K x N), rows packed: every entry of C one
      * sequential fused sum over k from its old value (ggml's simd_gemm) */
     void (*gemm_f32)(int64_t M, int64_t K, int64_t N, float *C, const float *A, const float *B);
+    /* BF16 products of the AVX512-BF16 families (NULL elsewhere: the vec_dot of the
+     * type table serves), with the signature of a vec_dot: ggml_vec_dot_bf16's order
+     * (two VDPBF16PS accumulators over blocks of 64) and tinyBLAS's (one, n % 32 == 0) */
+    void (*dot_bf16)(int64_t n, float *s, const void *x, const void *y);
+    void (*dot_bf16_gemm)(int64_t n, float *s, const void *x, const void *y);
     /* ROPE's rotation of np pairs (x[p*istep], x[p*istep + joff]) of an F32 or F16
      * row by (cos, sin) = (cs[2p], cs[2p+1]), fused as ggml's x86 build computes it */
     void (*rope_rotate)(int32_t type, char *dst, const char *src, int64_t np, int64_t istep, int64_t joff,

@@ -280,6 +280,44 @@ static void swiglu_c(int64_t n, float *y, const float *x, const float *g) {
     for (; i < n; i++) y[i] = (x[i] / (1.0f + expf(-x[i]))) * g[i];
 }
 
+/* VDPBF16PS, one lane: the products of the odd BF16 pair, then of the even one, each
+ * added to acc with one rounding; denormal inputs (acc too) read as zero, denormal
+ * results are flushed to zero (checked against the instruction) */
+static inline float daz_f32(float f) { return (gr_f32_bits(f) & 0x7f800000u) ? f : gr_bits_f32(gr_f32_bits(f) & 0x80000000u); }
+
+static inline float bf16_f32(uint16_t h) { return gr_bits_f32((uint32_t)h << 16); }
+
+static inline float dpbf16_lane(float acc, const uint16_t *a /* (2,) */, const uint16_t *b /* (2,) */) {
+    acc = daz_f32(fmaf(daz_f32(bf16_f32(a[1])), daz_f32(bf16_f32(b[1])), daz_f32(acc)));
+    return daz_f32(fmaf(daz_f32(bf16_f32(a[0])), daz_f32(bf16_f32(b[0])), acc));
+}
+
+/* 16 lanes += 32 BF16 products */
+static inline void dpbf16_c(float acc[16], const uint16_t *a /* (32,) */, const uint16_t *b /* (32,) */) {
+    for (int l = 0; l < 16; l++) acc[l] = dpbf16_lane(acc[l], a + 2 * l, b + 2 * l);
+}
+
+static void dot_bf16_c(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = vx, *y = vy;
+    float c1[16] = {0}, c2[16] = {0};
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        dpbf16_c(c1, x + i, y + i);
+        dpbf16_c(c2, x + i + 32, y + i + 32);
+    }
+    double sum = (double)hsum_16(c1);
+    sum += (double)hsum_16(c2);
+    for (; i < n; i++) sum += (double)(bf16_f32(x[i]) * bf16_f32(y[i]));
+    *s = (float)sum;
+}
+
+static void dot_bf16_gemm_c(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = vx, *y = vy;
+    float acc[16] = {0};
+    for (int64_t i = 0; i < n; i += 32) dpbf16_c(acc, x + i, y + i);
+    *s = hsum_16(acc);
+}
+
 /* An AVX512-FP16 build scales and accumulates F16 vectors in half precision over
  * blocks of 128 (four 32-lane registers): v rounded to F16, one rounding per
  * operation. a*b + c of F16 values is exact in double precision (22 + 11 significant
@@ -703,6 +741,32 @@ GR_AVX512FP16 static void scale_f16_avx512fp16(int64_t n, uint16_t *y, float v) 
     for (int64_t i = 0; i < np; i += 32) _mm512_storeu_ph(y + i, _mm512_mul_ph(_mm512_loadu_ph(y + i), hv));
     for (int64_t i = np; i < n; i++) y[i] = gr_fp32_to_fp16(gr_fp16_to_fp32(y[i]) * v);
 }
+#define GR_AVX512BF16 __attribute__((target("avx512bf16,avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
+
+GR_AVX512BF16 static inline __m512 dpbf16_avx512(__m512 acc, const uint16_t *a, const uint16_t *b) {
+    return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a), (__m512bh)_mm512_loadu_si512(b));
+}
+
+GR_AVX512BF16 static void dot_bf16_avx512bf16(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = vx, *y = vy;
+    __m512 c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps();
+    int64_t i = 0;
+    for (; i + 64 <= n; i += 64) {
+        c1 = dpbf16_avx512(c1, x + i, y + i);
+        c2 = dpbf16_avx512(c2, x + i + 32, y + i + 32);
+    }
+    double sum = (double)hsum_16_avx512(c1);
+    sum += (double)hsum_16_avx512(c2);
+    for (; i < n; i++) sum += (double)(bf16_f32(x[i]) * bf16_f32(y[i]));
+    *s = (float)sum;
+}
+
+GR_AVX512BF16 static void dot_bf16_gemm_avx512bf16(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = vx, *y = vy;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 32) acc = dpbf16_avx512(acc, x + i, y + i);
+    *s = hsum_16_avx512(acc);
+}
 #endif /* GR_X86 */
 
 static void scale_f16_plain(int64_t n, uint16_t *y, float v) {
@@ -729,6 +793,14 @@ static int has_avx512(void) {
 #endif
 }
 
+static int has_avx512bf16(void) {
+#if GR_X86
+    return has_avx512() && __builtin_cpu_supports("avx512bf16");
+#else
+    return 0;
+#endif
+}
+
 static int has_avx512fp16(void) {
 #if GR_X86
     return has_avx512() && __builtin_cpu_supports("avx512fp16");
@@ -738,37 +810,54 @@ static int has_avx512fp16(void) {
 }
 
 int gr_vec_native_family(void) {
-    return has_avx512fp16() ? GR_FAMILY_AVX512_FP16 : has_avx512() ? GR_FAMILY_AVX512 : GR_FAMILY_AVX2;
+    if (!has_avx512()) return GR_FAMILY_AVX2;
+    if (!has_avx512bf16()) return GR_FAMILY_AVX512;
+    return has_avx512fp16() ? GR_FAMILY_AVX512_FP16 : GR_FAMILY_AVX512_BF16;
 }
 
 int gr_vec_init(int family, int use_simd) {
     if (family < GR_FAMILY_AVX2 || family > GR_FAMILY_AVX512_FP16) family = GR_FAMILY_AVX2;
+    const int bf16 = family >= GR_FAMILY_AVX512_BF16;
     vec_lanes = family == GR_FAMILY_AVX2 ? 8 : 16;
     vec_fp16 = family == GR_FAMILY_AVX512_FP16;
     gr_vec_ops v = {
-        vec_lanes, dot_f32_c, dot_f32_gemm_c, dot_f16_c, dot_f16_gemm_c, fp16_to_fp32_c, fp32_to_fp16_c,
-        soft_max_c, silu_c, swiglu_c, mad_f32_c, mad_f16_c, scale_f16_c, tile_f32_gemm_c, tile_f16_gemm_c,
-        gemm_f32_c, rope_rotate_c,
+        .lanes = vec_lanes,
+        .dot_f32 = dot_f32_c, .dot_f32_gemm = dot_f32_gemm_c, .dot_f16 = dot_f16_c, .dot_f16_gemm = dot_f16_gemm_c,
+        .fp16_to_fp32 = fp16_to_fp32_c, .fp32_to_fp16 = fp32_to_fp16_c,
+        .soft_max = soft_max_c, .silu = silu_c, .swiglu = swiglu_c,
+        .mad_f32 = mad_f32_c, .mad_f16 = mad_f16_c, .scale_f16 = scale_f16_c,
+        .tile_f32_gemm = tile_f32_gemm_c, .tile_f16_gemm = tile_f16_gemm_c, .gemm_f32 = gemm_f32_c,
+        .dot_bf16 = bf16 ? dot_bf16_c : NULL, .dot_bf16_gemm = bf16 ? dot_bf16_gemm_c : NULL,
+        .rope_rotate = rope_rotate_c,
     };
     int simd = 0;
 #if GR_X86
     if (use_simd && gr_vec_simd_available() && family == GR_FAMILY_AVX2) {
         v = (gr_vec_ops){
-            8, dot_f32_avx, dot_f32_gemm_avx, dot_f16_avx, dot_f16_gemm_avx, fp16_to_fp32_avx,
-            fp32_to_fp16_avx, soft_max_avx, silu_avx, swiglu_avx, mad_f32_avx, mad_f16_avx, scale_f16_plain,
-            tile_f32_gemm_avx, tile_f16_gemm_avx, gemm_f32_avx, rope_rotate_avx,
+            .lanes = 8,
+            .dot_f32 = dot_f32_avx, .dot_f32_gemm = dot_f32_gemm_avx, .dot_f16 = dot_f16_avx,
+            .dot_f16_gemm = dot_f16_gemm_avx, .fp16_to_fp32 = fp16_to_fp32_avx, .fp32_to_fp16 = fp32_to_fp16_avx,
+            .soft_max = soft_max_avx, .silu = silu_avx, .swiglu = swiglu_avx,
+            .mad_f32 = mad_f32_avx, .mad_f16 = mad_f16_avx, .scale_f16 = scale_f16_plain,
+            .tile_f32_gemm = tile_f32_gemm_avx, .tile_f16_gemm = tile_f16_gemm_avx, .gemm_f32 = gemm_f32_avx,
+            .rope_rotate = rope_rotate_avx,
         };
         simd = 1;
-    } else if (use_simd && has_avx512() && family != GR_FAMILY_AVX2 &&
-               (family == GR_FAMILY_AVX512 || has_avx512fp16())) {
+    } else if (use_simd && family != GR_FAMILY_AVX2 && has_avx512() &&
+               (!bf16 || has_avx512bf16()) && (family != GR_FAMILY_AVX512_FP16 || has_avx512fp16())) {
         /* element-wise primitives (mad, conversions, rope, the FA GEMM's per-entry sums)
          * give the same bits at either width: the AVX2 versions serve */
+        const int fp16 = family == GR_FAMILY_AVX512_FP16;
         v = (gr_vec_ops){
-            16, dot_f32_avx512, dot_f32_gemm_avx512, dot_f16_avx512, dot_f16_gemm_avx512, fp16_to_fp32_avx,
-            fp32_to_fp16_avx, soft_max_avx512, silu_avx512, swiglu_avx512, mad_f32_avx,
-            family == GR_FAMILY_AVX512_FP16 ? mad_f16_avx512fp16 : mad_f16_avx,
-            family == GR_FAMILY_AVX512_FP16 ? scale_f16_avx512fp16 : scale_f16_plain,
-            tile_f32_gemm_avx512, tile_f16_gemm_avx512, gemm_f32_avx, rope_rotate_avx,
+            .lanes = 16,
+            .dot_f32 = dot_f32_avx512, .dot_f32_gemm = dot_f32_gemm_avx512, .dot_f16 = dot_f16_avx512,
+            .dot_f16_gemm = dot_f16_gemm_avx512, .fp16_to_fp32 = fp16_to_fp32_avx, .fp32_to_fp16 = fp32_to_fp16_avx,
+            .soft_max = soft_max_avx512, .silu = silu_avx512, .swiglu = swiglu_avx512,
+            .mad_f32 = mad_f32_avx, .mad_f16 = fp16 ? mad_f16_avx512fp16 : mad_f16_avx,
+            .scale_f16 = fp16 ? scale_f16_avx512fp16 : scale_f16_plain,
+            .tile_f32_gemm = tile_f32_gemm_avx512, .tile_f16_gemm = tile_f16_gemm_avx512, .gemm_f32 = gemm_f32_avx,
+            .dot_bf16 = bf16 ? dot_bf16_avx512bf16 : NULL, .dot_bf16_gemm = bf16 ? dot_bf16_gemm_avx512bf16 : NULL,
+            .rope_rotate = rope_rotate_avx,
         };
         simd = 1;
     }

@@ -210,6 +210,8 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     ggmlrpc_vec_dot_fn qdot = NULL;
     if (s0->type != GR_TYPE_F32 && s0->type != GR_TYPE_F16)
         qdot = order == MM_Q0_GEMM ? ggmlrpc_get_vec_dot_gemm((uint32_t)s0->type) : ggmlrpc_get_vec_dot((uint32_t)s0->type);
+    if (s0->type == GR_TYPE_BF16 && gr_vec.dot_bf16)   /* an AVX512-BF16 build's products */
+        qdot = order == MM_GEMM ? gr_vec.dot_bf16_gemm : gr_vec.dot_bf16;
 
     if (order == MM_TILED && mm_kpanel(n, job->nth)) {
         /* chunks of KP_CH weight rows handed out one at a time, decoded once per

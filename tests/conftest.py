@@ -179,12 +179,14 @@ def reference_kernel_family(bin_dir: Path) -> str:
     """The kernel family ggml was compiled with in the reference build, asked from its CPU
     library (ggml_cpu_has_*, compile-time facts), in our executor's names: "x86-avx2"
     (AVX2 + FMA + F16C), "x86-avx512" (512-bit vector ops, other summation orders),
-    "x86-avx512-fp16" (also F16 vector arithmetic in half precision; ggml does not report
-    AVX512-FP16, so a native AVX-512 build on a CPU that has it is taken to use it), or
-    "other"."""
-    has = {n: reference_has(bin_dir, n) for n in ("avx512", "avx2", "fma", "f16c")}
+    "x86-avx512-bf16" (also VDPBF16PS for BF16), "x86-avx512-fp16" (also F16 vector
+    arithmetic in half precision; ggml does not report AVX512-FP16, so a native AVX-512
+    build on a CPU that has it is taken to use it), or "other"."""
+    has = {n: reference_has(bin_dir, n) for n in ("avx512", "avx512_bf16", "avx2", "fma", "f16c")}
     if has["avx512"]:
-        return "x86-avx512-fp16" if "avx512_fp16" in host_cpu_flags() else "x86-avx512"
+        if not has["avx512_bf16"]:
+            return "x86-avx512"
+        return "x86-avx512-fp16" if "avx512_fp16" in host_cpu_flags() else "x86-avx512-bf16"
     if has["avx2"] and has["fma"] and has["f16c"]:
         return "x86-avx2"
     return "other"

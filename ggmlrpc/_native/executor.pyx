@@ -179,13 +179,14 @@ def set_simd(bint enable):
 
 
 # the ggml x86 builds whose summation orders the executor reproduces (csrc/exec_impl.h)
-FAMILIES = {"x86-avx2": 1, "x86-avx512": 2, "x86-avx512-fp16": 3}
+FAMILIES = {"x86-avx2": 1, "x86-avx512": 2, "x86-avx512-bf16": 3, "x86-avx512-fp16": 4}
 _FAMILY_NAMES = {v: k for k, v in FAMILIES.items()}
 
 
 def kernel_family():
     """The ggml build whose results the kernels reproduce bit for bit: "x86-avx2",
-    "x86-avx512" or "x86-avx512-fp16" (by default the one a native build on this CPU is)."""
+    "x86-avx512", "x86-avx512-bf16" or "x86-avx512-fp16" (which has BF16 too); by default
+    the one a native build on this CPU is."""
     return _FAMILY_NAMES[ggmlrpc_exec_family()]
 
 
@@ -200,6 +201,11 @@ def set_kernel_family(name):
 def vec_lanes():
     """The family's vector width in floats (8 or 16)."""
     return ggmlrpc_exec_vec_lanes()
+
+
+def has_bf16_products():
+    """Whether the family multiplies BF16 pairs as an AVX512-BF16 build does."""
+    return ggmlrpc_exec_family() >= FAMILIES["x86-avx512-bf16"]
 
 
 def vec_dot_type(uint32_t weight_type):

@@ -419,6 +419,10 @@ def rule_mul_mat(node, srcs):
     # order is tinyBLAS's too for Q4_0, Q5_0 and Q8_0)
     gemm = int(w.type in (T.F32, T.F16) and N >= 2 and K % ex.vec_lanes() == 0 and M % 4 == 0
                and (x.type != vdt or contiguous(x)))
+    # BF16 on an AVX512-BF16 build: tinyBLAS's VDPBF16PS order over steps of 32
+    if w.type == T.BF16 and ex.has_bf16_products() and N >= 2 and K % 32 == 0 \
+            and (x.type != vdt or contiguous(x)):
+        gemm = 1
     if w.type in TILED_TYPES and N >= 8:
         gemm = 2
     # IQ4_NL from 2 activation rows on: tinyBLAS's one accumulator per output

@@ -622,6 +622,7 @@ CASES = {
     "mul_mat-f32-k70": mul_mat(T.F32, K=70, M=8, N=3), "mul_mat-f32-m10": mul_mat(T.F32, M=10),
     "mul_mat-f16-vec": mul_mat(T.F16, N=1), "mul_mat-f16-gemm": mul_mat(T.F16),
     "mul_mat-f16-f16": mul_mat(T.F16, xt=T.F16), "mul_mat-bf16": mul_mat(T.BF16),
+    "mul_mat-bf16-vec-k100": mul_mat(T.BF16, K=100, N=1), "mul_mat-bf16-k96": mul_mat(T.BF16, K=96, N=6),
     **{f"mul_mat-{t.name}": mul_mat(t, K=256, M=6, N=n) for t in
        (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL,
         T.IQ4_XS, T.MXFP4) for n in (1,)},
@@ -751,21 +752,12 @@ def assert_outputs_close(ours, ref):
         assert err <= MAX_NMSE, f"output {i} ({T(t).name}): NMSE {err:.3g} > {MAX_NMSE:g}"
 
 
-# cases whose kernels our executor does not reproduce on some builds of ggml, by the
-# CPU feature of the build that changes them (they keep the NMSE bound there)
-NOT_REPRODUCED = {
-    # an AVX512-BF16 build multiplies BF16 pairs with VDPBF16PS (tinyBLAS and vec_dot)
-    "mul_mat-bf16": "avx512_bf16",
-}
-
-
 @pytest.mark.parametrize("name", list(CASES))
-def test_same_bytes_as_reference(endpoints, bit_exact, ref_bin, name):
-    from tests.conftest import reference_has
+def test_same_bytes_as_reference(endpoints, bit_exact, name):
     ours, ref = endpoints
     seed = sum(map(ord, name))
     a, b = run_case(ours, CASES[name], seed), run_case(ref, CASES[name], seed)
-    if bit_exact and not (name in NOT_REPRODUCED and reference_has(ref_bin, NOT_REPRODUCED[name])):
+    if bit_exact:
         assert a == b
     else:
         assert_outputs_close(a, b)

@@ -131,6 +131,13 @@ def graph_zoo(c, rng):
     for wt in (T.F32, T.F16):
         w = c.new(wt, (64, 12), rng.standard_normal((12, 64)).astype(np.float16 if wt == T.F16 else np.float32))
         outs.append(c.op(Op.MUL_MAT, T.F32, (12, 6), w, x64))
+    # BF16 products (VDPBF16PS in the AVX512-BF16 families): vec_dot's blocks of 64 and
+    # tail, tinyBLAS's steps of 32
+    for K, n in ((100, 1), (96, 6)):
+        wb = c.new(T.BF16, (K, 12))
+        c.write(wb, rng.standard_normal((12, K)).astype(np.float32))
+        xb = c.new(T.F32, (K, n), rng.standard_normal((n, K)).astype(np.float32))
+        outs.append(c.op(Op.MUL_MAT, T.F32, (12, n), wb, xb))
     outs.append(c.op(Op.SOFT_MAX, T.F32, (70, 6), x, params=[f32_bits(0.7), 0]))
     outs.append(c.op(Op.UNARY, T.F32, (70, 6), x, params=[U.SILU]))
     outs.append(c.op(Op.GLU, T.F32, (35, 6), x, params=[G.SWIGLU, 1]))
@@ -152,7 +159,7 @@ def graph_zoo(c, rng):
     return outs
 
 
-@pytest.fixture(params=["x86-avx2", "x86-avx512", "x86-avx512-fp16"])
+@pytest.fixture(params=["x86-avx2", "x86-avx512", "x86-avx512-bf16", "x86-avx512-fp16"])
 def family(request):
     """Each ggml build whose orders the executor reproduces, in turn."""
     from ggmlrpc._native import executor
