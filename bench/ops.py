@@ -1,0 +1,121 @@
+"""One op at a time: our server against llama.cpp's on the same graph.
+
+    python bench/ops.py                                   # MUL_MAT of Q8_0, Q4_0, Q4_K_M-sized Q4_K, F16
+    python bench/ops.py --types Q8_0 --shapes 1024x2816x64 --threads 2 --reps 40
+    python bench/ops.py --json out.json
+
+Each case builds the same single-node graph (same random weights and activations)
+on both servers, computes it once, then times GRAPH_RECOMPUTE (plus the round trip
+that waits for it) on the two servers in turn, `--reps` times each. A product of a
+model's size takes milliseconds, so the round trip is a small part of it, and the
+minimum over many alternating runs is steady even on a busy host where whole-model
+numbers are not. The table gives the minimum and median milliseconds of each
+server, the speed ratio reference/ours of the minimums and of the medians, and
+whether the two results were the same bytes. Asserts nothing; see bench/README.md.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.append(str(REPO))   # the tests package; ggmlrpc itself as installed
+
+from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T  # noqa: E402
+from tests.conftest import Proc, free_port, our_server_argv, reference_bin  # noqa: E402
+from tests.ops.conftest import Ctx  # noqa: E402
+from tests.ops.test_quants import random_blocks  # noqa: E402
+
+
+def build(c: Ctx, qtype: int, K: int, M: int, N: int, seed: int):
+    """MUL_MAT of (K, M) weights of qtype by (K, N) F32 activations."""
+    rng = np.random.default_rng(seed)
+    w = c.new(qtype, (K, M))
+    if qtype in (T.F32, T.F16):
+        c.write(w, rng.standard_normal((M, K)).astype(np.float32))
+    else:
+        c.rb.set_tensor(w, random_blocks(rng, qtype, K * M).tobytes())
+    x = c.new(T.F32, (K, N), rng.standard_normal((N, K)).astype(np.float32))
+    return c.op(Op.MUL_MAT, T.F32, (M, N), w, x)
+
+
+def run_case(endpoints: dict[str, str], qtype: int, shape: tuple[int, int, int], reps: int) -> dict:
+    K, M, N = shape
+    size = (K * M * 4 + K * N * 4 + M * N * 4) + (8 << 20)
+    ctxs = {name: Ctx(ep, size=size) for name, ep in endpoints.items()}
+    try:
+        outs = {name: build(c, qtype, K, M, N, seed=1) for name, c in ctxs.items()}
+        for c in ctxs.values():
+            c.compute()
+        times: dict[str, list[float]] = {name: [] for name in ctxs}
+        for _ in range(reps):
+            for name, c in ctxs.items():
+                t = time.perf_counter()
+                c.recompute()
+                times[name].append((time.perf_counter() - t) * 1e3)
+        results = {name: bytes(c.rb.get_tensor(outs[name])) for name, c in ctxs.items()}
+    finally:
+        for c in ctxs.values():
+            c.close()
+    row = {"type": T(qtype).name, "shape": f"{K}x{M}x{N}"}
+    for name, ts in times.items():
+        row[f"{name}_min_ms"] = round(min(ts), 3)
+        row[f"{name}_median_ms"] = round(statistics.median(ts), 3)
+    if "reference" in times and "ours" in times:
+        row["ratio_min"] = round(min(times["reference"]) / min(times["ours"]), 3)
+        row["ratio_median"] = round(statistics.median(times["reference"]) / statistics.median(times["ours"]), 3)
+        row["same_bytes"] = results["ours"] == results["reference"]
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--types", default="Q8_0,Q4_0,Q4_K,F16")
+    ap.add_argument("--shapes", default="1024x2816x64,1024x2816x1",
+                    help="KxMxN products: K inner, M weight rows, N activation rows")
+    ap.add_argument("--threads", type=int, default=1)
+    ap.add_argument("--reps", type=int, default=20)
+    ap.add_argument("--peers", default="ours,reference")
+    ap.add_argument("--json", help="also write the JSON here")
+    args = ap.parse_args(argv)
+
+    argvs = {"ours": our_server_argv()}
+    if "reference" in args.peers:
+        ref = reference_bin()
+        if ref is None:
+            raise SystemExit("reference build missing: run scripts/build-reference.sh")
+        argvs["reference"] = [str(ref / "ggml-rpc-server")]
+    procs = {}
+    try:
+        for name in args.peers.split(","):
+            port = free_port()
+            procs[name] = Proc([*argvs[name], "-p", str(port), "-t", str(args.threads)], port)
+        endpoints = {name: p.endpoint for name, p in procs.items()}
+        rows = [run_case(endpoints, T[t], tuple(int(v) for v in s.split("x")), args.reps)
+                for t in args.types.split(",") for s in args.shapes.split(",")]
+    finally:
+        for p in procs.values():
+            p.stop()
+
+    print(f"MUL_MAT, -t {args.threads}, {args.reps} alternating runs each (ms; ratio = reference / ours)")
+    print(f"{'type':6} {'KxMxN':>14} {'ours min':>9} {'ref min':>9} {'ratio':>6} {'ours med':>9} "
+          f"{'ref med':>9} {'ratio':>6}  same bytes")
+    for r in rows:
+        print(f"{r['type']:6} {r['shape']:>14} {r.get('ours_min_ms', 0):9.3f} {r.get('reference_min_ms', 0):9.3f} "
+              f"{r.get('ratio_min', 0):6.2f} {r.get('ours_median_ms', 0):9.3f} {r.get('reference_median_ms', 0):9.3f} "
+              f"{r.get('ratio_median', 0):6.2f}  {r.get('same_bytes', '-')}")
+    doc = json.dumps({"threads": args.threads, "reps": args.reps, "rows": rows}, indent=2)
+    print(doc)
+    if args.json:
+        Path(args.json).write_text(doc)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
