@@ -96,6 +96,8 @@ enum {
     GR_FAMILY_AVX512_FP16 = 4,
 };
 
+#define GR_TILE_COLS_MAX 6
+
 typedef struct gr_vec_ops {
     int lanes;     /* 8 or 16: the family's vector width in floats */
     /* ggml_vec_dot_f32's order: four accumulators of `lanes` over blocks of 4*lanes */
@@ -113,9 +115,11 @@ typedef struct gr_vec_ops {
     void (*mad_f32)(int64_t n, float *y, const float *x, float v);   /* y += x*v (fused) */
     void (*mad_f16)(int64_t n, uint16_t *y, const uint16_t *x, float v);
     void (*scale_f16)(int64_t n, uint16_t *y, float v);                /* y *= v */
-    /* out[j*4 + i] = dot_*_gemm(w[i], x[j]) for i < 4, j < 2 at once (K % lanes == 0) */
-    void (*tile_f32_gemm)(int64_t K, const float *const w[4], const float *const x[2], float out[8]);
-    void (*tile_f16_gemm)(int64_t K, const uint16_t *const w[4], const uint16_t *const x[2], float out[8]);
+    /* out[j*4 + i] = dot_*_gemm(w[i], x[j]) for i < 4, j < tile_cols at once (K % lanes
+     * == 0): 4 x 2 tiles on AVX2's 16 registers, 4 x 6 on AVX-512's 32 (tinyBLAS's) */
+    int tile_cols;
+    void (*tile_f32_gemm)(int64_t K, const float *const w[4], const float *const *x, float *out);
+    void (*tile_f16_gemm)(int64_t K, const uint16_t *const w[4], const uint16_t *const *x, float *out);
     /* C (M x N) += A (M x K) B (K x N), rows packed: every entry of C one
      * sequential fused sum over k from its old value (ggml's simd_gemm) */
     void (*gemm_f32)(int64_t M, int64_t K, int64_t N, float *C, const float *A, const float *B);

@@ -183,13 +183,13 @@ static float dot_f16_gemm_c(int64_t n, const uint16_t *x, const uint16_t *y) {
     return hsum_lanes(acc, L);
 }
 
-static void tile_f32_gemm_c(int64_t K, const float *const w[4], const float *const x[2], float out[8]) {
-    for (int j = 0; j < 2; j++)
+static void tile_f32_gemm_c(int64_t K, const float *const w[4], const float *const *x, float *out) {
+    for (int j = 0; j < gr_vec.tile_cols; j++)
         for (int i = 0; i < 4; i++) out[j * 4 + i] = dot_f32_gemm_c(K, w[i], x[j]);
 }
 
-static void tile_f16_gemm_c(int64_t K, const uint16_t *const w[4], const uint16_t *const x[2], float out[8]) {
-    for (int j = 0; j < 2; j++)
+static void tile_f16_gemm_c(int64_t K, const uint16_t *const w[4], const uint16_t *const *x, float *out) {
+    for (int j = 0; j < gr_vec.tile_cols; j++)
         for (int i = 0; i < 4; i++) out[j * 4 + i] = dot_f16_gemm_c(K, w[i], x[j]);
 }
 
@@ -412,7 +412,7 @@ GR_AVX2 static float dot_f16_gemm_avx(int64_t n, const uint16_t *x, const uint16
 
 /* 4 weight rows x 2 activation rows: eight accumulators, each summing its own
  * products in the same order as dot_*_x8_avx */
-GR_AVX2 static void tile_f32_gemm_avx(int64_t K, const float *const w[4], const float *const x[2], float out[8]) {
+GR_AVX2 static void tile_f32_gemm_avx(int64_t K, const float *const w[4], const float *const *x, float *out /* (8,) */) {
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
     __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     for (int64_t k = 0; k < K; k += 8) {
@@ -428,7 +428,8 @@ GR_AVX2 static void tile_f32_gemm_avx(int64_t K, const float *const w[4], const 
     out[4] = hsum_8_avx(a10); out[5] = hsum_8_avx(a11); out[6] = hsum_8_avx(a12); out[7] = hsum_8_avx(a13);
 }
 
-GR_AVX2 static void tile_f16_gemm_avx(int64_t K, const uint16_t *const w[4], const uint16_t *const x[2], float out[8]) {
+GR_AVX2 static void tile_f16_gemm_avx(int64_t K, const uint16_t *const w[4], const uint16_t *const *x,
+                                      float *out /* (8,) */) {
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
     __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     for (int64_t k = 0; k < K; k += 8) {
@@ -643,31 +644,34 @@ GR_AVX512 static float dot_f16_gemm_avx512(int64_t n, const uint16_t *x, const u
     return hsum_16_avx512(acc);
 }
 
-/* 4 weight rows x 2 activation rows, each output its own accumulator summed as
- * dot_*_gemm_avx512 sums it */
+/* 4 weight rows x 6 activation rows (tinyBLAS's tile on 32 registers), each output
+ * its own accumulator summed as dot_*_gemm_avx512 sums it; inlined with the loader
+ * so that the 24 accumulators stay in registers */
 #define GR_TILE_GEMM_AVX512(LOAD)                                                                  \
-    __m512 a00 = _mm512_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;                             \
-    __m512 a10 = a00, a11 = a00, a12 = a00, a13 = a00;                                             \
+    __m512 acc[6][4];                                                                              \
+    for (int j = 0; j < 6; j++)                                                                    \
+        for (int i = 0; i < 4; i++) acc[j][i] = _mm512_setzero_ps();                               \
     for (int64_t k = 0; k < K; k += 16) {                                                          \
-        const __m512 x0 = LOAD(x[0] + k), x1 = LOAD(x[1] + k);                                     \
         const __m512 w0 = LOAD(w[0] + k), w1 = LOAD(w[1] + k);                                     \
         const __m512 w2 = LOAD(w[2] + k), w3 = LOAD(w[3] + k);                                     \
-        a00 = _mm512_fmadd_ps(w0, x0, a00); a01 = _mm512_fmadd_ps(w1, x0, a01);                    \
-        a02 = _mm512_fmadd_ps(w2, x0, a02); a03 = _mm512_fmadd_ps(w3, x0, a03);                    \
-        a10 = _mm512_fmadd_ps(w0, x1, a10); a11 = _mm512_fmadd_ps(w1, x1, a11);                    \
-        a12 = _mm512_fmadd_ps(w2, x1, a12); a13 = _mm512_fmadd_ps(w3, x1, a13);                    \
+        for (int j = 0; j < 6; j++) {                                                              \
+            const __m512 xj = LOAD(x[j] + k);                                                      \
+            acc[j][0] = _mm512_fmadd_ps(w0, xj, acc[j][0]);                                        \
+            acc[j][1] = _mm512_fmadd_ps(w1, xj, acc[j][1]);                                        \
+            acc[j][2] = _mm512_fmadd_ps(w2, xj, acc[j][2]);                                        \
+            acc[j][3] = _mm512_fmadd_ps(w3, xj, acc[j][3]);                                        \
+        }                                                                                          \
     }                                                                                              \
-    out[0] = hsum_16_avx512(a00); out[1] = hsum_16_avx512(a01);                                    \
-    out[2] = hsum_16_avx512(a02); out[3] = hsum_16_avx512(a03);                                    \
-    out[4] = hsum_16_avx512(a10); out[5] = hsum_16_avx512(a11);                                    \
-    out[6] = hsum_16_avx512(a12); out[7] = hsum_16_avx512(a13);
+    for (int j = 0; j < 6; j++)                                                                    \
+        for (int i = 0; i < 4; i++) out[j * 4 + i] = hsum_16_avx512(acc[j][i]);
 
-GR_AVX512 static void tile_f32_gemm_avx512(int64_t K, const float *const w[4], const float *const x[2], float out[8]) {
+GR_AVX512 static void tile_f32_gemm_avx512(int64_t K, const float *const w[4], const float *const *x,
+                                          float *out /* (24,) */) {
     GR_TILE_GEMM_AVX512(_mm512_loadu_ps)
 }
 
-GR_AVX512 static void tile_f16_gemm_avx512(int64_t K, const uint16_t *const w[4], const uint16_t *const x[2],
-                                          float out[8]) {
+GR_AVX512 static void tile_f16_gemm_avx512(int64_t K, const uint16_t *const w[4], const uint16_t *const *x,
+                                          float *out /* (24,) */) {
     GR_TILE_GEMM_AVX512(load_h16)
 }
 
@@ -826,7 +830,7 @@ int gr_vec_init(int family, int use_simd) {
         .fp16_to_fp32 = fp16_to_fp32_c, .fp32_to_fp16 = fp32_to_fp16_c,
         .soft_max = soft_max_c, .silu = silu_c, .swiglu = swiglu_c,
         .mad_f32 = mad_f32_c, .mad_f16 = mad_f16_c, .scale_f16 = scale_f16_c,
-        .tile_f32_gemm = tile_f32_gemm_c, .tile_f16_gemm = tile_f16_gemm_c, .gemm_f32 = gemm_f32_c,
+        .tile_cols = 2, .tile_f32_gemm = tile_f32_gemm_c, .tile_f16_gemm = tile_f16_gemm_c, .gemm_f32 = gemm_f32_c,
         .dot_bf16 = bf16 ? dot_bf16_c : NULL, .dot_bf16_gemm = bf16 ? dot_bf16_gemm_c : NULL,
         .rope_rotate = rope_rotate_c,
     };
@@ -839,7 +843,8 @@ int gr_vec_init(int family, int use_simd) {
             .dot_f16_gemm = dot_f16_gemm_avx, .fp16_to_fp32 = fp16_to_fp32_avx, .fp32_to_fp16 = fp32_to_fp16_avx,
             .soft_max = soft_max_avx, .silu = silu_avx, .swiglu = swiglu_avx,
             .mad_f32 = mad_f32_avx, .mad_f16 = mad_f16_avx, .scale_f16 = scale_f16_plain,
-            .tile_f32_gemm = tile_f32_gemm_avx, .tile_f16_gemm = tile_f16_gemm_avx, .gemm_f32 = gemm_f32_avx,
+            .tile_cols = 2, .tile_f32_gemm = tile_f32_gemm_avx, .tile_f16_gemm = tile_f16_gemm_avx,
+            .gemm_f32 = gemm_f32_avx,
             .rope_rotate = rope_rotate_avx,
         };
         simd = 1;
@@ -855,7 +860,8 @@ int gr_vec_init(int family, int use_simd) {
             .soft_max = soft_max_avx512, .silu = silu_avx512, .swiglu = swiglu_avx512,
             .mad_f32 = mad_f32_avx, .mad_f16 = fp16 ? mad_f16_avx512fp16 : mad_f16_avx,
             .scale_f16 = fp16 ? scale_f16_avx512fp16 : scale_f16_plain,
-            .tile_f32_gemm = tile_f32_gemm_avx512, .tile_f16_gemm = tile_f16_gemm_avx512, .gemm_f32 = gemm_f32_avx,
+            .tile_cols = 6, .tile_f32_gemm = tile_f32_gemm_avx512, .tile_f16_gemm = tile_f16_gemm_avx512,
+            .gemm_f32 = gemm_f32_avx,
             .dot_bf16 = bf16 ? dot_bf16_avx512bf16 : NULL, .dot_bf16_gemm = bf16 ? dot_bf16_gemm_avx512bf16 : NULL,
             .rope_rotate = rope_rotate_avx,
         };

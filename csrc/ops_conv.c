@@ -111,7 +111,8 @@ static inline float *conv_out(const conv_geom *g, char *dst, int64_t p, int64_t 
  * product, whose summation order depends on the batch having two patches or
  * more (iparams[1]: the product's GEMM order applies at all). Every
  * output is one dot product of a patch with a kernel row, so threads take runs
- * of patches, unfold two at a time into their scratch and write the outputs
+ * of patches, unfold a tile's worth (gr_vec.tile_cols) at a time into their
+ * scratch and write the outputs
  * straight to dst, each patch with the order its ggml batch would give it.
  *   src0: kernel (KW, KH, C, OC) / (KW, KH, KD, C*OC) F32/F16 contiguous
  *   src1: input (W, H, C, N) / (W, H, D, C*N) F32; dst F32 */
@@ -131,28 +132,31 @@ static void k_conv(gr_job *job, int phase) {
     if (ppb > 8) ppb = ppb / 8 * 8;
     if (ppb < 1) ppb = 1;
     const int gemm = (int)n->iparams[1];
-    char *rows = (char *)gr_thread_f32(job, (K * 2 * (int64_t)ts + 3) / 4);
+    char *rows = (char *)gr_thread_f32(job, (K * GR_TILE_COLS_MAX * (int64_t)ts + 3) / 4);
     const char *knl = n->src[0].data;
     int64_t p0, p1;
     gr_range(total, job->ith, job->nth, &p0, &p1);
-    for (int64_t p = p0; p < p1; p += 2) {
-        const int64_t np = p + 1 < p1 ? 2 : 1;
-        int ord[2];
+    const int TC = gr_vec.tile_cols;
+    for (int64_t p = p0; p < p1; p += TC) {
+        const int64_t np = p1 - p < TC ? p1 - p : TC;
+        int ord[GR_TILE_COLS_MAX], all = np == TC;
         for (int64_t j = 0; j < np; j++) {
             const int64_t q = p + j, start = q / ppb * ppb;
             const int64_t in_batch = total - start < ppb ? total - start : ppb;
             ord[j] = gemm && in_batch >= 2;
+            all = all && ord[j];
             conv_patch(&g, n->src[1].data, q, type, rows + (size_t)j * (size_t)K * ts);
         }
-        if (np == 2 && ord[0] && ord[1]) {
-            const char *act[2] = { rows, rows + (size_t)K * ts };
+        if (all) {   /* TC patches in ggml's GEMM order: one tile per four output channels */
+            const char *act[GR_TILE_COLS_MAX];
+            for (int j = 0; j < TC; j++) act[j] = rows + (size_t)j * (size_t)K * ts;
             for (int64_t oc = 0; oc < g.OC; oc += 4) {
                 const char *w[4];
                 for (int i = 0; i < 4; i++) w[i] = knl + (size_t)(oc + i < g.OC ? oc + i : oc) * (size_t)K * ts;
-                float t[8];
+                float t[4 * GR_TILE_COLS_MAX];
                 if (f16) gr_vec.tile_f16_gemm(K, (const uint16_t *const *)w, (const uint16_t *const *)act, t);
                 else gr_vec.tile_f32_gemm(K, (const float *const *)w, (const float *const *)act, t);
-                for (int64_t j = 0; j < 2; j++)
+                for (int64_t j = 0; j < TC; j++)
                     for (int i = 0; i < 4 && oc + i < g.OC; i++) *conv_out(&g, n->dst.data, p + j, oc + i) = t[j * 4 + i];
             }
             continue;
@@ -174,7 +178,7 @@ size_t gr_wsize_conv(const gr_node *n, int nth) {
     const gr_tensor *k = &n->src[0];
     const int64_t K = gr_nelements(k) / (n->sub == 1 ? n->op_params[11] : k->ne[3]);
     const size_t ts = k->type == GR_TYPE_F16 ? 2 : 4;
-    return (size_t)nth * ((size_t)K * 2 * ts + 16 * 4 + 4);
+    return (size_t)nth * ((size_t)K * GR_TILE_COLS_MAX * ts + 16 * 4 + 4);
 }
 
 /* ---- CONV_2D_DW ------------------------------------------------------------------ */

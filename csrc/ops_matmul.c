@@ -285,19 +285,22 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     }
 
     if (order == MM_GEMM && (s0->type == GR_TYPE_F32 || s0->type == GR_TYPE_F16)) {
-        /* tiles of 4 weight rows x 2 activation rows sharing the same src0 batch */
+        /* tiles of 4 weight rows x TC activation rows sharing the same src0 batch (a
+         * short tile repeats its first column) */
         const int f16 = s0->type == GR_TYPE_F16;
+        const int TC = gr_vec.tile_cols;
         const int64_t RB = 64;   /* weight rows kept in cache while every column passes */
         for (int64_t rb = a0; rb < a1; rb += RB) {
         const int64_t re = rb + RB < a1 ? rb + RB : a1;
         for (int64_t c = b0; c < b1;) {
             const int64_t i12 = (c / N) % ne12, i13 = c / (N * ne12);
-            int64_t ce = c + 2 < b1 ? c + 2 : b1;
-            if ((ce - 1) / N != c / N) ce = c + 1;          /* keep both columns in one batch */
+            const int64_t batch_end = (c / N + 1) * N;     /* the tile's columns in one batch */
+            int64_t ce = c + TC < b1 ? c + TC : b1;
+            if (ce > batch_end) ce = batch_end;
             const char *wb = s0->data + (i12 / r2) * s0->nb[2] + (i13 / r3) * s0->nb[3];
-            const char *act[2];
-            float *out[2];
-            for (int64_t j = 0; j < 2; j++) {
+            const char *act[GR_TILE_COLS_MAX];
+            float *out[GR_TILE_COLS_MAX];
+            for (int64_t j = 0; j < TC; j++) {
                 const int64_t cc = c + j < ce ? c + j : c, i11 = cc % N;
                 act[j] = conv ? job->wdata + (size_t)cc * row_size
                               : s1->data + i11 * s1->nb[1] + i12 * s1->nb[2] + i13 * s1->nb[3];
@@ -306,7 +309,7 @@ void gr_k_mul_mat(gr_job *job, int phase) {
             for (int64_t i01 = rb; i01 < re; i01 += 4) {
                 const char *w[4];
                 for (int i = 0; i < 4; i++) w[i] = wb + (i01 + i < re ? i01 + i : i01) * s0->nb[1];
-                float t[8];
+                float t[4 * GR_TILE_COLS_MAX];
                 if (f16) gr_vec.tile_f16_gemm(K, (const uint16_t *const *)w, (const uint16_t *const *)act, t);
                 else gr_vec.tile_f32_gemm(K, (const float *const *)w, (const float *const *)act, t);
                 for (int64_t j = 0; j < ce - c; j++)

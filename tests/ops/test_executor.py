@@ -126,11 +126,12 @@ def graph_zoo(c, rng):
         w = c.new(wt, (70, 12), rng.standard_normal((12, 70)).astype(np.float16 if wt == T.F16 else np.float32))
         xs = c.view(x, (70, n), (4, 280, 280 * n, 280 * n))
         outs.append(c.op(Op.MUL_MAT, T.F32, (12, n), w, xs))
-    # the prompt-time GEMM's order (K a multiple of every family's width)
-    x64 = c.new(T.F32, (64, 6), rng.standard_normal((6, 64)).astype(np.float32))
+    # the prompt-time GEMM's order (K a multiple of every family's width), 9 columns: a
+    # whole tile of columns and a short one in either family
+    x64 = c.new(T.F32, (64, 9), rng.standard_normal((9, 64)).astype(np.float32))
     for wt in (T.F32, T.F16):
         w = c.new(wt, (64, 12), rng.standard_normal((12, 64)).astype(np.float16 if wt == T.F16 else np.float32))
-        outs.append(c.op(Op.MUL_MAT, T.F32, (12, 6), w, x64))
+        outs.append(c.op(Op.MUL_MAT, T.F32, (12, 9), w, x64))
     # BF16 products (VDPBF16PS in the AVX512-BF16 families): vec_dot's blocks of 64 and
     # tail, tinyBLAS's steps of 32
     for K, n in ((100, 1), (96, 6)):
