@@ -9,24 +9,24 @@ against the live buffers of its own connection.
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import mmap
 import os
-import pwd
 import socket
 import struct
 import sys
-import tempfile
 import threading
 from dataclasses import dataclass
 
 from . import ggml, protocol
-from .errors import (ConnectionLost, GgmlRpcError, ProtocolError, UnsupportedError,
-                     ValidationError)
+from .errors import (ConnectionLost, GgmlRpcError, ProtocolError, RpcTimeout,
+                     UnsupportedError, ValidationError)
 from .graph import build_graph
-from .protocol import (CONN_CAPS_SIZE, Cmd, CMD_COUNT, REQUEST_SIZE, SET_TENSOR_HEADER_SIZE,
-                       TENSOR_SIZE)
+from .protocol import (CONN_CAPS_SIZE, Cmd, CMD_COUNT, MAX_GRAPH_PAYLOAD, REQUEST_SIZE,
+                       SET_TENSOR_HEADER_SIZE, TENSOR_SIZE)
+from .cache import TensorCache, cache_directory  # noqa: F401 (cache_directory: public here too)
 from .transport import Conn, local_caps
 
 log = logging.getLogger("ggmlrpc.server")
@@ -34,7 +34,6 @@ log = logging.getLogger("ggmlrpc.server")
 U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
 U64x2 = struct.Struct("<QQ")  # (handle, size), (free, total), (offset, size|hash)
-MAX_GRAPH_PAYLOAD = 1 << 30      # no real graph comes near 1 GiB of tensor records
 GRAPH_CHUNK = 16 << 20           # graph payloads grow only as their bytes arrive
 
 # Opaque address space handed to clients: each buffer gets a base that is a
@@ -45,6 +44,60 @@ BASE_GAP = 2 << 20
 
 def _round_up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
+
+
+@dataclass
+class Limits:
+    """What one server lets its clients hold. None turns a limit off."""
+
+    max_clients: int | None = 32          # connections served at once; more are refused
+    hello_timeout: float | None = 10.0    # seconds from accept to a complete HELLO
+    idle_timeout: float | None = None     # seconds without a byte from a connected client
+    max_buffers: int | None = 1024        # live buffers per connection
+    mem_limit: int | None = None          # bytes of buffers per device, all clients
+                                          # together; None: the device's free memory at
+                                          # start less MEM_MARGIN of it
+
+
+MEM_MARGIN = 10  # percent of a device's free memory at start kept out of the default limit
+ACCEPT_BACKOFF_MAX = 1.0  # seconds between accept() retries while descriptors or threads run out
+
+
+def default_mem_limit(device) -> int:
+    free = device.free_memory()
+    return max(0, free - free * MEM_MARGIN // 100)
+
+
+class MemoryLedger:
+    """Bytes of buffers held on one device, by all sessions, against a limit.
+
+    A buffer is counted at its full size when it is allocated, before any memory is
+    committed, so neither ALLOC_BUFFER nor BUFFER_CLEAR (which touches every page)
+    can commit more than the limit.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, n: int) -> bool:
+        with self._lock:
+            if n > self.limit - self.used:
+                return False
+            self.used += n
+            return True
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            self.used -= n
+
+
+def _close_quietly(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
 
 
 @dataclass(eq=False)
@@ -67,74 +120,12 @@ class StoredGraph:
         self.plan = plan
 
 
-def cache_directory(env=os.environ) -> str:
-    """$LLAMA_CACHE/rpc, else $XDG_CACHE_HOME/llama.cpp/rpc, else $HOME/.cache/llama.cpp/rpc.
-    An empty variable counts as unset."""
-    if env.get("LLAMA_CACHE"):
-        return os.path.join(env["LLAMA_CACHE"], "rpc")
-    if env.get("XDG_CACHE_HOME"):
-        base = env["XDG_CACHE_HOME"]
-    else:
-        # not expanduser("~"): it turns an empty HOME into "/" where llama.cpp asks passwd
-        home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
-        base = os.path.join(home, ".cache")
-    return os.path.join(base, "llama.cpp", "rpc")
-
-
-class TensorCache:
-    """Files named by the FNV-1a hash of their content (16 lower-case hex digits).
-
-    Written atomically (a temporary file renamed into place), and a file whose
-    content does not hash to its name is never used.
-    """
-
-    def __init__(self, directory: str, codec):
-        self.dir = directory
-        self.codec = codec
-
-    def path(self, h: int) -> str:
-        return os.path.join(self.dir, f"{h:016x}")
-
-    def store(self, h: int, view) -> str:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.dir)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(view)
-            os.replace(tmp, self.path(h))
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        return self.path(h)
-
-    def load(self, h: int):
-        """A read-only mapping of the file for hash h, or None (missing or corrupt)."""
-        path = self.path(h)
-        try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size == 0:
-                    data = b""
-                else:
-                    data = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
-        except OSError:
-            return None
-        if self.codec.fnv1a(data) != h:
-            log.warning("cache file %s does not match its hash; ignoring it", path)
-            if isinstance(data, mmap.mmap):
-                data.close()
-            return None
-        return data
-
-
 class Server:
     """Serves the given devices on host:port until close()."""
 
     def __init__(self, devices, host: str = "127.0.0.1", port: int = 50052,
                  cache_dir: str | None = None, codec=None, debug: bool | None = None,
-                 out=None):
+                 out=None, limits: Limits | None = None, cache: TensorCache | None = None):
         if not devices:
             raise ValueError("a server needs at least one device")
         self.devices = list(devices)
@@ -142,7 +133,12 @@ class Server:
         self.port = port
         self.codec = codec or protocol.codec()
         self.native = self.codec.name == "native"
-        self.cache = TensorCache(cache_dir, self.codec) if cache_dir else None
+        if cache is None and cache_dir:
+            cache = TensorCache(cache_dir)
+        self.cache = cache
+        self.limits = limits or Limits()
+        self.ledgers = [MemoryLedger(self.limits.mem_limit if self.limits.mem_limit is not None
+                                     else default_mem_limit(d)) for d in self.devices]
         self.debug = ("GGML_RPC_DEBUG" in os.environ) if debug is None else debug
         self.out = out or sys.stdout
         self._ids = itertools.count(1)
@@ -151,6 +147,7 @@ class Server:
         self._threads: set[threading.Thread] = set()
         self._closing = threading.Event()
         self.listener: socket.socket | None = None
+        self._spare_fd: int | None = None  # released to refuse a connection when fds run out
 
     # -- lifecycle ---------------------------------------------------------
     def bind(self) -> None:
@@ -160,23 +157,87 @@ class Server:
         s.listen(16)
         self.listener = s
         self.port = s.getsockname()[1]
+        self._spare_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
 
     def serve_forever(self) -> None:
+        """Accept connections until close(). Load never ends this loop: a connection
+        over the cap, or one that cannot get a descriptor or a thread, is refused
+        with a log line, and the loop backs off while resources are short."""
         if self.listener is None:
             self.bind()
+        backoff = 0.0
         while not self._closing.is_set():
+            if backoff:
+                self._closing.wait(backoff)
             try:
-                sock, _ = self.listener.accept()
-            except OSError:
+                sock, addr = self.listener.accept()
+            except OSError as e:
                 if self._closing.is_set():
                     break
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    backoff = min(ACCEPT_BACKOFF_MAX, backoff * 2 or 0.01)
+                    self._refuse_pending(e)
+                    continue
+                if e.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EPERM):
+                    continue  # that one connection went away before it was accepted
+                log.error("accept() failed, listener closed: %s", e)
                 raise
-            self.say("Accepted client connection")
-            t = threading.Thread(target=self._serve, args=(sock,), daemon=True,
-                                 name=f"rpc-client-{next(self._ids)}")
+            peer = "%s:%d" % addr[:2]
             with self._lock:
-                self._threads.add(t)
+                n = len(self._sessions)
+                over = self.limits.max_clients is not None and n >= self.limits.max_clients
+            if over:
+                log.warning("refusing connection from %s: %d clients connected (the limit, "
+                            "--max-clients)", peer, n)
+                _close_quietly(sock)
+                continue
+            try:
+                self._spawn(sock)
+            except RuntimeError as e:  # can't start new thread
+                log.error("refusing connection from %s: cannot start its thread: %s", peer, e)
+                _close_quietly(sock)
+                backoff = min(ACCEPT_BACKOFF_MAX, backoff * 2 or 0.01)
+                continue
+            backoff = 0.0
+
+    def _spawn(self, sock: socket.socket) -> None:
+        session = Session(self, sock)
+        t = threading.Thread(target=self._serve, args=(session,), daemon=True,
+                             name=f"rpc-client-{next(self._ids)}")
+        with self._lock:
+            self._sessions.add(session)
+            self._threads.add(t)
+        self.say("Accepted client connection")
+        try:
             t.start()
+        except BaseException:
+            with self._lock:
+                self._sessions.discard(session)
+                self._threads.discard(t)
+            self.say("Client connection closed")
+            raise
+
+    def _refuse_pending(self, e: OSError) -> None:
+        """Out of descriptors: accept the waiting connection on a spare descriptor and
+        close it at once, so that it gets an answer (a reset) instead of hanging in
+        the backlog. Without a spare, it waits for the backoff."""
+        spare = self._spare_fd
+        if spare is not None:
+            self._spare_fd = None
+            os.close(spare)
+            try:
+                sock, addr = self.listener.accept()
+            except OSError:
+                pass
+            else:
+                log.warning("refusing connection from %s: %s", "%s:%d" % addr[:2], e.strerror)
+                _close_quietly(sock)
+            try:
+                self._spare_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                pass
+        else:
+            log.warning("accept() failed: %s; backing off", e.strerror)
 
     def start(self) -> threading.Thread:
         """Bind and serve in a background thread (tests, embedding)."""
@@ -194,6 +255,9 @@ class Server:
             except OSError:
                 pass
             self.listener.close()
+        if self._spare_fd is not None:
+            os.close(self._spare_fd)
+            self._spare_fd = None
         with self._lock:
             sessions = list(self._sessions)
             threads = list(self._threads)
@@ -203,17 +267,18 @@ class Server:
             t.join(timeout)
 
     def stats(self) -> dict:
-        """Live sessions, buffers and buffer bytes (tests and monitoring)."""
+        """Live sessions, buffers and buffer bytes, and the bytes counted against each
+        device's limit (tests and monitoring)."""
         with self._lock:
             sessions = list(self._sessions)
         bufs = [b for s in sessions for b in list(s.buffers.values())]
         return {"sessions": len(sessions), "buffers": len(bufs),
-                "buffer_bytes": sum(b.size for b in bufs)}
+                "buffer_bytes": sum(b.size for b in bufs),
+                "held": [s.held for s in sessions],
+                "mem_used": [g.used for g in self.ledgers],
+                "mem_limit": [g.limit for g in self.ledgers]}
 
-    def _serve(self, sock: socket.socket) -> None:
-        session = Session(self, sock)
-        with self._lock:
-            self._sessions.add(session)
+    def _serve(self, session: "Session") -> None:
         try:
             session.run()
         finally:
@@ -249,6 +314,9 @@ class Session:
         self.graphs: dict[int, StoredGraph] = {}
         self.request: bytearray | None = None  # payload of the current fixed-size request
         self.debug = server.debug
+        self.limits = server.limits
+        self.held = [0] * len(self.devices)  # bytes of buffers per device, counted in the ledgers
+        self._noted: set[str] = set()
         self.next_base = BASE_START
         try:
             self.peer = "%s:%d" % sock.getpeername()[:2]
@@ -258,11 +326,20 @@ class Session:
     # -- plumbing ----------------------------------------------------------
     def run(self) -> None:
         try:
+            self.conn.arm(self.limits.hello_timeout)
             self.hello()
+            self.conn.disarm()
+            self.conn.timeout = self.limits.idle_timeout
             while True:
                 # a fixed-size request comes with its payload, read in the same call
                 cmd, size, self.request = self.conn.recv_request()
                 self.dispatch(cmd, size)
+        except RpcTimeout:
+            if not self.server._closing.is_set():
+                what = ("no complete HELLO within %ss (hello timeout)" % self.limits.hello_timeout
+                        if self.conn.deadline_ns else
+                        "idle for %ss (--idle-timeout)" % self.limits.idle_timeout)
+                log.warning("closing connection from %s: %s", self.peer, what)
         except ConnectionLost as e:
             if not self.server._closing.is_set():
                 if self.debug:
@@ -276,10 +353,27 @@ class Session:
 
     def release(self) -> None:
         self.graphs.clear()
-        for b in self.buffers.values():
-            if b.mem is not None:
-                b.mem.free()
+        for b in list(self.buffers.values()):
+            self.drop(b)
         self.buffers.clear()
+
+    def drop(self, b: ServerBuffer) -> None:
+        """Free a buffer and return its bytes to the device's ledger."""
+        self.buffers.pop(b.handle, None)
+        if b.mem is not None:
+            b.mem.free()
+            b.mem = None
+        self.held[b.device] -= b.size
+        self.server.ledgers[b.device].release(b.size)
+
+    def note(self, key: str, fmt: str, *args) -> None:
+        """A warning that a client can repeat at will: logged once per connection,
+        then only at debug level (no log flood)."""
+        if key in self._noted:
+            log.debug(fmt, *args)
+        else:
+            self._noted.add(key)
+            log.warning(fmt + " (further ones on this connection at debug level)", *args)
 
     def hello(self) -> None:
         head = self.conn.recv_exact(9)
@@ -367,12 +461,25 @@ class Session:
     def cmd_alloc_buffer(self, size):
         dev, req = struct.unpack("<IQ", self.request)
         self.device_index(dev)
-        mem = self.devices[dev].alloc_buffer(req) if req else None
-        if req and mem is None:
-            if self.debug:
-                self.server.dbg("[alloc_buffer] device: %d, size: %d -> failed", dev, req)
-            self.reply(U64x2.pack(0, 0))
-            return
+        mem = None
+        cap = self.limits.max_buffers
+        if cap is not None and len(self.buffers) >= cap:
+            self.note("buffers", "[alloc_buffer] %s: refused, %d buffers held (the limit per "
+                      "connection)", self.peer, len(self.buffers))
+            return self.reply(U64x2.pack(0, 0))
+        ledger = self.server.ledgers[dev]
+        if not ledger.reserve(req):
+            self.note("memory", "[alloc_buffer] %s: refused %d bytes on device %d: %d of %d bytes "
+                      "in use (--mem-limit)", self.peer, req, dev, ledger.used, ledger.limit)
+            return self.reply(U64x2.pack(0, 0))
+        if req:
+            mem = self.devices[dev].alloc_buffer(req)
+            if mem is None:
+                ledger.release(req)
+                if self.debug:
+                    self.server.dbg("[alloc_buffer] device: %d, size: %d -> failed", dev, req)
+                return self.reply(U64x2.pack(0, 0))
+        self.held[dev] += req
         handle = (next(Session._handles) << 4) | 0x5250_4300_0000_0000
         base = 0
         if req:
@@ -412,9 +519,7 @@ class Session:
             self.server.dbg("[free_buffer] remote_ptr: %x", h)
         # stored graphs may point into this buffer; like llama.cpp, drop them all
         self.graphs.clear()
-        del self.buffers[h]
-        if b.mem is not None:
-            b.mem.free()
+        self.drop(b)
 
     def cmd_buffer_clear(self, size):
         h, value = struct.unpack("<QB", self.request)
@@ -447,7 +552,8 @@ class Session:
                 # client its connection (llama.cpp ignores a failed write as well)
                 log.warning("[set_tensor] cannot write cache file for %016x: %s", h, e)
             else:
-                log.info("[set_tensor] saved to '%s'", path)
+                if path is not None:
+                    log.info("[set_tensor] saved to '%s'", path)
 
     def cmd_set_tensor_hash(self, size):
         req = self.request
@@ -520,7 +626,7 @@ class Session:
         if self.debug:
             self.server.dbg("[init_tensor] buffer: %x, data: %x", b.handle if b else 0, t.data)
         if b is None:
-            log.warning("INIT_TENSOR for tensor %r without a buffer", t.name_str)
+            self.note("init0", "INIT_TENSOR for tensor %r without a buffer", t.name_str)
             return
         self.devices[b.device].init_tensor(b.mem, t)
 

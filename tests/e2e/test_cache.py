@@ -21,6 +21,7 @@ from ggmlrpc import protocol
 from ggmlrpc.client import RemoteBackend
 from ggmlrpc.ggml import GGMLType
 from ggmlrpc.protocol import Cmd
+from ggmlrpc.cache import INDEX_NAME
 from ggmlrpc.server import cache_directory
 from tests.conftest import our_server_argv, start_server
 
@@ -37,7 +38,8 @@ def fnv1a_loop(data: bytes) -> int:
 
 
 def cache_files(d) -> list[str]:
-    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+    """The directory's files, less the server's index of them."""
+    return sorted(n for n in os.listdir(d) if n != INDEX_NAME) if os.path.isdir(d) else []
 
 
 @pytest.fixture
@@ -177,7 +179,9 @@ def test_files_only_with_cache_flag(any_cached, cache_dir, seed):
         assert rb.get_tensor(t) == data[:2000] + data[:1000]
 
 
-def test_hash_hit_and_corrupt_files(any_cached, cache_dir, seed):
+def test_hash_hit_and_changed_files(any_cached, cache_dir, seed):
+    """A hit is served only from a file this server wrote and that is unchanged since;
+    a file planted or rewritten behind its back is never served."""
     endpoint, _ = any_cached
     rng = np.random.default_rng(seed)
     data = rng.integers(0, 256, 4096, dtype=np.uint8).tobytes()
@@ -186,23 +190,30 @@ def test_hash_hit_and_corrupt_files(any_cached, cache_dir, seed):
     with RemoteBackend(endpoint) as rb:
         _, t = fresh_tensor(rb, len(data))
         assert rb.set_tensor_hash(t, h) is False          # nothing cached yet
-        path.write_bytes(data)
-        assert rb.set_tensor_hash(t, h) is True
-        assert rb.get_tensor(t) == data
-
+        path.write_bytes(data)                            # planted, not written by the server
+        assert rb.set_tensor_hash(t, h) is False
+        assert rb.get_tensor(t) == bytes(len(data))
+        raw_set(rb, t, data, cache_flag=1)                # stored by the server
         _, u = fresh_tensor(rb, len(data))
+        assert rb.set_tensor_hash(u, h) is True
+        assert rb.get_tensor(u) == data
+
+        _, v = fresh_tensor(rb, len(data))
         for bad in (data[:-1] + bytes([data[-1] ^ 1]),    # one bit off
                     data[:2048],                          # truncated
                     data + b"\0",                         # one byte longer
                     b""):                                 # emptied
+            raw_set(rb, t, data, cache_flag=1)            # a fresh, served copy
+            assert rb.set_tensor_hash(v, h) is True
+            rb.memset_tensor(v, 0)
             path.write_bytes(bad)
-            assert rb.set_tensor_hash(u, h) is False, len(bad)
-            assert rb.get_tensor(u) == bytes(len(data))   # nothing written
+            assert rb.set_tensor_hash(v, h) is False, len(bad)
+            assert rb.get_tensor(v) == bytes(len(data))   # nothing written
         # a file with the right content under the name of other bytes is not used either
         other = fnv1a_loop(data[::-1])
         (cache_dir / f"{other:016x}").write_bytes(data)
-        assert rb.set_tensor_hash(u, other) is False
-        assert rb.get_tensor(u) == bytes(len(data))
+        assert rb.set_tensor_hash(v, other) is False
+        assert rb.get_tensor(v) == bytes(len(data))
 
 
 def test_cache_write_failure_keeps_the_connection(native_cached, cache_dir, seed):
@@ -283,7 +294,7 @@ def test_cache_directory_rules(server_proc, tmp_path, rule):
         _, t = fresh_tensor(rb, len(data))
         raw_set(rb, t, data, cache_flag=1)
         rb.synchronize()
-    assert os.listdir(want) == [f"{fnv1a_loop(data):016x}"]
+    assert cache_files(want) == [f"{fnv1a_loop(data):016x}"]
 
 
 def test_no_cache_banner(server_proc):

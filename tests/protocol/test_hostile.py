@@ -16,6 +16,7 @@ from tests.protocol.rawclient import (
     GRAPH_RECOMPUTE, HELLO, HELLO_ANSWER, INIT_TENSOR, MEMSET_TENSOR, OP_ADD, OP_VIEW, Q4_0,
     SET_TENSOR, SET_TENSOR_HASH, Raw, Watch, fnv1a, frame, graph, logged, tensor, u32, u64,
     wait_stats)
+from ggmlrpc.cache import TensorCache
 from tests.conftest import start_server
 
 U64_MAX = (1 << 64) - 1
@@ -221,7 +222,7 @@ def test_set_tensor_hash_region_checked_with_cache(tmp_path, caplog, codec_name,
     """With a cache hit, the cached file's length and the offset are checked against the
     tensor (without a cache the answer is 0 and nothing is written)."""
     blob = bytes(range(256)) * 2 if offset == 0 else bytes(range(64))  # the tensor holds 64
-    (tmp_path / f"{fnv1a(blob):016x}").write_bytes(blob)
+    TensorCache(str(tmp_path)).store(fnv1a(blob), blob)  # a file the server will serve
     srv = start_server(codec_name, cache_dir=str(tmp_path))
     try:
         arena = Arena(srv, caplog)
@@ -383,10 +384,13 @@ def test_graph_compute_shorter_than_header(arena, size):
     arena.run(lambda a: a.send(frame(GRAPH_COMPUTE, bytes(size))), "GRAPH_COMPUTE payload")
 
 
-@pytest.mark.parametrize("n_nodes, n_tensors", [(0xFFFFFFFF, 0), (1, 0xFFFFFFFF), (1000, 0)])
-def test_graph_counts_beyond_payload(arena, n_nodes, n_tensors):
+@pytest.mark.parametrize("n_nodes, n_tensors, reason", [
+    (0xFFFFFFFF, 0, "at most"), (1, 0xFFFFFFFF, "at most"), (1000, 0, "too short"),
+    (1, 1 << 18, "too short")])
+def test_graph_counts_beyond_payload(arena, n_nodes, n_tensors, reason):
+    """Counts beyond the caps are refused before the rest of the payload is looked at."""
     body = u32(0) + u32(n_nodes) + u64(1) + u32(n_tensors)
-    arena.run(lambda a: a.send(frame(GRAPH_COMPUTE, body)), "too short")
+    arena.run(lambda a: a.send(frame(GRAPH_COMPUTE, body)), reason)
 
 
 # -- SET_TENSOR framing and truncated frames ---------------------------------------------
