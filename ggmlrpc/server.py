@@ -60,7 +60,7 @@ class Limits:
 
 
 MEM_MARGIN = 10  # percent of a device's free memory at start kept out of the default limit
-ACCEPT_BACKOFF_MAX = 1.0  # seconds between accept() retries while descriptors or threads run out
+ACCEPT_BACKOFF_MAX = 0.25  # seconds between accept() retries while descriptors or threads run out
 
 
 def default_mem_limit(device) -> int:
@@ -175,8 +175,8 @@ class Server:
                 if self._closing.is_set():
                     break
                 if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
-                    backoff = min(ACCEPT_BACKOFF_MAX, backoff * 2 or 0.01)
-                    self._refuse_pending(e)
+                    if not self._refuse_pending(e):
+                        backoff = min(ACCEPT_BACKOFF_MAX, backoff * 2 or 0.01)
                     continue
                 if e.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EPERM):
                     continue  # that one connection went away before it was accepted
@@ -193,8 +193,8 @@ class Server:
                 continue
             try:
                 self._spawn(sock)
-            except RuntimeError as e:  # can't start new thread
-                log.error("refusing connection from %s: cannot start its thread: %s", peer, e)
+            except Exception as e:  # can't start new thread, no memory for the session
+                log.error("refusing connection from %s: cannot start its thread: %r", peer, e)
                 _close_quietly(sock)
                 backoff = min(ACCEPT_BACKOFF_MAX, backoff * 2 or 0.01)
                 continue
@@ -217,11 +217,11 @@ class Server:
             self.say("Client connection closed")
             raise
 
-    def _refuse_pending(self, e: OSError) -> None:
+    def _refuse_pending(self, e: OSError) -> bool:
         """Out of descriptors: accept the waiting connection on a spare descriptor and
-        close it at once, so that it gets an answer (a reset) instead of hanging in
-        the backlog. Without a spare, it waits for the backoff."""
-        spare = self._spare_fd
+        close it at once, so that it gets an answer instead of hanging in the
+        backlog. False when that was not possible (the caller backs off)."""
+        spare, done = self._spare_fd, False
         if spare is not None:
             self._spare_fd = None
             os.close(spare)
@@ -232,12 +232,14 @@ class Server:
             else:
                 log.warning("refusing connection from %s: %s", "%s:%d" % addr[:2], e.strerror)
                 _close_quietly(sock)
+                done = True
             try:
                 self._spare_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
             except OSError:
-                pass
-        else:
+                done = False
+        if not done:
             log.warning("accept() failed: %s; backing off", e.strerror)
+        return done
 
     def start(self) -> threading.Thread:
         """Bind and serve in a background thread (tests, embedding)."""
