@@ -21,7 +21,7 @@ from ggmlrpc import protocol
 from ggmlrpc.client import RemoteBackend
 from ggmlrpc.ggml import GGMLType
 from ggmlrpc.protocol import Cmd
-from ggmlrpc.cache import INDEX_NAME
+from ggmlrpc.cache import INDEX_NAME, TensorCache
 from ggmlrpc.server import cache_directory
 from tests.conftest import our_server_argv, start_server
 
@@ -358,3 +358,179 @@ def test_reference_writes_the_same_file(ref_server, native_cached, cache_dir, tm
             assert rb.get_tensor(t) == data
     assert cache_files(ref_dir / "rpc") == cache_files(cache_dir) != []
     assert (ref_dir / "rpc" / cache_files(cache_dir)[0]).read_bytes() == data
+
+
+# -- integrity: the index, collisions, read-only preloaded caches, size cap ------------------
+
+def write_gguf(path, tensors: dict[str, np.ndarray]) -> None:
+    import gguf
+    w = gguf.GGUFWriter(str(path), "llama")
+    for name, a in tensors.items():
+        w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture
+def weak_fnv(monkeypatch):
+    """The server names stored bytes by a hash with collisions on demand: FNV-1a of the
+    first 64 bytes only. Two contents that share those bytes share a name, as two
+    contents built to collide under the full FNV-1a would."""
+    from ggmlrpc.devices.cpu import HostBuffer
+    monkeypatch.setattr(HostBuffer, "fnv1a", lambda self, off, n: fnv1a_loop(self.read(off, min(n, 64))))
+    return lambda data: fnv1a_loop(data[:64])
+
+
+def colliding_pair(seed: int, n: int = 8192) -> tuple[bytes, bytes]:
+    rng = np.random.default_rng(seed)
+    head = rng.integers(0, 256, 64, dtype=np.uint8).tobytes()
+    victim = head + rng.integers(0, 256, n - 64, dtype=np.uint8).tobytes()
+    attacker = head + b"\xee" * (n - 64)
+    return victim, attacker
+
+
+def test_collision_after_store_is_never_served(native_cached, cache_dir, weak_fnv, seed, caplog):
+    """The victim's bytes are stored; an attacker stores other bytes under the same hash:
+    the server notices (digests differ), and from then on nobody is served that hash:
+    neither bytes reach a victim through the cache."""
+    endpoint, _ = native_cached
+    victim, attacker = colliding_pair(seed)
+    h = weak_fnv(victim)
+    assert h == weak_fnv(attacker)
+    with RemoteBackend(endpoint) as v, RemoteBackend(endpoint) as a:
+        _, tv = fresh_tensor(v, len(victim))
+        raw_set(v, tv, victim, cache_flag=1)
+        _, tv2 = fresh_tensor(v, len(victim))
+        assert v.set_tensor_hash(tv2, h) is True and v.get_tensor(tv2) == victim
+        _, ta = fresh_tensor(a, len(attacker))
+        raw_set(a, ta, attacker, cache_flag=1)
+        a.synchronize()
+        assert a.get_tensor(ta) == attacker               # its own write still happened
+        _, tv3 = fresh_tensor(v, len(victim))
+        assert v.set_tensor_hash(tv3, h) is False         # "not cached": the victim uploads
+        assert v.get_tensor(tv3) == bytes(len(victim))
+        raw_set(v, tv3, victim, cache_flag=1)             # and its upload does not revive it
+        assert v.set_tensor_hash(tv3, h) is False
+    assert "share the FNV-1a hash" in caplog.text
+    assert attacker not in [(cache_dir / n).read_bytes() for n in cache_files(cache_dir)]
+
+
+def test_writable_cache_serves_the_first_writer(native_cached, weak_fnv, seed):
+    """What the README warns about: with a writable cache, bytes stored first under a
+    hash are what a later client asking for that hash gets. Read-only + preload is the
+    answer (next test)."""
+    endpoint, _ = native_cached
+    victim, attacker = colliding_pair(seed)
+    with RemoteBackend(endpoint) as a, RemoteBackend(endpoint) as v:
+        _, ta = fresh_tensor(a, len(attacker))
+        raw_set(a, ta, attacker, cache_flag=1)
+        a.synchronize()
+        _, tv = fresh_tensor(v, len(victim))
+        assert v.set_tensor_hash(tv, weak_fnv(victim)) is True
+        assert v.get_tensor(tv) == attacker
+
+
+def test_readonly_preloaded_cache_cannot_be_poisoned(cache_dir, tmp_path, weak_fnv, seed):
+    """A read-only cache preloaded from a local GGUF: the client's hash-first upload of a
+    weight is a hit (same FNV-1a as llama.cpp's client computes, over the whole
+    tensor), an attacker's colliding upload stores nothing, and the victim still gets
+    the model's bytes."""
+    rng = np.random.default_rng(seed)
+    weight = rng.standard_normal((1024, 2816)).astype(np.float32)     # 11 MiB: hashed
+    small = rng.standard_normal((16, 16)).astype(np.float32)          # never hashed
+    model = tmp_path / "model.gguf"
+    write_gguf(model, {"big.weight": weight, "small.weight": small})
+    cache = TensorCache(str(cache_dir), readonly=True)
+    assert cache.preload(str(model)) == (1, weight.nbytes)
+    name = f"{protocol.codec().fnv1a(weight.tobytes()):016x}"
+    assert cache_files(cache_dir) == [name]
+    srv = start_server("native", cache=cache)
+    try:
+        endpoint = f"127.0.0.1:{srv.port}"
+        raw = weight.tobytes()
+        attacker = raw[:64] + b"\xee" * (len(raw) - 64)               # collides under weak_fnv
+        with RemoteBackend(endpoint) as a:
+            _, ta = fresh_tensor(a, len(attacker))
+            raw_set(a, ta, attacker, cache_flag=1)
+            a.synchronize()
+        assert cache_files(cache_dir) == [name]
+        with RemoteBackend(endpoint) as v:
+            _, tv = fresh_tensor(v, len(raw))
+            assert v.set_tensor(tv, weight, weights=True) is True     # a hit: nothing sent
+            assert v.get_tensor(tv) == raw
+            # uploads are not served from a read-only cache, whoever stored them
+            _, tu = fresh_tensor(v, 4096)
+            raw_set(v, tu, raw[:4096], cache_flag=1)
+            assert v.set_tensor_hash(tu, weak_fnv(raw[:4096])) is False
+    finally:
+        srv.close()
+
+
+def test_preload_wins_over_a_colliding_upload(cache_dir, tmp_path, weak_fnv, seed):
+    """A writable cache with a preloaded model: an upload that collides with a
+    preloaded file is dropped and the preloaded bytes stay servable."""
+    weight = np.random.default_rng(seed).standard_normal((1024, 2816)).astype(np.float32)
+    raw = weight.tobytes()
+    model = tmp_path / "model.gguf"
+    write_gguf(model, {"w": weight})
+
+    class WeakCodec:  # the preload names files by the same weak hash as the uploads
+        fnv1a = staticmethod(lambda data: weak_fnv(bytes(memoryview(data)[:64])))
+
+    cache = TensorCache(str(cache_dir), codec=WeakCodec())
+    assert cache.preload(str(model)) == (1, len(raw))
+    h = weak_fnv(raw)
+    srv = start_server("native", cache=cache)
+    try:
+        with RemoteBackend(f"127.0.0.1:{srv.port}") as rb:
+            forged = raw[:64] + b"\xee" * 4032
+            _, tf = fresh_tensor(rb, len(forged))
+            raw_set(rb, tf, forged, cache_flag=1)
+            rb.synchronize()
+            _, tw = fresh_tensor(rb, len(raw))
+            assert rb.set_tensor_hash(tw, h) is True
+            assert rb.get_tensor(tw) == raw
+    finally:
+        srv.close()
+    assert cache_files(cache_dir) == [f"{h:016x}"]
+    assert (cache_dir / f"{h:016x}").read_bytes() == raw
+
+
+def test_index_survives_a_restart_and_tmp_files_do_not(cache_dir, seed):
+    data = big_payload(seed, 5000)
+    h = fnv1a_loop(data)
+    stale = cache_dir / ".tmp-interrupted"
+    stale.write_bytes(b"half a file")
+    srv = cached_server(cache_dir)
+    try:
+        assert not stale.exists()                          # removed at start
+        with RemoteBackend(f"127.0.0.1:{srv.port}") as rb:
+            _, t = fresh_tensor(rb, len(data))
+            raw_set(rb, t, data, cache_flag=1)
+            rb.synchronize()
+    finally:
+        srv.close()
+    srv = cached_server(cache_dir)                         # a new process would read the same
+    try:
+        with RemoteBackend(f"127.0.0.1:{srv.port}") as rb:
+            _, t = fresh_tensor(rb, len(data))
+            assert rb.set_tensor_hash(t, h) is True and rb.get_tensor(t) == data
+    finally:
+        srv.close()
+
+
+def test_max_size_evicts_least_recently_used(cache_dir, seed):
+    rng = np.random.default_rng(seed)
+    blobs = [rng.integers(0, 256, 1000, dtype=np.uint8).tobytes() for _ in range(4)]
+    names = [fnv1a_loop(b) for b in blobs]
+    cache = TensorCache(str(cache_dir), max_size=2500)
+    cache.store(names[0], blobs[0])
+    cache.store(names[1], blobs[1])
+    assert cache.load(names[0]) is not None               # 0 is now more recent than 1
+    cache.store(names[2], blobs[2])                       # 3000 > 2500: 1 goes
+    assert sorted(cache_files(cache_dir)) == sorted(f"{names[i]:016x}" for i in (0, 2))
+    assert cache.load(names[1]) is None
+    assert cache.store(names[3], rng.bytes(3000)) is None  # larger than the cap: not kept
+    assert cache.total_size() <= 2500
