@@ -29,6 +29,8 @@ def usage(prog: str) -> str:
             "  -H, --host HOST                  host to bind to (default: 127.0.0.1)\n"
             "  -p, --port PORT                  port to bind to (default: 50052)\n"
             "  -c, --cache                      enable local file cache\n"
+            "\n"
+            "ggmlrpc options (llama.cpp's server has none of these):\n"
             "      --cache-preload FILE         fill the cache from a local GGUF model (repeatable; implies -c)\n"
             "      --cache-readonly             serve only preloaded cache files, store no uploads (implies -c);\n"
             "                                   use this when clients do not trust each other\n"
