@@ -269,16 +269,19 @@ class Server:
             t.join(timeout)
 
     def stats(self) -> dict:
-        """Live sessions, buffers and buffer bytes, and the bytes counted against each
-        device's limit (tests and monitoring)."""
+        """Live sessions, buffers and buffer bytes (tests and monitoring)."""
         with self._lock:
             sessions = list(self._sessions)
         bufs = [b for s in sessions for b in list(s.buffers.values())]
         return {"sessions": len(sessions), "buffers": len(bufs),
-                "buffer_bytes": sum(b.size for b in bufs),
-                "held": [s.held for s in sessions],
-                "mem_used": [g.used for g in self.ledgers],
-                "mem_limit": [g.limit for g in self.ledgers]}
+                "buffer_bytes": sum(b.size for b in bufs)}
+
+    def memory(self) -> dict:
+        """Per device: the limit, the bytes counted against it, and each session's part."""
+        with self._lock:
+            sessions = list(self._sessions)
+        return {"limit": [g.limit for g in self.ledgers], "used": [g.used for g in self.ledgers],
+                "held": [list(s.held) for s in sessions]}
 
     def _serve(self, session: "Session") -> None:
         try:

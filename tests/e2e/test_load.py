@@ -235,8 +235,9 @@ def test_memory_limit_over_all_connections(closing, caplog):
     logged(caplog, "--mem-limit", logging.WARNING)
     hb = alloc_raw(b, 20 * MiB)
     assert hb
-    st = srv.stats()
-    assert st["mem_used"] == [60 * MiB + Bystander.SIZE] and st["mem_limit"] == [64 * MiB]
+    mem = srv.memory()
+    assert mem["used"] == [60 * MiB + Bystander.SIZE] and mem["limit"] == [64 * MiB]
+    assert sorted(mem["held"]) == [[Bystander.SIZE], [20 * MiB], [40 * MiB]]
     # BUFFER_CLEAR touches every page of a counted buffer, nothing beyond the limit
     b.send(frame(BUFFER_CLEAR, u64(hb) + b"\x01"))
     assert b.call(15) == DEVICE_COUNT_ANSWER
@@ -247,7 +248,7 @@ def test_memory_limit_over_all_connections(closing, caplog):
     w.bystander.check()
     b.close()
     w.aftermath()
-    assert srv.stats()["mem_used"] == [Bystander.SIZE]
+    assert srv.memory()["used"] == [Bystander.SIZE]
     w.bystander.close()
 
 
@@ -256,7 +257,7 @@ def test_default_memory_limit_stops_overcommit(closing):
     that each fit but together exceed it are refused (no memory is touched here)."""
     srv = start_server("native")
     closing(srv)
-    limit = srv.stats()["mem_limit"][0]
+    limit = srv.memory()["limit"][0]
     with Raw(srv.port) as r:
         assert r.hello() == HELLO_ANSWER
         part = limit // 3 + 1
