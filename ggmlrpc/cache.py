@@ -97,6 +97,9 @@ class TensorCache:
         self._lock = threading.Lock()
         self.entries: dict[str, Entry] = {}
         self.conflicts: set[str] = set()
+        # GGUF files preloaded before: path -> {"size", "mtime_ns", "names"}, so that a
+        # restart with the same --cache-preload does not hash the model again
+        self.preloads: dict[str, dict] = {}
         self._remove_stale_tmp()
         self._load_index()
 
@@ -144,6 +147,8 @@ class TensorCache:
                 raise ValueError(f"index version {doc.get('version')}")
             entries = {k: Entry(**v) for k, v in doc.get("entries", {}).items() if HEX16.match(k)}
             conflicts = {c for c in doc.get("conflicts", []) if HEX16.match(str(c))}
+            preloads = {str(k): v for k, v in doc.get("preloads", {}).items()
+                        if isinstance(v, dict) and isinstance(v.get("names"), list)}
         except FileNotFoundError:
             return
         except (OSError, ValueError, TypeError, AttributeError) as e:
@@ -159,12 +164,13 @@ class TensorCache:
             else:
                 log.warning("cache file %s changed since it was written; not serving it", name)
         self.conflicts = conflicts
+        self.preloads = preloads
 
     def _save_index(self) -> None:
         """Write the index atomically; called with the lock held."""
         doc = {"version": INDEX_VERSION, "digest": f"blake2b-{DIGEST_SIZE * 8}",
                "entries": {k: asdict(v) for k, v in sorted(self.entries.items())},
-               "conflicts": sorted(self.conflicts)}
+               "conflicts": sorted(self.conflicts), "preloads": self.preloads}
         data = json.dumps(doc, indent=0).encode()
         try:
             tmp, _ = self._write_file(data)
@@ -295,8 +301,18 @@ class TensorCache:
         Returns (files written or adopted, bytes)."""
         from gguf import GGUFReader  # optional until a model is preloaded
 
+        key = os.path.abspath(gguf_path)
+        st = os.stat(key)
+        with self._lock:
+            done = self.preloads.get(key)
+            if (done is not None and done.get("size") == st.st_size
+                    and done.get("mtime_ns") == st.st_mtime_ns
+                    and all(self._known(n) is not None and self.entries[n].source == "preload"
+                            for n in done["names"])):
+                return len(done["names"]), sum(self.entries[n].size for n in done["names"])
         reader = GGUFReader(gguf_path, "r")
-        count = total = 0
+        names: list[str] = []
+        total = 0
         for t in reader.tensors:
             n = int(t.n_bytes)
             if n <= protocol.HASH_THRESHOLD:
@@ -305,10 +321,13 @@ class TensorCache:
             data = memoryview(reader.data[off:off + n])
             h = self.codec.fnv1a(data)
             if self.store(h, data, source="preload") is not None:
-                count += 1
+                names.append(self.name(h))
                 total += n
         del reader
-        return count, total
+        with self._lock:
+            self.preloads[key] = {"size": st.st_size, "mtime_ns": st.st_mtime_ns, "names": names}
+            self._save_index()
+        return len(names), total
 
 
 def _unlink(path: str) -> None:

@@ -534,3 +534,26 @@ def test_max_size_evicts_least_recently_used(cache_dir, seed):
     assert cache.load(names[1]) is None
     assert cache.store(names[3], rng.bytes(3000)) is None  # larger than the cap: not kept
     assert cache.total_size() <= 2500
+
+
+def test_preload_again_does_not_hash_the_model_again(cache_dir, tmp_path, seed):
+    """A restart with the same --cache-preload finds the model in the index (same size
+    and mtime, every file intact) and reads none of it; a changed model is hashed."""
+    weight = np.random.default_rng(seed).standard_normal((1024, 2816)).astype(np.float32)
+    model = tmp_path / "model.gguf"
+    write_gguf(model, {"w": weight})
+
+    class Counting:
+        calls = 0
+
+        def fnv1a(self, data):
+            Counting.calls += 1
+            return protocol.codec().fnv1a(data)
+
+    first = TensorCache(str(cache_dir), codec=Counting()).preload(str(model))
+    assert first == (1, weight.nbytes) and Counting.calls == 1
+    again = TensorCache(str(cache_dir), codec=Counting()).preload(str(model))
+    assert again == first and Counting.calls == 1
+    os.utime(model, ns=(time.time_ns(), time.time_ns() + 10**9))
+    TensorCache(str(cache_dir), codec=Counting()).preload(str(model))
+    assert Counting.calls == 2
