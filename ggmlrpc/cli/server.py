@@ -34,7 +34,7 @@ def usage(prog: str) -> str:
             "      --cache-preload FILE         fill the cache from a local GGUF model (repeatable; implies -c)\n"
             "      --cache-readonly             serve only preloaded cache files, store no uploads (implies -c);\n"
             "                                   use this when clients do not trust each other\n"
-            "      --cache-max-size SIZE        cap the uploaded cache files, least recently used evicted\n"
+            "      --cache-max-size SIZE        cap the uploaded cache files, least recently used evicted (implies -c)\n"
             f"      --max-clients N              connections served at once, more are refused (default: {Limits.max_clients})\n"
             f"      --hello-timeout SECONDS      time a new connection has to complete HELLO (default: {Limits.hello_timeout:g})\n"
             "      --idle-timeout SECONDS       close a connection silent for this long (default: never)\n"
@@ -141,6 +141,7 @@ def parse(argv: list[str], prog: str) -> Params:
             p.cache = p.cache_readonly = True
         elif arg == "--cache-max-size":
             p.cache_max_size = parse_size(value())
+            p.cache = True
         elif arg == "--max-clients":
             p.limits.max_clients = positive_int(arg, value())
         elif arg == "--max-buffers":

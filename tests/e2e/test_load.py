@@ -302,3 +302,32 @@ def test_init_tensor_without_buffer_does_not_flood_the_log(closing, caplog):
         assert r.call(15) == DEVICE_COUNT_ANSWER
     warn = [x for x in caplog.records if x.levelno >= logging.WARNING and "INIT_TENSOR" in x.getMessage()]
     assert len(warn) == 1
+
+
+# -- the same limits through the command line ----------------------------------------------
+
+def test_limits_from_the_command_line(server_proc):
+    p = server_proc("--max-clients", "2", "--mem-limit", "1M", "--max-buffers", "3",
+                    "--hello-timeout", "30", "--idle-timeout", "30")
+    first = Raw(p.port)
+    assert first.hello() == HELLO_ANSWER
+    assert alloc_raw(first, 2 * MiB) == 0                  # over --mem-limit
+    assert all(alloc_raw(first, 1024) for _ in range(3))
+    assert alloc_raw(first, 1024) == 0                     # over --max-buffers
+    second = Raw(p.port)
+    assert second.hello() == HELLO_ANSWER
+    third = Raw(p.port)
+    assert refused(third)                                  # over --max-clients
+    for r in (first, second, third):
+        r.close()
+    _, err = p.stop()
+    assert "--mem-limit" in err and "buffers held" in err and "--max-clients" in err
+
+
+@pytest.mark.parametrize("args", [["--max-clients", "0"], ["--mem-limit", "lots"],
+                                  ["--idle-timeout", "-1"], ["--hello-timeout", "x"],
+                                  ["--cache-max-size", "1Q"]])
+def test_bad_limit_values_exit_1(args):
+    from tests.conftest import our_server_argv
+    r = subprocess.run(our_server_argv(*args), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and "Invalid parameters" in r.stderr
