@@ -13,7 +13,6 @@ instead of hashing it again. Prints a table and a JSON document; asserts nothing
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import os
 import statistics
@@ -27,17 +26,9 @@ import numpy as np
 from ggmlrpc import protocol
 from ggmlrpc.client import RemoteBackend
 from ggmlrpc.ggml import GGMLType
+from servers import fixtures, server_argvs  # bench/servers.py
 
-REPO = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
-
-
-def _fixtures():
-    """The tests' helpers for starting servers (ports, our command, the reference build)."""
-    spec = importlib.util.spec_from_file_location("_bench_fixtures", REPO / "tests" / "conftest.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class Peer:
@@ -80,13 +71,8 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     sizes = [int(float(s) * MiB) for s in args.sizes.split(",") if s]
-    fx = _fixtures()
-    argvs = {"ours": fx.our_server_argv()}
-    if "reference" in args.peers:
-        ref = fx.reference_bin()
-        if ref is None:
-            raise SystemExit("reference build missing: run scripts/build-reference.sh")
-        argvs["reference"] = [str(ref / "ggml-rpc-server")]
+    fx = fixtures()
+    argvs = server_argvs(fx, args.peers)
     results: dict = {"sizes": {}}
     with tempfile.TemporaryDirectory(prefix="bench-cache-") as tmp:
         peers = [Peer(n, argvs[n], fx, os.path.join(tmp, n), max(sizes)) for n in args.peers.split(",")]
