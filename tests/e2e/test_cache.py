@@ -557,3 +557,18 @@ def test_preload_again_does_not_hash_the_model_again(cache_dir, tmp_path, seed):
     os.utime(model, ns=(time.time_ns(), time.time_ns() + 10**9))
     TensorCache(str(cache_dir), codec=Counting()).preload(str(model))
     assert Counting.calls == 2
+
+
+def test_unreadable_index_serves_nothing(cache_dir, seed):
+    """An index that cannot be read (truncated, edited) vouches for no file: the cache
+    starts empty and serves nothing until files are written again."""
+    data = big_payload(seed, 3000)
+    h = fnv1a_loop(data)
+    TensorCache(str(cache_dir)).store(h, data)
+    assert TensorCache(str(cache_dir)).load(h) is not None
+    index = cache_dir / INDEX_NAME
+    index.write_text(index.read_text()[:40])
+    fresh = TensorCache(str(cache_dir))
+    assert fresh.load(h) is None
+    fresh.store(h, data)
+    assert bytes(fresh.load(h)) == data

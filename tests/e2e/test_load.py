@@ -26,9 +26,9 @@ from tests.protocol.rawclient import (
 MiB = 1 << 20
 
 
-def limited(**kw):
-    """A server with the given limits (others at their defaults), native codec."""
-    return start_server("native", limits=Limits(**kw))
+def limited(codec_name="native", **kw):
+    """A server with the given limits (others at their defaults)."""
+    return start_server(codec_name, limits=Limits(**kw))
 
 
 @pytest.fixture
@@ -79,10 +79,10 @@ def test_connections_over_the_cap_are_refused(closing, caplog):
 
 
 @pytest.mark.parametrize("how", ["silent", "dripping"])
-def test_hello_deadline(closing, caplog, how):
+def test_hello_deadline(closing, caplog, codec_name, how):
     """A connection that does not complete HELLO in time is closed, however it paces
-    its bytes."""
-    srv = limited(hello_timeout=0.5)
+    its bytes (native and pure-Python socket loops)."""
+    srv = limited(codec_name, hello_timeout=0.5)
     closing(srv)
     w = Watch(srv, caplog)
     r = Raw(srv.port)
@@ -107,8 +107,8 @@ def _readable(r: Raw) -> bool:
     return bool(select.select([r.sock], [], [], 0)[0])
 
 
-def test_idle_timeout(closing, caplog):
-    srv = limited(idle_timeout=0.5)
+def test_idle_timeout(closing, caplog, codec_name):
+    srv = limited(codec_name, idle_timeout=0.5)
     closing(srv)
     caplog.set_level(logging.INFO, logger="ggmlrpc")
     r = Raw(srv.port)
