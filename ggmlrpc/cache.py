@@ -240,33 +240,17 @@ class TensorCache:
         n = len(view)
         digest = strong_digest(view)
         with self._lock:
-            known = self._known(name)
-            if name in self.conflicts and source == "upload":
-                return None
-            if known is not None and known.digest == digest:
-                if source == "preload":
-                    known.source = "preload"
-                known.used = time.time()
-                self._save_index()
-                return self.path(name)
-            if known is not None and source == "upload":
-                if known.source == "preload":
-                    log.warning("cache: an upload collides with preloaded %s (same FNV-1a, other "
-                                "bytes); keeping the preloaded file", name)
-                    return None
-                log.warning("cache: two different contents share the FNV-1a hash %s; that hash "
-                            "is no longer served from the cache", name)
-                self.conflicts.add(name)
-                self.entries.pop(name, None)
-                _unlink(self.path(name))
-                self._save_index()
-                return None
-            if source == "upload" and not self._evict_for(n - (known.size if known else 0)):
-                log.info("cache: %s (%d bytes) does not fit under --cache-max-size", name, n)
-                return None
-        # the bytes go to disk outside the lock (other sessions keep hitting)
+            verdict = self._admit(name, digest, n, source)
+        if verdict != "write":
+            return verdict
+        # the bytes go to disk outside the lock (other sessions keep hitting); another
+        # store of the same name may have happened meanwhile, so admit again after
         tmp, st = self._write_file(view)
         with self._lock:
+            verdict = self._admit(name, digest, n, source)
+            if verdict != "write":
+                _unlink(tmp)
+                return verdict
             try:
                 os.replace(tmp, self.path(name))
             except BaseException:
@@ -277,6 +261,35 @@ class TensorCache:
                 self.conflicts.discard(name)
             self._save_index()
         return self.path(name)
+
+    def _admit(self, name: str, digest: str, n: int, source: str) -> str | None:
+        """With the lock held: "write" when the bytes should be written, else what
+        store() returns (the path when the same bytes are there, None when refused)."""
+        known = self._known(name)
+        if name in self.conflicts and source == "upload":
+            return None
+        if known is not None and known.digest == digest:
+            if source == "preload" and known.source != "preload":
+                known.source = "preload"
+                self._save_index()
+            known.used = time.time()
+            return self.path(name)
+        if known is not None and source == "upload":
+            if known.source == "preload":
+                log.warning("cache: an upload collides with preloaded %s (same FNV-1a, other "
+                            "bytes); keeping the preloaded file", name)
+                return None
+            log.warning("cache: two different contents share the FNV-1a hash %s; that hash "
+                        "is no longer served from the cache", name)
+            self.conflicts.add(name)
+            self.entries.pop(name, None)
+            _unlink(self.path(name))
+            self._save_index()
+            return None
+        if source == "upload" and not self._evict_for(n):
+            log.info("cache: %s (%d bytes) does not fit under --cache-max-size", name, n)
+            return None
+        return "write"
 
     def _known(self, name: str) -> Entry | None:
         """The index entry for name if its file is still the one written; called

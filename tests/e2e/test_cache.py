@@ -572,3 +572,25 @@ def test_unreadable_index_serves_nothing(cache_dir, seed):
     assert fresh.load(h) is None
     fresh.store(h, data)
     assert bytes(fresh.load(h)) == data
+
+
+def test_concurrent_colliding_stores_end_in_a_conflict(cache_dir, seed):
+    """Two sessions store different bytes under one name at the same moment: whatever
+    the interleaving, the name ends up refused and no file is served for it."""
+    rng = np.random.default_rng(seed)
+    cache = TensorCache(str(cache_dir))
+    for i in range(20):
+        a, b = rng.bytes(200_000), rng.bytes(200_000)
+        start = threading.Barrier(2)
+
+        def put(data):
+            start.wait()
+            cache.store(i, data)
+
+        ts = [threading.Thread(target=put, args=(d,)) for d in (a, b)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert cache.load(i) is None
+        assert f"{i:016x}" not in cache_files(cache_dir)
