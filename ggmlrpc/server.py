@@ -470,7 +470,7 @@ class Session:
         cap = self.limits.max_buffers
         if cap is not None and len(self.buffers) >= cap:
             self.note("buffers", "[alloc_buffer] %s: refused, %d buffers held (the limit per "
-                      "connection)", self.peer, len(self.buffers))
+                      "connection, --max-buffers)", self.peer, len(self.buffers))
             return self.reply(U64x2.pack(0, 0))
         ledger = self.server.ledgers[dev]
         if not ledger.reserve(req):
