@@ -176,9 +176,11 @@ def fnv1a(data, h: int = FNV_OFFSET) -> int:
 # Graph payload:
 # | device u32 | n_nodes u32 | node_ids u64[n_nodes] | n_tensors u32 | rpc_tensor[n_tensors] |
 #
-# Caps checked while decoding, before anything is allocated for the counts: far
-# beyond any real model (llama.cpp sizes its graphs at max(1024, 8 * n_weights)
-# nodes), far below what would let one request cost gigabytes of decoded objects.
+# Caps checked while decoding, before anything is allocated for the counts: above
+# the largest graphs llama.cpp builds (it reserves up to 160 nodes per token of a
+# ubatch for its loopiest architectures, ~150k nodes at ubatch 3840), and low enough
+# that one request cannot cost gigabytes of decoded objects (a graph at both caps
+# decodes into ~350 MiB).
 MAX_GRAPH_NODES = 1 << 18
 MAX_GRAPH_TENSORS = 1 << 19
 # the largest payload that can hold both (trailing bytes past it are never needed)
