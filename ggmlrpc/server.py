@@ -663,7 +663,7 @@ class Session:
             raise ProtocolError(f"GRAPH_COMPUTE payload of {size} bytes")
         if size > MAX_GRAPH_PAYLOAD:
             raise ProtocolError(f"GRAPH_COMPUTE payload of {size} bytes exceeds the limit")
-        payload = self.recv_growing(size)
+        payload = self.recv_graph(size)
         device, node_ids, tensors = self.codec.decode_graph(payload)
         self.device_index(device)
         if self.debug:
@@ -686,16 +686,27 @@ class Session:
             self.server.dbg("[graph_recompute] device: %d", dev)
         self.devices[dev].executor().run(stored.plan)
 
-    def recv_growing(self, size: int) -> bytearray:
-        """Read a variable payload in chunks, so memory grows only as bytes arrive."""
-        if size <= GRAPH_CHUNK:
-            return self.conn.recv_exact(size)
-        out = bytearray()
-        left = size
-        while left:
-            chunk = self.conn.recv_exact(min(left, GRAPH_CHUNK))
-            out += chunk
-            left -= len(chunk)
+    def recv_graph(self, size: int) -> bytearray:
+        """A graph payload, read in chunks so that memory grows only as bytes arrive.
+        After the first chunk its counts are checked against the caps (a bogus count
+        closes the connection before the rest is read), and bytes past the last
+        tensor, which the decoder ignores as llama.cpp does, are read and dropped
+        without being kept."""
+        out = self.conn.recv_exact(min(size, GRAPH_CHUNK))
+        if len(out) == size:
+            return out
+        _, n_nodes = protocol.graph_layout(size, out[:8])
+        need, off = size, 8 + 8 * n_nodes
+        if off + 4 <= len(out):
+            (n_tensors,) = U32.unpack_from(out, off)
+            if n_tensors > protocol.MAX_GRAPH_TENSORS:
+                raise ProtocolError(f"graph of {n_tensors} tensors (at most "
+                                    f"{protocol.MAX_GRAPH_TENSORS})")
+            need = min(size, off + 4 + TENSOR_SIZE * n_tensors)
+        while len(out) < need:
+            out += self.conn.recv_exact(min(need - len(out), GRAPH_CHUNK))
+        if size > max(need, len(out)):
+            self.conn.discard(size - max(need, len(out)))
         return out
 
 

@@ -17,6 +17,7 @@ from tests.protocol.rawclient import (
     SET_TENSOR, SET_TENSOR_HASH, Raw, Watch, fnv1a, frame, graph, logged, tensor, u32, u64,
     wait_stats)
 from ggmlrpc.cache import TensorCache
+from ggmlrpc.protocol import MAX_GRAPH_NODES
 from tests.conftest import start_server
 
 U64_MAX = (1 << 64) - 1
@@ -391,6 +392,25 @@ def test_graph_counts_beyond_payload(arena, n_nodes, n_tensors, reason):
     """Counts beyond the caps are refused before the rest of the payload is looked at."""
     body = u32(0) + u32(n_nodes) + u64(1) + u32(n_tensors)
     arena.run(lambda a: a.send(frame(GRAPH_COMPUTE, body)), reason)
+
+
+def test_graph_counts_checked_before_the_whole_payload(arena):
+    """A GRAPH_COMPUTE that announces 100 MiB with a node count over the cap is closed
+    once its first 16 MiB are in: the server does not wait for (or keep) the rest."""
+    head = u32(0) + u32(MAX_GRAPH_NODES + 1)
+    first = head + bytes((16 << 20) - len(head))
+    arena.run(lambda a: a.send(frame(GRAPH_COMPUTE, size=100 << 20) + first), "at most")
+
+
+def test_graph_trailing_bytes_are_dropped(arena):
+    """Bytes past the last tensor are ignored, as llama.cpp ignores them, however many:
+    the connection goes on."""
+    a = arena.attacker()
+    body = graph(0, [1], [tensor(id=1, ne=(4,))])
+    a.send(frame(GRAPH_COMPUTE, body + b"\x5a" * ((20 << 20) - len(body))))
+    a.raw.expect_no_response()
+    a.raw.close()
+    arena.aftermath()
 
 
 # -- SET_TENSOR framing and truncated frames ---------------------------------------------
