@@ -18,6 +18,7 @@ import socket
 import struct
 import sys
 import threading
+import time
 from dataclasses import dataclass
 
 from . import ggml, protocol
@@ -249,7 +250,8 @@ class Server:
         return t
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop accepting, end every session and free what they hold."""
+        """Stop accepting, end every session and free what they hold; waits at most
+        `timeout` seconds in all for the sessions to end."""
         self._closing.set()
         if self.listener is not None:
             try:
@@ -265,8 +267,9 @@ class Server:
             threads = list(self._threads)
         for s in sessions:
             s.conn.shutdown()  # each session thread closes its own socket
+        deadline = time.monotonic() + timeout
         for t in threads:
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def stats(self) -> dict:
         """Live sessions, buffers and buffer bytes (tests and monitoring)."""

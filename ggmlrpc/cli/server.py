@@ -253,7 +253,7 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.wait(0.5):
         if not worker.is_alive():
             return 1
-    server.close()
+    server.close(timeout=1.0)  # a signal ends the process within about a second
     return 0
 
 
