@@ -94,6 +94,26 @@ class MemoryLedger:
             self.used -= n
 
 
+class _Throttle:
+    """Log lines that a flood of connections could repeat at will: at most one per
+    `interval` seconds per key, the lines held back counted into the next one.
+    Used by the accept thread only."""
+
+    def __init__(self, interval: float = 1.0):
+        self.interval = interval
+        self.last: dict[str, float] = {}
+        self.held: dict[str, int] = {}
+
+    def __call__(self, key: str, level: int, fmt: str, *args) -> None:
+        now = time.monotonic()
+        if key in self.last and now - self.last[key] < self.interval:
+            self.held[key] = self.held.get(key, 0) + 1
+            return
+        self.last[key] = now
+        n = self.held.pop(key, 0)
+        log.log(level, fmt + (" (%d more since the last such line)" % n if n else ""), *args)
+
+
 def _close_quietly(sock: socket.socket) -> None:
     try:
         sock.close()
@@ -149,6 +169,7 @@ class Server:
         self._closing = threading.Event()
         self.listener: socket.socket | None = None
         self._spare_fd: int | None = None  # released to refuse a connection when fds run out
+        self._throttle = _Throttle()
 
     # -- lifecycle ---------------------------------------------------------
     def bind(self) -> None:
@@ -188,14 +209,15 @@ class Server:
                 n = len(self._sessions)
                 over = self.limits.max_clients is not None and n >= self.limits.max_clients
             if over:
-                log.warning("refusing connection from %s: %d clients connected (the limit, "
-                            "--max-clients)", peer, n)
+                self._throttle("cap", logging.WARNING, "refusing connection from %s: %d clients "
+                               "connected (the limit, --max-clients)", peer, n)
                 _close_quietly(sock)
                 continue
             try:
                 self._spawn(sock)
             except Exception as e:  # can't start new thread, no memory for the session
-                log.error("refusing connection from %s: cannot start its thread: %r", peer, e)
+                self._throttle("spawn", logging.ERROR, "refusing connection from %s: cannot "
+                               "start its session: %r", peer, e)
                 _close_quietly(sock)
                 backoff = min(ACCEPT_BACKOFF_MAX, backoff * 2 or 0.01)
                 continue
@@ -231,7 +253,8 @@ class Server:
             except OSError:
                 pass
             else:
-                log.warning("refusing connection from %s: %s", "%s:%d" % addr[:2], e.strerror)
+                self._throttle("fds", logging.WARNING, "refusing connection from %s: %s",
+                               "%s:%d" % addr[:2], e.strerror)
                 _close_quietly(sock)
                 done = True
             try:
@@ -239,7 +262,7 @@ class Server:
             except OSError:
                 done = False
         if not done:
-            log.warning("accept() failed: %s; backing off", e.strerror)
+            self._throttle("accept", logging.WARNING, "accept() failed: %s; backing off", e.strerror)
         return done
 
     def start(self) -> threading.Thread:
