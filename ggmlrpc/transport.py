@@ -34,7 +34,9 @@ class Conn:
 
     `timeout` bounds each wait for the peer (no byte for that long: RpcTimeout).
     `arm(seconds)` sets a deadline that bounds everything sent and received until the
-    next arm() or disarm(), however the peer paces its bytes.
+    next arm() or disarm(), however the peer paces its bytes (natively, the server's
+    device-buffer paths recv_into_buffer, send_from_buffer and discard keep to the
+    per-wait timeout: the client never uses them, and the server arms only HELLO).
     """
 
     def __init__(self, sock: socket.socket, timeout: float | None = None, native: bool | None = None):
