@@ -594,3 +594,10 @@ def test_concurrent_colliding_stores_end_in_a_conflict(cache_dir, seed):
             t.join()
         assert cache.load(i) is None
         assert f"{i:016x}" not in cache_files(cache_dir)
+
+
+def test_cache_preload_of_a_missing_file_exits_1(tmp_path):
+    env = dict(os.environ, LLAMA_CACHE=str(tmp_path))
+    r = subprocess.run(our_server_argv("-p", "1", "--cache-preload", str(tmp_path / "none.gguf")),
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 1 and "cannot preload" in r.stderr

@@ -332,3 +332,4 @@ def test_bad_limit_values_exit_1(args):
     from tests.conftest import our_server_argv
     r = subprocess.run(our_server_argv(*args), capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "Invalid parameters" in r.stderr
+
