@@ -14,7 +14,6 @@ document; asserts nothing. See bench/README.md.
 from __future__ import annotations
 
 import argparse
-import importlib.util
 import json
 import socket
 import statistics
@@ -28,18 +27,10 @@ import numpy as np
 from ggmlrpc._native import wire
 from ggmlrpc.client import RemoteBackend
 from ggmlrpc.ggml import GGMLType
+from servers import fixtures, server_argvs  # bench/servers.py
 
-REPO = Path(__file__).resolve().parent.parent
 MiB = 1 << 20
 LATENCY_COMMANDS = ("get_alignment", "get_tensor_64")
-
-
-def _fixtures():
-    """The tests' helpers for starting servers (ports, our command, the reference build)."""
-    spec = importlib.util.spec_from_file_location("_bench_fixtures", REPO / "tests" / "conftest.py")
-    mod = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(mod)
-    return mod
 
 
 class Peer:
@@ -153,17 +144,10 @@ def main(argv=None) -> int:
     args = ap.parse_args(argv)
 
     sizes = [int(float(s) * MiB) for s in args.sizes.split(",") if s]
-    fx = _fixtures()
-    argvs = {"ours": fx.our_server_argv(),
-             # metrics on: every command counted; the endpoint on a free loopback port
-             "ours+metrics": fx.our_server_argv("--metrics", "127.0.0.1:0")}
+    fx = fixtures()
     if args.metrics and "ours+metrics" not in args.peers.split(","):
         args.peers += ",ours+metrics"
-    if "reference" in args.peers:
-        ref = fx.reference_bin()
-        if ref is None:
-            raise SystemExit("reference build missing: run scripts/build-reference.sh")
-        argvs["reference"] = [str(ref / "ggml-rpc-server")]
+    argvs = server_argvs(fx, args.peers)
     timeout = args.client_timeout if args.client_timeout > 0 else None
     peers = [Peer(n, argvs[n], fx, max(sizes, default=MiB), timeout) for n in args.peers.split(",")]
     raw = RawLoopback()

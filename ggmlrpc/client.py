@@ -161,7 +161,9 @@ class RemoteBuffer:
 class RemoteBackend:
     """A connection to one RPC server (all its devices).
 
-    endpoint: "host:port"; timeout: seconds for each wait on the server (None = forever).
+    endpoint: "host:port"; timeout: seconds that one request and its response may take
+    in all, from the first byte sent to the last byte received (None = forever);
+    RpcTimeout when a server is slower, even one that trickles bytes.
     Thread-safe: one command at a time, like llama.cpp's one worker per connection.
     """
 
@@ -218,8 +220,11 @@ class RemoteBackend:
         self.close()
 
     def _send(self, cmd: int, *payload) -> None:
+        """Send one request; this starts its deadline (`timeout` bounds the request and
+        its response together, however slowly the server sends or reads)."""
         if self.conn is None:
             raise ConnectionLost("not connected")
+        self.conn.arm(self.timeout)
         size = sum(len(p) for p in payload)
         head = protocol.HEADER.pack(cmd, size)
         try:

@@ -175,6 +175,16 @@ def fnv1a(data, h: int = FNV_OFFSET) -> int:
 
 # Graph payload:
 # | device u32 | n_nodes u32 | node_ids u64[n_nodes] | n_tensors u32 | rpc_tensor[n_tensors] |
+#
+# Caps checked while decoding, before anything is allocated for the counts: above
+# the largest graphs llama.cpp builds (it reserves up to 160 nodes per token of a
+# ubatch for its loopiest architectures, ~150k nodes at ubatch 3840), and low enough
+# that one request cannot cost gigabytes of decoded objects (a graph at both caps
+# decodes into ~350 MiB).
+MAX_GRAPH_NODES = 1 << 18
+MAX_GRAPH_TENSORS = 1 << 19
+# the largest payload that can hold both (trailing bytes past it are never needed)
+MAX_GRAPH_PAYLOAD = 8 + 8 * MAX_GRAPH_NODES + 4 + TENSOR_SIZE * MAX_GRAPH_TENSORS
 def encode_graph(device: int, node_ids, tensors) -> bytes:
     parts = [struct.pack("<II", device, len(node_ids)),
              struct.pack(f"<{len(node_ids)}Q", *node_ids),
@@ -186,6 +196,8 @@ def encode_graph(device: int, node_ids, tensors) -> bytes:
 def graph_layout(payload_size: int, head: bytes):
     """From the first 8 bytes: (device, n_nodes) and check the size can hold the node ids."""
     device, n_nodes = struct.unpack_from("<II", head)
+    if n_nodes > MAX_GRAPH_NODES:
+        raise ProtocolError(f"graph of {n_nodes} nodes (at most {MAX_GRAPH_NODES})")
     if payload_size < 8 + 8 * n_nodes + 4:
         raise ProtocolError(f"graph payload of {payload_size} bytes too short for {n_nodes} nodes")
     return device, n_nodes
@@ -198,9 +210,13 @@ def decode_graph(payload) -> tuple[int, list[int], list[RpcTensor]]:
         raise ProtocolError("graph payload shorter than 8 bytes")
     device, n_nodes = graph_layout(size, payload[:8])
     nodes = list(struct.unpack_from(f"<{n_nodes}Q", payload, 8))
+    if len(set(nodes)) != n_nodes:
+        raise ValidationError("graph lists a node id more than once")
     off = 8 + 8 * n_nodes
     (n_tensors,) = struct.unpack_from("<I", payload, off)
     off += 4
+    if n_tensors > MAX_GRAPH_TENSORS:
+        raise ProtocolError(f"graph of {n_tensors} tensors (at most {MAX_GRAPH_TENSORS})")
     if size < off + n_tensors * TENSOR_SIZE:
         raise ProtocolError(f"graph payload of {size} bytes too short for {n_tensors} tensors")
     tensors = [decode_tensor(payload, off + i * TENSOR_SIZE) for i in range(n_tensors)]

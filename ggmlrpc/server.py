@@ -9,26 +9,27 @@ against the live buffers of its own connection.
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import logging
 import mmap
 import os
-import pwd
 import socket
 import struct
 import sys
-import tempfile
 import threading
+import time
 from dataclasses import dataclass
 from time import perf_counter_ns
 
 from . import ggml, protocol
-from .errors import (ConnectionLost, GgmlRpcError, ProtocolError, UnsupportedError,
-                     ValidationError)
+from .errors import (ConnectionLost, GgmlRpcError, ProtocolError, RpcTimeout,
+                     UnsupportedError, ValidationError)
 from .graph import build_graph
 from .metrics import SessionStats
-from .protocol import (CONN_CAPS_SIZE, Cmd, CMD_COUNT, REQUEST_SIZE, SET_TENSOR_HEADER_SIZE,
-                       TENSOR_SIZE)
+from .protocol import (CONN_CAPS_SIZE, Cmd, CMD_COUNT, MAX_GRAPH_PAYLOAD, REQUEST_SIZE,
+                       SET_TENSOR_HEADER_SIZE, TENSOR_SIZE)
+from .cache import TensorCache, cache_directory  # noqa: F401 (cache_directory: public here too)
 from .transport import Conn, local_caps
 
 log = logging.getLogger("ggmlrpc.server")
@@ -36,7 +37,6 @@ log = logging.getLogger("ggmlrpc.server")
 U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
 U64x2 = struct.Struct("<QQ")  # (handle, size), (free, total), (offset, size|hash)
-MAX_GRAPH_PAYLOAD = 1 << 30      # no real graph comes near 1 GiB of tensor records
 GRAPH_CHUNK = 16 << 20           # graph payloads grow only as their bytes arrive
 
 # Opaque address space handed to clients: each buffer gets a base that is a
@@ -47,6 +47,80 @@ BASE_GAP = 2 << 20
 
 def _round_up(n: int, m: int) -> int:
     return (n + m - 1) // m * m
+
+
+@dataclass
+class Limits:
+    """What one server lets its clients hold. None turns a limit off."""
+
+    max_clients: int | None = 32          # connections served at once; more are refused
+    hello_timeout: float | None = 10.0    # seconds from accept to a complete HELLO
+    idle_timeout: float | None = None     # seconds without a byte from a connected client
+    max_buffers: int | None = 1024        # live buffers per connection
+    mem_limit: int | None = None          # bytes of buffers per device, all clients
+                                          # together; None: the device's free memory at
+                                          # start less MEM_MARGIN of it
+
+
+MEM_MARGIN = 10  # percent of a device's free memory at start kept out of the default limit
+ACCEPT_BACKOFF_MAX = 0.25  # seconds between accept() retries while descriptors or threads run out
+
+
+def default_mem_limit(device) -> int:
+    free = device.free_memory()
+    return max(0, free - free * MEM_MARGIN // 100)
+
+
+class MemoryLedger:
+    """Bytes of buffers held on one device, by all sessions, against a limit.
+
+    A buffer is counted at its full size when it is allocated, before any memory is
+    committed, so neither ALLOC_BUFFER nor BUFFER_CLEAR (which touches every page)
+    can commit more than the limit.
+    """
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.used = 0
+        self._lock = threading.Lock()
+
+    def reserve(self, n: int) -> bool:
+        with self._lock:
+            if n > self.limit - self.used:
+                return False
+            self.used += n
+            return True
+
+    def release(self, n: int) -> None:
+        with self._lock:
+            self.used -= n
+
+
+class _Throttle:
+    """Log lines that a flood of connections could repeat at will: at most one per
+    `interval` seconds per key, the lines held back counted into the next one.
+    Used by the accept thread only."""
+
+    def __init__(self, interval: float = 1.0):
+        self.interval = interval
+        self.last: dict[str, float] = {}
+        self.held: dict[str, int] = {}
+
+    def __call__(self, key: str, level: int, fmt: str, *args) -> None:
+        now = time.monotonic()
+        if key in self.last and now - self.last[key] < self.interval:
+            self.held[key] = self.held.get(key, 0) + 1
+            return
+        self.last[key] = now
+        n = self.held.pop(key, 0)
+        log.log(level, fmt + (" (%d more since the last such line)" % n if n else ""), *args)
+
+
+def _close_quietly(sock: socket.socket) -> None:
+    try:
+        sock.close()
+    except OSError:
+        pass
 
 
 @dataclass(eq=False)
@@ -69,74 +143,12 @@ class StoredGraph:
         self.plan = plan
 
 
-def cache_directory(env=os.environ) -> str:
-    """$LLAMA_CACHE/rpc, else $XDG_CACHE_HOME/llama.cpp/rpc, else $HOME/.cache/llama.cpp/rpc.
-    An empty variable counts as unset."""
-    if env.get("LLAMA_CACHE"):
-        return os.path.join(env["LLAMA_CACHE"], "rpc")
-    if env.get("XDG_CACHE_HOME"):
-        base = env["XDG_CACHE_HOME"]
-    else:
-        # not expanduser("~"): it turns an empty HOME into "/" where llama.cpp asks passwd
-        home = env.get("HOME") or pwd.getpwuid(os.getuid()).pw_dir
-        base = os.path.join(home, ".cache")
-    return os.path.join(base, "llama.cpp", "rpc")
-
-
-class TensorCache:
-    """Files named by the FNV-1a hash of their content (16 lower-case hex digits).
-
-    Written atomically (a temporary file renamed into place), and a file whose
-    content does not hash to its name is never used.
-    """
-
-    def __init__(self, directory: str, codec):
-        self.dir = directory
-        self.codec = codec
-
-    def path(self, h: int) -> str:
-        return os.path.join(self.dir, f"{h:016x}")
-
-    def store(self, h: int, view) -> str:
-        fd, tmp = tempfile.mkstemp(prefix=".tmp-", dir=self.dir)
-        try:
-            with os.fdopen(fd, "wb") as f:
-                f.write(view)
-            os.replace(tmp, self.path(h))
-        except BaseException:
-            try:
-                os.unlink(tmp)
-            except OSError:
-                pass
-            raise
-        return self.path(h)
-
-    def load(self, h: int):
-        """A read-only mapping of the file for hash h, or None (missing or corrupt)."""
-        path = self.path(h)
-        try:
-            with open(path, "rb") as f:
-                size = os.fstat(f.fileno()).st_size
-                if size == 0:
-                    data = b""
-                else:
-                    data = mmap.mmap(f.fileno(), size, prot=mmap.PROT_READ)
-        except OSError:
-            return None
-        if self.codec.fnv1a(data) != h:
-            log.warning("cache file %s does not match its hash; ignoring it", path)
-            if isinstance(data, mmap.mmap):
-                data.close()
-            return None
-        return data
-
-
 class Server:
     """Serves the given devices on host:port until close()."""
 
     def __init__(self, devices, host: str = "127.0.0.1", port: int = 50052,
                  cache_dir: str | None = None, codec=None, debug: bool | None = None,
-                 out=None):
+                 out=None, limits: Limits | None = None, cache: TensorCache | None = None):
         if not devices:
             raise ValueError("a server needs at least one device")
         self.devices = list(devices)
@@ -144,7 +156,12 @@ class Server:
         self.port = port
         self.codec = codec or protocol.codec()
         self.native = self.codec.name == "native"
-        self.cache = TensorCache(cache_dir, self.codec) if cache_dir else None
+        if cache is None and cache_dir:
+            cache = TensorCache(cache_dir)
+        self.cache = cache
+        self.limits = limits or Limits()
+        self.ledgers = [MemoryLedger(self.limits.mem_limit if self.limits.mem_limit is not None
+                                     else default_mem_limit(d)) for d in self.devices]
         self.debug = ("GGML_RPC_DEBUG" in os.environ) if debug is None else debug
         self.out = out or sys.stdout
         self._ids = itertools.count(1)
@@ -154,6 +171,8 @@ class Server:
         self._closing = threading.Event()
         self.listener: socket.socket | None = None
         self.metrics = None  # a metrics.Metrics: told of each connection, counts its commands
+        self._spare_fd: int | None = None  # released to refuse a connection when fds run out
+        self._throttle = _Throttle()
 
     # -- lifecycle ---------------------------------------------------------
     def bind(self) -> None:
@@ -163,23 +182,91 @@ class Server:
         s.listen(16)
         self.listener = s
         self.port = s.getsockname()[1]
+        self._spare_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
 
     def serve_forever(self) -> None:
+        """Accept connections until close(). Load never ends this loop: a connection
+        over the cap, or one that cannot get a descriptor or a thread, is refused
+        with a log line, and the loop backs off while resources are short."""
         if self.listener is None:
             self.bind()
+        backoff = 0.0
         while not self._closing.is_set():
+            if backoff:
+                self._closing.wait(backoff)
             try:
-                sock, _ = self.listener.accept()
-            except OSError:
+                sock, addr = self.listener.accept()
+            except OSError as e:
                 if self._closing.is_set():
                     break
+                if e.errno in (errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM):
+                    if not self._refuse_pending(e):
+                        backoff = min(ACCEPT_BACKOFF_MAX, backoff * 2 or 0.01)
+                    continue
+                if e.errno in (errno.ECONNABORTED, errno.EPROTO, errno.EINTR, errno.EPERM):
+                    continue  # that one connection went away before it was accepted
+                log.error("accept() failed, listener closed: %s", e)
                 raise
-            self.say("Accepted client connection")
-            t = threading.Thread(target=self._serve, args=(sock,), daemon=True,
-                                 name=f"rpc-client-{next(self._ids)}")
+            peer = "%s:%d" % addr[:2]
             with self._lock:
-                self._threads.add(t)
+                n = len(self._sessions)
+                over = self.limits.max_clients is not None and n >= self.limits.max_clients
+            if over:
+                self._throttle("cap", logging.WARNING, "refusing connection from %s: %d clients "
+                               "connected (the limit, --max-clients)", peer, n)
+                _close_quietly(sock)
+                continue
+            try:
+                self._spawn(sock)
+            except Exception as e:  # can't start new thread, no memory for the session
+                self._throttle("spawn", logging.ERROR, "refusing connection from %s: cannot "
+                               "start its session: %r", peer, e)
+                _close_quietly(sock)
+                backoff = min(ACCEPT_BACKOFF_MAX, backoff * 2 or 0.01)
+                continue
+            backoff = 0.0
+
+    def _spawn(self, sock: socket.socket) -> None:
+        session = Session(self, sock)
+        t = threading.Thread(target=self._serve, args=(session,), daemon=True,
+                             name=f"rpc-client-{next(self._ids)}")
+        with self._lock:
+            self._sessions.add(session)
+            self._threads.add(t)
+        self.say("Accepted client connection")
+        try:
             t.start()
+        except BaseException:
+            with self._lock:
+                self._sessions.discard(session)
+                self._threads.discard(t)
+            self.say("Client connection closed")
+            raise
+
+    def _refuse_pending(self, e: OSError) -> bool:
+        """Out of descriptors: accept the waiting connection on a spare descriptor and
+        close it at once, so that it gets an answer instead of hanging in the
+        backlog. False when that was not possible (the caller backs off)."""
+        spare, done = self._spare_fd, False
+        if spare is not None:
+            self._spare_fd = None
+            os.close(spare)
+            try:
+                sock, addr = self.listener.accept()
+            except OSError:
+                pass
+            else:
+                self._throttle("fds", logging.WARNING, "refusing connection from %s: %s",
+                               "%s:%d" % addr[:2], e.strerror)
+                _close_quietly(sock)
+                done = True
+            try:
+                self._spare_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)
+            except OSError:
+                done = False
+        if not done:
+            self._throttle("accept", logging.WARNING, "accept() failed: %s; backing off", e.strerror)
+        return done
 
     def start(self) -> threading.Thread:
         """Bind and serve in a background thread (tests, embedding)."""
@@ -189,7 +276,8 @@ class Server:
         return t
 
     def close(self, timeout: float = 5.0) -> None:
-        """Stop accepting, end every session and free what they hold."""
+        """Stop accepting, end every session and free what they hold; waits at most
+        `timeout` seconds in all for the sessions to end."""
         self._closing.set()
         if self.listener is not None:
             try:
@@ -197,13 +285,17 @@ class Server:
             except OSError:
                 pass
             self.listener.close()
+        if self._spare_fd is not None:
+            os.close(self._spare_fd)
+            self._spare_fd = None
         with self._lock:
             sessions = list(self._sessions)
             threads = list(self._threads)
         for s in sessions:
             s.conn.shutdown()  # each session thread closes its own socket
+        deadline = time.monotonic() + timeout
         for t in threads:
-            t.join(timeout)
+            t.join(max(0.0, deadline - time.monotonic()))
 
     def stats(self) -> dict:
         """Live sessions, buffers and buffer bytes (tests and monitoring)."""
@@ -213,10 +305,14 @@ class Server:
         return {"sessions": len(sessions), "buffers": len(bufs),
                 "buffer_bytes": sum(b.size for b in bufs)}
 
-    def _serve(self, sock: socket.socket) -> None:
-        session = Session(self, sock)
+    def memory(self) -> dict:
+        """Per device: the limit, the bytes counted against it, and each session's part."""
         with self._lock:
-            self._sessions.add(session)
+            sessions = list(self._sessions)
+        return {"limit": [g.limit for g in self.ledgers], "used": [g.used for g in self.ledgers],
+                "held": [list(s.held) for s in sessions]}
+
+    def _serve(self, session: "Session") -> None:
         try:
             session.run()
         finally:
@@ -254,6 +350,9 @@ class Session:
         self.graphs: dict[int, StoredGraph] = {}
         self.request: bytearray | None = None  # payload of the current fixed-size request
         self.debug = server.debug
+        self.limits = server.limits
+        self.held = [0] * len(self.devices)  # bytes of buffers per device, counted in the ledgers
+        self._noted: set[str] = set()
         self.next_base = BASE_START
         try:
             self.peer = "%s:%d" % sock.getpeername()[:2]
@@ -268,12 +367,21 @@ class Session:
     # -- plumbing ----------------------------------------------------------
     def run(self) -> None:
         try:
+            self.conn.arm(self.limits.hello_timeout)
             self.hello()
             self.stats.hello()
+            self.conn.disarm()
+            self.conn.timeout = self.limits.idle_timeout
             while True:
                 # a fixed-size request comes with its payload, read in the same call
                 cmd, size, self.request = self.conn.recv_request()
                 self.dispatch(cmd, size)
+        except RpcTimeout:
+            if not self.server._closing.is_set():
+                what = ("no complete HELLO within %ss (hello timeout)" % self.limits.hello_timeout
+                        if self.conn.deadline_ns else
+                        "idle for %ss (--idle-timeout)" % self.limits.idle_timeout)
+                log.warning("closing connection from %s: %s", self.peer, what)
         except ConnectionLost as e:
             self.end = e
             if not self.server._closing.is_set():
@@ -290,10 +398,27 @@ class Session:
 
     def release(self) -> None:
         self.graphs.clear()
-        for b in self.buffers.values():
-            if b.mem is not None:
-                b.mem.free()
+        for b in list(self.buffers.values()):
+            self.drop(b)
         self.buffers.clear()
+
+    def drop(self, b: ServerBuffer) -> None:
+        """Free a buffer and return its bytes to the device's ledger."""
+        self.buffers.pop(b.handle, None)
+        if b.mem is not None:
+            b.mem.free()
+            b.mem = None
+        self.held[b.device] -= b.size
+        self.server.ledgers[b.device].release(b.size)
+
+    def note(self, key: str, fmt: str, *args) -> None:
+        """A warning that a client can repeat at will: logged once per connection,
+        then only at debug level (no log flood)."""
+        if key in self._noted:
+            log.debug(fmt, *args)
+        else:
+            self._noted.add(key)
+            log.warning(fmt + " (further ones on this connection at debug level)", *args)
 
     def hello(self) -> None:
         head = self.conn.recv_exact(9)
@@ -381,12 +506,25 @@ class Session:
     def cmd_alloc_buffer(self, size):
         dev, req = struct.unpack("<IQ", self.request)
         self.device_index(dev)
-        mem = self.devices[dev].alloc_buffer(req) if req else None
-        if req and mem is None:
-            if self.debug:
-                self.server.dbg("[alloc_buffer] device: %d, size: %d -> failed", dev, req)
-            self.reply(U64x2.pack(0, 0))
-            return
+        mem = None
+        cap = self.limits.max_buffers
+        if cap is not None and len(self.buffers) >= cap:
+            self.note("buffers", "[alloc_buffer] %s: refused, %d buffers held (the limit per "
+                      "connection, --max-buffers)", self.peer, len(self.buffers))
+            return self.reply(U64x2.pack(0, 0))
+        ledger = self.server.ledgers[dev]
+        if not ledger.reserve(req):
+            self.note("memory", "[alloc_buffer] %s: refused %d bytes on device %d: %d of %d bytes "
+                      "in use (--mem-limit)", self.peer, req, dev, ledger.used, ledger.limit)
+            return self.reply(U64x2.pack(0, 0))
+        if req:
+            mem = self.devices[dev].alloc_buffer(req)
+            if mem is None:
+                ledger.release(req)
+                if self.debug:
+                    self.server.dbg("[alloc_buffer] device: %d, size: %d -> failed", dev, req)
+                return self.reply(U64x2.pack(0, 0))
+        self.held[dev] += req
         handle = (next(Session._handles) << 4) | 0x5250_4300_0000_0000
         base = 0
         if req:
@@ -426,9 +564,7 @@ class Session:
             self.server.dbg("[free_buffer] remote_ptr: %x", h)
         # stored graphs may point into this buffer; like llama.cpp, drop them all
         self.graphs.clear()
-        del self.buffers[h]
-        if b.mem is not None:
-            b.mem.free()
+        self.drop(b)
 
     def cmd_buffer_clear(self, size):
         h, value = struct.unpack("<QB", self.request)
@@ -461,8 +597,9 @@ class Session:
                 # client its connection (llama.cpp ignores a failed write as well)
                 log.warning("[set_tensor] cannot write cache file for %016x: %s", h, e)
             else:
-                self.stats.cache_stores += 1
-                log.info("[set_tensor] saved to '%s'", path)
+                if path is not None:
+                    self.stats.cache_stores += 1
+                    log.info("[set_tensor] saved to '%s'", path)
 
     def cmd_set_tensor_hash(self, size):
         req = self.request
@@ -538,7 +675,7 @@ class Session:
         if self.debug:
             self.server.dbg("[init_tensor] buffer: %x, data: %x", b.handle if b else 0, t.data)
         if b is None:
-            log.warning("INIT_TENSOR for tensor %r without a buffer", t.name_str)
+            self.note("init0", "INIT_TENSOR for tensor %r without a buffer", t.name_str)
             return
         self.devices[b.device].init_tensor(b.mem, t)
 
@@ -570,7 +707,7 @@ class Session:
             raise ProtocolError(f"GRAPH_COMPUTE payload of {size} bytes")
         if size > MAX_GRAPH_PAYLOAD:
             raise ProtocolError(f"GRAPH_COMPUTE payload of {size} bytes exceeds the limit")
-        payload = self.recv_growing(size)
+        payload = self.recv_graph(size)
         device, node_ids, tensors = self.codec.decode_graph(payload)
         self.device_index(device)
         if self.debug:
@@ -597,16 +734,27 @@ class Session:
         self.devices[dev].executor().run(stored.plan)
         self.stats.graph(dev, "recompute", len(stored.graph.nodes), perf_counter_ns() - t0)
 
-    def recv_growing(self, size: int) -> bytearray:
-        """Read a variable payload in chunks, so memory grows only as bytes arrive."""
-        if size <= GRAPH_CHUNK:
-            return self.conn.recv_exact(size)
-        out = bytearray()
-        left = size
-        while left:
-            chunk = self.conn.recv_exact(min(left, GRAPH_CHUNK))
-            out += chunk
-            left -= len(chunk)
+    def recv_graph(self, size: int) -> bytearray:
+        """A graph payload, read in chunks so that memory grows only as bytes arrive.
+        After the first chunk its counts are checked against the caps (a bogus count
+        closes the connection before the rest is read), and bytes past the last
+        tensor, which the decoder ignores as llama.cpp does, are read and dropped
+        without being kept."""
+        out = self.conn.recv_exact(min(size, GRAPH_CHUNK))
+        if len(out) == size:
+            return out
+        _, n_nodes = protocol.graph_layout(size, out[:8])
+        need, off = size, 8 + 8 * n_nodes
+        if off + 4 <= len(out):
+            (n_tensors,) = U32.unpack_from(out, off)
+            if n_tensors > protocol.MAX_GRAPH_TENSORS:
+                raise ProtocolError(f"graph of {n_tensors} tensors (at most "
+                                    f"{protocol.MAX_GRAPH_TENSORS})")
+            need = min(size, off + 4 + TENSOR_SIZE * n_tensors)
+        while len(out) < need:
+            out += self.conn.recv_exact(min(need - len(out), GRAPH_CHUNK))
+        if size > max(need, len(out)):
+            self.conn.discard(size - max(need, len(out)))
         return out
 
 

@@ -10,6 +10,7 @@ import ipaddress
 import logging
 import os
 import socket
+import time
 
 from .errors import ConnectionLost, RpcTimeout
 from .protocol import CMD_COUNT, CONN_CAPS_SIZE, HEADER, REQUEST_SIZE, SIZE
@@ -29,18 +30,46 @@ def _ms(timeout: float | None) -> int:
 
 
 class Conn:
-    """A connected TCP socket with exact-length reads. Timeouts in seconds or None."""
+    """A connected TCP socket with exact-length reads. Timeouts in seconds or None.
+
+    `timeout` bounds each wait for the peer (no byte for that long: RpcTimeout).
+    `arm(seconds)` sets a deadline that bounds everything sent and received until the
+    next arm() or disarm(), however the peer paces its bytes (natively, the server's
+    device-buffer paths recv_into_buffer, send_from_buffer and discard keep to the
+    per-wait timeout: the client never uses them, and the server arms only HELLO).
+    """
 
     def __init__(self, sock: socket.socket, timeout: float | None = None, native: bool | None = None):
         self.sock = sock
         self.fd = sock.fileno()
         self.timeout = timeout
+        self.deadline_ns = 0  # time.monotonic_ns() value; 0: no deadline
         self.native = (_wire is not None) if native is None else (native and _wire is not None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(None)  # blocking fd: the native loops poll for timeouts
         # native reads go through a read-ahead buffer (one recv per small message);
         # nothing may read this socket around it
         self._rbuf = _wire.RecvBuffer() if self.native else None
+
+    # -- deadlines ---------------------------------------------------------
+    def arm(self, seconds: float | None) -> None:
+        """Bound all I/O from now on by `seconds` in total (None: no deadline)."""
+        d = 0 if seconds is None else time.monotonic_ns() + max(1, int(seconds * 1e9))
+        self.deadline_ns = d
+        if self._rbuf is not None:
+            self._rbuf.deadline_ns = d
+
+    def disarm(self) -> None:
+        self.arm(None)
+
+    def _wait_s(self) -> float | None:
+        """The socket timeout for one wait of the pure-Python loops."""
+        if not self.deadline_ns:
+            return self.timeout
+        left = (self.deadline_ns - time.monotonic_ns()) / 1e9
+        if left <= 0:
+            raise RpcTimeout("deadline passed")
+        return left if self.timeout is None else min(left, self.timeout)
 
     # -- reading -----------------------------------------------------------
     def recv_exact(self, n: int) -> bytearray:
@@ -92,8 +121,8 @@ class Conn:
 
     def _py_recv_into(self, view: memoryview) -> None:
         try:
-            self.sock.settimeout(self.timeout)
             while len(view):
+                self.sock.settimeout(self._wait_s())
                 k = self.sock.recv_into(view)
                 if k == 0:
                     raise ConnectionLost("connection closed by peer")
@@ -119,14 +148,15 @@ class Conn:
     def send(self, *parts) -> None:
         """Send byte strings back to back (natively: one message, one writev)."""
         if self.native:
-            _wire.sendv(self.fd, parts, _ms(self.timeout))
+            _wire.sendv(self.fd, parts, _ms(self.timeout), self.deadline_ns)
             return
         try:
-            self.sock.settimeout(self.timeout)
             for p in parts:
-                self.sock.sendall(p)
+                self._py_send(p)
         except socket.timeout as e:
             raise RpcTimeout("send timed out") from e
+        except ConnectionLost:
+            raise
         except OSError as e:
             raise ConnectionLost(f"send failed: {e}") from e
         finally:
@@ -135,7 +165,7 @@ class Conn:
     def send_sized(self, payload) -> None:
         """A response: | size u64 | payload |."""
         if self.native:
-            _wire.send_sized(self.fd, payload, _ms(self.timeout))
+            _wire.send_sized(self.fd, payload, _ms(self.timeout), self.deadline_ns)
         else:
             self.send(SIZE.pack(len(payload)), payload)
 
@@ -145,13 +175,27 @@ class Conn:
             buffer.send_from(self.fd, header, offset, n, _ms(self.timeout))
         else:
             try:
-                self.sock.settimeout(self.timeout)
-                self.sock.sendall(header)
-                self.sock.sendall(buffer.view()[offset:offset + n])
+                self._py_send(header)
+                self._py_send(buffer.view()[offset:offset + n])
+            except socket.timeout as e:
+                raise RpcTimeout("send timed out") from e
+            except ConnectionLost:
+                raise
             except OSError as e:
                 raise ConnectionLost(f"send failed: {e}") from e
             finally:
                 self._untimed()
+
+    def _py_send(self, data) -> None:
+        """sendall, with the deadline checked between the pieces the kernel takes."""
+        if not self.deadline_ns:
+            self.sock.settimeout(self.timeout)
+            self.sock.sendall(data)
+            return
+        view = memoryview(data).cast("B")
+        while len(view):
+            self.sock.settimeout(self._wait_s())
+            view = view[self.sock.send(view):]
 
     def shutdown(self) -> None:
         """Wake any thread blocked on this socket (it sees EOF) without closing the fd,

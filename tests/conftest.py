@@ -57,14 +57,14 @@ def codec_name(request):
     return request.param
 
 
-def start_server(codec_name="native", cache_dir=None, n_devices=1):
+def start_server(codec_name="native", cache_dir=None, n_devices=1, limits=None, cache=None):
     from ggmlrpc import protocol
     from ggmlrpc.devices.cpu import CpuDevice
     from ggmlrpc.server import Server
 
     devices = [CpuDevice(1) for _ in range(n_devices)]
     srv = Server(devices, "127.0.0.1", 0, cache_dir=cache_dir, codec=protocol.codec(codec_name),
-                 out=open(os.devnull, "w"))
+                 out=open(os.devnull, "w"), limits=limits, cache=cache)
     srv.start()
     return srv
 

@@ -7,8 +7,10 @@ the kernel and their destination memory.
 """
 from cpython.buffer cimport (PyBUF_SIMPLE, PyBUF_WRITABLE, PyObject_GetBuffer, PyBuffer_Release,
                              Py_buffer)
-from libc.errno cimport errno
-from libc.stdint cimport uint8_t, uint32_t, uint64_t, uintptr_t
+from libc.errno cimport EAGAIN, EINTR, errno
+from libc.stdint cimport int64_t, uint8_t, uint32_t, uint64_t, uintptr_t
+from posix.time cimport CLOCK_MONOTONIC, clock_gettime, timespec
+from posix.uio cimport iovec
 from libc.string cimport memcpy, memmove, memset
 from libc.stdlib cimport free, malloc
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_FromStringAndSize, PyByteArray_GET_SIZE
@@ -19,7 +21,8 @@ from ggmlrpc._native.rpc cimport *
 
 from ggmlrpc import ggml
 from ggmlrpc.errors import ConnectionLost, ProtocolError, RpcTimeout, ValidationError
-from ggmlrpc.protocol import CMD_COUNT, REQUEST_SIZE, RpcTensor, TENSOR_SIZE
+from ggmlrpc.protocol import (CMD_COUNT, MAX_GRAPH_NODES, MAX_GRAPH_TENSORS, REQUEST_SIZE,
+                              RpcTensor, TENSOR_SIZE)
 
 import os
 
@@ -163,16 +166,24 @@ cdef class NativeCodec:
             raise ProtocolError("graph payload shorter than 8 bytes")
         memcpy(&device, &view[0], 4)
         memcpy(&n_nodes, &view[4], 4)
+        if n_nodes > MAX_GRAPH_NODES:
+            raise ProtocolError(f"graph of {n_nodes} nodes (at most {MAX_GRAPH_NODES})")
         if <uint64_t>size < 8 + 8 * <uint64_t>n_nodes + 4:
             raise ProtocolError(f"graph payload of {size} bytes too short for {n_nodes} nodes")
         nodes = []
+        seen = set()
         cdef Py_ssize_t off = 8
         for i in range(n_nodes):
             memcpy(&nid, &view[off], 8)
             nodes.append(nid)
+            seen.add(nid)
             off += 8
+        if len(seen) != n_nodes:
+            raise ValidationError("graph lists a node id more than once")
         memcpy(&n_tensors, &view[off], 4)
         off += 4
+        if n_tensors > MAX_GRAPH_TENSORS:
+            raise ProtocolError(f"graph of {n_tensors} tensors (at most {MAX_GRAPH_TENSORS})")
         if <uint64_t>size < <uint64_t>off + <uint64_t>n_tensors * 296:
             raise ProtocolError(f"graph payload of {size} bytes too short for {n_tensors} tensors")
         tensors = []
@@ -294,6 +305,117 @@ cdef class HostMemory:
         return h
 
 
+# -- deadlines ---------------------------------------------------------------------
+# A timeout_ms bounds each wait for the socket; a deadline (CLOCK_MONOTONIC
+# nanoseconds, as time.monotonic_ns() reads it; 0 = none) bounds a whole exchange,
+# so that a peer that trickles one byte at a time cannot stretch it.
+
+cdef extern from "<poll.h>" nogil:
+    cdef struct pollfd:
+        int fd
+        short events
+        short revents
+    int poll(pollfd *fds, unsigned long nfds, int timeout)
+    enum:
+        POLLOUT
+
+cdef extern from "<sys/socket.h>" nogil:
+    cdef struct msghdr:
+        iovec *msg_iov
+        size_t msg_iovlen
+    ssize_t sendmsg(int fd, const msghdr *msg, int flags)
+    enum:
+        MSG_NOSIGNAL
+        MSG_DONTWAIT
+
+
+cdef inline int64_t _now_ns() noexcept nogil:
+    cdef timespec ts
+    clock_gettime(CLOCK_MONOTONIC, &ts)
+    return <int64_t>ts.tv_sec * 1000000000 + ts.tv_nsec
+
+
+cdef inline int _left_ms(int64_t deadline_ns) noexcept nogil:
+    """Milliseconds (at least 1) until the deadline, or -1 once it has passed."""
+    cdef int64_t left = deadline_ns - _now_ns()
+    if left <= 0:
+        return -1
+    left = (left + 999999) // 1000000
+    return <int>left if left < 0x7FFFFFFF else 0x7FFFFFFF
+
+
+cdef int _recv_by(int fd, uint8_t *dst, size_t n, int64_t deadline_ns) noexcept nogil:
+    """Exactly n bytes before the deadline; 0, -2 closed, -3 timed out, -1 error."""
+    cdef size_t got
+    cdef int r, ms
+    while n:
+        ms = _left_ms(deadline_ns)
+        if ms < 0:
+            return -3
+        got = 0
+        r = ggmlrpc_recv_some(fd, dst, n, 1, ms, &got)
+        if r:
+            return r
+        dst += got
+        n -= got
+    return 0
+
+
+cdef int _sendv_by(int fd, iovec *iov, int n, int64_t deadline_ns) noexcept nogil:
+    """Send every iovec before the deadline (the iovecs are consumed)."""
+    cdef msghdr msg
+    cdef pollfd p
+    cdef int idx = 0, ms, w
+    cdef ssize_t r
+    cdef size_t left
+    while idx < n:
+        if iov[idx].iov_len == 0:
+            idx += 1
+            continue
+        ms = _left_ms(deadline_ns)
+        if ms < 0:
+            return -3
+        p.fd = fd
+        p.events = POLLOUT
+        p.revents = 0
+        w = poll(&p, 1, ms)
+        if w == 0:
+            return -3
+        if w < 0:
+            if errno == EINTR:
+                continue
+            return -1
+        memset(&msg, 0, sizeof(msg))
+        msg.msg_iov = &iov[idx]
+        msg.msg_iovlen = <size_t>(n - idx)
+        r = sendmsg(fd, &msg, MSG_NOSIGNAL | MSG_DONTWAIT)
+        if r < 0:
+            if errno == EINTR or errno == EAGAIN:  # EWOULDBLOCK == EAGAIN on Linux
+                continue
+            return -1
+        left = <size_t>r
+        while idx < n and left >= iov[idx].iov_len:
+            left -= iov[idx].iov_len
+            iov[idx].iov_len = 0
+            idx += 1
+        if idx < n:
+            iov[idx].iov_base = <uint8_t *>iov[idx].iov_base + left
+            iov[idx].iov_len -= left
+    return 0
+
+
+cdef int _sendv(int fd, const void **bufs, size_t *lens, int n, int timeout_ms,
+                int64_t deadline_ns) noexcept nogil:
+    cdef iovec iov[GR_SENDV_MAX]
+    cdef int i
+    if deadline_ns == 0:
+        return ggmlrpc_sendv(fd, bufs, lens, n, timeout_ms)
+    for i in range(n):
+        iov[i].iov_base = <void *>bufs[i]
+        iov[i].iov_len = lens[i]
+    return _sendv_by(fd, iov, n, deadline_ns)
+
+
 cdef int _recv(int fd, void *dst, size_t n, int timeout_ms) noexcept:
     cdef int r
     with nogil:
@@ -375,6 +497,7 @@ cdef class RecvBuffer:
     cdef size_t cap
     cdef size_t start   # buf[start:end] holds received, unread bytes
     cdef size_t end
+    cdef public int64_t deadline_ns  # 0: waits bounded by timeout_ms only
 
     def __cinit__(self, size_t capacity=65536):
         self.buf = <uint8_t *>malloc(capacity)
@@ -382,6 +505,7 @@ cdef class RecvBuffer:
             raise MemoryError()
         self.cap = capacity
         self.start = self.end = 0
+        self.deadline_ns = 0
 
     def __dealloc__(self):
         free(self.buf)
@@ -395,23 +519,39 @@ cdef class RecvBuffer:
         """Make at least n <= cap bytes pending."""
         cdef size_t have = self.end - self.start
         cdef size_t got = 0
-        cdef int r
+        cdef int r = 0, ms
+        cdef int64_t deadline = self.deadline_ns
         if have >= n:
             return 0
         if self.cap - self.start < n:
             memmove(self.buf, self.buf + self.start, have)
             self.start, self.end = 0, have
+        if deadline == 0:
+            with nogil:
+                r = ggmlrpc_recv_some(fd, self.buf + self.end, self.cap - self.end, n - have,
+                                      timeout_ms, &got)
+            _check(r, "recv")
+            self.end += got
+            return 0
         with nogil:
-            r = ggmlrpc_recv_some(fd, self.buf + self.end, self.cap - self.end, n - have,
-                                  timeout_ms, &got)
+            while self.end - self.start < n:
+                ms = _left_ms(deadline)
+                if ms < 0:
+                    r = -3
+                    break
+                got = 0
+                r = ggmlrpc_recv_some(fd, self.buf + self.end, self.cap - self.end, 1, ms, &got)
+                if r:
+                    break
+                self.end += got
         _check(r, "recv")
-        self.end += got
         return 0
 
     cdef int _read(self, int fd, uint8_t *dst, size_t n, int timeout_ms) except -1:
         """Exactly n bytes into dst: small reads through the buffer, large ones
         from what is buffered and then straight from the socket."""
         cdef size_t k
+        cdef int r
         if n <= self.cap:
             self._fill(fd, n, timeout_ms)
             memcpy(dst, self.buf + self.start, n)
@@ -420,7 +560,12 @@ cdef class RecvBuffer:
             k = self.end - self.start
             memcpy(dst, self.buf + self.start, k)
             self.start += k
-            _check(_recv(fd, dst + k, n - k, timeout_ms), "recv")
+            if self.deadline_ns:
+                with nogil:
+                    r = _recv_by(fd, dst + k, n - k, self.deadline_ns)
+                _check(r, "recv")
+            else:
+                _check(_recv(fd, dst + k, n - k, timeout_ms), "recv")
         if self.start == self.end:
             self.start = self.end = 0
         return 0
@@ -479,7 +624,7 @@ cdef class RecvBuffer:
             _check(r, "recv")
 
 
-def sendv(int fd, parts, int timeout_ms=-1):
+def sendv(int fd, parts, int timeout_ms=-1, int64_t deadline_ns=0):
     """Send up to GR_SENDV_MAX byte strings as one message (one sendmsg when the
     socket takes it all), so a request never leaves as several small segments."""
     cdef Py_buffer pbs[GR_SENDV_MAX]
@@ -495,23 +640,29 @@ def sendv(int fd, parts, int timeout_ms=-1):
             bufs[i] = pbs[i].buf
             lens[i] = pbs[i].len
         with nogil:
-            r = ggmlrpc_sendv(fd, bufs, lens, n, timeout_ms)
+            r = _sendv(fd, bufs, lens, n, timeout_ms, deadline_ns)
     finally:
         for i in range(got):
             PyBuffer_Release(&pbs[i])
     _check(r, "send")
 
 
-def send_sized(int fd, payload, int timeout_ms=-1):
+def send_sized(int fd, payload, int timeout_ms=-1, int64_t deadline_ns=0):
     """A response, | size u64 | payload |, in one writev."""
     cdef Py_buffer pb
     cdef uint64_t n
     cdef int r
+    cdef const void *bufs[2]
+    cdef size_t lens[2]
     PyObject_GetBuffer(payload, &pb, PyBUF_SIMPLE)
     try:
         n = pb.len
+        bufs[0] = &n
+        lens[0] = 8
+        bufs[1] = pb.buf
+        lens[1] = pb.len
         with nogil:
-            r = ggmlrpc_send2(fd, &n, 8, pb.buf, pb.len, timeout_ms)
+            r = _sendv(fd, bufs, lens, 2, timeout_ms, deadline_ns)
     finally:
         PyBuffer_Release(&pb)
     _check(r, "send")

@@ -8,10 +8,11 @@ import signal
 import sys
 import threading
 
+from ..cache import TensorCache, cache_directory
 from ..devices import select_devices, split_names
 from ..errors import DeviceError
 from ..metrics import Metrics, parse_endpoint
-from ..server import Server, cache_directory
+from ..server import MEM_MARGIN, Limits, Server
 
 MiB = 1024 * 1024
 
@@ -29,8 +30,21 @@ def usage(prog: str) -> str:
             "  -H, --host HOST                  host to bind to (default: 127.0.0.1)\n"
             "  -p, --port PORT                  port to bind to (default: 50052)\n"
             "  -c, --cache                      enable local file cache\n"
+            "\n"
+            "ggmlrpc options (llama.cpp's server has none of these):\n"
+            "      --cache-preload FILE         fill the cache from a local GGUF model (repeatable; implies -c)\n"
+            "      --cache-readonly             serve only preloaded cache files, store no uploads (implies -c);\n"
+            "                                   use this when clients do not trust each other\n"
+            "      --cache-max-size SIZE        cap the uploaded cache files, least recently used evicted (implies -c)\n"
+            f"      --max-clients N              connections served at once, more are refused (default: {Limits.max_clients})\n"
+            f"      --hello-timeout SECONDS      time a new connection has to complete HELLO (default: {Limits.hello_timeout:g})\n"
+            "      --idle-timeout SECONDS       close a connection silent for this long (default: never)\n"
+            f"      --max-buffers N              live buffers per connection (default: {Limits.max_buffers})\n"
+            "      --mem-limit SIZE             buffer bytes per device, all clients together\n"
+            f"                                   (default: the device's free memory at start less {MEM_MARGIN}%)\n"
             "      --metrics [HOST:]PORT        serve Prometheus metrics at http://HOST:PORT/metrics\n"
-            "                                   (default: off; HOST defaults to 127.0.0.1)\n")
+            "                                   (default: off; HOST defaults to 127.0.0.1)\n"
+            "  SIZE: bytes, or a number with K, M, G or T (powers of 1024)\n")
 
 
 class Params:
@@ -40,13 +54,56 @@ class Params:
     devices: list[str]
     cache = False
     metrics: tuple[str, int] | None = None
+    cache_readonly = False
+    cache_max_size: int | None = None
+    preload: list[str]
 
     def __init__(self):
         self.devices = []
+        self.preload = []
+        self.limits = Limits()
 
 
 class UsageError(Exception):
     pass
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+
+
+def parse_size(text: str) -> int:
+    """Bytes from "4096", "512M", "1.5G", "24GiB" (K/M/G/T are powers of 1024)."""
+    t = text.strip().upper().removesuffix("B").removesuffix("I")
+    unit = t[-1:] if t[-1:] in "KMGT" and t[-1:] else ""
+    num = t[:-1] if unit else t
+    try:
+        value = float(num) if "." in num else int(num)
+    except ValueError:
+        raise UsageError(f"error: invalid size: {text}") from None
+    if value < 0:
+        raise UsageError(f"error: invalid size: {text}")
+    return int(value * _UNITS[unit])
+
+
+def positive_int(opt: str, v: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n <= 0:
+        raise UsageError(f"error: {opt} needs a positive integer: {v}")
+    return n
+
+
+def seconds(opt: str, v: str) -> float | None:
+    """Seconds > 0; 0 turns the timeout off."""
+    try:
+        x = float(v)
+    except ValueError:
+        x = -1.0
+    if not x >= 0 or x == float("inf"):
+        raise UsageError(f"error: {opt} needs seconds (0: no timeout): {v}")
+    return x or None
 
 
 def parse(argv: list[str], prog: str) -> Params:
@@ -86,6 +143,24 @@ def parse(argv: list[str], prog: str) -> Params:
                 p.metrics = parse_endpoint(value())
             except ValueError as e:
                 raise UsageError(f"error: {e}") from None
+        elif arg == "--cache-preload":
+            p.preload.append(value())
+            p.cache = True
+        elif arg == "--cache-readonly":
+            p.cache = p.cache_readonly = True
+        elif arg == "--cache-max-size":
+            p.cache_max_size = parse_size(value())
+            p.cache = True
+        elif arg == "--max-clients":
+            p.limits.max_clients = positive_int(arg, value())
+        elif arg == "--max-buffers":
+            p.limits.max_buffers = positive_int(arg, value())
+        elif arg == "--hello-timeout":
+            p.limits.hello_timeout = seconds(arg, value())
+        elif arg == "--idle-timeout":
+            p.limits.idle_timeout = seconds(arg, value())
+        elif arg == "--mem-limit":
+            p.limits.mem_limit = parse_size(value())
         elif arg in ("-h", "--help"):
             sys.stderr.write(usage(prog) + "\n")
             raise SystemExit(0)
@@ -160,7 +235,7 @@ def main(argv: list[str] | None = None) -> int:
             return 1
         logging.getLogger(__name__).debug("CPU kernels reproduce ggml's %s build", family)
 
-    cache_dir = None
+    cache_dir = cache = None
     if params.cache:
         cache_dir = cache_directory()
         try:
@@ -168,9 +243,22 @@ def main(argv: list[str] | None = None) -> int:
         except OSError:
             sys.stderr.write(f"Failed to create cache directory: {cache_dir}\n")
             return 1
+        cache = TensorCache(cache_dir, readonly=params.cache_readonly,
+                            max_size=params.cache_max_size)
+        for path in params.preload:
+            try:
+                n, size = cache.preload(path)
+            except ImportError:
+                sys.stderr.write("error: --cache-preload needs the gguf package "
+                                 "(pip install 'ggmlrpc[gguf]')\n")
+                return 1
+            except (OSError, ValueError) as e:
+                sys.stderr.write(f"error: cannot preload {path}: {e}\n")
+                return 1
+            sys.stderr.write(f"preloaded {n} tensors ({size // MiB} MiB) from {path}\n")
 
     endpoint = f"{params.host}:{params.port}"
-    server = Server(devices, params.host, params.port, cache_dir=cache_dir)
+    server = Server(devices, params.host, params.port, cache=cache, limits=params.limits)
     metrics_url = None
     if params.metrics:
         server.metrics = Metrics(server)
@@ -199,7 +287,7 @@ def main(argv: list[str] | None = None) -> int:
     while not stop.wait(0.5):
         if not worker.is_alive():
             return 1
-    server.close()
+    server.close(timeout=1.0)  # a signal ends the process within about a second
     if server.metrics is not None:
         server.metrics.close()
     return 0

@@ -53,6 +53,11 @@ class Device(abc.ABC):
     def memory(self) -> tuple[int, int]:
         """(free, total) bytes, as the device reports them to clients."""
 
+    def free_memory(self) -> int:
+        """Bytes a new allocation can really get now (the server's default memory
+        limit comes from this at start); by default the free memory reported."""
+        return self.memory()[0]
+
     @abc.abstractmethod
     def alignment(self) -> int: ...
 

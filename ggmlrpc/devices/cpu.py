@@ -97,6 +97,9 @@ class CpuDevice(Device):
         total = physical_memory()
         return total, total
 
+    def free_memory(self):
+        return available_memory()
+
     def alignment(self):
         return CPU_ALIGNMENT
 

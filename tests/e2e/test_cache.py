@@ -21,6 +21,7 @@ from ggmlrpc import protocol
 from ggmlrpc.client import RemoteBackend
 from ggmlrpc.ggml import GGMLType
 from ggmlrpc.protocol import Cmd
+from ggmlrpc.cache import INDEX_NAME, TensorCache
 from ggmlrpc.server import cache_directory
 from tests.conftest import our_server_argv, start_server
 
@@ -37,7 +38,8 @@ def fnv1a_loop(data: bytes) -> int:
 
 
 def cache_files(d) -> list[str]:
-    return sorted(os.listdir(d)) if os.path.isdir(d) else []
+    """The directory's files, less the server's index of them."""
+    return sorted(n for n in os.listdir(d) if n != INDEX_NAME) if os.path.isdir(d) else []
 
 
 @pytest.fixture
@@ -177,7 +179,9 @@ def test_files_only_with_cache_flag(any_cached, cache_dir, seed):
         assert rb.get_tensor(t) == data[:2000] + data[:1000]
 
 
-def test_hash_hit_and_corrupt_files(any_cached, cache_dir, seed):
+def test_hash_hit_and_changed_files(any_cached, cache_dir, seed):
+    """A hit is served only from a file this server wrote and that is unchanged since;
+    a file planted or rewritten behind its back is never served."""
     endpoint, _ = any_cached
     rng = np.random.default_rng(seed)
     data = rng.integers(0, 256, 4096, dtype=np.uint8).tobytes()
@@ -186,23 +190,30 @@ def test_hash_hit_and_corrupt_files(any_cached, cache_dir, seed):
     with RemoteBackend(endpoint) as rb:
         _, t = fresh_tensor(rb, len(data))
         assert rb.set_tensor_hash(t, h) is False          # nothing cached yet
-        path.write_bytes(data)
-        assert rb.set_tensor_hash(t, h) is True
-        assert rb.get_tensor(t) == data
-
+        path.write_bytes(data)                            # planted, not written by the server
+        assert rb.set_tensor_hash(t, h) is False
+        assert rb.get_tensor(t) == bytes(len(data))
+        raw_set(rb, t, data, cache_flag=1)                # stored by the server
         _, u = fresh_tensor(rb, len(data))
+        assert rb.set_tensor_hash(u, h) is True
+        assert rb.get_tensor(u) == data
+
+        _, v = fresh_tensor(rb, len(data))
         for bad in (data[:-1] + bytes([data[-1] ^ 1]),    # one bit off
                     data[:2048],                          # truncated
                     data + b"\0",                         # one byte longer
                     b""):                                 # emptied
+            raw_set(rb, t, data, cache_flag=1)            # a fresh, served copy
+            assert rb.set_tensor_hash(v, h) is True
+            rb.memset_tensor(v, 0)
             path.write_bytes(bad)
-            assert rb.set_tensor_hash(u, h) is False, len(bad)
-            assert rb.get_tensor(u) == bytes(len(data))   # nothing written
+            assert rb.set_tensor_hash(v, h) is False, len(bad)
+            assert rb.get_tensor(v) == bytes(len(data))   # nothing written
         # a file with the right content under the name of other bytes is not used either
         other = fnv1a_loop(data[::-1])
         (cache_dir / f"{other:016x}").write_bytes(data)
-        assert rb.set_tensor_hash(u, other) is False
-        assert rb.get_tensor(u) == bytes(len(data))
+        assert rb.set_tensor_hash(v, other) is False
+        assert rb.get_tensor(v) == bytes(len(data))
 
 
 def test_cache_write_failure_keeps_the_connection(native_cached, cache_dir, seed):
@@ -283,7 +294,7 @@ def test_cache_directory_rules(server_proc, tmp_path, rule):
         _, t = fresh_tensor(rb, len(data))
         raw_set(rb, t, data, cache_flag=1)
         rb.synchronize()
-    assert os.listdir(want) == [f"{fnv1a_loop(data):016x}"]
+    assert cache_files(want) == [f"{fnv1a_loop(data):016x}"]
 
 
 def test_no_cache_banner(server_proc):
@@ -347,3 +358,246 @@ def test_reference_writes_the_same_file(ref_server, native_cached, cache_dir, tm
             assert rb.get_tensor(t) == data
     assert cache_files(ref_dir / "rpc") == cache_files(cache_dir) != []
     assert (ref_dir / "rpc" / cache_files(cache_dir)[0]).read_bytes() == data
+
+
+# -- integrity: the index, collisions, read-only preloaded caches, size cap ------------------
+
+def write_gguf(path, tensors: dict[str, np.ndarray]) -> None:
+    import gguf
+    w = gguf.GGUFWriter(str(path), "llama")
+    for name, a in tensors.items():
+        w.add_tensor(name, a)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+
+
+@pytest.fixture
+def weak_fnv(monkeypatch):
+    """The server names stored bytes by a hash with collisions on demand: FNV-1a of the
+    first 64 bytes only. Two contents that share those bytes share a name, as two
+    contents built to collide under the full FNV-1a would."""
+    from ggmlrpc.devices.cpu import HostBuffer
+    monkeypatch.setattr(HostBuffer, "fnv1a", lambda self, off, n: fnv1a_loop(self.read(off, min(n, 64))))
+    return lambda data: fnv1a_loop(data[:64])
+
+
+def colliding_pair(seed: int, n: int = 8192) -> tuple[bytes, bytes]:
+    rng = np.random.default_rng(seed)
+    head = rng.integers(0, 256, 64, dtype=np.uint8).tobytes()
+    victim = head + rng.integers(0, 256, n - 64, dtype=np.uint8).tobytes()
+    attacker = head + b"\xee" * (n - 64)
+    return victim, attacker
+
+
+def test_collision_after_store_is_never_served(native_cached, cache_dir, weak_fnv, seed, caplog):
+    """The victim's bytes are stored; an attacker stores other bytes under the same hash:
+    the server notices (digests differ), and from then on nobody is served that hash:
+    neither bytes reach a victim through the cache."""
+    endpoint, _ = native_cached
+    victim, attacker = colliding_pair(seed)
+    h = weak_fnv(victim)
+    assert h == weak_fnv(attacker)
+    with RemoteBackend(endpoint) as v, RemoteBackend(endpoint) as a:
+        _, tv = fresh_tensor(v, len(victim))
+        raw_set(v, tv, victim, cache_flag=1)
+        _, tv2 = fresh_tensor(v, len(victim))
+        assert v.set_tensor_hash(tv2, h) is True and v.get_tensor(tv2) == victim
+        _, ta = fresh_tensor(a, len(attacker))
+        raw_set(a, ta, attacker, cache_flag=1)
+        a.synchronize()
+        assert a.get_tensor(ta) == attacker               # its own write still happened
+        _, tv3 = fresh_tensor(v, len(victim))
+        assert v.set_tensor_hash(tv3, h) is False         # "not cached": the victim uploads
+        assert v.get_tensor(tv3) == bytes(len(victim))
+        raw_set(v, tv3, victim, cache_flag=1)             # and its upload does not revive it
+        assert v.set_tensor_hash(tv3, h) is False
+    assert "share the FNV-1a hash" in caplog.text
+    assert attacker not in [(cache_dir / n).read_bytes() for n in cache_files(cache_dir)]
+
+
+def test_writable_cache_serves_the_first_writer(native_cached, weak_fnv, seed):
+    """What the README warns about: with a writable cache, bytes stored first under a
+    hash are what a later client asking for that hash gets. Read-only + preload is the
+    answer (next test)."""
+    endpoint, _ = native_cached
+    victim, attacker = colliding_pair(seed)
+    with RemoteBackend(endpoint) as a, RemoteBackend(endpoint) as v:
+        _, ta = fresh_tensor(a, len(attacker))
+        raw_set(a, ta, attacker, cache_flag=1)
+        a.synchronize()
+        _, tv = fresh_tensor(v, len(victim))
+        assert v.set_tensor_hash(tv, weak_fnv(victim)) is True
+        assert v.get_tensor(tv) == attacker
+
+
+def test_readonly_preloaded_cache_cannot_be_poisoned(cache_dir, tmp_path, weak_fnv, seed):
+    """A read-only cache preloaded from a local GGUF: the client's hash-first upload of a
+    weight is a hit (same FNV-1a as llama.cpp's client computes, over the whole
+    tensor), an attacker's colliding upload stores nothing, and the victim still gets
+    the model's bytes."""
+    rng = np.random.default_rng(seed)
+    weight = rng.standard_normal((1024, 2816)).astype(np.float32)     # 11 MiB: hashed
+    small = rng.standard_normal((16, 16)).astype(np.float32)          # never hashed
+    model = tmp_path / "model.gguf"
+    write_gguf(model, {"big.weight": weight, "small.weight": small})
+    cache = TensorCache(str(cache_dir), readonly=True)
+    assert cache.preload(str(model)) == (1, weight.nbytes)
+    name = f"{protocol.codec().fnv1a(weight.tobytes()):016x}"
+    assert cache_files(cache_dir) == [name]
+    srv = start_server("native", cache=cache)
+    try:
+        endpoint = f"127.0.0.1:{srv.port}"
+        raw = weight.tobytes()
+        attacker = raw[:64] + b"\xee" * (len(raw) - 64)               # collides under weak_fnv
+        with RemoteBackend(endpoint) as a:
+            _, ta = fresh_tensor(a, len(attacker))
+            raw_set(a, ta, attacker, cache_flag=1)
+            a.synchronize()
+        assert cache_files(cache_dir) == [name]
+        with RemoteBackend(endpoint) as v:
+            _, tv = fresh_tensor(v, len(raw))
+            assert v.set_tensor(tv, weight, weights=True) is True     # a hit: nothing sent
+            assert v.get_tensor(tv) == raw
+            # uploads are not served from a read-only cache, whoever stored them
+            _, tu = fresh_tensor(v, 4096)
+            raw_set(v, tu, raw[:4096], cache_flag=1)
+            assert v.set_tensor_hash(tu, weak_fnv(raw[:4096])) is False
+    finally:
+        srv.close()
+
+
+def test_preload_wins_over_a_colliding_upload(cache_dir, tmp_path, weak_fnv, seed):
+    """A writable cache with a preloaded model: an upload that collides with a
+    preloaded file is dropped and the preloaded bytes stay servable."""
+    weight = np.random.default_rng(seed).standard_normal((1024, 2816)).astype(np.float32)
+    raw = weight.tobytes()
+    model = tmp_path / "model.gguf"
+    write_gguf(model, {"w": weight})
+
+    class WeakCodec:  # the preload names files by the same weak hash as the uploads
+        fnv1a = staticmethod(lambda data: weak_fnv(bytes(memoryview(data)[:64])))
+
+    cache = TensorCache(str(cache_dir), codec=WeakCodec())
+    assert cache.preload(str(model)) == (1, len(raw))
+    h = weak_fnv(raw)
+    srv = start_server("native", cache=cache)
+    try:
+        with RemoteBackend(f"127.0.0.1:{srv.port}") as rb:
+            forged = raw[:64] + b"\xee" * 4032
+            _, tf = fresh_tensor(rb, len(forged))
+            raw_set(rb, tf, forged, cache_flag=1)
+            rb.synchronize()
+            _, tw = fresh_tensor(rb, len(raw))
+            assert rb.set_tensor_hash(tw, h) is True
+            assert rb.get_tensor(tw) == raw
+    finally:
+        srv.close()
+    assert cache_files(cache_dir) == [f"{h:016x}"]
+    assert (cache_dir / f"{h:016x}").read_bytes() == raw
+
+
+def test_index_survives_a_restart_and_tmp_files_do_not(cache_dir, seed):
+    data = big_payload(seed, 5000)
+    h = fnv1a_loop(data)
+    stale = cache_dir / ".tmp-interrupted"
+    stale.write_bytes(b"half a file")
+    srv = cached_server(cache_dir)
+    try:
+        assert not stale.exists()                          # removed at start
+        with RemoteBackend(f"127.0.0.1:{srv.port}") as rb:
+            _, t = fresh_tensor(rb, len(data))
+            raw_set(rb, t, data, cache_flag=1)
+            rb.synchronize()
+    finally:
+        srv.close()
+    srv = cached_server(cache_dir)                         # a new process would read the same
+    try:
+        with RemoteBackend(f"127.0.0.1:{srv.port}") as rb:
+            _, t = fresh_tensor(rb, len(data))
+            assert rb.set_tensor_hash(t, h) is True and rb.get_tensor(t) == data
+    finally:
+        srv.close()
+
+
+def test_max_size_evicts_least_recently_used(cache_dir, seed):
+    rng = np.random.default_rng(seed)
+    blobs = [rng.integers(0, 256, 1000, dtype=np.uint8).tobytes() for _ in range(4)]
+    names = [fnv1a_loop(b) for b in blobs]
+    cache = TensorCache(str(cache_dir), max_size=2500)
+    cache.store(names[0], blobs[0])
+    cache.store(names[1], blobs[1])
+    assert cache.load(names[0]) is not None               # 0 is now more recent than 1
+    cache.store(names[2], blobs[2])                       # 3000 > 2500: 1 goes
+    assert sorted(cache_files(cache_dir)) == sorted(f"{names[i]:016x}" for i in (0, 2))
+    assert cache.load(names[1]) is None
+    assert cache.store(names[3], rng.bytes(3000)) is None  # larger than the cap: not kept
+    assert cache.total_size() <= 2500
+
+
+def test_preload_again_does_not_hash_the_model_again(cache_dir, tmp_path, seed):
+    """A restart with the same --cache-preload finds the model in the index (same size
+    and mtime, every file intact) and reads none of it; a changed model is hashed."""
+    weight = np.random.default_rng(seed).standard_normal((1024, 2816)).astype(np.float32)
+    model = tmp_path / "model.gguf"
+    write_gguf(model, {"w": weight})
+
+    class Counting:
+        calls = 0
+
+        def fnv1a(self, data):
+            Counting.calls += 1
+            return protocol.codec().fnv1a(data)
+
+    first = TensorCache(str(cache_dir), codec=Counting()).preload(str(model))
+    assert first == (1, weight.nbytes) and Counting.calls == 1
+    again = TensorCache(str(cache_dir), codec=Counting()).preload(str(model))
+    assert again == first and Counting.calls == 1
+    os.utime(model, ns=(time.time_ns(), time.time_ns() + 10**9))
+    TensorCache(str(cache_dir), codec=Counting()).preload(str(model))
+    assert Counting.calls == 2
+
+
+def test_unreadable_index_serves_nothing(cache_dir, seed):
+    """An index that cannot be read (truncated, edited) vouches for no file: the cache
+    starts empty and serves nothing until files are written again."""
+    data = big_payload(seed, 3000)
+    h = fnv1a_loop(data)
+    TensorCache(str(cache_dir)).store(h, data)
+    assert TensorCache(str(cache_dir)).load(h) is not None
+    index = cache_dir / INDEX_NAME
+    index.write_text(index.read_text()[:40])
+    fresh = TensorCache(str(cache_dir))
+    assert fresh.load(h) is None
+    fresh.store(h, data)
+    assert bytes(fresh.load(h)) == data
+
+
+def test_concurrent_colliding_stores_end_in_a_conflict(cache_dir, seed):
+    """Two sessions store different bytes under one name at the same moment: whatever
+    the interleaving, the name ends up refused and no file is served for it."""
+    rng = np.random.default_rng(seed)
+    cache = TensorCache(str(cache_dir))
+    for i in range(20):
+        a, b = rng.bytes(200_000), rng.bytes(200_000)
+        start = threading.Barrier(2)
+
+        def put(data):
+            start.wait()
+            cache.store(i, data)
+
+        ts = [threading.Thread(target=put, args=(d,)) for d in (a, b)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        assert cache.load(i) is None
+        assert f"{i:016x}" not in cache_files(cache_dir)
+
+
+def test_cache_preload_of_a_missing_file_exits_1(tmp_path):
+    env = dict(os.environ, LLAMA_CACHE=str(tmp_path))
+    r = subprocess.run(our_server_argv("-p", "1", "--cache-preload", str(tmp_path / "none.gguf")),
+                       capture_output=True, text=True, timeout=60, env=env)
+    assert r.returncode == 1 and "cannot preload" in r.stderr

@@ -16,6 +16,8 @@ from tests.protocol.rawclient import (
     GRAPH_RECOMPUTE, HELLO, HELLO_ANSWER, INIT_TENSOR, MEMSET_TENSOR, OP_ADD, OP_VIEW, Q4_0,
     SET_TENSOR, SET_TENSOR_HASH, Raw, Watch, fnv1a, frame, graph, logged, tensor, u32, u64,
     wait_stats)
+from ggmlrpc.cache import TensorCache
+from ggmlrpc.protocol import MAX_GRAPH_NODES
 from tests.conftest import start_server
 
 U64_MAX = (1 << 64) - 1
@@ -221,7 +223,7 @@ def test_set_tensor_hash_region_checked_with_cache(tmp_path, caplog, codec_name,
     """With a cache hit, the cached file's length and the offset are checked against the
     tensor (without a cache the answer is 0 and nothing is written)."""
     blob = bytes(range(256)) * 2 if offset == 0 else bytes(range(64))  # the tensor holds 64
-    (tmp_path / f"{fnv1a(blob):016x}").write_bytes(blob)
+    TensorCache(str(tmp_path)).store(fnv1a(blob), blob)  # a file the server will serve
     srv = start_server(codec_name, cache_dir=str(tmp_path))
     try:
         arena = Arena(srv, caplog)
@@ -383,10 +385,32 @@ def test_graph_compute_shorter_than_header(arena, size):
     arena.run(lambda a: a.send(frame(GRAPH_COMPUTE, bytes(size))), "GRAPH_COMPUTE payload")
 
 
-@pytest.mark.parametrize("n_nodes, n_tensors", [(0xFFFFFFFF, 0), (1, 0xFFFFFFFF), (1000, 0)])
-def test_graph_counts_beyond_payload(arena, n_nodes, n_tensors):
+@pytest.mark.parametrize("n_nodes, n_tensors, reason", [
+    (0xFFFFFFFF, 0, "at most"), (1, 0xFFFFFFFF, "at most"), (1000, 0, "too short"),
+    (1, 1 << 18, "too short")])
+def test_graph_counts_beyond_payload(arena, n_nodes, n_tensors, reason):
+    """Counts beyond the caps are refused before the rest of the payload is looked at."""
     body = u32(0) + u32(n_nodes) + u64(1) + u32(n_tensors)
-    arena.run(lambda a: a.send(frame(GRAPH_COMPUTE, body)), "too short")
+    arena.run(lambda a: a.send(frame(GRAPH_COMPUTE, body)), reason)
+
+
+def test_graph_counts_checked_before_the_whole_payload(arena):
+    """A GRAPH_COMPUTE that announces 100 MiB with a node count over the cap is closed
+    once its first 16 MiB are in: the server does not wait for (or keep) the rest."""
+    head = u32(0) + u32(MAX_GRAPH_NODES + 1)
+    first = head + bytes((16 << 20) - len(head))
+    arena.run(lambda a: a.send(frame(GRAPH_COMPUTE, size=100 << 20) + first), "at most")
+
+
+def test_graph_trailing_bytes_are_dropped(arena):
+    """Bytes past the last tensor are ignored, as llama.cpp ignores them, however many:
+    the connection goes on."""
+    a = arena.attacker()
+    body = graph(0, [1], [tensor(id=1, ne=(4,))])
+    a.send(frame(GRAPH_COMPUTE, body + b"\x5a" * ((20 << 20) - len(body))))
+    a.raw.expect_no_response()
+    a.raw.close()
+    arena.aftermath()
 
 
 # -- SET_TENSOR framing and truncated frames ---------------------------------------------

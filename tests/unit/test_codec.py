@@ -392,6 +392,31 @@ def test_decode_graph_huge_counts(codec, n_nodes, n_tensors):
         codec.decode_graph(payload)
 
 
+def test_decode_graph_duplicate_node_ids(codec):
+    """ggml lists each node once; a repeated id (which once cost the server a copy of
+    the node per repetition) is refused while decoding."""
+    payload, tensors = sample_graph(codec)
+    raw = [codec.encode_tensor(t) for t in tensors]
+    for ids in ([12, 11, 12], [11, 11], [12] * 1000):
+        with pytest.raises(ValidationError, match="more than once"):
+            codec.decode_graph(graph_bytes(3, ids, raw))
+
+
+def test_decode_graph_count_caps(codec):
+    """Counts over the caps fail even when the payload is long enough to hold them."""
+    n = protocol.MAX_GRAPH_NODES + 1
+    payload = struct.pack("<II", 0, n) + struct.pack(f"<{n}Q", *range(1, n + 1)) + struct.pack("<I", 0)
+    with pytest.raises(ProtocolError, match="at most"):
+        codec.decode_graph(payload)
+    n_t = protocol.MAX_GRAPH_TENSORS + 1
+    head = struct.pack("<IIQI", 0, 1, 1, n_t)
+    with pytest.raises(ProtocolError, match="at most"):
+        codec.decode_graph(head + bytes(296) * 4)
+    # a small graph still decodes
+    ok = struct.pack("<II", 0, 2) + struct.pack("<2Q", 11, 12) + struct.pack("<I", 0)
+    assert codec.decode_graph(ok) == (0, [11, 12], [])
+
+
 def test_encode_graph_matches_hand_layout(codec):
     payload, tensors = sample_graph(codec)
     assert protocol.encode_graph(3, [12, 11], tensors) == payload
