@@ -215,6 +215,7 @@ class Server:
                 self._throttle("cap", logging.WARNING, "refusing connection from %s: %d clients "
                                "connected (the limit, --max-clients)", peer, n)
                 _close_quietly(sock)
+                self._count_refusal("max_clients")
                 continue
             try:
                 self._spawn(sock)
@@ -222,6 +223,7 @@ class Server:
                 self._throttle("spawn", logging.ERROR, "refusing connection from %s: cannot "
                                "start its session: %r", peer, e)
                 _close_quietly(sock)
+                self._count_refusal("resources")
                 backoff = min(ACCEPT_BACKOFF_MAX, backoff * 2 or 0.01)
                 continue
             backoff = 0.0
@@ -243,6 +245,10 @@ class Server:
             self.say("Client connection closed")
             raise
 
+    def _count_refusal(self, reason: str) -> None:
+        if self.metrics is not None:
+            self.metrics.refused(reason)
+
     def _refuse_pending(self, e: OSError) -> bool:
         """Out of descriptors: accept the waiting connection on a spare descriptor and
         close it at once, so that it gets an answer instead of hanging in the
@@ -259,6 +265,7 @@ class Server:
                 self._throttle("fds", logging.WARNING, "refusing connection from %s: %s",
                                "%s:%d" % addr[:2], e.strerror)
                 _close_quietly(sock)
+                self._count_refusal("resources")
                 done = True
             try:
                 self._spare_fd = os.open(os.devnull, os.O_RDONLY | os.O_CLOEXEC)

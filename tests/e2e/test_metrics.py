@@ -452,3 +452,25 @@ def test_readme_names_every_metric(tmp_path):
     for name in names:
         suffix = "_total" if s.types[name] == "counter" else ""
         assert f"`{name}{suffix}`" in readme, name
+
+
+def test_connection_over_the_cap_counted_as_refused():
+    """A connection turned away by --max-clients before any session exists is counted
+    under its reason, and accepted = open + refused + closed still holds."""
+    m = Metered()
+    try:
+        m.server.limits.max_clients = 1
+        with RemoteBackend(m.endpoint) as held:
+            assert held.device_count() == 1
+            extra = Raw(m.server.port)    # the server closes it without a word
+            try:
+                s = m.wait("a refusal over the cap",
+                           lambda s: s.value("ggmlrpc_connections_refused_total", reason="max_clients") == 1)
+            finally:
+                extra.close()
+            assert s.value("ggmlrpc_connections_open") == 1
+            closed = sum(s.reasons("ggmlrpc_connections_closed_total").values())
+            refused = sum(s.reasons("ggmlrpc_connections_refused_total").values())
+            assert s.value("ggmlrpc_connections_accepted_total") == 1 + refused + closed
+    finally:
+        m.close()
