@@ -2,7 +2,9 @@
 
 Rules (PROTOCOL.md, "What the server must check"): every id a node, source or view
 names exists in the tensor list and comes before its user (post-order, so no
-cycles); node ids are nonzero; each tensor passes the shape checks; a tensor with
+cycles); node ids are nonzero; each tensor passes the shape checks (a block type's
+nb[0] is its block size, ggml's layout rule, so that its byte extent is what the
+kernels touch); a tensor with
 data has a live buffer of this connection and lies inside it; a view lies inside
 the buffer of what it views; no op outside ggml's range and no custom ops, whose
 parameters are function pointers of the client process.
@@ -58,6 +60,11 @@ def build_graph(session, device: int, node_ids: list[int], tensors: list[RpcTens
         if t.op in ggml.FORBIDDEN_OPS:
             raise ValidationError(f"tensor {t.name_str!r}: {ggml.op_name(t.op)} is not allowed over RPC")
         codec.check_tensor_shape(t)
+        if ggml.blck_size(t.type) > 1 and all(t.ne) and t.nb[0] != ggml.type_size(t.type):
+            # ggml's layout rule for block types, on which its byte extent (ggml_nbytes)
+            # rests: with another nb[0] the kernels would touch bytes past that extent
+            raise ValidationError(f"tensor {t.name_str!r}: nb[0] of a block type must be its block's "
+                                  f"size ({ggml.type_size(t.type)} bytes), not {t.nb[0]}")
         for s in t.src:
             if s and s not in by_id:
                 raise ValidationError(

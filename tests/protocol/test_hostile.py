@@ -13,7 +13,7 @@ import pytest
 from tests.protocol.rawclient import (
     ALLOC_BUFFER, BUFFER_CLEAR, BUFFER_GET_BASE, COPY_TENSOR, DEVICE_COUNT, FREE_BUFFER,
     GET_ALIGNMENT, GET_ALLOC_SIZE, GET_DEVICE_MEMORY, GET_MAX_SIZE, GET_TENSOR, GRAPH_COMPUTE,
-    GRAPH_RECOMPUTE, HELLO, HELLO_ANSWER, INIT_TENSOR, MEMSET_TENSOR, OP_ADD, OP_VIEW, Q4_0,
+    GRAPH_RECOMPUTE, HELLO, HELLO_ANSWER, INIT_TENSOR, MEMSET_TENSOR, OP_ADD, OP_DUP, OP_VIEW, Q4_0,
     SET_TENSOR, SET_TENSOR_HASH, Raw, Watch, fnv1a, frame, graph, logged, tensor, u32, u64,
     wait_stats)
 from ggmlrpc.cache import TensorCache
@@ -352,6 +352,19 @@ def test_bad_graph(arena, case, reason):
               "map_custom2": 93, "map_custom3": 94, "custom": 95}[case]
         return graph(0, [2], [leaf(a), a.t(id=2, op=op, src=(1,), flags=16, data=a.base + 1024)])
     arena.run(lambda a: a.send(frame(GRAPH_COMPUTE, payload(a))), reason)
+
+
+@pytest.mark.parametrize("nb0", [0, 1, 9, 36])
+def test_block_tensor_with_another_nb0(arena, nb0):
+    """A Q4_0 row whose nb[0] is not the block size has a ggml_nbytes short of what a
+    kernel reads (nb[0] = 0: no bytes at all): placed flush with the end of the buffer,
+    DUP would read past it. The graph is refused before anything runs."""
+    def payload(a):
+        src = a.t(id=1, type=Q4_0, ne=(32,), nb=(nb0, 18, 18, 18), data=a.base + a.size - (nb0 * 32) // 32,
+                  name=b"q")
+        dup = a.t(id=2, op=OP_DUP, src=(1,), flags=16, ne=(32,), data=a.base, name=b"dup")
+        return graph(0, [2], [src, dup])
+    arena.run(lambda a: a.send(frame(GRAPH_COMPUTE, payload(a))), "nb[0] of a block type")
 
 
 def test_graph_recompute_after_free(arena):
