@@ -234,6 +234,7 @@ struct gr_run {
     size_t wsize;
     atomic_int failed;          /* 0, or 1 + the barrier number where every thread stops */
     gr_exec_status *status;
+    const volatile int *cancel; /* stop at the next barrier once nonzero (may be NULL) */
     _Alignas(64) atomic_int chunk;   /* next work chunk of the current node (own cache line) */
 };
 
@@ -243,6 +244,13 @@ void gr_chunk_set(gr_job *job, int value) {
 
 int gr_chunk_next(gr_job *job) {
     return atomic_fetch_add_explicit(&job->run->chunk, 1, memory_order_relaxed);
+}
+
+/* thread 0, before a barrier: a cancel request becomes a failure at that barrier
+ * (one thread decides, so every thread stops at the same one) */
+static void check_cancel(gr_job *job) {
+    if (job->ith == 0 && job->run->cancel && *job->run->cancel)
+        gr_fail(job, GR_EXEC_ECANCELED, "canceled");
 }
 
 void gr_fail(gr_job *job, int code, const char *fmt, ...) {
@@ -283,6 +291,7 @@ static void run_nodes(gr_pool *pool, gr_run *run, int ith) {
         for (int phase = 0; phase < k->phases; phase++) {
             job.epoch = epoch;
             k->fn(&job, phase);
+            check_cancel(&job);
             barrier_wait(&pool->barrier);
             epoch++;
             const int f = atomic_load(&run->failed);
@@ -368,7 +377,7 @@ void ggmlrpc_pool_free(gr_pool *pool) {
 int ggmlrpc_pool_threads(const gr_pool *pool) { return pool->n_threads; }
 
 int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
-                     void *wdata, size_t wsize, gr_exec_status *status) {
+                     void *wdata, size_t wsize, gr_exec_status *status, const volatile int *cancel) {
     status->code = 0;
     status->node = -1;
     status->msg[0] = 0;
@@ -388,7 +397,7 @@ int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
             return status->code;
         }
     }
-    gr_run run = { nodes, n_nodes, wdata, wsize, 0, status, 0 };
+    gr_run run = { nodes, n_nodes, wdata, wsize, 0, status, cancel, 0 };
     atomic_init(&run.failed, 0);
     atomic_init(&run.chunk, 0);
     pthread_mutex_lock(&pool->run_mu);

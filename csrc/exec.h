@@ -140,6 +140,7 @@ enum gr_exec_error {
     GR_EXEC_EINDEX = 1,      /* a row index out of range (GET_ROWS, SET_ROWS, MUL_MAT_ID...) */
     GR_EXEC_EINTERNAL = 2,   /* a kernel met a state the compiler should have rejected */
     GR_EXEC_ENOMEM = 3,
+    GR_EXEC_ECANCELED = 4,   /* *cancel was set: the run stopped after the node phase in progress */
 };
 
 typedef struct gr_exec_status {
@@ -157,9 +158,11 @@ int ggmlrpc_pool_threads(const gr_pool *pool);
 
 /* Run nodes[0..n_nodes) with the pool's threads. wdata is scratch of wsize bytes
  * (at least the largest node->wsize; 64-byte aligned). Runs are serialized per
- * pool. Returns 0, or an enum gr_exec_error with *status filled in. */
+ * pool. cancel (may be NULL) is read at the end of every node phase: once it is
+ * nonzero the run stops there with GR_EXEC_ECANCELED (a client that went away, a
+ * server shutting down). Returns 0, or an enum gr_exec_error with *status filled in. */
 int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
-                     void *wdata, size_t wsize, gr_exec_status *status);
+                     void *wdata, size_t wsize, gr_exec_status *status, const volatile int *cancel);
 
 /* Scratch bytes a node needs with n_threads threads (0 when it needs none).
  * The compiler calls this after filling in the node. */

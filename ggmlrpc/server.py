@@ -9,11 +9,13 @@ against the live buffers of its own connection.
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import itertools
 import logging
 import mmap
 import os
+import select
 import socket
 import struct
 import sys
@@ -25,6 +27,7 @@ from time import perf_counter_ns
 from . import ggml, protocol
 from .errors import (ConnectionLost, GgmlRpcError, ProtocolError, RpcTimeout,
                      UnsupportedError, ValidationError)
+from .compute.cpu import cancel_token
 from .graph import build_graph
 from .metrics import SessionStats
 from .protocol import (CONN_CAPS_SIZE, Cmd, CMD_COUNT, MAX_GRAPH_PAYLOAD, REQUEST_SIZE,
@@ -143,6 +146,62 @@ class StoredGraph:
         self.plan = plan
 
 
+class GraphWatch:
+    """Stops the graph of a session whose client goes away while it computes: a graph
+    can run for seconds, its session thread is inside the executor meanwhile, so a
+    thread of its own polls the sockets of the computing sessions for a hang-up and
+    sets their cancel token (the executor stops at the end of the node phase in
+    progress). Server.close() cancels every running graph the same way."""
+
+    POLL_MS = 20
+    GONE = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)
+
+    def __init__(self, closing: threading.Event):
+        self._closing = closing
+        self._cv = threading.Condition()
+        self._computing: dict[Session, int] = {}   # session -> its socket's fd
+        self._thread: threading.Thread | None = None
+
+    @contextlib.contextmanager
+    def computing(self, session: "Session"):
+        session.cancel.clear()
+        with self._cv:
+            self._computing[session] = session.conn.fd
+            if self._thread is None:
+                self._thread = threading.Thread(target=self._loop, daemon=True, name="rpc-graph-watch")
+                self._thread.start()
+            self._cv.notify()
+        try:
+            yield session.cancel
+        finally:
+            with self._cv:
+                self._computing.pop(session, None)
+
+    def cancel_all(self) -> None:
+        with self._cv:
+            for s in self._computing:
+                s.cancel.set()
+            self._cv.notify()
+
+    def _loop(self) -> None:
+        while not self._closing.is_set():
+            with self._cv:
+                while not self._computing and not self._closing.is_set():
+                    self._cv.wait(1.0)
+                watched = dict(self._computing)
+            if self._closing.is_set():
+                break
+            poller = select.poll()
+            for fd in set(watched.values()):
+                poller.register(fd, self.GONE)
+            gone = {fd for fd, ev in poller.poll(self.POLL_MS) if ev & self.GONE}
+            for s, fd in watched.items():
+                if fd in gone:
+                    s.cancel.set()
+            if gone:   # a hung-up socket stays readable: wait for its graph to stop
+                self._closing.wait(self.POLL_MS / 1000)
+
+
 class Server:
     """Serves the given devices on host:port until close()."""
 
@@ -173,6 +232,7 @@ class Server:
         self.metrics = None  # a metrics.Metrics: told of each connection, counts its commands
         self._spare_fd: int | None = None  # released to refuse a connection when fds run out
         self._throttle = _Throttle()
+        self.graph_watch = GraphWatch(self._closing)
 
     # -- lifecycle ---------------------------------------------------------
     def bind(self) -> None:
@@ -298,6 +358,7 @@ class Server:
         with self._lock:
             sessions = list(self._sessions)
             threads = list(self._threads)
+        self.graph_watch.cancel_all()
         for s in sessions:
             s.conn.shutdown()  # each session thread closes its own socket
         deadline = time.monotonic() + timeout
@@ -366,6 +427,7 @@ class Session:
         except OSError:
             self.peer = "?"
         self.end: BaseException | None = None  # why the connection ended
+        self.cancel = cancel_token()  # set to stop this session's running graph
         self.stats = SessionStats()  # plain counters; read by a metrics collector if any
         self.metrics = server.metrics  # a metrics.Metrics collector, or None
         if self.metrics is not None:
@@ -725,7 +787,8 @@ class Session:
         executor = self.devices[device].executor()
         self.graphs.pop(device, None)
         plan = executor.compile(graph)
-        executor.run(plan)
+        with self.server.graph_watch.computing(self) as cancel:
+            executor.run(plan, cancel)
         self.graphs[device] = StoredGraph(graph, plan)
         self.stats.graph(device, "compute", len(node_ids), perf_counter_ns() - t0)
 
@@ -738,7 +801,8 @@ class Session:
         if self.debug:
             self.server.dbg("[graph_recompute] device: %d", dev)
         t0 = perf_counter_ns()
-        self.devices[dev].executor().run(stored.plan)
+        with self.server.graph_watch.computing(self) as cancel:
+            self.devices[dev].executor().run(stored.plan, cancel)
         self.stats.graph(dev, "recompute", len(stored.graph.nodes), perf_counter_ns() - t0)
 
     def recv_graph(self, size: int) -> bytearray:

@@ -18,6 +18,22 @@ from ggmlrpc._native.exec cimport *
 EXEC_EINDEX = 1
 EXEC_EINTERNAL = 2
 EXEC_ENOMEM = 3
+EXEC_ECANCELED = 4
+
+
+cdef class CancelToken:
+    """A flag a running plan reads at the end of every node phase: set() from another
+    thread stops the run there (Plan.run raises ExecError with EXEC_ECANCELED)."""
+    cdef int flag
+
+    def set(self):
+        self.flag = 1
+
+    def clear(self):
+        self.flag = 0
+
+    def is_set(self):
+        return self.flag != 0
 MAX_SRC = GR_EXEC_MAX_SRC
 
 # kernel ids (enum gr_kernel), by name
@@ -155,14 +171,16 @@ cdef class Plan:
     def __len__(self):
         return self.n_nodes
 
-    def run(self, Pool pool):
-        """Run every node; raises ExecError when a node fails (nothing ran out of bounds)."""
+    def run(self, Pool pool, CancelToken cancel=None):
+        """Run every node; raises ExecError when a node fails (nothing ran out of bounds)
+        or when `cancel` was set during the run."""
         cdef gr_exec_status st
         cdef int rc
+        cdef const int *flag = &cancel.flag if cancel is not None else NULL
         if pool.n_threads != self.n_threads:
             raise ValueError(f"plan made for {self.n_threads} threads, pool has {pool.n_threads}")
         with nogil:
-            rc = ggmlrpc_exec_run(pool.pool, self.nodes, self.n_nodes, self.wdata, self.wsize, &st)
+            rc = ggmlrpc_exec_run(pool.pool, self.nodes, self.n_nodes, self.wdata, self.wsize, &st, flag)
         if rc:
             raise ExecError(st.code, st.node, st.msg.decode("utf-8", "replace"))
 

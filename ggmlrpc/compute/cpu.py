@@ -20,7 +20,7 @@ import os
 import threading
 
 from .. import ggml
-from ..errors import DeviceError, UnsupportedError, ValidationError
+from ..errors import ConnectionLost, DeviceError, UnsupportedError, ValidationError
 from . import cpu_ops
 
 # the most scratch memory one graph may ask for (a hostile shape could ask for more);
@@ -48,6 +48,11 @@ class CpuPlan:
 def _native():
     from .._native import executor
     return executor
+
+
+def cancel_token():
+    """A token for CpuExecutor.run: set() from another thread stops the run."""
+    return _native().CancelToken()
 
 
 def select_kernel_family(env=os.environ) -> str:
@@ -103,12 +108,17 @@ class CpuExecutor:
             raise ValidationError(f"graph rejected: {e}") from None
         return CpuPlan(graph, native, names)
 
-    def run(self, plan: CpuPlan) -> None:
+    def run(self, plan: CpuPlan, cancel=None) -> None:
+        """Run a plan; a CancelToken (cancel_token()) set meanwhile stops it at the end of
+        the node phase in progress and raises ConnectionLost."""
         ex = _native()
         try:
-            plan.native.run(self.pool)
+            plan.native.run(self.pool, cancel)
         except ex.ExecError as e:
             where = plan.names[e.node] if 0 <= e.node < len(plan.names) else "?"
+            if e.code == ex.EXEC_ECANCELED:
+                raise ConnectionLost(f"graph stopped at node {where}: its client went away "
+                                     "or the server is closing") from None
             if e.code == ex.EXEC_EINDEX:
                 raise ValidationError(f"node {where}: {e}") from None
             raise DeviceError(f"node {where}: {e}") from None
