@@ -30,6 +30,8 @@ What is shown (the names as exposed):
     ggmlrpc_device_stored_plans{device}                        gauge
     ggmlrpc_device_scratch_bytes{device}                       gauge
     ggmlrpc_device_memory_total_bytes{device}                  gauge
+    ggmlrpc_device_memory_limit_bytes{device}                  gauge (--mem-limit)
+    ggmlrpc_device_memory_used_bytes{device}                   gauge (against the limit)
     ggmlrpc_device_memory_free_bytes{device}                   gauge
     ggmlrpc_cache_hits_total                                   counter
     ggmlrpc_cache_misses_total                                 counter
@@ -399,11 +401,20 @@ class Metrics:
                                  "free memory the device reports to clients", labels=["device"])
         tot = GaugeMetricFamily("ggmlrpc_device_memory_total_bytes",
                                 "total memory the device reports to clients", labels=["device"])
-        for label, dev in zip(self._labels, self.server.devices):
+        limit = GaugeMetricFamily("ggmlrpc_device_memory_limit_bytes",
+                                  "buffer bytes all clients together may hold (--mem-limit)",
+                                  labels=["device"])
+        used = GaugeMetricFamily("ggmlrpc_device_memory_used_bytes",
+                                 "buffer bytes counted against the limit", labels=["device"])
+        ledgers = getattr(self.server, "ledgers", [])
+        for i, (label, dev) in enumerate(zip(self._labels, self.server.devices)):
             f, t = dev.memory()
             free.add_metric([label], f)
             tot.add_metric([label], t)
-        yield from (*fams, free, tot)
+            if i < len(ledgers):
+                limit.add_metric([label], ledgers[i].limit)
+                used.add_metric([label], ledgers[i].used)
+        yield from (*fams, free, tot, limit, used)
 
     def _cache(self, total, CounterMetricFamily, GaugeMetricFamily):
         hits, misses, saved, stores = total.cache

@@ -247,6 +247,9 @@ def test_graphs_and_memory_by_device():
             assert s.value("ggmlrpc_device_stored_plans", **dev) == 1
             assert s.value("ggmlrpc_device_stored_plans", device="CPU#0") == 0
             assert s.value("ggmlrpc_device_memory_total_bytes", **dev) > 0
+            assert s.value("ggmlrpc_device_memory_used_bytes", **dev) >= 1 << 20
+            assert s.value("ggmlrpc_device_memory_used_bytes", device="CPU#0") >= 4096
+            assert s.value("ggmlrpc_device_memory_limit_bytes", **dev) == m.server.ledgers[1].limit > 0
 
             buf.free()                       # drops the stored plans as well
             rb.synchronize()
@@ -256,6 +259,7 @@ def test_graphs_and_memory_by_device():
             assert s.value("ggmlrpc_device_buffers", device="CPU#0") == 1
         s = m.wait("closed", lambda s: s.value("ggmlrpc_connections_open") == 0)
         assert s.value("ggmlrpc_device_buffers", device="CPU#0") == 0   # freed with the session
+        assert s.value("ggmlrpc_device_memory_used_bytes", device="CPU#0") == 0
         assert s.value("ggmlrpc_graph_computes_total", kind="recompute", **dev) == 2  # kept
     finally:
         m.close()
