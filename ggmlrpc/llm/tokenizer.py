@@ -1,0 +1,293 @@
+"""Tokenizers built from GGUF metadata, tokenizing exactly as llama.cpp does.
+
+SentencePiece vocabularies (`tokenizer.ggml.model` = "llama"):
+
+- special tokens (control, user-defined, unknown; longest text first) are cut out
+  of the text first; control and unknown ones only when `parse_special`;
+- every other fragment gets a leading space when it follows a special token or
+  starts the text (`add_space_prefix`), spaces become U+2581, and the fragment is
+  split into UTF-8 characters that are merged pairwise, the pair whose merged
+  text is the token of highest score first (leftmost on a tie), until no pair
+  makes a token; a piece that is not a token is spelled by undoing its merges,
+  and a character that is no token at all goes out as byte tokens (<0xXX>);
+- BOS in front when the vocabulary says so (default yes), EOS never by default.
+
+Token ids are ints; text in and out is bytes-exact (`detokenize` returns bytes:
+a byte token may end in the middle of a UTF-8 character).
+"""
+from __future__ import annotations
+
+import heapq
+from dataclasses import dataclass
+
+from .gguf_file import GGUFFile, ModelError
+
+# token types in GGUF (llama_token_type) and the attributes llama.cpp gives them
+TYPE_NORMAL, TYPE_UNKNOWN, TYPE_CONTROL, TYPE_USER_DEFINED, TYPE_UNUSED, TYPE_BYTE = 1, 2, 3, 4, 5, 6
+ATTR_UNKNOWN, ATTR_UNUSED, ATTR_NORMAL, ATTR_CONTROL = 1, 2, 4, 8
+ATTR_USER_DEFINED, ATTR_BYTE, ATTR_LSTRIP, ATTR_RSTRIP = 16, 32, 128, 256
+_ATTR_OF_TYPE = {TYPE_NORMAL: ATTR_NORMAL, TYPE_UNKNOWN: ATTR_UNKNOWN, TYPE_CONTROL: ATTR_CONTROL,
+                 TYPE_USER_DEFINED: ATTR_USER_DEFINED, TYPE_UNUSED: ATTR_UNUSED, TYPE_BYTE: ATTR_BYTE}
+SPECIAL_ATTRS = ATTR_CONTROL | ATTR_USER_DEFINED | ATTR_UNKNOWN
+SPACE = "\u2581".encode()
+
+# texts llama.cpp takes for the end-of-turn token when the metadata names none
+_EOT_TEXTS = {b"<|eot_id|>", b"<|im_end|>", b"<|end|>", b"<end_of_turn>", b"<|endoftext|>",
+              b"<|end_of_text|>", b"<EOT>", b"_<EOT>", b"[EOT]", b"<end_of_utterance>",
+              "<\uff5cend\u2581of\u2581sentence\uff5c>".encode()}
+# texts that end generation whatever the metadata says (and are made control tokens)
+_EOG_TEXTS = {b"<|eot_id|>", b"<|im_end|>", b"<|end|>", b"<|return|>", b"<|call|>", b"<|flush|>",
+              b"<|calls|>", b"<end_of_turn>", b"<|endoftext|>", b"</s>", b"<|eom_id|>", b"<EOT>",
+              b"_<EOT>", b"[EOT]", b"[EOS]", b"<|end_of_text|>", b"<end_of_utterance>", b"<eos>",
+              b"<turn|>", b"<|tool_response>", "<\uff5cend\u2581of\u2581sentence\uff5c>".encode(),
+              b"[e~["}
+
+
+def _utf8_len(lead: int) -> int:
+    """Bytes of a UTF-8 character from its lead byte (a stray continuation byte: 1)."""
+    return (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)[lead >> 4]
+
+
+@dataclass
+class _Fragment:
+    text: bytes = b""
+    token: int = -1      # >= 0: an already-resolved special token
+
+
+class Tokenizer:
+    """A vocabulary and its tokenizer. Build one with `Tokenizer.from_gguf`."""
+
+    def __init__(self, tokens: list[bytes], scores: list[float], types: list[int], *,
+                 model: str = "llama", bos: int | None = 1, eos: int | None = 2,
+                 eot: int | None = None, unk: int | None = 0, add_bos: bool = True,
+                 add_eos: bool = False, add_space_prefix: bool = True, name: str = ""):
+        if model != "llama":
+            raise ModelError(f"tokenizer model {model!r} is not supported (only SentencePiece 'llama')")
+        self.model = model
+        self.tokens = tokens
+        self.scores = scores
+        n = len(tokens)
+        self.attrs = [_ATTR_OF_TYPE.get(t, 0) for t in types] if types else [ATTR_NORMAL] * n
+        self.ids = {t: i for i, t in enumerate(tokens)}
+        in_range = lambda i: i if i is not None and 0 <= i < n else None  # noqa: E731
+        self.bos, self.eos, self.unk = in_range(bos), in_range(eos), in_range(unk)
+        self.add_bos, self.add_eos, self.add_space_prefix = add_bos, add_eos, add_space_prefix
+        self.eot = in_range(eot)
+        self._mark_end_of_generation()
+        if "phi-3" in name.lower() or "phi3" in name.lower():
+            self._phi3_attrs()
+        # cut out longest first (llama.cpp sorts by length, unstably; ties never overlap)
+        self.special = sorted((i for i in range(n) if self.attrs[i] & SPECIAL_ATTRS),
+                              key=lambda i: -len(tokens[i]))
+
+    def _mark_end_of_generation(self) -> None:
+        """llama.cpp's text rules: an end-of-turn token found by its text when the
+        metadata names none, end-of-generation tokens by text plus EOS/EOT/EOM, each
+        made a control token."""
+        ids = self.ids
+        if self.eot is None:
+            self.eot = min((ids[t] for t in _EOT_TEXTS if t in ids), default=None)
+            if self.eot is not None:
+                self.attrs[self.eot] |= ATTR_CONTROL
+        self.eom = ids.get(b"<|eom_id|>")
+        self.eog = set()
+        for text in _EOG_TEXTS & ids.keys():
+            self.eog.add(ids[text])
+            self.attrs[ids[text]] |= ATTR_CONTROL
+        self.eog |= {t for t in (self.eos, self.eot, self.eom) if t is not None}
+
+    def _phi3_attrs(self) -> None:
+        for i in range(len(self.tokens)):
+            if self.attrs[i] & SPECIAL_ATTRS:
+                self.attrs[i] |= ATTR_RSTRIP
+        for text, on in ((b"</s>", True), (b"<unk>", False), (b"<s>", False), (b"<|endoftext|>", False)):
+            if text in self.ids:
+                i = self.ids[text]
+                self.attrs[i] = self.attrs[i] | ATTR_RSTRIP if on else self.attrs[i] & ~ATTR_RSTRIP
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile) -> "Tokenizer":
+        model = f.get("tokenizer.ggml.model")
+        if model is None:
+            raise ModelError(f"{f.path}: no tokenizer in the model")
+        if "tokenizer.ggml.tokens" not in f.reader.fields:
+            raise ModelError(f"{f.path}: no token list in the model")
+        tokens = f.strings("tokenizer.ggml.tokens")
+        scores = [float(s) for s in f.get("tokenizer.ggml.scores", [0.0] * len(tokens))]
+        types = [int(t) for t in f.get("tokenizer.ggml.token_type", [])]
+        opt = lambda key: f.get(f"tokenizer.ggml.{key}")  # noqa: E731
+        kw = {}
+        for key, arg in (("bos_token_id", "bos"), ("eos_token_id", "eos"), ("eot_token_id", "eot"),
+                         ("unknown_token_id", "unk"), ("add_bos_token", "add_bos"),
+                         ("add_eos_token", "add_eos"), ("add_space_prefix", "add_space_prefix")):
+            if opt(key) is not None:
+                kw[arg] = opt(key)
+        return cls(tokens, scores, types, model=str(model), name=str(f.get("general.name", "")), **kw)
+
+    @property
+    def n_vocab(self) -> int:
+        return len(self.tokens)
+
+    # -- encoding ------------------------------------------------------------
+    def tokenize(self, text: str | bytes, add_special: bool = True,
+                 parse_special: bool = False) -> list[int]:
+        raw = text.encode() if isinstance(text, str) else bytes(text)
+        frags = self._partition(raw, parse_special) if raw else []
+        out: list[int] = []
+        if add_special and self.add_bos:
+            if self.bos is None:
+                raise ModelError("the vocabulary asks for BOS but has none")
+            out.append(self.bos)
+        prev_special = True
+        for fr in frags:
+            if fr.token >= 0:
+                out.append(fr.token)
+                prev_special = True
+                continue
+            t = (b" " if self.add_space_prefix and prev_special else b"") + fr.text
+            self._spm(t.replace(b" ", SPACE), out)
+            prev_special = False
+        if add_special and self.add_eos and self.eos is not None:
+            out.append(self.eos)
+        return out
+
+    def _partition(self, raw: bytes, parse_special: bool) -> list[_Fragment]:
+        """Cut special tokens out of the text (llama.cpp's tokenizer_st_partition)."""
+        frags = [_Fragment(raw)]
+        for tid in self.special:
+            attr = self.attrs[tid]
+            if not parse_special and attr & (ATTR_CONTROL | ATTR_UNKNOWN):
+                continue
+            needle = self.tokens[tid]
+            if not needle:
+                continue
+            nxt: list[_Fragment] = []
+            for fr in frags:
+                if fr.token >= 0 or needle not in fr.text:
+                    nxt.append(fr)
+                    continue
+                rest = fr.text
+                while True:
+                    at = rest.find(needle)
+                    if at < 0:
+                        if rest:
+                            nxt.append(_Fragment(rest))
+                        break
+                    left = rest[:at]
+                    if attr & ATTR_LSTRIP:
+                        left = left.rstrip(b" \t\n\v\f\r")
+                    if left:
+                        nxt.append(_Fragment(left))
+                    nxt.append(_Fragment(token=tid))
+                    rest = rest[at + len(needle):]
+                    if attr & ATTR_RSTRIP:
+                        rest = rest.lstrip(b" \t\n\v\f\r")
+            frags = nxt
+        return frags
+
+    def _spm(self, text: bytes, out: list[int]) -> None:
+        """One fragment through SentencePiece's merge loop (llama.cpp's spm session)."""
+        # symbols: [start, length, prev, next]
+        syms: list[list[int]] = []
+        off = 0
+        while off < len(text):
+            n = min(_utf8_len(text[off]), len(text) - off)
+            syms.append([off, n, len(syms) - 1, -1])
+            off += n
+        for i in range(len(syms) - 1):
+            syms[i][3] = i + 1
+        heap: list[tuple[float, int, int, int]] = []
+        rev_merge: dict[bytes, tuple[int, int]] = {}
+        ids, scores = self.ids, self.scores
+
+        def add_bigram(left: int, right: int) -> None:
+            if left < 0 or right < 0:
+                return
+            s = syms[left][0]
+            piece = text[s:s + syms[left][1] + syms[right][1]]
+            tid = ids.get(piece)
+            if tid is None:
+                return
+            heapq.heappush(heap, (-scores[tid], left, right, len(piece)))
+            rev_merge[piece] = (left, right)
+
+        for i in range(1, len(syms)):
+            add_bigram(i - 1, i)
+        while heap:
+            _, left, right, size = heapq.heappop(heap)
+            ls, rs = syms[left], syms[right]
+            if ls[1] == 0 or rs[1] == 0 or ls[1] + rs[1] != size:
+                continue
+            ls[1] += rs[1]
+            rs[1] = 0
+            ls[3] = rs[3]
+            if rs[3] >= 0:
+                syms[rs[3]][2] = left
+            add_bigram(ls[2], left)
+            add_bigram(left, ls[3])
+
+        def resegment(i: int) -> None:
+            s, n = syms[i][0], syms[i][1]
+            piece = text[s:s + n]
+            tid = ids.get(piece)
+            if tid is not None:
+                out.append(tid)
+                return
+            pair = rev_merge.get(piece)
+            if pair is None:
+                out.extend(self.byte_token(b) for b in piece)
+                return
+            resegment(pair[0])
+            resegment(pair[1])
+
+        i = 0 if syms else -1
+        while i != -1:
+            resegment(i)
+            i = syms[i][3]
+
+    def byte_token(self, b: int) -> int:
+        tid = self.ids.get(b"<0x%02X>" % b)
+        if tid is None:
+            tid = self.ids.get(bytes([b]))
+        if tid is None:
+            raise ModelError(f"the vocabulary has no token for byte 0x{b:02X}")
+        return tid
+
+    # -- decoding ------------------------------------------------------------
+    def token_to_piece(self, token: int, special: bool = False) -> bytes:
+        """A token's bytes as llama.cpp prints it (control tokens empty unless `special`)."""
+        attr = self.attrs[token]
+        if not special and attr & (ATTR_UNKNOWN | ATTR_CONTROL):
+            return b""
+        text = self.tokens[token]
+        if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
+            return text
+        if attr & ATTR_NORMAL:
+            return text.replace(SPACE, b" ")
+        if attr & ATTR_BYTE:
+            return bytes([int(text[3:5], 16)])
+        return b""
+
+    def detokenize(self, tokens: list[int], remove_special: bool = False,
+                   unparse_special: bool = False) -> bytes:
+        """The text of a token sequence, as llama.cpp's detokenizer gives it: the
+        space SentencePiece put in front of the first fragment is dropped unless a
+        BOS comes first (whose piece is empty unless `unparse_special`)."""
+        tokens = list(tokens)
+        remove_space = self.add_space_prefix
+        if remove_special and self.add_bos and tokens and tokens[0] == self.bos:
+            remove_space = False
+            tokens = tokens[1:]
+        if remove_special and self.add_eos and tokens and tokens[-1] == self.eos:
+            tokens = tokens[:-1]
+        out = bytearray()
+        for t in tokens:
+            piece = self.token_to_piece(t, unparse_special)
+            if remove_space and piece.startswith(b" "):
+                piece = piece[1:]
+            remove_space = False
+            out += piece
+        return bytes(out)
+
+    def is_eog(self, token: int) -> bool:
+        return token in self.eog
