@@ -1,0 +1,496 @@
+"""A llama-architecture model spread over the local CPU and RPC servers.
+
+    model = Model.load("model.gguf", rpc=["10.0.0.2:50052"], n_gpu_layers=99)
+    for piece in model.generate("Once upon a time", n_predict=16, temp=0):
+        print(piece.decode(errors="replace"), end="", flush=True)
+    model.close()
+
+Placement follows llama.cpp: the token embeddings stay on the local CPU; the last
+`n_gpu_layers` layers go to the servers' devices, in contiguous runs in proportion
+to `tensor_split` (default: each device's free memory); the output layer goes with
+the last layer when every layer is offloaded, else it stays on the CPU. Each
+layer's KV cache (F16) lives beside it. Every device runs one graph per step (its
+layers), built with ggmlrpc.builder exactly as llama.cpp builds it (same ops in
+the same order, flash attention, the output rows picked before the last
+feed-forward), so our CPU executor gives llama.cpp's logits bit for bit; the
+residual stream moves between devices with GET_TENSOR / SET_TENSOR. A decode step
+whose graphs have the shapes of the previous one reruns them with
+GRAPH_RECOMPUTE after writing the new inputs.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Iterator, Sequence
+
+import numpy as np
+
+from .. import builder as B
+from ..client import RemoteBackend, RemoteBuffer, Tensor
+from ..errors import GgmlRpcError
+from ..ggml import GGMLType
+from ..local import LocalBackend
+from .gguf_file import GGUFFile, ModelError
+from .sampling import Sampler
+from .tokenizer import Tokenizer
+
+KV_PAD = 256          # llama.cpp pads the attended cache cells to a multiple of this
+N_UBATCH = 512        # prompt tokens per graph (llama.cpp's default micro-batch)
+SUPPORTED_ARCHS = ("llama",)
+
+
+@dataclass
+class HParams:
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_rot: int
+    eps: float
+    rope_base: float
+    rope_scale: float
+
+    @property
+    def n_embd_kv(self) -> int:
+        return self.head_dim * self.n_head_kv
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile, n_vocab: int) -> "HParams":
+        a = f.arch
+
+        def key(name, default=None):
+            v = f.get(f"{a}.{name}", default)
+            if v is None:
+                raise ModelError(f"{f.path}: missing {a}.{name}")
+            return v
+
+        n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
+        head_dim = int(key("attention.key_length", n_embd // n_head))
+        scale = f.get(f"{a}.rope.scaling.factor")
+        return cls(n_vocab=n_vocab, n_ctx_train=int(key("context_length")), n_embd=n_embd,
+                   n_layer=int(key("block_count")), n_ff=int(key("feed_forward_length")),
+                   n_head=n_head, n_head_kv=int(key("attention.head_count_kv", n_head)),
+                   head_dim=head_dim, n_rot=int(key("rope.dimension_count", head_dim)),
+                   eps=float(key("attention.layer_norm_rms_epsilon")),
+                   rope_base=float(key("rope.freq_base", 10000.0)),
+                   rope_scale=1.0 / float(scale) if scale else 1.0)
+
+
+@dataclass
+class Device:
+    """One compute device: a backend (local or a server) and its device index."""
+    backend: object            # LocalBackend | RemoteBackend
+    index: int
+    name: str
+    free: int
+
+    @property
+    def local(self) -> bool:
+        return isinstance(self.backend, LocalBackend)
+
+
+@dataclass
+class _Graph:
+    """A built graph of one stage for one input shape, and its input tensors."""
+    key: tuple
+    graph: B.Graph
+    inputs: dict[str, Tensor]
+    out: Tensor
+    layout: B.Inputs
+
+    @property
+    def inputs_size(self) -> int:
+        return self.layout.size
+
+    def place_inputs(self, buffer: RemoteBuffer) -> None:
+        self.layout.place(buffer)
+
+
+@dataclass
+class Stage:
+    """What one device runs each step: maybe the embeddings, a run of layers, maybe
+    the output layer."""
+    device: Device
+    layers: list[int]
+    embed: bool = False
+    output: bool = False
+    weights: dict[str, Tensor] = field(default_factory=dict)
+    kv: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    buffers: list[RemoteBuffer] = field(default_factory=list)
+    compute: RemoteBuffer | None = None
+    inputs_buf: RemoteBuffer | None = None
+    graphs: dict[tuple, _Graph] = field(default_factory=dict)
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def assign_layers(n_layer: int, n_gpu_layers: int, split: Sequence[float]) -> list[int]:
+    """The device of each layer: -1 for the local CPU, else an index into `split`
+    (llama.cpp's rule: the last n_gpu_layers layers, cut by cumulative fractions)."""
+    n_off = max(0, min(n_gpu_layers, n_layer)) if split else 0
+    start = n_layer - n_off
+    total = sum(split) if split else 0.0
+    if split and total <= 0:
+        raise ModelError("tensor split must have a positive sum")
+    cum, acc = [], 0.0
+    for s in split:
+        acc += s / total
+        cum.append(acc)
+    out = []
+    for il in range(n_layer):
+        if il < start:
+            out.append(-1)
+            continue
+        x = (il - start) / n_off
+        out.append(next((i for i, c in enumerate(cum) if c > x), len(cum) - 1))
+    return out
+
+
+class Model:
+    """A loaded model: tokenizer, weights on their devices, KV cache, generation."""
+
+    def __init__(self):
+        self.file: GGUFFile | None = None
+        self.tokenizer: Tokenizer | None = None
+        self.stages: list[Stage] = []
+        self.backends: list = []
+        self.n_past = 0
+        self.tokens: list[int] = []
+        self._held: dict[tuple, tuple] = {}    # (backend, device) -> (stage, key) of its graph
+
+    # -- loading ---------------------------------------------------------------
+    @classmethod
+    def load(cls, path, rpc: Sequence[str] | str | None = None, n_gpu_layers: int = 99,
+             tensor_split: Sequence[float] | None = None, n_ctx: int = 0,
+             n_threads: int | None = None, flash_attn: bool = True, timeout: float = 120.0,
+             progress=None) -> "Model":
+        """Open `path`, connect to `rpc` servers ("host:port", a list or a comma-separated
+        string) and upload the weights. `progress(done, total)` is called as bytes go."""
+        m = cls()
+        try:
+            m._load(path, rpc, n_gpu_layers, tensor_split, n_ctx, n_threads, flash_attn,
+                    timeout, progress)
+        except BaseException:
+            m.close()
+            raise
+        return m
+
+    def _load(self, path, rpc, n_gpu_layers, tensor_split, n_ctx, n_threads, flash_attn,
+              timeout, progress):
+        f = self.file = GGUFFile(path)
+        if f.arch not in SUPPORTED_ARCHS:
+            raise ModelError(f"architecture {f.arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+        self.tokenizer = Tokenizer.from_gguf(f)
+        hp = self.hp = HParams.from_gguf(f, self.tokenizer.n_vocab)
+        if not flash_attn:
+            raise ModelError("only the flash-attention path is implemented (-fa on)")
+        self.n_ctx = n_ctx or hp.n_ctx_train
+        self.n_ubatch = min(N_UBATCH, self.n_ctx)
+        cpu = LocalBackend(n_threads)
+        self.backends.append(cpu)
+        cpu_dev = Device(cpu, 0, "CPU", cpu.get_device_memory(0)[0])
+        remote: list[Device] = []
+        if isinstance(rpc, str):
+            rpc = [e for e in rpc.split(",") if e]
+        for ep in rpc or []:
+            rb = RemoteBackend(ep, timeout=timeout)
+            self.backends.append(rb)
+            for d in range(rb.device_count()):
+                remote.append(Device(rb, d, f"RPC{len(remote)}[{ep}]", rb.get_device_memory(d)[0]))
+        if tensor_split:
+            if len(tensor_split) > len(remote):
+                raise ModelError(f"--tensor-split names {len(tensor_split)} devices, "
+                                 f"the servers have {len(remote)}")
+            split = list(tensor_split) + [0.0] * (len(remote) - len(tensor_split))
+        else:
+            split = [float(d.free) for d in remote]
+        where = assign_layers(hp.n_layer, n_gpu_layers, split)
+        devs = [cpu_dev if w < 0 else remote[w] for w in where]
+        out_dev = devs[-1] if remote and n_gpu_layers > hp.n_layer else cpu_dev
+        # stages: the CPU (embeddings), then each run of layers on one device, then the output
+        self.stages = [Stage(cpu_dev, [], embed=True)]
+        for il, d in enumerate(devs):
+            if self.stages[-1].device is not d:
+                self.stages.append(Stage(d, []))
+            self.stages[-1].layers.append(il)
+        if self.stages[-1].device is not out_dev:
+            self.stages.append(Stage(out_dev, []))
+        self.stages[-1].output = True
+        self._upload(progress)
+
+    def _weight_names(self, st: Stage) -> list[str]:
+        names = []
+        if st.embed:
+            names.append("token_embd.weight")
+        for il in st.layers:
+            names += [f"blk.{il}.{n}.weight" for n in (
+                "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
+                "ffn_gate", "ffn_up", "ffn_down")]
+        if st.output:
+            names.append("output_norm.weight")
+            names.append("output.weight" if "output.weight" in self.file.tensors else "token_embd.weight")
+        return list(dict.fromkeys(names))
+
+    def _upload(self, progress) -> None:
+        f, hp = self.file, self.hp
+        plans = []
+        total = 0
+        for st in self.stages:
+            be, dev = st.device.backend, st.device.index
+            align = be.get_alignment(dev)
+            names = self._weight_names(st)
+            for n in names:
+                if n not in f.tensors:
+                    raise ModelError(f"{f.path}: missing tensor {n}")
+            size = sum(_align(f.tensors[n].nbytes, align) for n in names)
+            kv_row = _align(2 * hp.n_embd_kv * self.n_ctx, align)
+            kv_size = 2 * kv_row * len(st.layers)
+            if size + kv_size:
+                buf = be.alloc_buffer(size + kv_size, dev)
+                if buf is None:
+                    raise ModelError(f"{st.device.name}: cannot allocate {(size + kv_size) >> 20} MiB "
+                                     f"for weights and KV cache (free: {st.device.free >> 20} MiB)")
+                st.buffers.append(buf)
+                off = 0
+                for n in names:
+                    ti = f.tensors[n]
+                    st.weights[n] = buf.tensor(ti.type, ti.ne, off, name=n)
+                    off += _align(ti.nbytes, align)
+                    total += ti.nbytes
+                for il in st.layers:
+                    k = buf.tensor(GGMLType.F16, (hp.n_embd_kv, self.n_ctx), off, name=f"cache_k_l{il}")
+                    v = buf.tensor(GGMLType.F16, (hp.n_embd_kv, self.n_ctx), off + kv_row,
+                                   name=f"cache_v_l{il}")
+                    off += 2 * kv_row
+                    st.kv[il] = (k, v)
+                if kv_size:
+                    be.memset_tensor(buf.tensor(GGMLType.I8, (kv_size,), size, name="kv"), 0)
+            plans.append(st)
+        done = 0
+        for st in plans:
+            be = st.device.backend
+            for n, t in st.weights.items():
+                be.set_tensor(t, f.tensors[n].data, weights=True)
+                done += f.tensors[n].nbytes
+                if progress:
+                    progress(done, total)
+        # reserve the compute and input memory of the largest graph each stage runs
+        for st in self.stages:
+            self._graph(st, (self.n_ubatch, self.n_ctx, 1))
+            st.graphs.clear()
+
+    # -- graphs ----------------------------------------------------------------
+    def _graph(self, st: Stage, key: tuple) -> _Graph:
+        """Stage `st`'s graph for `key` = (new tokens, attended cells, output rows),
+        built once and placed in the stage's compute and input buffers."""
+        g = st.graphs.get(key)
+        if g is not None:
+            return g
+        be, dev = st.device.backend, st.device.index
+        align = be.get_alignment(dev)
+        g = self._build(st, *key, align)
+        alloc = B.Allocator(align)
+        need = alloc.plan(g.graph)
+        for attr, size in (("compute", need), ("inputs_buf", g.inputs_size)):
+            cur = getattr(st, attr, None)
+            if cur is None or cur.size < size:
+                if cur is not None:
+                    be.free_buffer(cur)
+                    st.graphs.clear()    # every cached graph pointed into the old buffer
+                    self._held.clear()
+                new = be.alloc_buffer(max(size, align), dev)
+                if new is None:
+                    raise ModelError(f"{st.device.name}: cannot allocate {size >> 20} MiB of compute memory")
+                setattr(st, attr, new)
+        alloc.place(st.compute)
+        g.place_inputs(st.inputs_buf)
+        st.graphs[key] = g
+        return g
+
+    def _build(self, st: Stage, n_tokens: int, n_kv: int, n_out: int, align: int) -> "_Graph":
+        """llama.cpp's llama graph for the layers of `st`: n_tokens new tokens attending
+        n_kv cache cells, n_out rows of output (the last n_out tokens)."""
+        hp, w = self.hp, st.weights
+        inp = B.Inputs(align)
+        g = B.Graph()
+        T = n_tokens
+        last_layer = hp.n_layer - 1
+        if st.embed:
+            x = B.get_rows(w["token_embd.weight"], inp.new(GGMLType.I32, (T,), "inp_tokens"),
+                           name="inp_embd")
+        else:
+            rows = T if st.layers else n_out
+            x = inp.new(GGMLType.F32, (hp.n_embd, rows), "embd")
+        if st.layers:
+            pos = inp.new(GGMLType.I32, (T,), "inp_pos")
+            k_idx = inp.new(GGMLType.I64, (T,), "k_idxs")
+            v_idx = inp.new(GGMLType.I64, (T,), "v_idxs")
+            mask = inp.new(GGMLType.F16, (n_kv, T), "kq_mask")
+            out_ids = (inp.new(GGMLType.I32, (n_out,), "out_ids")
+                       if last_layer in st.layers and n_out < T else None)
+        for il in st.layers:
+            x = self._layer(g, st, il, x, pos, k_idx, v_idx, mask,
+                            out_ids if il == last_layer else None, T, n_kv)
+        if st.output:
+            x = B.rms_norm(x, hp.eps, name="norm")
+            x = B.mul(x, w["output_norm.weight"], name="result_norm")
+            out_w = w["output.weight"] if "output.weight" in w else w["token_embd.weight"]
+            x = B.mul_mat(out_w, x, name="result_output")
+        g.expand(x, output=True)
+        return _Graph((n_tokens, n_kv, n_out), g, {t.name: t for t in inp.tensors}, x, inp)
+
+    def _layer(self, g: B.Graph, st: Stage, il: int, x: Tensor, pos, k_idx, v_idx, mask,
+               out_ids, T: int, n_kv: int) -> Tensor:
+        hp, w = self.hp, st.weights
+        p = f"blk.{il}."
+        hd = hp.head_dim
+        rope = dict(n_dims=hp.n_rot, mode=0, n_ctx_orig=hp.n_ctx_train, freq_base=hp.rope_base,
+                    freq_scale=hp.rope_scale)
+        cur = B.rms_norm(x, hp.eps, name=f"norm-{il}")
+        cur = B.mul(cur, w[p + "attn_norm.weight"], name=f"attn_norm-{il}")
+        q = B.reshape(B.mul_mat(w[p + "attn_q.weight"], cur, name=f"Qcur-{il}"), (hd, hp.n_head, T))
+        q = B.rope_ext(q, pos, None, name=f"Qcur-{il}", **rope)
+        k = B.reshape(B.mul_mat(w[p + "attn_k.weight"], cur, name=f"Kcur-{il}"), (hd, hp.n_head_kv, T))
+        k = B.rope_ext(k, pos, None, name=f"Kcur-{il}", **rope)
+        v = B.reshape(B.mul_mat(w[p + "attn_v.weight"], cur, name=f"Vcur-{il}"), (hd, hp.n_head_kv, T))
+        cache_k, cache_v = st.kv[il]
+        # the cache writes run before the attention that reads the cache
+        g.expand(B.set_rows(cache_k, B.reshape(k, (hp.n_embd_kv, T)), k_idx))
+        g.expand(B.set_rows(cache_v, B.reshape(v, (hp.n_embd_kv, T)), v_idx))
+        row = 2 * hd   # F16 cache rows
+        kv_nb = (2, row, row * hp.n_head_kv, row * hp.n_head_kv * n_kv)
+        kk = B.permute(B.view(cache_k, (hd, hp.n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
+        vv = B.permute(B.view(cache_v, (hd, hp.n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
+        o = B.flash_attn_ext(B.permute(q, 0, 2, 1, 3), kk, vv, mask, 1.0 / math.sqrt(hd))
+        o = B.reshape(o, (hd * hp.n_head, T), name=f"kqv_out-{il}")
+        cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
+        if out_ids is not None:
+            cur = B.get_rows(cur, out_ids)
+            x = B.get_rows(x, out_ids)
+        ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
+        cur = B.rms_norm(ffn_inp, hp.eps, name=f"norm-{il}")
+        cur = B.mul(cur, w[p + "ffn_norm.weight"], name=f"ffn_norm-{il}")
+        gate = B.mul_mat(w[p + "ffn_gate.weight"], cur, name=f"ffn_gate-{il}")
+        up = B.mul_mat(w[p + "ffn_up.weight"], cur, name=f"ffn_up-{il}")
+        cur = B.mul_mat(w[p + "ffn_down.weight"], B.swiglu_split(gate, up, name=f"ffn_swiglu-{il}"),
+                        name=f"ffn_out-{il}")
+        return B.add(cur, ffn_inp, name=f"l_out-{il}")
+
+    # -- evaluation ------------------------------------------------------------
+    def reset(self) -> None:
+        """Forget the context (cells past the new tokens are masked, never read)."""
+        self.n_past = 0
+        self.tokens = []
+
+    def eval(self, tokens: Sequence[int]) -> np.ndarray:
+        """Run `tokens` after the context so far; the logits of the last one (F32, n_vocab)."""
+        tokens = list(tokens)
+        if not tokens:
+            raise ValueError("eval needs at least one token")
+        if self.n_past + len(tokens) > self.n_ctx:
+            raise ModelError(f"context full: {self.n_past} + {len(tokens)} tokens > n_ctx {self.n_ctx}")
+        for t in tokens:
+            if not 0 <= t < self.hp.n_vocab:
+                raise ValueError(f"token {t} outside the vocabulary")
+        logits = None
+        for i in range(0, len(tokens), self.n_ubatch):
+            logits = self._step(tokens[i:i + self.n_ubatch])
+        return logits
+
+    def _step(self, tokens: list[int]) -> np.ndarray:
+        T, p0 = len(tokens), self.n_past
+        n_kv = min(self.n_ctx, max(KV_PAD, -(-(p0 + T) // KV_PAD) * KV_PAD))
+        n_out = 1
+        key = (T, n_kv, n_out)
+        pos = np.arange(p0, p0 + T, dtype=np.int32)
+        mask = np.where(np.arange(n_kv)[None, :] <= pos[:, None], 0.0, -np.inf).astype(np.float16)
+        values = {"inp_tokens": np.asarray(tokens, np.int32), "inp_pos": pos,
+                  "k_idxs": pos.astype(np.int64), "v_idxs": pos.astype(np.int64),
+                  "kq_mask": mask, "out_ids": np.asarray([T - 1], np.int32)}
+        x = None
+        for st in self.stages:
+            be, dev = st.device.backend, st.device.index
+            g = self._graph(st, key)
+            for name, t in g.inputs.items():
+                be.set_tensor(t, x if name == "embd" else values[name])
+            # a device holds one graph: rerun it when it is this stage's graph of this shape
+            held = (id(be), dev)
+            if self._held.get(held) == (id(st), key):
+                be.graph_recompute(dev)
+            else:
+                be.graph_compute(g.graph.nodes, dev)
+                self._held[held] = (id(st), key)
+            x = be.get_tensor(g.out)
+        self.n_past += T
+        self.tokens += tokens
+        return np.frombuffer(x, dtype=np.float32)[-self.hp.n_vocab:]
+
+    def generate(self, prompt: str | bytes | Sequence[int], n_predict: int = -1, *,
+                 temp: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
+                 seed: int | None = None, ignore_eos: bool = False,
+                 echo: bool = False) -> Iterator[bytes]:
+        """Generate after `prompt` (text, tokenized with BOS and special tokens, or token
+        ids), from an empty context; yields each new token's text (bytes, as llama.cpp
+        prints it), the prompt's first when `echo`. n_predict < 0: until an
+        end-of-generation token or a full context. `self.stop_reason` says why it ended
+        ("eog", "length" or "context")."""
+        ids = list(prompt) if not isinstance(prompt, (str, bytes)) else self.tokenize(prompt)
+        tok = self.tokenizer
+        sampler = Sampler(temp, top_k, top_p, min_p, seed, banned=tok.eog if ignore_eos else ())
+        self.reset()
+        self.stop_reason = None
+        if echo:
+            for t in ids:
+                yield tok.token_to_piece(t)
+        logits = self.eval(ids)
+        n = 0
+        while True:
+            if 0 <= n_predict <= n:
+                self.stop_reason = "length"
+                return
+            t = sampler(logits)
+            n += 1
+            yield tok.token_to_piece(t)
+            if tok.is_eog(t):
+                self.stop_reason = "eog"
+                return
+            if self.n_past >= self.n_ctx:
+                self.stop_reason = "context"
+                return
+            if 0 <= n_predict <= n:
+                self.stop_reason = "length"
+                return
+            logits = self.eval([t])
+
+    # -- API -------------------------------------------------------------------
+    def tokenize(self, text, add_special: bool = True, parse_special: bool = True) -> list[int]:
+        return self.tokenizer.tokenize(text, add_special, parse_special)
+
+    def detokenize(self, tokens, remove_special: bool = False, unparse_special: bool = False) -> bytes:
+        return self.tokenizer.detokenize(tokens, remove_special, unparse_special)
+
+    def close(self) -> None:
+        for st in self.stages:
+            st.graphs.clear()
+        for be in self.backends:
+            try:
+                be.close()
+            except GgmlRpcError:
+                pass
+        self.backends.clear()
+        self.stages = []
+        if self.file is not None:
+            self.file.close()
+            self.file = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
