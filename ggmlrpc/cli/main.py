@@ -101,6 +101,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each server (default 5)")
     p.add_argument("--json", action="store_true", help="one JSON object per server")
     p.set_defaults(func=cmd_probe)
+    from . import run
+    run.add_parsers(sub)
     return ap
 
 

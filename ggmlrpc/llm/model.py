@@ -163,6 +163,8 @@ class Model:
         self.n_past = 0
         self.tokens: list[int] = []
         self._held: dict[tuple, tuple] = {}    # (backend, device) -> (stage, key) of its graph
+        self.cached_bytes = 0                  # weight bytes the servers' caches supplied
+        self.stop_reason: str | None = None
 
     # -- loading ---------------------------------------------------------------
     @classmethod
@@ -171,7 +173,9 @@ class Model:
              n_threads: int | None = None, flash_attn: bool = True, timeout: float = 120.0,
              progress=None) -> "Model":
         """Open `path`, connect to `rpc` servers ("host:port", a list or a comma-separated
-        string) and upload the weights. `progress(done, total)` is called as bytes go."""
+        string) and upload the weights (hash first: a server started with -c that has them
+        cached is not sent the bytes). `progress(done, total, cached)` is called as
+        bytes go."""
         m = cls()
         try:
             m._load(path, rpc, n_gpu_layers, tensor_split, n_ctx, n_threads, flash_attn,
@@ -276,10 +280,11 @@ class Model:
         for st in plans:
             be = st.device.backend
             for n, t in st.weights.items():
-                be.set_tensor(t, f.tensors[n].data, weights=True)
+                if be.set_tensor(t, f.tensors[n].data, weights=True):
+                    self.cached_bytes += f.tensors[n].nbytes
                 done += f.tensors[n].nbytes
                 if progress:
-                    progress(done, total)
+                    progress(done, total, self.cached_bytes)
         # reserve the compute and input memory of the largest graph each stage runs
         for st in self.stages:
             self._graph(st, (self.n_ubatch, self.n_ctx, 1))

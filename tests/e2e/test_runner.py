@@ -1,0 +1,117 @@
+"""The LLM runner on generated llama models: the same greedy tokens in-process and
+through our servers (one, two with a tensor split, some layers kept on the CPU),
+placement by free memory and by -ts read back from the servers' buffers, the
+generation API, and the CLI's one-line errors."""
+from __future__ import annotations
+
+import pytest
+
+from ggmlrpc.cli.main import main
+from ggmlrpc.llm import synth
+from ggmlrpc.llm.gguf_file import ModelError
+from ggmlrpc.llm.model import Model, assign_layers
+from tests.conftest import free_port, start_server
+
+PROMPT = "the old fisherman lived in a small village by the sea"
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    d = tmp_path_factory.mktemp("runner")
+    return synth.write_llama(d / "llama.gguf", synth.LlamaShape(n_layer=4, n_embd=64, n_ff=128,
+                                                                 n_head=4, n_head_kv=2, n_ctx=256))
+
+
+@pytest.fixture
+def servers():
+    srvs = [start_server(), start_server()]
+    yield srvs
+    for s in srvs:
+        s.close()
+
+
+def greedy(path, n=12, **kw) -> tuple[list[bytes], str]:
+    with Model.load(path, **kw) as m:
+        pieces = list(m.generate(PROMPT, n, temp=0))
+        return pieces, m.stop_reason
+
+
+def test_same_tokens_everywhere(model_path, servers):
+    eps = [f"127.0.0.1:{s.port}" for s in servers]
+    local, why = greedy(model_path, n_gpu_layers=0)
+    assert len(local) == 12 and why == "length"
+    assert greedy(model_path, rpc=eps[0])[0] == local
+    assert greedy(model_path, rpc=eps, tensor_split=[1, 1])[0] == local
+    assert greedy(model_path, rpc=eps[0], n_gpu_layers=2)[0] == local   # layers 0-1 on the CPU
+    assert greedy(model_path, rpc=",".join(eps), n_gpu_layers=4)[0] == local   # output on the CPU
+
+
+def test_assign_layers():
+    assert assign_layers(4, 99, []) == [-1] * 4
+    assert assign_layers(4, 99, [1.0, 1.0]) == [0, 0, 1, 1]
+    assert assign_layers(4, 99, [3.0, 1.0]) == [0, 0, 0, 1]
+    assert assign_layers(4, 2, [1.0]) == [-1, -1, 0, 0]
+    assert assign_layers(5, 99, [0.0, 1.0]) == [1] * 5
+
+
+def test_split_read_back_from_servers(model_path, servers):
+    eps = [f"127.0.0.1:{s.port}" for s in servers]
+    with Model.load(model_path, rpc=eps, tensor_split=[3, 1]) as m:
+        assert [st.layers for st in m.stages[1:]] == [[0, 1, 2], [3]]
+        a, b = (s.stats()["buffer_bytes"] for s in servers)
+        f = m.file
+        layer = sum(t.nbytes for n, t in f.tensors.items() if n.startswith("blk.0."))
+        kv = 2 * 2 * m.hp.n_embd_kv * m.n_ctx
+        out = f.tensors["output.weight"].nbytes + f.tensors["output_norm.weight"].nbytes
+        # what each server holds is that stage's weights + cache, compute and input buffers
+        sa, sb = m.stages[1], m.stages[2]
+        for srv_bytes, st in ((a, sa), (b, sb)):
+            assert srv_bytes == sum(x.size for x in (*st.buffers, st.compute, st.inputs_buf))
+        # weights + cache: 3 layers against 1 layer and the output (alignment padding aside)
+        wa, wb = sa.buffers[0].size, sb.buffers[0].size
+        assert 0 <= wa - 3 * (layer + kv) < 1024
+        assert 0 <= wb - (layer + kv + out) < 1024
+    # equal free memory: an even split
+    with Model.load(model_path, rpc=eps) as m:
+        assert [st.layers for st in m.stages[1:]] == [[0, 1], [2, 3]]
+
+
+def test_generate_api(model_path):
+    with Model.load(model_path) as m:
+        ids = m.tokenize(PROMPT)
+        assert ids[0] == m.tokenizer.bos and m.detokenize(ids) == b" " + PROMPT.encode()
+        echoed = list(m.generate(ids, 3, temp=0, echo=True))
+        assert b"".join(echoed[:len(ids)]) == b" " + PROMPT.encode() and len(echoed) == len(ids) + 3
+        assert m.n_past == len(ids) + 2      # the last token is not evaluated
+        sampled = list(m.generate(PROMPT, 8, temp=0.9, seed=42))
+        assert sampled == list(m.generate(PROMPT, 8, temp=0.9, seed=42))
+        m.generate(PROMPT, 1, temp=0)
+        with pytest.raises(ModelError, match="context full"):
+            m.eval(list(range(3, 3 + m.n_ctx + 1)))
+
+
+def run_cli(capsys, *args):
+    rc = main(["run", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_errors(model_path, tmp_path, capsys):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model")
+    qwen = synth.write_model(tmp_path / "qwen2.gguf", "qwen2",
+                             synth.ModelShape(n_layer=1, n_embd=32, n_ff=64, n_head=2, n_head_kv=1))
+    for args, msg in ((["-m", str(tmp_path / "none.gguf")], "model file not found"),
+                      (["-m", str(bad)], "is not a GGUF file"),
+                      (["-m", str(qwen)], "architecture 'qwen2' is not supported"),
+                      (["-m", str(model_path), "--rpc", f"127.0.0.1:{free_port()}"], "server unreachable"),
+                      (["-m", str(model_path), "--rpc", "nohost"], "invalid endpoint"),
+                      (["-m", str(model_path), "-c", "8", "-p", PROMPT], "context full")):
+        rc, out, err = run_cli(capsys, *args, "-n", "2")
+        assert rc == 1 and msg in err and err.count("\n") == 1 and "Traceback" not in err, (args, err)
+
+
+def test_cli_run_prints_prompt_and_blank_line(model_path, capfdbinary):
+    rc = main(["run", "-m", str(model_path), "-p", PROMPT, "-n", "4", "--temp", "0"])
+    out, _ = capfdbinary.readouterr()
+    assert rc == 0 and out.startswith(b" " + PROMPT.encode()) and out.endswith(b"\n\n")

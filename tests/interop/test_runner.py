@@ -1,0 +1,80 @@
+"""`ggml-rpc-cli run` prints what llama.cpp's llama-completion prints (greedy, the
+prompt echoed, the closing blank line), token for token, on generated llama models:
+in-process on our CPU executor (-ngl 0) against llama.cpp's CPU backend, and with
+the layers on RPC servers (ours, llama.cpp's, and both at once with -ts 1,1)
+against llama-completion driving the same servers."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ggmlrpc.cli.main import main
+from ggmlrpc.llm import synth
+
+pytestmark = pytest.mark.interop
+
+PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
+N = 16
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, ref_bin):
+    d = tmp_path_factory.mktemp("runner-models")
+    shape = synth.LlamaShape(n_layer=3, n_embd=128, n_ff=256, n_head=4, n_head_kv=2)
+    out = {"f32": synth.write_llama(d / "f32.gguf", shape, "f32", seed=1),
+           "f16": synth.write_llama(d / "f16.gguf", shape, "f16", seed=2),
+           "f16-tied": synth.write_llama(d / "tied.gguf", shape, "f16", seed=3, tied=True)}
+    for q in ("Q8_0", "Q4_0"):
+        out[q.lower()] = synth.quantize(ref_bin / "llama-quantize", out["f32"], d / f"{q}.gguf", q)
+    return out
+
+
+def completion(ref_bin: Path, model: Path, args: list[str]) -> bytes:
+    """llama-completion's stdout (a run that lost its closing blank line at exit is repeated).
+    --no-repack: llama.cpp's CPU backend would otherwise repack Q4_0/Q8_0 weights into
+    its interleaved layouts, which sum in another order than ggml's plain kernels."""
+    argv = [str(ref_bin / "llama-completion"), "-m", str(model), "--temp", "0", "-s", "1",
+            "-no-cnv", "--simple-io", "--no-repack", "-p", PROMPT, "-n", str(N), *args]
+    env = dict(os.environ, GGML_NO_BACKTRACE="1")
+    for _ in range(4):
+        r = subprocess.run(argv, capture_output=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr.decode(errors="replace")[-3000:]
+        if r.stdout.endswith(b"\n\n"):
+            break
+    return r.stdout
+
+
+def ours(model: Path, args: list[str], capfdbinary) -> bytes:
+    capfdbinary.readouterr()
+    rc = main(["run", "-m", str(model), "--temp", "0", "-p", PROMPT, "-n", str(N), *args])
+    sys.stdout.flush()
+    out, err = capfdbinary.readouterr()
+    assert rc == 0, err.decode(errors="replace")
+    return out
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "f16-tied", "q8_0", "q4_0"])
+def test_in_process_equals_llama_cpu(ref_bin, models, kind, capfdbinary):
+    model = models[kind]
+    mine = ours(model, ["-ngl", "0", "-t", "2"], capfdbinary)
+    ref = completion(ref_bin, model, ["-ngl", "0", "-t", "2"])
+    assert mine.startswith(b" " + PROMPT.encode()) and len(mine) > len(PROMPT) + N
+    assert mine == ref
+
+
+@pytest.mark.parametrize("kind", ["f16", "q8_0"])
+def test_through_servers_equals_llama_completion(ref_bin, models, kind, server_proc, ref_server,
+                                                 capfdbinary):
+    model = models[kind]
+    a, b = server_proc("-t", "2"), ref_server("-t", "2")
+    for rpc, extra in ((a.endpoint, []), (b.endpoint, []),
+                       (f"{a.endpoint},{b.endpoint}", ["-ts", "1,1"]),
+                       (a.endpoint, ["-ngl", "2"])):         # the first layer stays on the CPU
+        args = ["--rpc", rpc, *(extra if "-ngl" in extra else ["-ngl", "99", *extra])]
+        mine = ours(model, args, capfdbinary)
+        # llama.cpp's client through the reference server only (it serves one client at a time)
+        assert mine == completion(ref_bin, model, args), (rpc, extra)
