@@ -12,6 +12,18 @@ SentencePiece vocabularies (`tokenizer.ggml.model` = "llama"):
   and a character that is no token at all goes out as byte tokens (<0xXX>);
 - BOS in front when the vocabulary says so (default yes), EOS never by default.
 
+BPE vocabularies (`tokenizer.ggml.model` = "gpt2") with the pre-tokenizers named
+by `tokenizer.ggml.pre` (llama3/llama-bpe, qwen2, gpt-2 and their aliases):
+
+- the same special-token partition; no space prefix; BOS only when the vocabulary
+  asks (llama3 does);
+- each fragment is split into words by the pre-tokenizer's regular expressions
+  (applied in turn, each splitting the pieces of the one before, the text between
+  matches kept as pieces), each word's bytes are mapped to GPT-2's byte alphabet,
+  and merged pairwise by merge rank (lowest first, leftmost on a tie); llama3 takes
+  a word that is a token whole (ignore_merges); a piece that is no token goes out
+  byte by byte.
+
 Token ids are ints; text in and out is bytes-exact (`detokenize` returns bytes:
 a byte token may end in the middle of a UTF-8 character).
 """
@@ -43,6 +55,49 @@ _EOG_TEXTS = {b"<|eot_id|>", b"<|im_end|>", b"<|end|>", b"<|return|>", b"<|call|
               b"[e~["}
 
 
+# pre-tokenizer regular expressions by llama.cpp's pre-tokenizer type
+_LLAMA3 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+           r"|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_QWEN2 = (r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+"
+          r"|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+")
+_GPT2 = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)"
+_DEFAULT = (r"[\p{P}\$\+<=>\^~\|]+", _GPT2, r"\p{N}+", r"[0-9][0-9][0-9]")
+# name -> (regexes, ignore_merges, add_bos)
+PRE_TOKENIZERS = {
+    **{n: ((_LLAMA3,), True, True) for n in ("llama3", "llama-v3", "llama-bpe", "falcon3",
+                                              "falcon-h1", "pixtral", "midm-2.0", "lfm2")},
+    **{n: ((_QWEN2,), False, None) for n in ("qwen2", "deepseek-r1-qwen", "kormo", "stablelm2",
+                                              "hunyuan")},
+    **{n: ((_GPT2,), False, None) for n in ("gpt-2", "phi-2", "jina-es", "jina-de", "gigachat",
+                                             "jina-v2-es", "jina-v2-de", "mpt", "olmo", "jais",
+                                             "trillion")},
+    **{n: ((r"\p{N}", _GPT2), False, None) for n in ("starcoder", "refact", "command-r", "smollm",
+                                                     "codeshell", "exaone")},
+    "falcon": ((r"[\p{P}\$\+<=>\^~\|`]+", _GPT2, r"[0-9][0-9][0-9]"), False, None),
+    "deepseek-coder": ((r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+",
+                        "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}"), False, None),
+    "default": (_DEFAULT, False, None),
+}
+
+
+def _byte_alphabet() -> list[str]:
+    """GPT-2's bytes_to_unicode: printable bytes stand for themselves, the others
+    are shifted to U+0100 and up."""
+    keep = [*range(0x21, 0x7F), *range(0xA1, 0xAD), *range(0xAE, 0x100)]
+    table, n = {}, 0
+    for b in range(256):
+        if b in keep:
+            table[b] = chr(b)
+        else:
+            table[b] = chr(256 + n)
+            n += 1
+    return [table[b] for b in range(256)]
+
+
+BYTE_TO_UNICODE = _byte_alphabet()
+UNICODE_TO_BYTE = {c: b for b, c in enumerate(BYTE_TO_UNICODE)}
+
+
 def _utf8_len(lead: int) -> int:
     """Bytes of a UTF-8 character from its lead byte (a stray continuation byte: 1)."""
     return (1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 3, 4)[lead >> 4]
@@ -60,10 +115,18 @@ class Tokenizer:
     def __init__(self, tokens: list[bytes], scores: list[float], types: list[int], *,
                  model: str = "llama", bos: int | None = 1, eos: int | None = 2,
                  eot: int | None = None, unk: int | None = 0, add_bos: bool = True,
-                 add_eos: bool = False, add_space_prefix: bool = True, name: str = ""):
-        if model != "llama":
-            raise ModelError(f"tokenizer model {model!r} is not supported (only SentencePiece 'llama')")
+                 add_eos: bool = False, add_space_prefix: bool | None = None, name: str = "",
+                 merges: list[bytes] | None = None, pre: str | None = None):
+        if model not in ("llama", "gpt2"):
+            raise ModelError(f"tokenizer model {model!r} is not supported "
+                             "(SentencePiece 'llama' and BPE 'gpt2' are)")
         self.model = model
+        self.bpe = model == "gpt2"
+        if self.bpe:
+            self._init_bpe(merges, pre or "default")
+            add_space_prefix = False if add_space_prefix is None else add_space_prefix
+        elif add_space_prefix is None:
+            add_space_prefix = True
         self.tokens = tokens
         self.scores = scores
         n = len(tokens)
@@ -79,6 +142,23 @@ class Tokenizer:
         # cut out longest first (llama.cpp sorts by length, unstably; ties never overlap)
         self.special = sorted((i for i in range(n) if self.attrs[i] & SPECIAL_ATTRS),
                               key=lambda i: -len(tokens[i]))
+
+    def _init_bpe(self, merges: list[bytes] | None, pre: str) -> None:
+        import regex
+
+        if merges is None:
+            raise ModelError("BPE vocabulary without merges")
+        if pre not in PRE_TOKENIZERS:
+            raise ModelError(f"pre-tokenizer {pre!r} is not supported "
+                             f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
+        exprs, self.ignore_merges, self.pre_add_bos = PRE_TOKENIZERS[pre]
+        self.pre = pre
+        self.regexes = [regex.compile(e) for e in exprs]
+        self.ranks: dict[tuple[bytes, bytes], int] = {}
+        for i, m in enumerate(merges):
+            at = m.find(b" ", 1)
+            if at > 0:
+                self.ranks.setdefault((m[:at], m[at + 1:]), i)
 
     def _mark_end_of_generation(self) -> None:
         """llama.cpp's text rules: an end-of-turn token found by its text when the
@@ -122,6 +202,16 @@ class Tokenizer:
                          ("add_eos_token", "add_eos"), ("add_space_prefix", "add_space_prefix")):
             if opt(key) is not None:
                 kw[arg] = opt(key)
+        if model == "gpt2":
+            if "tokenizer.ggml.merges" not in f.reader.fields:
+                raise ModelError(f"{f.path}: BPE vocabulary without merges")
+            kw["merges"] = f.strings("tokenizer.ggml.merges")
+            kw["pre"] = str(f.get("tokenizer.ggml.pre", "default"))
+            kw.setdefault("bos", None if "bos" not in kw else kw["bos"])
+            kw.setdefault("eos", None)
+            kw.setdefault("unk", None)
+            pre = PRE_TOKENIZERS.get(kw["pre"])
+            kw.setdefault("add_bos", bool(pre and pre[2]))
         return cls(tokens, scores, types, model=str(model), name=str(f.get("general.name", "")), **kw)
 
     @property
@@ -144,8 +234,11 @@ class Tokenizer:
                 out.append(fr.token)
                 prev_special = True
                 continue
-            t = (b" " if self.add_space_prefix and prev_special else b"") + fr.text
-            self._spm(t.replace(b" ", SPACE), out)
+            if self.bpe:
+                self._bpe(fr.text, out)
+            else:
+                t = (b" " if self.add_space_prefix and prev_special else b"") + fr.text
+                self._spm(t.replace(b" ", SPACE), out)
             prev_special = False
         if add_special and self.add_eos and self.eos is not None:
             out.append(self.eos)
@@ -245,6 +338,68 @@ class Tokenizer:
             resegment(i)
             i = syms[i][3]
 
+    def _words(self, text: bytes) -> list[bytes]:
+        """The pre-tokenizer: each regex splits every piece of the one before (text
+        between matches is a piece too); words come back in GPT-2's byte alphabet."""
+        u = text.decode("utf-8", "surrogatepass") if self._valid(text) else None
+        if u is None:   # invalid UTF-8 cannot be split by character classes
+            return ["".join(BYTE_TO_UNICODE[b] for b in text).encode()]
+        spans = [(0, len(u))]
+        for rx in self.regexes:
+            nxt = []
+            for start, end in spans:
+                at = start
+                for m in rx.finditer(u, start, end):
+                    if m.start() > at:
+                        nxt.append((at, m.start()))
+                    nxt.append((m.start(), m.end()))
+                    at = m.end()
+                if at < end:
+                    nxt.append((at, end))
+            spans = nxt
+        return ["".join(BYTE_TO_UNICODE[b] for b in u[a:b].encode("utf-8", "surrogatepass")).encode()
+                for a, b in spans]
+
+    @staticmethod
+    def _valid(text: bytes) -> bool:
+        try:
+            text.decode("utf-8")
+            return True
+        except UnicodeDecodeError:
+            return False
+
+    def _bpe(self, text: bytes, out: list[int]) -> None:
+        """One fragment through llama.cpp's BPE session: words, then rank-ordered merges."""
+        ids, ranks = self.ids, self.ranks
+        for word in self._words(text):
+            if self.ignore_merges and word in ids:
+                out.append(ids[word])
+                continue
+            parts = []
+            off = 0
+            while off < len(word):
+                n = min(_utf8_len(word[off]), len(word) - off)
+                parts.append(word[off:off + n])
+                off += n
+            while len(parts) > 1:
+                best, at = None, -1
+                for i in range(len(parts) - 1):
+                    r = ranks.get((parts[i], parts[i + 1]))
+                    if r is not None and (best is None or r < best):
+                        best, at = r, i
+                if best is None:
+                    break
+                parts[at:at + 2] = [parts[at] + parts[at + 1]]
+            for p in parts:
+                tid = ids.get(p)
+                if tid is not None:
+                    out.append(tid)
+                    continue
+                for ch in p.decode("utf-8", "surrogatepass"):   # bytes of the alphabet, one token each
+                    t = ids.get(ch.encode("utf-8", "surrogatepass"))
+                    if t is not None:
+                        out.append(t)
+
     def byte_token(self, b: int) -> int:
         tid = self.ids.get(b"<0x%02X>" % b)
         if tid is None:
@@ -263,6 +418,13 @@ class Tokenizer:
         if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
             return text
         if attr & ATTR_NORMAL:
+            if self.bpe:
+                u = text.decode("utf-8", "surrogatepass")
+                try:
+                    return bytes(UNICODE_TO_BYTE[c] for c in u)
+                except KeyError:
+                    return b"".join(bytes([UNICODE_TO_BYTE[c]]) if c in UNICODE_TO_BYTE
+                                    else c.encode() for c in u)
             return text.replace(SPACE, b" ")
         if attr & ATTR_BYTE:
             return bytes([int(text[3:5], 16)])
