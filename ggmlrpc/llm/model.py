@@ -192,8 +192,7 @@ class Model:
             raise ModelError(f"architecture {f.arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
         self.tokenizer = Tokenizer.from_gguf(f)
         hp = self.hp = HParams.from_gguf(f, self.tokenizer.n_vocab)
-        if not flash_attn:
-            raise ModelError("only the flash-attention path is implemented (-fa on)")
+        self.flash_attn = flash_attn
         self.n_ctx = n_ctx or hp.n_ctx_train
         self.n_ubatch = min(N_UBATCH, self.n_ctx)
         cpu = LocalBackend(n_threads)
@@ -335,8 +334,9 @@ class Model:
         if st.layers:
             pos = inp.new(GGMLType.I32, (T,), "inp_pos")
             k_idx = inp.new(GGMLType.I64, (T,), "k_idxs")
-            v_idx = inp.new(GGMLType.I64, (T,), "v_idxs")
-            mask = inp.new(GGMLType.F16, (n_kv, T), "kq_mask")
+            # without flash attention the V cache is transposed: one index per element
+            v_idx = inp.new(GGMLType.I64, (T if self.flash_attn else T * hp.n_embd_kv,), "v_idxs")
+            mask = inp.new(GGMLType.F16 if self.flash_attn else GGMLType.F32, (n_kv, T), "kq_mask")
             out_ids = (inp.new(GGMLType.I32, (n_out,), "out_ids")
                        if last_layer in st.layers and n_out < T else None)
         for il in st.layers:
@@ -367,13 +367,25 @@ class Model:
         cache_k, cache_v = st.kv[il]
         # the cache writes run before the attention that reads the cache
         g.expand(B.set_rows(cache_k, B.reshape(k, (hp.n_embd_kv, T)), k_idx))
-        g.expand(B.set_rows(cache_v, B.reshape(v, (hp.n_embd_kv, T)), v_idx))
         row = 2 * hd   # F16 cache rows
         kv_nb = (2, row, row * hp.n_head_kv, row * hp.n_head_kv * n_kv)
         kk = B.permute(B.view(cache_k, (hd, hp.n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
-        vv = B.permute(B.view(cache_v, (hd, hp.n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
-        o = B.flash_attn_ext(B.permute(q, 0, 2, 1, 3), kk, vv, mask, 1.0 / math.sqrt(hd))
-        o = B.reshape(o, (hd * hp.n_head, T), name=f"kqv_out-{il}")
+        qq = B.permute(q, 0, 2, 1, 3)
+        if self.flash_attn:
+            g.expand(B.set_rows(cache_v, B.reshape(v, (hp.n_embd_kv, T)), v_idx))
+            vv = B.permute(B.view(cache_v, (hd, hp.n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
+            o = B.flash_attn_ext(qq, kk, vv, mask, 1.0 / math.sqrt(hd))
+            o = B.reshape(o, (hd * hp.n_head, T), name=f"kqv_out-{il}")
+        else:
+            # V transposed: element (cell, channel) at channel * n_ctx + cell
+            flat = B.reshape(cache_v, (1, hp.n_embd_kv * self.n_ctx))
+            g.expand(B.set_rows(flat, B.reshape(v, (1, T * hp.n_embd_kv)), v_idx))
+            vt = B.view(cache_v, (n_kv, hp.n_head_kv, hd, 1),
+                        (2, 2 * self.n_ctx * hd, 2 * self.n_ctx, 2 * self.n_ctx * hp.n_embd_kv))
+            kq = B.mul_mat(kk, qq, name=f"kq-{il}", prec_f32=True)
+            kq = B.soft_max_ext(kq, mask, 1.0 / math.sqrt(hd), name=f"kq_soft_max-{il}")
+            kqv = B.mul_mat(B.permute(vt, 0, 2, 1, 3), kq, name=f"kqv-{il}")
+            o = B.cont(B.permute(kqv, 0, 2, 1, 3), (hd * hp.n_head, T), name=f"kqv_out-{il}")
         cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
         if out_ids is not None:
             cur = B.get_rows(cur, out_ids)
@@ -415,8 +427,14 @@ class Model:
         key = (T, n_kv, n_out)
         pos = np.arange(p0, p0 + T, dtype=np.int32)
         mask = np.where(np.arange(n_kv)[None, :] <= pos[:, None], 0.0, -np.inf).astype(np.float16)
+        if self.flash_attn:
+            v_idxs = pos.astype(np.int64)
+        else:   # one index per element of the transposed V cache, token-major
+            chan = np.arange(self.hp.n_embd_kv, dtype=np.int64) * self.n_ctx
+            v_idxs = (chan[None, :] + pos.astype(np.int64)[:, None]).reshape(-1)
+            mask = mask.astype(np.float32)
         values = {"inp_tokens": np.asarray(tokens, np.int32), "inp_pos": pos,
-                  "k_idxs": pos.astype(np.int64), "v_idxs": pos.astype(np.int64),
+                  "k_idxs": pos.astype(np.int64), "v_idxs": v_idxs,
                   "kq_mask": mask, "out_ids": np.asarray([T - 1], np.int32)}
         x = None
         for st in self.stages:

@@ -44,6 +44,8 @@ def test_same_tokens_everywhere(model_path, servers):
     assert greedy(model_path, rpc=eps, tensor_split=[1, 1])[0] == local
     assert greedy(model_path, rpc=eps[0], n_gpu_layers=2)[0] == local   # layers 0-1 on the CPU
     assert greedy(model_path, rpc=",".join(eps), n_gpu_layers=4)[0] == local   # output on the CPU
+    no_fa = greedy(model_path, flash_attn=False)[0]     # soft_max attention, transposed V cache
+    assert len(no_fa) == 12 and greedy(model_path, rpc=eps, flash_attn=False)[0] == no_fa
 
 
 def test_assign_layers():

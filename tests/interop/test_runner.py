@@ -40,7 +40,7 @@ def completion(ref_bin: Path, model: Path, args: list[str]) -> bytes:
     argv = [str(ref_bin / "llama-completion"), "-m", str(model), "--temp", "0", "-s", "1",
             "-no-cnv", "--simple-io", "--no-repack", "-p", PROMPT, "-n", str(N), *args]
     env = dict(os.environ, GGML_NO_BACKTRACE="1")
-    for _ in range(4):
+    for _ in range(4):     # (it can also lose all of it)
         r = subprocess.run(argv, capture_output=True, env=env, timeout=300)
         assert r.returncode == 0, r.stderr.decode(errors="replace")[-3000:]
         if r.stdout.endswith(b"\n\n"):
@@ -78,3 +78,14 @@ def test_through_servers_equals_llama_completion(ref_bin, models, kind, server_p
         mine = ours(model, args, capfdbinary)
         # llama.cpp's client through the reference server only (it serves one client at a time)
         assert mine == completion(ref_bin, model, args), (rpc, extra)
+
+
+@pytest.mark.parametrize("kind", ["f32", "q4_0"])
+def test_without_flash_attention(ref_bin, models, kind, server_proc, ref_server, capfdbinary):
+    """-fa off: soft_max attention over a transposed V cache, as llama.cpp builds it."""
+    model = models[kind]
+    mine = ours(model, ["-ngl", "0", "-fa", "off"], capfdbinary)
+    assert mine == completion(ref_bin, model, ["-ngl", "0", "-fa", "off"])
+    srv = ref_server("-t", "2")
+    args = ["--rpc", srv.endpoint, "-ngl", "99", "-fa", "off"]
+    assert ours(model, args, capfdbinary) == completion(ref_bin, model, args) == mine
