@@ -65,10 +65,11 @@ def vocab() -> tuple[list[bytes], list[float], list[int]]:
 
 
 def write_llama(path: str | Path, shape: LlamaShape = LlamaShape(), dtype: str = "f16",
-                seed: int = 0, tied: bool = False) -> Path:
+                seed: int = 0, tied: bool = False, vocab_from: str | Path | None = None) -> Path:
     """A llama model; ``tied`` leaves out output.weight, so the output layer reuses
-    the token embeddings (llama.cpp duplicates them onto the output device)."""
-    s = _Synth(path, "llama", shape, dtype, seed)
+    the token embeddings (llama.cpp duplicates them onto the output device);
+    ``vocab_from`` takes the tokenizer of another GGUF instead of the built-in one."""
+    s = _Synth(path, "llama", shape, dtype, seed, vocab_from=vocab_from)
     e = shape.n_embd
     s.w.add_tensor("token_embd.weight", s.embd(tied))
     for i in range(shape.n_layer):
@@ -100,7 +101,7 @@ class _Synth:
     rope, SentencePiece vocabulary) and random tensors of the model's dtype."""
 
     def __init__(self, path, arch: str, shape: LlamaShape, dtype: str, seed: int,
-                 rms: bool = True, n_rot: int | None = None):
+                 rms: bool = True, n_rot: int | None = None, vocab_from=None):
         import gguf
 
         self.path = Path(path)
@@ -109,9 +110,12 @@ class _Synth:
         self.dtype, ftype = {"f32": (np.float32, 0), "f16": (np.float16, 1)}[dtype]
         self.head = shape.n_embd // shape.n_head
         self.n_kv = self.head * shape.n_head_kv
-        tokens, scores, types = vocab()
-        self.n_vocab = len(tokens)
         w = self.w = gguf.GGUFWriter(str(self.path), arch)
+        if vocab_from is not None:
+            self.n_vocab = _graft_vocab(w, vocab_from)
+        else:
+            tokens, scores, types = vocab()
+            self.n_vocab = len(tokens)
         w.add_context_length(shape.n_ctx)
         w.add_embedding_length(shape.n_embd)
         w.add_block_count(shape.n_layer)
@@ -125,14 +129,15 @@ class _Synth:
         w.add_rope_dimension_count(n_rot or self.head)
         w.add_rope_freq_base(shape.rope_base)
         w.add_file_type(ftype)
-        w.add_tokenizer_model("llama")
-        w.add_token_list(tokens)
-        w.add_token_scores(scores)
-        w.add_token_types(types)
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
-        w.add_unk_token_id(0)
-        w.add_add_bos_token(True)
+        if vocab_from is None:
+            w.add_tokenizer_model("llama")
+            w.add_token_list(tokens)
+            w.add_token_scores(scores)
+            w.add_token_types(types)
+            w.add_bos_token_id(1)
+            w.add_eos_token_id(2)
+            w.add_unk_token_id(0)
+            w.add_add_bos_token(True)
 
     def mat(self, rows, cols, scale=None, n=None, dtype=None):
         """(rows, cols) weights, or n of them stacked (experts), scaled to keep
@@ -160,6 +165,33 @@ class _Synth:
         self.w.write_tensors_to_file()
         self.w.close()
         return self.path
+
+
+def _graft_vocab(w, path) -> int:
+    """Copy every tokenizer.* key of another GGUF (a real vocabulary, such as
+    llama.cpp's models/ggml-vocab-*.gguf) into the writer; returns the vocabulary size."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    n_vocab = 0
+    for key, f in r.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype = f.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            sub = f.types[1]
+            if sub == gguf.GGUFValueType.STRING:
+                val = [bytes(f.parts[i]) for i in f.data]
+            else:
+                val = list(f.contents())
+            w.add_key_value(key, val, vtype, sub)
+            if key == "tokenizer.ggml.tokens":
+                n_vocab = len(val)
+        else:
+            w.add_key_value(key, f.contents(), vtype)
+    if not n_vocab:
+        raise ValueError(f"{path} has no token list")
+    return n_vocab
 
 
 def _qwen2(s: _Synth, moe: bool = False) -> None:

@@ -33,12 +33,12 @@ def models(tmp_path_factory, ref_bin):
     return out
 
 
-def completion(ref_bin: Path, model: Path, args: list[str]) -> bytes:
+def completion(ref_bin: Path, model: Path, args: list[str], prompt: str = PROMPT) -> bytes:
     """llama-completion's stdout (a run that lost its closing blank line at exit is repeated).
     --no-repack: llama.cpp's CPU backend would otherwise repack Q4_0/Q8_0 weights into
     its interleaved layouts, which sum in another order than ggml's plain kernels."""
     argv = [str(ref_bin / "llama-completion"), "-m", str(model), "--temp", "0", "-s", "1",
-            "-no-cnv", "--simple-io", "--no-repack", "-p", PROMPT, "-n", str(N), *args]
+            "-no-cnv", "--simple-io", "--no-repack", "-p", prompt, "-n", str(N), *args]
     env = dict(os.environ, GGML_NO_BACKTRACE="1")
     for _ in range(4):     # (it can also lose all of it)
         r = subprocess.run(argv, capture_output=True, env=env, timeout=300)
@@ -89,3 +89,25 @@ def test_without_flash_attention(ref_bin, models, kind, server_proc, ref_server,
     srv = ref_server("-t", "2")
     args = ["--rpc", srv.endpoint, "-ngl", "99", "-fa", "off"]
     assert ours(model, args, capfdbinary) == completion(ref_bin, model, args) == mine
+
+
+VOCAB_PROMPT = "Hello world! 12345 caf\u00e9 \u65e5\u672c\u8a9e def f(x):\n\treturn x**2 <|endoftext|>It's"
+
+
+@pytest.mark.parametrize("vocab", ["llama-bpe", "qwen2", "llama-spm"])
+def test_real_vocabularies(ref_bin, tmp_path, vocab, server_proc, capfdbinary):
+    """Random weights under a real vocabulary (llama.cpp's vocab files), a prompt that
+    exercises the pre-tokenizer (digits, accents, CJK, code, a special token)."""
+    src = ref_bin.parent.parent / "src" / "vendor" / "llama.cpp" / "models" / f"ggml-vocab-{vocab}.gguf"
+    model = synth.write_llama(tmp_path / f"{vocab}.gguf",
+                              synth.LlamaShape(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2),
+                              "f16", seed=7, vocab_from=src)
+    argv = ["run", "-m", str(model), "--temp", "0", "-p", VOCAB_PROMPT, "-n", str(N)]
+    capfdbinary.readouterr()
+    assert main([*argv, "-ngl", "0"]) == 0
+    sys.stdout.flush()
+    mine = capfdbinary.readouterr()[0]
+    assert mine == completion(ref_bin, model, ["-ngl", "0"], VOCAB_PROMPT)
+    assert main([*argv, "--rpc", server_proc("-t", "2").endpoint]) == 0
+    sys.stdout.flush()
+    assert capfdbinary.readouterr()[0] == mine and len(mine) > len(VOCAB_PROMPT)
