@@ -43,6 +43,7 @@ class LlamaShape:
     n_ctx: int = 512
     rope_base: float = 10000.0
     eps: float = 1e-5
+    n_vocab: int = 0       # 0: the built-in vocabulary; more: padded with unused tokens
 
 
 def vocab() -> tuple[list[bytes], list[float], list[int]]:
@@ -115,6 +116,10 @@ class _Synth:
             self.n_vocab = _graft_vocab(w, vocab_from)
         else:
             tokens, scores, types = vocab()
+            for i in range(len(tokens), getattr(shape, "n_vocab", 0)):
+                tokens.append(f"<unused{i}>".encode())
+                scores.append(-1e9)
+                types.append(5)
             self.n_vocab = len(tokens)
         w.add_context_length(shape.n_ctx)
         w.add_embedding_length(shape.n_embd)

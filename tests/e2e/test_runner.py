@@ -4,6 +4,10 @@ placement by free memory and by -ts read back from the servers' buffers, the
 generation API, and the CLI's one-line errors."""
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+
 import pytest
 
 from ggmlrpc.cli.main import main
@@ -117,3 +121,21 @@ def test_cli_run_prints_prompt_and_blank_line(model_path, capfdbinary):
     rc = main(["run", "-m", str(model_path), "-p", PROMPT, "-n", "4", "--temp", "0"])
     out, _ = capfdbinary.readouterr()
     assert rc == 0 and out.startswith(b" " + PROMPT.encode()) and out.endswith(b"\n\n")
+
+
+def test_second_load_comes_from_the_server_cache(tmp_path, server_proc):
+    """Weights above 10 MiB go hash first: a server started with -c that has them
+    cached is not sent them again, and run says how much came from the cache."""
+    path = synth.write_llama(tmp_path / "big-vocab.gguf",
+                             synth.LlamaShape(n_layer=1, n_embd=64, n_ff=64, n_head=2, n_head_kv=1,
+                                              n_vocab=48000), "f32")
+    srv = server_proc("-c", env={**os.environ, "LLAMA_CACHE": str(tmp_path / "cache")})
+    argv = [sys.executable, "-m", "ggmlrpc.cli.main", "run", "-m", str(path), "--rpc", srv.endpoint,
+            "-p", PROMPT, "-n", "4", "--temp", "0"]
+    first = subprocess.run(argv, capture_output=True, timeout=300, cwd=tmp_path)
+    second = subprocess.run(argv, capture_output=True, timeout=300, cwd=tmp_path)
+    assert first.returncode == second.returncode == 0
+    assert b"from the servers' caches" not in first.stderr
+    out_mib = 48000 * 64 * 4 / 2**20
+    assert f"{out_mib:.1f} MiB of weights came from the servers' caches".encode() in second.stderr
+    assert first.stdout == second.stdout and first.stdout.startswith(b" " + PROMPT.encode())
