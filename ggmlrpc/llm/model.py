@@ -36,7 +36,12 @@ from .tokenizer import Tokenizer
 
 KV_PAD = 256          # llama.cpp pads the attended cache cells to a multiple of this
 N_UBATCH = 512        # prompt tokens per graph (llama.cpp's default micro-batch)
-SUPPORTED_ARCHS = ("llama",)
+# architecture -> rope mode (0: consecutive pairs, 2: NeoX halves); the optional
+# tensors (q/k/v/output biases, per-head q/k norms) are used wherever a file has them
+ROPE_MODE = {"llama": 0, "qwen2": 2, "qwen3": 2}
+SUPPORTED_ARCHS = tuple(ROPE_MODE)
+OPTIONAL = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
+            "attn_output.bias")
 
 
 @dataclass
@@ -235,9 +240,12 @@ class Model:
             names += [f"blk.{il}.{n}.weight" for n in (
                 "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
                 "ffn_gate", "ffn_up", "ffn_down")]
+            names += [f"blk.{il}.{n}" for n in OPTIONAL if f"blk.{il}.{n}" in self.file.tensors]
         if st.output:
             names.append("output_norm.weight")
             names.append("output.weight" if "output.weight" in self.file.tensors else "token_embd.weight")
+            if "output.bias" in self.file.tensors:
+                names.append("output.bias")
         return list(dict.fromkeys(names))
 
     def _upload(self, progress) -> None:
@@ -347,6 +355,8 @@ class Model:
             x = B.mul(x, w["output_norm.weight"], name="result_norm")
             out_w = w["output.weight"] if "output.weight" in w else w["token_embd.weight"]
             x = B.mul_mat(out_w, x, name="result_output")
+            if "output.bias" in w:
+                x = B.add(x, w["output.bias"], name="result_output")
         g.expand(x, output=True)
         return _Graph((n_tokens, n_kv, n_out), g, {t.name: t for t in inp.tensors}, x, inp)
 
@@ -355,15 +365,25 @@ class Model:
         hp, w = self.hp, st.weights
         p = f"blk.{il}."
         hd = hp.head_dim
-        rope = dict(n_dims=hp.n_rot, mode=0, n_ctx_orig=hp.n_ctx_train, freq_base=hp.rope_base,
-                    freq_scale=hp.rope_scale)
+        rope = dict(n_dims=hp.n_rot, mode=ROPE_MODE[self.file.arch], n_ctx_orig=hp.n_ctx_train,
+                    freq_base=hp.rope_base, freq_scale=hp.rope_scale)
         cur = B.rms_norm(x, hp.eps, name=f"norm-{il}")
         cur = B.mul(cur, w[p + "attn_norm.weight"], name=f"attn_norm-{il}")
-        q = B.reshape(B.mul_mat(w[p + "attn_q.weight"], cur, name=f"Qcur-{il}"), (hd, hp.n_head, T))
-        q = B.rope_ext(q, pos, None, name=f"Qcur-{il}", **rope)
-        k = B.reshape(B.mul_mat(w[p + "attn_k.weight"], cur, name=f"Kcur-{il}"), (hd, hp.n_head_kv, T))
-        k = B.rope_ext(k, pos, None, name=f"Kcur-{il}", **rope)
-        v = B.reshape(B.mul_mat(w[p + "attn_v.weight"], cur, name=f"Vcur-{il}"), (hd, hp.n_head_kv, T))
+
+        def proj(name: str, n_head: int, rotate: bool) -> Tensor:
+            """x W (+ bias), heads split, (+ per-head RMS norm), (+ rope): llama.cpp's order."""
+            t = B.mul_mat(w[p + f"attn_{name}.weight"], cur, name=f"{name.upper()}cur-{il}")
+            if p + f"attn_{name}.bias" in w:
+                t = B.add(t, w[p + f"attn_{name}.bias"], name=f"{name.upper()}cur-{il}")
+            t = B.reshape(t, (hd, n_head, T))
+            if p + f"attn_{name}_norm.weight" in w:
+                t = B.mul(B.rms_norm(t, hp.eps), w[p + f"attn_{name}_norm.weight"],
+                          name=f"{name.upper()}cur_normed-{il}")
+            return B.rope_ext(t, pos, None, name=f"{name.upper()}cur-{il}", **rope) if rotate else t
+
+        q = proj("q", hp.n_head, True)
+        k = proj("k", hp.n_head_kv, True)
+        v = proj("v", hp.n_head_kv, False)
         cache_k, cache_v = st.kv[il]
         # the cache writes run before the attention that reads the cache
         g.expand(B.set_rows(cache_k, B.reshape(k, (hp.n_embd_kv, T)), k_idx))
@@ -387,6 +407,8 @@ class Model:
             kqv = B.mul_mat(B.permute(vt, 0, 2, 1, 3), kq, name=f"kqv-{il}")
             o = B.cont(B.permute(kqv, 0, 2, 1, 3), (hd * hp.n_head, T), name=f"kqv_out-{il}")
         cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
+        if p + "attn_output.bias" in w:
+            cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")
         if out_ids is not None:
             cur = B.get_rows(cur, out_ids)
             x = B.get_rows(x, out_ids)

@@ -4,7 +4,7 @@ They make no sense as language, but they send exactly the graphs a real model
 of their architecture sends. Weights are written as F32 or F16 with
 ``gguf.GGUFWriter``; llama.cpp's ``llama-quantize`` turns them into any
 quantized type. ``write_llama`` writes a llama model; ``write_model`` writes any
-of ``ARCHS`` (llama with tied or untied output, qwen2, gemma2, phi2, phi3 and
+of ``ARCHS`` (llama with tied or untied output, qwen2, qwen3, gemma2, phi2, phi3 and
 the mixtures of experts qwen2moe and gpt-oss), each chosen for the ops its graph
 adds.
 
@@ -226,6 +226,21 @@ def _qwen2(s: _Synth, moe: bool = False) -> None:
     s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
 
 
+def _qwen3(s: _Synth) -> None:
+    """Llama with an RMS norm over each query and key head (before rope), NeoX rope."""
+    sh, e = s.shape, s.shape.n_embd
+    s.w.add_tensor("token_embd.weight", s.embd())
+    for i in range(sh.n_layer):
+        p = f"blk.{i}."
+        _attention(s, p)
+        s.w.add_tensor(p + "attn_q_norm.weight", s.norm(s.head))
+        s.w.add_tensor(p + "attn_k_norm.weight", s.norm(s.head))
+        s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
+        _ffn(s, p, sh.n_ff)
+    s.w.add_tensor("output_norm.weight", s.norm(e))
+    s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
+
+
 def _ffn(s: _Synth, p: str, ff: int, suffix: str = "") -> None:
     e = s.shape.n_embd
     s.w.add_tensor(p + f"ffn_gate{suffix}.weight", s.mat(ff, e))
@@ -351,6 +366,7 @@ ARCHS = {
     "llama": ("llama", None),
     "llama-tied": ("llama", None),
     "qwen2": ("qwen2", _qwen2),
+    "qwen3": ("qwen3", _qwen3),
     "qwen2moe": ("qwen2moe", lambda s: _qwen2(s, moe=True)),
     "gpt-oss": ("gpt-oss", _gpt_oss),
     "gemma2": ("gemma2", _gemma2),

@@ -111,3 +111,18 @@ def test_real_vocabularies(ref_bin, tmp_path, vocab, server_proc, capfdbinary):
     assert main([*argv, "--rpc", server_proc("-t", "2").endpoint]) == 0
     sys.stdout.flush()
     assert capfdbinary.readouterr()[0] == mine and len(mine) > len(VOCAB_PROMPT)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3"])
+def test_other_architectures(ref_bin, tmp_path, arch, ref_server, capfdbinary):
+    """qwen2 (q/k/v biases, NeoX rope) and qwen3 (per-head q/k RMS norms): in-process
+    with and without flash attention, and split over our process and llama.cpp's server."""
+    model = synth.write_model(tmp_path / f"{arch}.gguf", arch,
+                              synth.ModelShape(n_layer=2, n_embd=128, n_ff=256, n_head=4, n_head_kv=2),
+                              "f16", seed=4)
+    for fa in ("on", "off"):
+        mine = ours(model, ["-ngl", "0", "-fa", fa], capfdbinary)
+        assert mine == completion(ref_bin, model, ["-ngl", "0", "-fa", fa]), fa
+    srv = ref_server("-t", "2")
+    args = ["--rpc", srv.endpoint, "-ngl", "1"]
+    assert ours(model, args, capfdbinary) == completion(ref_bin, model, args)
