@@ -40,6 +40,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-fa", "--flash-attn", dest="fa", type=_flash_attn, default="auto",
                    help="flash attention: on, off or auto (default: auto, which is on)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait on a server")
+    p.add_argument("--reconnect", type=float, default=0.0, metavar="SECONDS",
+                   help="wait this long for a server lost during generation to come back "
+                        "(it gets its layers again and the context is replayed; default 0: fail)")
 
 
 class Progress:
@@ -81,7 +84,7 @@ def load_model(a, progress=None):
     try:
         model = Model.load(a.model, rpc=rpc, n_gpu_layers=a.ngl, tensor_split=a.ts, n_ctx=a.ctx,
                            n_threads=a.threads, flash_attn=a.fa != "off", timeout=a.timeout,
-                           progress=progress)
+                           progress=progress, reconnect=a.reconnect)
     except VersionMismatch as e:
         raise CliError(str(e)) from None
     except ModelError as e:

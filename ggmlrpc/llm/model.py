@@ -20,6 +20,7 @@ GRAPH_RECOMPUTE after writing the new inputs.
 from __future__ import annotations
 
 import math
+import time
 from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
@@ -27,7 +28,7 @@ import numpy as np
 
 from .. import builder as B
 from ..client import RemoteBackend, RemoteBuffer, Tensor
-from ..errors import GgmlRpcError
+from ..errors import ConnectionLost, GgmlRpcError
 from ..ggml import GGMLType
 from ..local import LocalBackend
 from .gguf_file import GGUFFile, ModelError
@@ -169,6 +170,8 @@ class Model:
         self.tokens: list[int] = []
         self._held: dict[tuple, tuple] = {}    # (backend, device) -> (stage, key) of its graph
         self.cached_bytes = 0                  # weight bytes the servers' caches supplied
+        self.history: list[list[int]] = []     # the batches run since the last reset
+        self.reconnect = 0.0                   # seconds to wait for a lost server
         self.stop_reason: str | None = None
 
     # -- loading ---------------------------------------------------------------
@@ -176,12 +179,14 @@ class Model:
     def load(cls, path, rpc: Sequence[str] | str | None = None, n_gpu_layers: int = 99,
              tensor_split: Sequence[float] | None = None, n_ctx: int = 0,
              n_threads: int | None = None, flash_attn: bool = True, timeout: float = 120.0,
-             progress=None) -> "Model":
+             progress=None, reconnect: float = 0.0) -> "Model":
         """Open `path`, connect to `rpc` servers ("host:port", a list or a comma-separated
         string) and upload the weights (hash first: a server started with -c that has them
         cached is not sent the bytes). `progress(done, total, cached)` is called as
-        bytes go."""
+        bytes go. `reconnect`: seconds to wait for a server lost during generation
+        (it gets its layers again and the context is replayed); 0 fails at once."""
         m = cls()
+        m.reconnect = reconnect
         try:
             m._load(path, rpc, n_gpu_layers, tensor_split, n_ctx, n_threads, flash_attn,
                     timeout, progress)
@@ -249,53 +254,62 @@ class Model:
         return list(dict.fromkeys(names))
 
     def _upload(self, progress) -> None:
-        f, hp = self.file, self.hp
-        plans = []
-        total = 0
-        for st in self.stages:
-            be, dev = st.device.backend, st.device.index
-            align = be.get_alignment(dev)
-            names = self._weight_names(st)
-            for n in names:
-                if n not in f.tensors:
-                    raise ModelError(f"{f.path}: missing tensor {n}")
-            size = sum(_align(f.tensors[n].nbytes, align) for n in names)
-            kv_row = _align(2 * hp.n_embd_kv * self.n_ctx, align)
-            kv_size = 2 * kv_row * len(st.layers)
-            if size + kv_size:
-                buf = be.alloc_buffer(size + kv_size, dev)
-                if buf is None:
-                    raise ModelError(f"{st.device.name}: cannot allocate {(size + kv_size) >> 20} MiB "
-                                     f"for weights and KV cache (free: {st.device.free >> 20} MiB)")
-                st.buffers.append(buf)
-                off = 0
-                for n in names:
-                    ti = f.tensors[n]
-                    st.weights[n] = buf.tensor(ti.type, ti.ne, off, name=n)
-                    off += _align(ti.nbytes, align)
-                    total += ti.nbytes
-                for il in st.layers:
-                    k = buf.tensor(GGMLType.F16, (hp.n_embd_kv, self.n_ctx), off, name=f"cache_k_l{il}")
-                    v = buf.tensor(GGMLType.F16, (hp.n_embd_kv, self.n_ctx), off + kv_row,
-                                   name=f"cache_v_l{il}")
-                    off += 2 * kv_row
-                    st.kv[il] = (k, v)
-                if kv_size:
-                    be.memset_tensor(buf.tensor(GGMLType.I8, (kv_size,), size, name="kv"), 0)
-            plans.append(st)
+        total = sum(self._alloc_stage(st) for st in self.stages)
         done = 0
-        for st in plans:
-            be = st.device.backend
-            for n, t in st.weights.items():
-                if be.set_tensor(t, f.tensors[n].data, weights=True):
-                    self.cached_bytes += f.tensors[n].nbytes
-                done += f.tensors[n].nbytes
-                if progress:
-                    progress(done, total, self.cached_bytes)
+        for st in self.stages:
+            done = self._send_weights(st, done, total, progress)
         # reserve the compute and input memory of the largest graph each stage runs
         for st in self.stages:
             self._graph(st, (self.n_ubatch, self.n_ctx, 1))
             st.graphs.clear()
+
+    def _alloc_stage(self, st: Stage) -> int:
+        """One buffer on the stage's device for its weights and KV cache; places the
+        tensors in it. Returns the weight bytes to send."""
+        f, hp = self.file, self.hp
+        be, dev = st.device.backend, st.device.index
+        align = be.get_alignment(dev)
+        names = self._weight_names(st)
+        for n in names:
+            if n not in f.tensors:
+                raise ModelError(f"{f.path}: missing tensor {n}")
+        size = sum(_align(f.tensors[n].nbytes, align) for n in names)
+        kv_row = _align(2 * hp.n_embd_kv * self.n_ctx, align)
+        kv_size = 2 * kv_row * len(st.layers)
+        st.buffers, st.weights, st.kv = [], {}, {}
+        st.compute = st.inputs_buf = None
+        st.graphs.clear()
+        if not size + kv_size:
+            return 0
+        buf = be.alloc_buffer(size + kv_size, dev)
+        if buf is None:
+            raise ModelError(f"{st.device.name}: cannot allocate {(size + kv_size) >> 20} MiB "
+                             f"for weights and KV cache (free: {st.device.free >> 20} MiB)")
+        st.buffers.append(buf)
+        off = 0
+        for n in names:
+            ti = f.tensors[n]
+            st.weights[n] = buf.tensor(ti.type, ti.ne, off, name=n)
+            off += _align(ti.nbytes, align)
+        for il in st.layers:
+            k = buf.tensor(GGMLType.F16, (hp.n_embd_kv, self.n_ctx), off, name=f"cache_k_l{il}")
+            v = buf.tensor(GGMLType.F16, (hp.n_embd_kv, self.n_ctx), off + kv_row, name=f"cache_v_l{il}")
+            off += 2 * kv_row
+            st.kv[il] = (k, v)
+        if kv_size:
+            be.memset_tensor(buf.tensor(GGMLType.I8, (kv_size,), size, name="kv"), 0)
+        return sum(f.tensors[n].nbytes for n in names)
+
+    def _send_weights(self, st: Stage, done: int = 0, total: int = 0, progress=None) -> int:
+        be = st.device.backend
+        for n, t in st.weights.items():
+            data = self.file.tensors[n].data
+            if be.set_tensor(t, data, weights=True):
+                self.cached_bytes += data.nbytes
+            done += data.nbytes
+            if progress:
+                progress(done, total, self.cached_bytes)
+        return done
 
     # -- graphs ----------------------------------------------------------------
     def _graph(self, st: Stage, key: tuple) -> _Graph:
@@ -426,6 +440,7 @@ class Model:
         """Forget the context (cells past the new tokens are masked, never read)."""
         self.n_past = 0
         self.tokens = []
+        self.history = []
 
     def eval(self, tokens: Sequence[int]) -> np.ndarray:
         """Run `tokens` after the context so far; the logits of the last one (F32, n_vocab)."""
@@ -443,6 +458,54 @@ class Model:
         return logits
 
     def _step(self, tokens: list[int]) -> np.ndarray:
+        """One batch through every stage; a server lost on the way is waited for (up
+        to `reconnect` seconds), given its layers again, and the context so far is
+        replayed in the batches it was first run in, so the result is the same."""
+        lost = None
+        deadline = 0.0
+        while True:
+            try:
+                if lost is not None:
+                    self._recover(lost, deadline)
+                return self._run_step(tokens)
+            except ConnectionLost as e:
+                if getattr(e, "backend", None) is None or self.reconnect <= 0:
+                    raise
+                if lost is not e.backend:
+                    deadline = time.monotonic() + self.reconnect
+                lost = e.backend
+
+    def _recover(self, be, deadline: float) -> None:
+        cause = None
+        delay = 0.1
+        while True:
+            try:
+                be.connect()
+                for st in self.stages:
+                    if st.device.backend is be:
+                        self._alloc_stage(st)
+                        self._send_weights(st)
+                break
+            except ConnectionLost as e:
+                if getattr(e, "backend", be) is not be:
+                    raise
+                cause = e
+                if time.monotonic() + delay > deadline:
+                    raise ModelError(f"server {be.endpoint} lost and not back within "
+                                     f"{self.reconnect:g} s ({cause})") from None
+                time.sleep(delay)
+                delay = min(2 * delay, 2.0)
+        self._held = {k: v for k, v in self._held.items() if k[0] != id(be)}
+        history = self.history
+        self.reset()
+        try:
+            for batch in history:
+                self._run_step(batch)
+        except BaseException:
+            self.history = history      # replay again after the next recovery
+            raise
+
+    def _run_step(self, tokens: list[int]) -> np.ndarray:
         T, p0 = len(tokens), self.n_past
         n_kv = min(self.n_ctx, max(KV_PAD, -(-(p0 + T) // KV_PAD) * KV_PAD))
         n_out = 1
@@ -461,19 +524,24 @@ class Model:
         x = None
         for st in self.stages:
             be, dev = st.device.backend, st.device.index
-            g = self._graph(st, key)
-            for name, t in g.inputs.items():
-                be.set_tensor(t, x if name == "embd" else values[name])
-            # a device holds one graph: rerun it when it is this stage's graph of this shape
-            held = (id(be), dev)
-            if self._held.get(held) == (id(st), key):
-                be.graph_recompute(dev)
-            else:
-                be.graph_compute(g.graph.nodes, dev)
-                self._held[held] = (id(st), key)
-            x = be.get_tensor(g.out)
+            try:
+                g = self._graph(st, key)
+                for name, t in g.inputs.items():
+                    be.set_tensor(t, x if name == "embd" else values[name])
+                # a device holds one graph: rerun it when it is this stage's graph of this shape
+                held = (id(be), dev)
+                if self._held.get(held) == (id(st), key):
+                    be.graph_recompute(dev)
+                else:
+                    be.graph_compute(g.graph.nodes, dev)
+                    self._held[held] = (id(st), key)
+                x = be.get_tensor(g.out)
+            except ConnectionLost as e:
+                e.backend = be
+                raise
         self.n_past += T
         self.tokens += tokens
+        self.history.append(list(tokens))
         return np.frombuffer(x, dtype=np.float32)[-self.hp.n_vocab:]
 
     def generate(self, prompt: str | bytes | Sequence[int], n_predict: int = -1, *,

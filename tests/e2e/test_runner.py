@@ -11,10 +11,11 @@ import sys
 import pytest
 
 from ggmlrpc.cli.main import main
+from ggmlrpc.errors import ConnectionLost
 from ggmlrpc.llm import synth
 from ggmlrpc.llm.gguf_file import ModelError
 from ggmlrpc.llm.model import Model, assign_layers
-from tests.conftest import free_port, start_server
+from tests.conftest import Proc, free_port, our_server_argv, start_server
 
 PROMPT = "the old fisherman lived in a small village by the sea"
 
@@ -148,3 +149,49 @@ def test_second_load_comes_from_the_server_cache(tmp_path, server_proc):
     out_mib = 48000 * 64 * 4 / 2**20
     assert f"{out_mib:.1f} MiB of weights came from the servers' caches".encode() in second.stderr
     assert first.stdout == second.stdout and first.stdout.startswith(b" " + PROMPT.encode())
+
+
+def test_server_killed_mid_generation_and_back(model_path):
+    """The server is killed after a few tokens and started again on the same port:
+    generation goes on (its layers uploaded again, the context replayed batch by
+    batch) and gives the text of an uninterrupted run."""
+    port = free_port()
+    argv = our_server_argv("-p", str(port), "-t", "1")
+    srv = Proc(argv, port)
+    try:
+        with Model.load(model_path, rpc=f"127.0.0.1:{port}", reconnect=30) as m:
+            want = list(m.generate(PROMPT, 12, temp=0))
+            got = []
+            for i, piece in enumerate(m.generate(PROMPT, 12, temp=0)):
+                got.append(piece)
+                if i == 4:
+                    srv.stop()
+                    srv = Proc(argv, port)
+            assert got == want
+    finally:
+        srv.stop()
+
+
+def test_server_that_never_comes_back(model_path, capsys):
+    port = free_port()
+    srv = Proc(our_server_argv("-p", str(port), "-t", "1"), port)
+    try:
+        with Model.load(model_path, rpc=f"127.0.0.1:{port}", reconnect=1.0) as m:
+            gen = m.generate(PROMPT, 12, temp=0)
+            next(gen)
+            srv.stop()
+            with pytest.raises(ModelError, match=rf"server 127.0.0.1:{port} lost and not back within 1 s"):
+                list(gen)
+    finally:
+        srv.stop()
+    # without reconnect the loss is an error at once
+    srv = Proc(our_server_argv("-p", str(port), "-t", "1"), port)
+    try:
+        with Model.load(model_path, rpc=f"127.0.0.1:{port}") as m:
+            gen = m.generate(PROMPT, 12, temp=0)
+            next(gen)
+            srv.stop()
+            with pytest.raises(ConnectionLost):
+                list(gen)
+    finally:
+        srv.stop()
