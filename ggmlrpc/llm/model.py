@@ -114,6 +114,17 @@ class _Graph:
 
     def place_inputs(self, buffer: RemoteBuffer) -> None:
         self.layout.place(buffer)
+        # every input of a step goes in one SET_TENSOR over the inputs' whole span
+        self.span = buffer.tensor(GGMLType.I8, (max(self.layout.size, 1),), 0, name="inputs")
+        self.image = np.zeros(self.layout.size, np.uint8)
+
+    def write_inputs(self, backend, values: dict) -> None:
+        for name, t in self.inputs.items():
+            raw = np.frombuffer(memoryview(values[name]).cast("B"), np.uint8)
+            if raw.nbytes != t.nbytes:
+                raise ValueError(f"input {name}: {raw.nbytes} bytes for a tensor of {t.nbytes}")
+            self.image[t.offset:t.offset + raw.nbytes] = raw
+        backend.set_tensor(self.span, self.image)
 
 
 @dataclass
@@ -526,8 +537,8 @@ class Model:
             be, dev = st.device.backend, st.device.index
             try:
                 g = self._graph(st, key)
-                for name, t in g.inputs.items():
-                    be.set_tensor(t, x if name == "embd" else values[name])
+                values["embd"] = x
+                g.write_inputs(be, values)
                 # a device holds one graph: rerun it when it is this stage's graph of this shape
                 held = (id(be), dev)
                 if self._held.get(held) == (id(st), key):
