@@ -10,7 +10,7 @@ import statistics
 import sys
 import time
 
-from ..errors import GgmlRpcError, VersionMismatch
+from ..errors import GgmlRpcError, UnsupportedError, VersionMismatch
 from .main import CliError, split_endpoints
 
 
@@ -121,6 +121,8 @@ def cmd_run(a) -> int:
         out.flush()
     except ModelError as e:
         raise CliError(str(e)) from None
+    except UnsupportedError as e:
+        raise CliError(f"the local CPU cannot run this model: {e}") from None
     except GgmlRpcError as e:
         raise CliError(f"server lost during generation: {e}") from None
     finally:

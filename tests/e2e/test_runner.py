@@ -195,3 +195,23 @@ def test_server_that_never_comes_back(model_path, capsys):
                 list(gen)
     finally:
         srv.stop()
+
+
+def test_upload_progress_only_on_a_terminal():
+    import io
+
+    from ggmlrpc.cli.run import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    quiet, tty = io.StringIO(), Tty()
+    for stream in (quiet, tty):
+        p = Progress(stream)
+        p(1 << 20, 4 << 20)
+        p(4 << 20, 4 << 20, 2 << 20)
+    assert quiet.getvalue() == ""
+    out = tty.getvalue()
+    assert "4.0/4.0 MiB" in out and "MiB/s ETA" in out and "(2.0 MiB from server caches)" in out
+    assert out.endswith("\n") and out.count("\r") == 2
