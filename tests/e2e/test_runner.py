@@ -215,3 +215,16 @@ def test_upload_progress_only_on_a_terminal():
     out = tty.getvalue()
     assert "4.0/4.0 MiB" in out and "MiB/s ETA" in out and "(2.0 MiB from server caches)" in out
     assert out.endswith("\n") and out.count("\r") == 2
+
+
+def test_bench_reports_prompt_and_generation_speed(model_path, servers, capsys):
+    import json
+
+    assert main(["bench", "-m", str(model_path), "--rpc", f"127.0.0.1:{servers[0].port}",
+                 "-p", "8", "-n", "4", "-r", "2", "-o", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["test"] for r in rows] == ["pp8", "tg4"]
+    assert all(r["avg_ts"] > 0 and len(r["samples_ns"]) == 2 and r["backend"] == "RPC" for r in rows)
+    assert main(["bench", "-m", str(model_path), "-p", "8", "-n", "0", "-r", "1"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("| model | size |") and "| pp8 |" in table[2] and len(table) == 3
