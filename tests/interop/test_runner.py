@@ -126,3 +126,18 @@ def test_other_architectures(ref_bin, tmp_path, arch, ref_server, capfdbinary):
     srv = ref_server("-t", "2")
     args = ["--rpc", srv.endpoint, "-ngl", "1"]
     assert ours(model, args, capfdbinary) == completion(ref_bin, model, args)
+
+
+def test_prompt_longer_than_a_micro_batch(ref_bin, tmp_path, capfdbinary):
+    """A prompt of ~1400 tokens runs in micro-batches of 512 as llama.cpp runs it,
+    attending 1024, then 1536 cache cells."""
+    model = synth.write_llama(tmp_path / "long.gguf",
+                              synth.LlamaShape(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2,
+                                               n_ctx=2048), "f32", seed=9)
+    prompt = " ".join(["the old man went to the sea and"] * 90)
+    capfdbinary.readouterr()
+    assert main(["run", "-m", str(model), "--temp", "0", "-p", prompt, "-n", str(N)]) == 0
+    sys.stdout.flush()
+    mine = capfdbinary.readouterr()[0]
+    assert len(mine) > len(prompt)
+    assert mine == completion(ref_bin, model, ["-ngl", "0"], prompt)
