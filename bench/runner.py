@@ -4,6 +4,9 @@ Same generated model, same threads, alternating runs in one session:
 
 - `rpc`:   every layer on one of our servers (a fresh server per run), our runner
            against `llama-bench -ngl 99 --rpc`;
+- `rpc2`:  the same over two servers, `-ts 1,1`;
+- `--rtt-ms 1 5`: the rpc modes again through netproxy.py, which delays each
+           direction by half the round trip (a simulated network);
 - `local`: in-process on the local CPU (`-ngl 0`) against `llama-bench -ngl 0
            --repack 0` (llama.cpp's repacked Q4_0/Q8_0 layouts are another kernel).
 
@@ -27,6 +30,9 @@ HERE = Path(__file__).resolve().parent
 _spec = importlib.util.spec_from_file_location("llama_bench", HERE / "llama_bench.py")
 lb = importlib.util.module_from_spec(_spec)
 _spec.loader.exec_module(lb)
+_spec = importlib.util.spec_from_file_location("netproxy", HERE / "netproxy.py")
+netproxy = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(netproxy)
 
 
 def ours(command: str, module: str) -> list[str]:
@@ -42,23 +48,35 @@ def rows(out: str) -> dict:
     return res
 
 
-def run_pair(ref: Path, m: Path, mode: str, args) -> dict:
-    """One run of each client; with `rpc`, each against a fresh server of ours."""
+def run_pair(ref: Path, m: Path, mode: str, rtt_ms: float, args) -> dict:
+    """One run of each client; with `rpc`/`rpc2`, against one/two fresh servers of ours,
+    reached through a proxy that adds `rtt_ms` of round trip when it is not 0."""
     out = {}
     for who in ("ours", "llama.cpp"):
-        srv = None
+        procs, proxies = [], []
         extra_ref, extra_ours = ["-ngl", "0", "--repack", "0"], ["-ngl", "0"]
-        if mode == "rpc":
-            port = lb.free_port()
-            srv = subprocess.Popen(ours("ggml-rpc-server", "ggmlrpc.cli.server") + ["-p", str(port), "-t", str(args.threads)],
-                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            lb.wait_listening(port, srv)
-            ep = f"127.0.0.1:{port}"
-            extra_ref = extra_ours = ["-ngl", "99", "--rpc", ep]
+        if mode.startswith("rpc"):
+            eps = []
+            for _ in range(2 if mode == "rpc2" else 1):
+                port = lb.free_port()
+                srv = subprocess.Popen(ours("ggml-rpc-server", "ggmlrpc.cli.server")
+                                       + ["-p", str(port), "-t", str(args.threads)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                procs.append(srv)
+                lb.wait_listening(port, srv)
+                if rtt_ms:
+                    proxies.append(netproxy.Proxy(f"127.0.0.1:{port}", rtt_ms))
+                    port = proxies[-1].start()
+                eps.append(f"127.0.0.1:{port}")
+            extra_ref = extra_ours = ["-ngl", "99", "--rpc", ",".join(eps)]
+            if mode == "rpc2":
+                extra_ref = extra_ref + ["-ts", "1/1"]
+                extra_ours = extra_ours + ["-ts", "1,1"]
         try:
             if who == "ours":
-                cmd = ours("ggml-rpc-cli", "ggmlrpc.cli.main") + ["bench", "-m", str(m), "-t", str(args.threads), "-p", str(args.pp),
-                               "-n", str(args.tg), "-r", str(args.reps), "-o", "json", *extra_ours]
+                cmd = ours("ggml-rpc-cli", "ggmlrpc.cli.main") + [
+                    "bench", "-m", str(m), "-t", str(args.threads), "-p", str(args.pp),
+                    "-n", str(args.tg), "-r", str(args.reps), "-o", "json", *extra_ours]
             else:
                 cmd = [str(ref / "llama-bench"), "-m", str(m), "-t", str(args.threads),
                        "-p", str(args.pp), "-n", str(args.tg), "-r", str(args.reps), "-o", "json",
@@ -66,7 +84,9 @@ def run_pair(ref: Path, m: Path, mode: str, args) -> dict:
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             out[who] = rows(r.stdout) if r.returncode == 0 else {"error": r.stderr.strip()[-300:]}
         finally:
-            if srv is not None:
+            for p in proxies:
+                p.close()
+            for srv in procs:
                 srv.terminate()
                 srv.wait(10)
     return out
@@ -75,7 +95,9 @@ def run_pair(ref: Path, m: Path, mode: str, args) -> dict:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", nargs="+", default=["Q8_0"])
-    ap.add_argument("--modes", nargs="+", default=["rpc", "local"], choices=["rpc", "local"])
+    ap.add_argument("--modes", nargs="+", default=["rpc", "local"], choices=["rpc", "rpc2", "local"])
+    ap.add_argument("--rtt-ms", nargs="+", type=float, default=[0.0],
+                    help="simulated round trips for the rpc modes (a proxy per server)")
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pp", type=int, default=64)
     ap.add_argument("--tg", type=int, default=32)
@@ -92,9 +114,9 @@ def main(argv=None) -> int:
     table = []
     for qtype in args.types:
         m = lb.model(ref, qtype, shape)
-        for mode in args.modes:
-            runs = [run_pair(ref, m, mode, args) for _ in range(args.rounds)]
-            row = {"type": qtype, "mode": mode, "runs": runs}
+        for mode, rtt in [(mo, r) for mo in args.modes for r in (args.rtt_ms if mo != "local" else [0.0])]:
+            runs = [run_pair(ref, m, mode, rtt, args) for _ in range(args.rounds)]
+            row = {"type": qtype, "mode": mode, "rtt_ms": rtt, "runs": runs}
             for k in ("pp", "tg"):
                 o = [r["ours"][k] for r in runs if k in r["ours"]]
                 t = [r["llama.cpp"][k] for r in runs if k in r["llama.cpp"]]
@@ -103,13 +125,13 @@ def main(argv=None) -> int:
                               "ratio": statistics.median(o) / statistics.median(t)}
             table.append(row)
             print(json.dumps(row), flush=True)
-    print(f"\n| type | mode | test | ours t/s | llama.cpp t/s | ratio |\n|---|---|---|---:|---:|---:|")
+    print(f"\n| type | mode | rtt ms | test | ours t/s | llama.cpp t/s | ratio |\n|---|---|---:|---|---:|---:|---:|")
     for row in table:
         for k in ("pp", "tg"):
             if k in row:
                 v = row[k]
                 n = args.pp if k == "pp" else args.tg
-                print(f"| {row['type']} | {row['mode']} | {k}{n} | {v['ours']:.1f} | "
+                print(f"| {row['type']} | {row['mode']} | {row['rtt_ms']:g} | {k}{n} | {v['ours']:.1f} | "
                       f"{v['llama.cpp']:.1f} | {v['ratio']:.2f} |")
     return 0
 
