@@ -86,18 +86,25 @@ class Proxy:
         return self.port
 
     def _accept(self):
-        while True:
-            try:
-                client, _ = self.listener.accept()
-            except OSError:
-                return
-            server = socket.create_connection(self.upstream)
-            for s in (client, server):
-                s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            for a, b in ((client, server), (server, client)):
-                pipe = _Pipe(a, b, self.delay, self.rate)
-                threading.Thread(target=pipe.reader, daemon=True).start()
-                threading.Thread(target=pipe.writer, daemon=True).start()
+        with self.listener:
+            for client in iter(self._next_client, None):
+                self._connect(client)
+
+    def _next_client(self) -> socket.socket | None:
+        try:
+            return self.listener.accept()[0]
+        except OSError:    # closed
+            return None
+
+    def _connect(self, client: socket.socket) -> None:
+        """Two delayed pipes between the client and a new upstream connection."""
+        server = socket.create_connection(self.upstream)
+        for end in (client, server):
+            end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        for a, b in ((client, server), (server, client)):
+            pipe = _Pipe(a, b, self.delay, self.rate)
+            threading.Thread(target=pipe.reader, daemon=True).start()
+            threading.Thread(target=pipe.writer, daemon=True).start()
 
     def close(self):
         self.listener.close()
