@@ -23,7 +23,7 @@ from typing import Iterable, Sequence
 
 from . import ggml
 from .client import RemoteBuffer, Tensor
-from .ggml import GGMLGluOp, GGMLOp, GGMLType, TensorFlag
+from .ggml import GGMLGluOp, GGMLOp, GGMLType, GGMLUnaryOp, TensorFlag
 
 
 def f32_bits(x: float) -> int:
@@ -124,6 +124,41 @@ def mul(a: Tensor, b: Tensor, name: str = "") -> Tensor:
     return _binary(GGMLOp.MUL, a, b, name)
 
 
+def div(a: Tensor, b: Tensor, name: str = "") -> Tensor:
+    return _binary(GGMLOp.DIV, a, b, name)
+
+
+def unary(op: int, a: Tensor, name: str = "") -> Tensor:
+    """ggml_unary: GGMLUnaryOp `op` element by element."""
+    return _node(GGMLOp.UNARY, a.type, a.ne, a, params=[int(op)], name=name)
+
+
+def silu(a: Tensor, name: str = "") -> Tensor:
+    return unary(GGMLUnaryOp.SILU, a, name)
+
+
+def mul_mat_id(experts: Tensor, b: Tensor, ids: Tensor, name: str = "") -> Tensor:
+    """experts (K, M, n_expert) applied to b (K, n_b, n_tokens) as chosen by ids
+    (n_used, n_tokens) I32 -> (M, n_used, n_tokens) F32."""
+    _check(ids.type == GGMLType.I32 and ids.ne[2] == 1 and ids.ne[3] == 1, "mul_mat_id: ids must be 2-D I32")
+    _check(experts.ne[0] == b.ne[0] and ids.ne[1] == b.ne[2] and ids.ne[0] % b.ne[1] == 0,
+           "mul_mat_id: shapes do not match")
+    return _node(GGMLOp.MUL_MAT_ID, GGMLType.F32, (experts.ne[1], ids.ne[0], b.ne[2], 1),
+                 experts, b, ids, name=name)
+
+
+def argsort(a: Tensor, descending: bool = False, name: str = "") -> Tensor:
+    """Indices (I32) that sort each row of a."""
+    return _node(GGMLOp.ARGSORT, GGMLType.I32, a.ne, a, params=[1 if descending else 0], name=name)
+
+
+def argsort_top_k(a: Tensor, k: int, name: str = "") -> Tensor:
+    """The indices of each row's k largest values, largest first (a view of argsort)."""
+    _check(a.ne[0] >= k, "argsort_top_k: k larger than the row")
+    s = argsort(a, True)
+    return view(s, (k, *s.ne[1:]), (s.nb[0], *s.nb[1:]), 0, name=name or f"{s.name} (top {k})")
+
+
 def scale(a: Tensor, s: float, bias: float = 0.0, name: str = "") -> Tensor:
     return _node(GGMLOp.SCALE, a.type, a.ne, a, params=[f32_bits(s), f32_bits(bias)], name=name)
 
@@ -176,6 +211,10 @@ def rope_ext(a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, m
     params = [0, n_dims, mode, 0, n_ctx_orig] + [f32_bits(v) for v in (
         freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)]
     return _node(GGMLOp.ROPE, a.type, a.ne, a, pos, freq_factors, params=params, name=name)
+
+
+def soft_max(a: Tensor, name: str = "") -> Tensor:
+    return soft_max_ext(a, None, 1.0, 0.0, name=name)
 
 
 def soft_max_ext(a: Tensor, mask: Tensor | None, scale: float, max_bias: float = 0.0,

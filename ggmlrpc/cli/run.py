@@ -113,7 +113,8 @@ def cmd_run(a) -> int:
     try:
         for piece in model.generate(prompt, a.n_predict, temp=a.temp, top_k=a.top_k, top_p=a.top_p,
                                     min_p=a.min_p, seed=seed, ignore_eos=a.ignore_eos, echo=True):
-            out.write(piece)
+            # llama-completion prints each piece as a C string: nothing from a NUL byte on
+            out.write(piece.split(b"\0", 1)[0])
             out.flush()
         if model.stop_reason == "eog":
             out.write(b" [end of text]\n")

@@ -39,7 +39,7 @@ KV_PAD = 256          # llama.cpp pads the attended cache cells to a multiple of
 N_UBATCH = 512        # prompt tokens per graph (llama.cpp's default micro-batch)
 # architecture -> rope mode (0: consecutive pairs, 2: NeoX halves); the optional
 # tensors (q/k/v/output biases, per-head q/k norms) are used wherever a file has them
-ROPE_MODE = {"llama": 0, "qwen2": 2, "qwen3": 2}
+ROPE_MODE = {"llama": 0, "qwen2": 2, "qwen3": 2, "qwen2moe": 2}
 SUPPORTED_ARCHS = tuple(ROPE_MODE)
 OPTIONAL = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
             "attn_output.bias")
@@ -59,6 +59,8 @@ class HParams:
     eps: float
     rope_base: float
     rope_scale: float
+    n_expert: int = 0
+    n_expert_used: int = 0
 
     @property
     def n_embd_kv(self) -> int:
@@ -83,7 +85,8 @@ class HParams:
                    head_dim=head_dim, n_rot=int(key("rope.dimension_count", head_dim)),
                    eps=float(key("attention.layer_norm_rms_epsilon")),
                    rope_base=float(key("rope.freq_base", 10000.0)),
-                   rope_scale=1.0 / float(scale) if scale else 1.0)
+                   rope_scale=1.0 / float(scale) if scale else 1.0,
+                   n_expert=int(key("expert_count", 0)), n_expert_used=int(key("expert_used_count", 0)))
 
 
 @dataclass
@@ -252,10 +255,12 @@ class Model:
         names = []
         if st.embed:
             names.append("token_embd.weight")
+        ffn = (("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_inp_shexp",
+                "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp") if self.hp.n_expert
+               else ("ffn_gate", "ffn_up", "ffn_down"))
         for il in st.layers:
             names += [f"blk.{il}.{n}.weight" for n in (
-                "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm",
-                "ffn_gate", "ffn_up", "ffn_down")]
+                "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", *ffn)]
             names += [f"blk.{il}.{n}" for n in OPTIONAL if f"blk.{il}.{n}" in self.file.tensors]
         if st.output:
             names.append("output_norm.weight")
@@ -440,11 +445,51 @@ class Model:
         ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
         cur = B.rms_norm(ffn_inp, hp.eps, name=f"norm-{il}")
         cur = B.mul(cur, w[p + "ffn_norm.weight"], name=f"ffn_norm-{il}")
-        gate = B.mul_mat(w[p + "ffn_gate.weight"], cur, name=f"ffn_gate-{il}")
-        up = B.mul_mat(w[p + "ffn_up.weight"], cur, name=f"ffn_up-{il}")
-        cur = B.mul_mat(w[p + "ffn_down.weight"], B.swiglu_split(gate, up, name=f"ffn_swiglu-{il}"),
-                        name=f"ffn_out-{il}")
+        if hp.n_expert:
+            cur = self._moe(g, w, p, il, cur)
+        else:
+            cur = self._ffn(w, p, "", il, cur)
         return B.add(cur, ffn_inp, name=f"l_out-{il}")
+
+    @staticmethod
+    def _ffn(w: dict, p: str, suffix: str, il: int, cur: Tensor) -> Tensor:
+        """SwiGLU feed-forward: down(silu(gate x) * up x)."""
+        gate = B.mul_mat(w[p + f"ffn_gate{suffix}.weight"], cur, name=f"ffn_gate{suffix}-{il}")
+        up = B.mul_mat(w[p + f"ffn_up{suffix}.weight"], cur, name=f"ffn_up{suffix}-{il}")
+        return B.mul_mat(w[p + f"ffn_down{suffix}.weight"], B.swiglu_split(gate, up, name=f"ffn_swiglu-{il}"),
+                         name=f"ffn_out-{il}")
+
+    def _moe(self, g: B.Graph, w: dict, p: str, il: int, cur: Tensor) -> Tensor:
+        """qwen2moe's feed-forward as llama.cpp builds it: soft-max gate, the top
+        n_expert_used experts (MUL_MAT_ID) weighted by their gate probability and
+        summed, plus a shared expert behind a sigmoid gate."""
+        hp = self.hp
+        n_embd, T, k = cur.ne[0], cur.ne[1], hp.n_expert_used
+        probs = B.soft_max(B.mul_mat(w[p + "ffn_gate_inp.weight"], cur, name=f"ffn_moe_logits-{il}"),
+                           name=f"ffn_moe_probs-{il}")
+        chosen = B.argsort_top_k(probs, k, name=f"ffn_moe_topk-{il}")
+        weights = B.get_rows(B.reshape(probs, (1, hp.n_expert, T)), chosen, name=f"ffn_moe_weights-{il}")
+        g.expand(weights)
+        x = B.reshape(cur, (n_embd, 1, T))
+        up = B.mul_mat_id(w[p + "ffn_up_exps.weight"], x, chosen, name=f"ffn_moe_up-{il}")
+        gate = B.mul_mat_id(w[p + "ffn_gate_exps.weight"], x, chosen, name=f"ffn_moe_gate-{il}")
+        act = B.swiglu_split(gate, up, name=f"ffn_moe_swiglu-{il}")
+        experts = B.mul(B.mul_mat_id(w[p + "ffn_down_exps.weight"], act, chosen, name=f"ffn_moe_down-{il}"),
+                        weights, name=f"ffn_moe_weighted-{il}")
+        g.expand(experts)
+        views = [B.view(experts, (n_embd, T), (experts.nb[0], experts.nb[2]), i * experts.nb[1])
+                 for i in range(k)]
+        for v in views:
+            g.expand(v)
+        moe = views[0]
+        for v in views[1:]:
+            moe = g.expand(B.add(moe, v, name=f"ffn_moe_out-{il}"))
+        if k == 1:
+            moe = B.cont(moe)
+        gate_in = B.mul_mat(w[p + "ffn_gate_inp_shexp.weight"], cur, name=f"ffn_shexp_gate_inp-{il}")
+        shared_gate = B.div(B.silu(gate_in), gate_in, name=f"ffn_shexp_gate-{il}")
+        shared = B.mul(self._ffn(w, p, "_shexp", il, cur), shared_gate, name=f"ffn_shexp_out-{il}")
+        return B.add(moe, shared, name=f"ffn_out-{il}")
 
     # -- evaluation ------------------------------------------------------------
     def reset(self) -> None:
