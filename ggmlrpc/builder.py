@@ -137,6 +137,14 @@ def silu(a: Tensor, name: str = "") -> Tensor:
     return unary(GGMLUnaryOp.SILU, a, name)
 
 
+def sum_rows(a: Tensor, name: str = "") -> Tensor:
+    return _node(GGMLOp.SUM_ROWS, a.type, (1, *a.ne[1:]), a, name=name)
+
+
+def clamp(a: Tensor, lo: float, hi: float, name: str = "") -> Tensor:
+    return _node(GGMLOp.CLAMP, a.type, a.ne, a, params=[f32_bits(lo), f32_bits(hi)], name=name)
+
+
 def mul_mat_id(experts: Tensor, b: Tensor, ids: Tensor, name: str = "") -> Tensor:
     """experts (K, M, n_expert) applied to b (K, n_b, n_tokens) as chosen by ids
     (n_used, n_tokens) I32 -> (M, n_used, n_tokens) F32."""

@@ -39,7 +39,9 @@ KV_PAD = 256          # llama.cpp pads the attended cache cells to a multiple of
 N_UBATCH = 512        # prompt tokens per graph (llama.cpp's default micro-batch)
 # architecture -> rope mode (0: consecutive pairs, 2: NeoX halves); the optional
 # tensors (q/k/v/output biases, per-head q/k norms) are used wherever a file has them
-ROPE_MODE = {"llama": 0, "qwen2": 2, "qwen3": 2, "qwen2moe": 2}
+ROPE_MODE = {"llama": 0, "qwen2": 2, "qwen3": 2, "qwen2moe": 2, "qwen3moe": 2}
+# mixtures of experts whose chosen gate probabilities are renormalized to sum to 1
+NORM_EXPERT_WEIGHTS = {"qwen3moe"}
 SUPPORTED_ARCHS = tuple(ROPE_MODE)
 OPTIONAL = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
             "attn_output.bias")
@@ -255,12 +257,13 @@ class Model:
         names = []
         if st.embed:
             names.append("token_embd.weight")
-        ffn = (("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "ffn_gate_inp_shexp",
-                "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp") if self.hp.n_expert
+        ffn = (("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps") if self.hp.n_expert
                else ("ffn_gate", "ffn_up", "ffn_down"))
+        shared = ("ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
         for il in st.layers:
             names += [f"blk.{il}.{n}.weight" for n in (
                 "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", *ffn)]
+            names += [f"blk.{il}.{n}.weight" for n in shared if f"blk.{il}.{n}.weight" in self.file.tensors]
             names += [f"blk.{il}.{n}" for n in OPTIONAL if f"blk.{il}.{n}" in self.file.tensors]
         if st.output:
             names.append("output_norm.weight")
@@ -460,15 +463,20 @@ class Model:
                          name=f"ffn_out-{il}")
 
     def _moe(self, g: B.Graph, w: dict, p: str, il: int, cur: Tensor) -> Tensor:
-        """qwen2moe's feed-forward as llama.cpp builds it: soft-max gate, the top
-        n_expert_used experts (MUL_MAT_ID) weighted by their gate probability and
-        summed, plus a shared expert behind a sigmoid gate."""
+        """A mixture of experts as llama.cpp builds it: soft-max gate, the top
+        n_expert_used experts (MUL_MAT_ID) weighted by their gate probability
+        (renormalized for qwen3moe) and summed, plus qwen2moe's shared expert
+        behind a sigmoid gate."""
         hp = self.hp
         n_embd, T, k = cur.ne[0], cur.ne[1], hp.n_expert_used
         probs = B.soft_max(B.mul_mat(w[p + "ffn_gate_inp.weight"], cur, name=f"ffn_moe_logits-{il}"),
                            name=f"ffn_moe_probs-{il}")
         chosen = B.argsort_top_k(probs, k, name=f"ffn_moe_topk-{il}")
         weights = B.get_rows(B.reshape(probs, (1, hp.n_expert, T)), chosen, name=f"ffn_moe_weights-{il}")
+        if self.file.arch in NORM_EXPERT_WEIGHTS:
+            weights = B.reshape(weights, (k, T))
+            total = B.clamp(B.sum_rows(weights), 6.103515625e-5, math.inf, name=f"ffn_moe_weights_sum-{il}")
+            weights = B.reshape(B.div(weights, total, name=f"ffn_moe_weights_norm-{il}"), (1, k, T))
         g.expand(weights)
         x = B.reshape(cur, (n_embd, 1, T))
         up = B.mul_mat_id(w[p + "ffn_up_exps.weight"], x, chosen, name=f"ffn_moe_up-{il}")
@@ -486,6 +494,8 @@ class Model:
             moe = g.expand(B.add(moe, v, name=f"ffn_moe_out-{il}"))
         if k == 1:
             moe = B.cont(moe)
+        if p + "ffn_gate_inp_shexp.weight" not in w:
+            return moe
         gate_in = B.mul_mat(w[p + "ffn_gate_inp_shexp.weight"], cur, name=f"ffn_shexp_gate_inp-{il}")
         shared_gate = B.div(B.silu(gate_in), gate_in, name=f"ffn_shexp_gate-{il}")
         shared = B.mul(self._ffn(w, p, "_shexp", il, cur), shared_gate, name=f"ffn_shexp_out-{il}")

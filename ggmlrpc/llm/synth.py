@@ -4,7 +4,7 @@ They make no sense as language, but they send exactly the graphs a real model
 of their architecture sends. Weights are written as F32 or F16 with
 ``gguf.GGUFWriter``; llama.cpp's ``llama-quantize`` turns them into any
 quantized type. ``write_llama`` writes a llama model; ``write_model`` writes any
-of ``ARCHS`` (llama with tied or untied output, qwen2, qwen3, gemma2, phi2, phi3 and
+of ``ARCHS`` (llama with tied or untied output, qwen2, qwen3, qwen3moe, gemma2, phi2, phi3 and
 the mixtures of experts qwen2moe and gpt-oss), each chosen for the ops its graph
 adds.
 
@@ -226,9 +226,12 @@ def _qwen2(s: _Synth, moe: bool = False) -> None:
     s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
 
 
-def _qwen3(s: _Synth) -> None:
-    """Llama with an RMS norm over each query and key head (before rope), NeoX rope."""
+def _qwen3(s: _Synth, moe: bool = False) -> None:
+    """Llama with an RMS norm over each query and key head (before rope), NeoX rope;
+    qwen3moe has routed experts (their chosen gate weights renormalized), no shared one."""
     sh, e = s.shape, s.shape.n_embd
+    if moe:
+        ff_exp = _experts(s)
     s.w.add_tensor("token_embd.weight", s.embd())
     for i in range(sh.n_layer):
         p = f"blk.{i}."
@@ -236,7 +239,14 @@ def _qwen3(s: _Synth) -> None:
         s.w.add_tensor(p + "attn_q_norm.weight", s.norm(s.head))
         s.w.add_tensor(p + "attn_k_norm.weight", s.norm(s.head))
         s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
-        _ffn(s, p, sh.n_ff)
+        if not moe:
+            _ffn(s, p, sh.n_ff)
+            continue
+        n = sh.n_expert
+        s.w.add_tensor(p + "ffn_gate_inp.weight", s.mat(n, e, 1.0, dtype=np.float32))
+        s.w.add_tensor(p + "ffn_gate_exps.weight", s.mat(ff_exp, e, n=n))
+        s.w.add_tensor(p + "ffn_up_exps.weight", s.mat(ff_exp, e, n=n))
+        s.w.add_tensor(p + "ffn_down_exps.weight", s.mat(e, ff_exp, n=n))
     s.w.add_tensor("output_norm.weight", s.norm(e))
     s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
 
@@ -367,6 +377,7 @@ ARCHS = {
     "llama-tied": ("llama", None),
     "qwen2": ("qwen2", _qwen2),
     "qwen3": ("qwen3", _qwen3),
+    "qwen3moe": ("qwen3moe", lambda s: _qwen3(s, moe=True)),
     "qwen2moe": ("qwen2moe", lambda s: _qwen2(s, moe=True)),
     "gpt-oss": ("gpt-oss", _gpt_oss),
     "gemma2": ("gemma2", _gemma2),

@@ -53,7 +53,7 @@ def test_same_tokens_everywhere(model_path, servers):
     assert len(no_fa) == 12 and greedy(model_path, rpc=eps, flash_attn=False)[0] == no_fa
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe"])
 def test_other_architectures_same_tokens_everywhere(tmp_path, servers, arch):
     path = synth.write_model(tmp_path / f"{arch}.gguf", arch,
                              synth.ModelShape(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2))

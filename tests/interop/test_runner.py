@@ -113,10 +113,11 @@ def test_real_vocabularies(ref_bin, tmp_path, vocab, server_proc, capfdbinary):
     assert capfdbinary.readouterr()[0] == mine and len(mine) > len(VOCAB_PROMPT)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe"])
 def test_other_architectures(ref_bin, tmp_path, arch, ref_server, capfdbinary):
     """qwen2 (q/k/v biases, NeoX rope), qwen3 (per-head q/k RMS norms) and qwen2moe
-    (soft-max routed experts through MUL_MAT_ID plus a gated shared expert): in-process
+    (soft-max routed experts through MUL_MAT_ID plus a gated shared expert), qwen3moe
+    (renormalized expert weights, no shared expert): in-process
     with and without flash attention, and split over our process and llama.cpp's server."""
     model = synth.write_model(tmp_path / f"{arch}.gguf", arch,
                               synth.ModelShape(n_layer=2, n_embd=128, n_ff=256, n_head=4, n_head_kv=2),
