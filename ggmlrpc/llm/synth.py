@@ -215,15 +215,20 @@ def _qwen2(s: _Synth, moe: bool = False) -> None:
         if not moe:
             _ffn(s, p, sh.n_ff)
             continue
-        n = sh.n_expert
-        s.w.add_tensor(p + "ffn_gate_inp.weight", s.mat(n, e, 1.0, dtype=np.float32))
-        s.w.add_tensor(p + "ffn_gate_exps.weight", s.mat(ff_exp, e, n=n))
-        s.w.add_tensor(p + "ffn_up_exps.weight", s.mat(ff_exp, e, n=n))
-        s.w.add_tensor(p + "ffn_down_exps.weight", s.mat(e, ff_exp, n=n))
+        _routed_experts(s, p, ff_exp)
         s.w.add_tensor(p + "ffn_gate_inp_shexp.weight", s.bias(e, 1.0 / np.sqrt(e)))
         _ffn(s, p, sh.n_ff_shexp or sh.n_ff, "_shexp")
     s.w.add_tensor("output_norm.weight", s.norm(e))
     s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
+
+
+def _routed_experts(s: _Synth, p: str, ff_exp: int) -> None:
+    """The expert gate (F32, as converted models keep it) and the stacked experts."""
+    e, n = s.shape.n_embd, s.shape.n_expert
+    s.w.add_tensor(p + "ffn_gate_inp.weight", s.mat(n, e, 1.0, dtype=np.float32))
+    s.w.add_tensor(p + "ffn_gate_exps.weight", s.mat(ff_exp, e, n=n))
+    s.w.add_tensor(p + "ffn_up_exps.weight", s.mat(ff_exp, e, n=n))
+    s.w.add_tensor(p + "ffn_down_exps.weight", s.mat(e, ff_exp, n=n))
 
 
 def _qwen3(s: _Synth, moe: bool = False) -> None:
@@ -242,11 +247,7 @@ def _qwen3(s: _Synth, moe: bool = False) -> None:
         if not moe:
             _ffn(s, p, sh.n_ff)
             continue
-        n = sh.n_expert
-        s.w.add_tensor(p + "ffn_gate_inp.weight", s.mat(n, e, 1.0, dtype=np.float32))
-        s.w.add_tensor(p + "ffn_gate_exps.weight", s.mat(ff_exp, e, n=n))
-        s.w.add_tensor(p + "ffn_up_exps.weight", s.mat(ff_exp, e, n=n))
-        s.w.add_tensor(p + "ffn_down_exps.weight", s.mat(e, ff_exp, n=n))
+        _routed_experts(s, p, ff_exp)
     s.w.add_tensor("output_norm.weight", s.norm(e))
     s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
 
