@@ -1,4 +1,5 @@
-"""A llama-architecture model spread over the local CPU and RPC servers.
+"""A GGUF model (llama, qwen2, qwen3, qwen2moe, qwen3moe) spread over the local CPU
+and RPC servers.
 
     model = Model.load("model.gguf", rpc=["10.0.0.2:50052"], n_gpu_layers=99)
     for piece in model.generate("Once upon a time", n_predict=16, temp=0):
