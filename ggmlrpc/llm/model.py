@@ -1,5 +1,5 @@
-"""A GGUF model (llama, qwen2, qwen3, qwen2moe, qwen3moe) spread over the local CPU
-and RPC servers.
+"""A GGUF model (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma2) spread over the
+local CPU and RPC servers.
 
     model = Model.load("model.gguf", rpc=["10.0.0.2:50052"], n_gpu_layers=99)
     for piece in model.generate("Once upon a time", n_predict=16, temp=0):
@@ -30,7 +30,7 @@ import numpy as np
 from .. import builder as B
 from ..client import RemoteBackend, RemoteBuffer, Tensor
 from ..errors import ConnectionLost, GgmlRpcError
-from ..ggml import GGMLType
+from ..ggml import GGMLGluOp, GGMLType, GGMLUnaryOp
 from ..local import LocalBackend
 from .gguf_file import GGUFFile, ModelError
 from .sampling import Sampler
@@ -40,7 +40,11 @@ KV_PAD = 256          # llama.cpp pads the attended cache cells to a multiple of
 N_UBATCH = 512        # prompt tokens per graph (llama.cpp's default micro-batch)
 # architecture -> rope mode (0: consecutive pairs, 2: NeoX halves); the optional
 # tensors (q/k/v/output biases, per-head q/k norms) are used wherever a file has them
-ROPE_MODE = {"llama": 0, "qwen2": 2, "qwen3": 2, "qwen2moe": 2, "qwen3moe": 2}
+ROPE_MODE = {"llama": 0, "qwen2": 2, "qwen3": 2, "qwen2moe": 2, "qwen3moe": 2, "gemma2": 2}
+# gemma2: embeddings scaled by sqrt(n_embd), norms after attention and feed-forward,
+# GELU-gated feed-forward, tanh soft-capped attention and output logits, and every
+# other layer (the even ones) attending a sliding window
+GEMMA = {"gemma2"}
 # mixtures of experts whose chosen gate probabilities are renormalized to sum to 1
 NORM_EXPERT_WEIGHTS = {"qwen3moe"}
 SUPPORTED_ARCHS = tuple(ROPE_MODE)
@@ -64,6 +68,9 @@ class HParams:
     rope_scale: float
     n_expert: int = 0
     n_expert_used: int = 0
+    n_swa: int = 0                 # sliding window (0: none)
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
 
     @property
     def n_embd_kv(self) -> int:
@@ -89,7 +96,10 @@ class HParams:
                    eps=float(key("attention.layer_norm_rms_epsilon")),
                    rope_base=float(key("rope.freq_base", 10000.0)),
                    rope_scale=1.0 / float(scale) if scale else 1.0,
-                   n_expert=int(key("expert_count", 0)), n_expert_used=int(key("expert_used_count", 0)))
+                   n_expert=int(key("expert_count", 0)), n_expert_used=int(key("expert_used_count", 0)),
+                   **({"n_swa": int(key("attention.sliding_window", 4096)),
+                       "attn_softcap": float(key("attn_logit_softcapping", 50.0)),
+                       "final_softcap": float(key("final_logit_softcapping", 30.0))} if a in GEMMA else {}))
 
 
 @dataclass
@@ -260,6 +270,8 @@ class Model:
             names.append("token_embd.weight")
         ffn = (("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps") if self.hp.n_expert
                else ("ffn_gate", "ffn_up", "ffn_down"))
+        if self.file.arch in GEMMA:
+            ffn += ("post_attention_norm", "post_ffw_norm")
         shared = ("ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
         for il in st.layers:
             names += [f"blk.{il}.{n}.weight" for n in (
@@ -370,6 +382,8 @@ class Model:
         if st.embed:
             x = B.get_rows(w["token_embd.weight"], inp.new(GGMLType.I32, (T,), "inp_tokens"),
                            name="inp_embd")
+            if self.file.arch in GEMMA:
+                x = B.scale(x, math.sqrt(hp.n_embd), name="inp_scaled")
         else:
             rows = T if st.layers else n_out
             x = inp.new(GGMLType.F32, (hp.n_embd, rows), "embd")
@@ -378,7 +392,10 @@ class Model:
             k_idx = inp.new(GGMLType.I64, (T,), "k_idxs")
             # without flash attention the V cache is transposed: one index per element
             v_idx = inp.new(GGMLType.I64, (T if self.flash_attn else T * hp.n_embd_kv,), "v_idxs")
-            mask = inp.new(GGMLType.F16 if self.flash_attn else GGMLType.F32, (n_kv, T), "kq_mask")
+            mask_type = GGMLType.F16 if self.flash_attn else GGMLType.F32
+            mask = inp.new(mask_type, (n_kv, T), "kq_mask")
+            if hp.n_swa and any(self._swa(il) for il in st.layers):
+                mask = (mask, inp.new(mask_type, (n_kv, T), "kq_mask_swa"))
             out_ids = (inp.new(GGMLType.I32, (n_out,), "out_ids")
                        if last_layer in st.layers and n_out < T else None)
         for il in st.layers:
@@ -391,6 +408,9 @@ class Model:
             x = B.mul_mat(out_w, x, name="result_output")
             if "output.bias" in w:
                 x = B.add(x, w["output.bias"], name="result_output")
+            if hp.final_softcap:
+                x = B.scale(B.unary(GGMLUnaryOp.TANH, B.scale(x, 1.0 / hp.final_softcap)),
+                            hp.final_softcap, name="result_output")
         g.expand(x, output=True)
         return _Graph((n_tokens, n_kv, n_out), g, {t.name: t for t in inp.tensors}, x, inp)
 
@@ -415,7 +435,13 @@ class Model:
                           name=f"{name.upper()}cur_normed-{il}")
             return B.rope_ext(t, pos, None, name=f"{name.upper()}cur-{il}", **rope) if rotate else t
 
+        gemma = self.file.arch in GEMMA
+        if isinstance(mask, tuple):
+            mask = mask[1] if self._swa(il) else mask[0]
         q = proj("q", hp.n_head, True)
+        kq_scale = 1.0 / math.sqrt(hd)
+        if gemma:   # the query is scaled, the scores are not
+            q, kq_scale = B.scale(q, 1.0 / math.sqrt(hd), name=f"Qcur_scaled-{il}"), 1.0
         k = proj("k", hp.n_head_kv, True)
         v = proj("v", hp.n_head_kv, False)
         cache_k, cache_v = st.kv[il]
@@ -428,7 +454,7 @@ class Model:
         if self.flash_attn:
             g.expand(B.set_rows(cache_v, B.reshape(v, (hp.n_embd_kv, T)), v_idx))
             vv = B.permute(B.view(cache_v, (hd, hp.n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
-            o = B.flash_attn_ext(qq, kk, vv, mask, 1.0 / math.sqrt(hd))
+            o = B.flash_attn_ext(qq, kk, vv, mask, kq_scale, logit_softcap=hp.attn_softcap)
             o = B.reshape(o, (hd * hp.n_head, T), name=f"kqv_out-{il}")
         else:
             # V transposed: element (cell, channel) at channel * n_ctx + cell
@@ -437,7 +463,10 @@ class Model:
             vt = B.view(cache_v, (n_kv, hp.n_head_kv, hd, 1),
                         (2, 2 * self.n_ctx * hd, 2 * self.n_ctx, 2 * self.n_ctx * hp.n_embd_kv))
             kq = B.mul_mat(kk, qq, name=f"kq-{il}", prec_f32=True)
-            kq = B.soft_max_ext(kq, mask, 1.0 / math.sqrt(hd), name=f"kq_soft_max-{il}")
+            if hp.attn_softcap:
+                kq = B.scale(B.unary(GGMLUnaryOp.TANH, B.scale(kq, 1.0 / hp.attn_softcap)),
+                             hp.attn_softcap, name=f"kq_scaled_2-{il}")
+            kq = B.soft_max_ext(kq, mask, kq_scale, name=f"kq_soft_max-{il}")
             kqv = B.mul_mat(B.permute(vt, 0, 2, 1, 3), kq, name=f"kqv-{il}")
             o = B.cont(B.permute(kqv, 0, 2, 1, 3), (hd * hp.n_head, T), name=f"kqv_out-{il}")
         cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
@@ -446,21 +475,30 @@ class Model:
         if out_ids is not None:
             cur = B.get_rows(cur, out_ids)
             x = B.get_rows(x, out_ids)
+        if gemma:
+            cur = B.mul(B.rms_norm(cur, hp.eps), w[p + "post_attention_norm.weight"],
+                        name=f"attn_post_norm-{il}")
         ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
         cur = B.rms_norm(ffn_inp, hp.eps, name=f"norm-{il}")
         cur = B.mul(cur, w[p + "ffn_norm.weight"], name=f"ffn_norm-{il}")
         if hp.n_expert:
             cur = self._moe(g, w, p, il, cur)
         else:
-            cur = self._ffn(w, p, "", il, cur)
+            cur = self._ffn(w, p, "", il, cur, GGMLGluOp.GEGLU if gemma else GGMLGluOp.SWIGLU)
+        if gemma:
+            cur = B.mul(B.rms_norm(cur, hp.eps), w[p + "post_ffw_norm.weight"], name=f"ffn_post_norm-{il}")
         return B.add(cur, ffn_inp, name=f"l_out-{il}")
 
+    def _swa(self, il: int) -> bool:
+        """Layers that attend a sliding window (gemma2: the even ones)."""
+        return bool(self.hp.n_swa) and il % 2 == 0
+
     @staticmethod
-    def _ffn(w: dict, p: str, suffix: str, il: int, cur: Tensor) -> Tensor:
-        """SwiGLU feed-forward: down(silu(gate x) * up x)."""
+    def _ffn(w: dict, p: str, suffix: str, il: int, cur: Tensor, act: int = GGMLGluOp.SWIGLU) -> Tensor:
+        """Gated feed-forward: down(act(gate x) * up x), act SwiGLU or GeGLU."""
         gate = B.mul_mat(w[p + f"ffn_gate{suffix}.weight"], cur, name=f"ffn_gate{suffix}-{il}")
         up = B.mul_mat(w[p + f"ffn_up{suffix}.weight"], cur, name=f"ffn_up{suffix}-{il}")
-        return B.mul_mat(w[p + f"ffn_down{suffix}.weight"], B.swiglu_split(gate, up, name=f"ffn_swiglu-{il}"),
+        return B.mul_mat(w[p + f"ffn_down{suffix}.weight"], B.glu_split(act, gate, up, name=f"ffn_glu-{il}"),
                          name=f"ffn_out-{il}")
 
     def _moe(self, g: B.Graph, w: dict, p: str, il: int, cur: Tensor) -> Tensor:
@@ -588,6 +626,9 @@ class Model:
         values = {"inp_tokens": np.asarray(tokens, np.int32), "inp_pos": pos,
                   "k_idxs": pos.astype(np.int64), "v_idxs": v_idxs,
                   "kq_mask": mask, "out_ids": np.asarray([T - 1], np.int32)}
+        if self.hp.n_swa:   # cells n_swa or more positions back are out of the window
+            far = pos[:, None] - np.arange(n_kv)[None, :] >= self.hp.n_swa
+            values["kq_mask_swa"] = np.where(far, -np.inf, mask).astype(mask.dtype)
         x = None
         for st in self.stages:
             be, dev = st.device.backend, st.device.index

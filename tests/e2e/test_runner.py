@@ -53,7 +53,7 @@ def test_same_tokens_everywhere(model_path, servers):
     assert len(no_fa) == 12 and greedy(model_path, rpc=eps, flash_attn=False)[0] == no_fa
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma2"])
 def test_other_architectures_same_tokens_everywhere(tmp_path, servers, arch):
     path = synth.write_model(tmp_path / f"{arch}.gguf", arch,
                              synth.ModelShape(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2))
@@ -115,11 +115,11 @@ def run_cli(capsys, *args):
 def test_cli_errors(model_path, tmp_path, capsys):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a model")
-    gemma = synth.write_model(tmp_path / "gemma2.gguf", "gemma2",
-                              synth.ModelShape(n_layer=1, n_embd=32, n_ff=64, n_head=2, n_head_kv=1))
+    phi = synth.write_model(tmp_path / "phi2.gguf", "phi2",
+                            synth.ModelShape(n_layer=1, n_embd=32, n_ff=64, n_head=2, n_head_kv=1))
     for args, msg in ((["-m", str(tmp_path / "none.gguf")], "model file not found"),
                       (["-m", str(bad)], "is not a GGUF file"),
-                      (["-m", str(gemma)], "architecture 'gemma2' is not supported"),
+                      (["-m", str(phi)], "architecture 'phi2' is not supported"),
                       (["-m", str(model_path), "--rpc", f"127.0.0.1:{free_port()}"], "server unreachable"),
                       (["-m", str(model_path), "--rpc", "nohost"], "invalid endpoint"),
                       (["-m", str(model_path), "-c", "8", "-p", PROMPT], "context full")):
