@@ -440,8 +440,9 @@ class Model:
             mask = mask[1] if self._swa(il) else mask[0]
         q = proj("q", hp.n_head, True)
         kq_scale = 1.0 / math.sqrt(hd)
-        if gemma:   # the query is scaled, the scores are not
-            q, kq_scale = B.scale(q, 1.0 / math.sqrt(hd), name=f"Qcur_scaled-{il}"), 1.0
+        if gemma:   # the query is scaled, the scores are not (27B, 46 layers: by n_embd / n_head)
+            q_scale = 1.0 / math.sqrt(hp.n_embd // hp.n_head if hp.n_layer == 46 else hd)
+            q, kq_scale = B.scale(q, q_scale, name=f"Qcur_scaled-{il}"), 1.0
         k = proj("k", hp.n_head_kv, True)
         v = proj("v", hp.n_head_kv, False)
         cache_k, cache_v = st.kv[il]
