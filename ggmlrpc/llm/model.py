@@ -1,4 +1,4 @@
-"""A GGUF model (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma2) spread over the
+"""A GGUF model (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma2, gemma3) spread over the
 local CPU and RPC servers.
 
     model = Model.load("model.gguf", rpc=["10.0.0.2:50052"], n_gpu_layers=99)
@@ -40,11 +40,12 @@ KV_PAD = 256          # llama.cpp pads the attended cache cells to a multiple of
 N_UBATCH = 512        # prompt tokens per graph (llama.cpp's default micro-batch)
 # architecture -> rope mode (0: consecutive pairs, 2: NeoX halves); the optional
 # tensors (q/k/v/output biases, per-head q/k norms) are used wherever a file has them
-ROPE_MODE = {"llama": 0, "qwen2": 2, "qwen3": 2, "qwen2moe": 2, "qwen3moe": 2, "gemma2": 2}
-# gemma2: embeddings scaled by sqrt(n_embd), norms after attention and feed-forward,
-# GELU-gated feed-forward, tanh soft-capped attention and output logits, and every
-# other layer (the even ones) attending a sliding window
-GEMMA = {"gemma2"}
+ROPE_MODE = {"llama": 0, "qwen2": 2, "qwen3": 2, "qwen2moe": 2, "qwen3moe": 2, "gemma2": 2, "gemma3": 2}
+# gemma2/3: embeddings scaled by sqrt(n_embd), norms after attention and feed-forward,
+# GELU-gated feed-forward, sliding-window layers (gemma2: every other one, with tanh
+# soft-capped attention and logits; gemma3: five of every six, their own rope base)
+GEMMA = {"gemma2", "gemma3"}
+SWA_PATTERN = {"gemma2": 2, "gemma3": 6}
 # mixtures of experts whose chosen gate probabilities are renormalized to sum to 1
 NORM_EXPERT_WEIGHTS = {"qwen3moe"}
 SUPPORTED_ARCHS = tuple(ROPE_MODE)
@@ -69,6 +70,9 @@ class HParams:
     n_expert: int = 0
     n_expert_used: int = 0
     n_swa: int = 0                 # sliding window (0: none)
+    swa_pattern: int = 0           # layer il slides when il % swa_pattern < swa_pattern - 1
+    rope_base_swa: float = 10000.0
+    rope_scale_swa: float = 1.0
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
 
@@ -97,9 +101,25 @@ class HParams:
                    rope_base=float(key("rope.freq_base", 10000.0)),
                    rope_scale=1.0 / float(scale) if scale else 1.0,
                    n_expert=int(key("expert_count", 0)), n_expert_used=int(key("expert_used_count", 0)),
-                   **({"n_swa": int(key("attention.sliding_window", 4096)),
-                       "attn_softcap": float(key("attn_logit_softcapping", 50.0)),
-                       "final_softcap": float(key("final_logit_softcapping", 30.0))} if a in GEMMA else {}))
+                   **_gemma_hparams(f, a))
+
+
+def _gemma_hparams(f: GGUFFile, a: str) -> dict:
+    """llama.cpp's defaults and keys for gemma2 and gemma3."""
+    key = lambda name, default: f.get(f"{a}.{name}", default)  # noqa: E731
+    base = float(key("rope.freq_base", 10000.0))
+    scale = key("rope.scaling.factor", None)
+    if a == "gemma2":
+        return {"n_swa": int(key("attention.sliding_window", 4096)), "swa_pattern": 2,
+                "rope_base_swa": float(key("rope.freq_base_swa", base)),
+                "rope_scale_swa": 1.0 / float(scale) if scale else 1.0,
+                "attn_softcap": float(key("attn_logit_softcapping", 50.0)),
+                "final_softcap": float(key("final_logit_softcapping", 30.0))}
+    if a == "gemma3":
+        return {"n_swa": int(key("attention.sliding_window", 0)), "swa_pattern": 6,
+                "rope_base_swa": float(key("rope.freq_base_swa", 10000.0)),
+                "final_softcap": float(key("final_logit_softcapping", 0.0))}
+    return {}
 
 
 @dataclass
@@ -419,8 +439,10 @@ class Model:
         hp, w = self.hp, st.weights
         p = f"blk.{il}."
         hd = hp.head_dim
+        swa = self._swa(il)
         rope = dict(n_dims=hp.n_rot, mode=ROPE_MODE[self.file.arch], n_ctx_orig=hp.n_ctx_train,
-                    freq_base=hp.rope_base, freq_scale=hp.rope_scale)
+                    freq_base=hp.rope_base_swa if swa else hp.rope_base,
+                    freq_scale=hp.rope_scale_swa if swa else hp.rope_scale)
         cur = B.rms_norm(x, hp.eps, name=f"norm-{il}")
         cur = B.mul(cur, w[p + "attn_norm.weight"], name=f"attn_norm-{il}")
 
@@ -437,11 +459,12 @@ class Model:
 
         gemma = self.file.arch in GEMMA
         if isinstance(mask, tuple):
-            mask = mask[1] if self._swa(il) else mask[0]
+            mask = mask[1] if swa else mask[0]
         q = proj("q", hp.n_head, True)
         kq_scale = 1.0 / math.sqrt(hd)
-        if gemma:   # the query is scaled, the scores are not (27B, 46 layers: by n_embd / n_head)
-            q_scale = 1.0 / math.sqrt(hp.n_embd // hp.n_head if hp.n_layer == 46 else hd)
+        if gemma:   # the query is scaled, the scores are not (27B: by n_embd / n_head)
+            big = hp.n_layer == {"gemma2": 46, "gemma3": 62}[self.file.arch]
+            q_scale = 1.0 / math.sqrt(hp.n_embd // hp.n_head if big else hd)
             q, kq_scale = B.scale(q, q_scale, name=f"Qcur_scaled-{il}"), 1.0
         k = proj("k", hp.n_head_kv, True)
         v = proj("v", hp.n_head_kv, False)
@@ -491,8 +514,10 @@ class Model:
         return B.add(cur, ffn_inp, name=f"l_out-{il}")
 
     def _swa(self, il: int) -> bool:
-        """Layers that attend a sliding window (gemma2: the even ones)."""
-        return bool(self.hp.n_swa) and il % 2 == 0
+        """Layers that attend a sliding window (gemma2: the even ones; gemma3: all but
+        every sixth)."""
+        n = self.hp.swa_pattern
+        return bool(self.hp.n_swa) and il % n < n - 1
 
     @staticmethod
     def _ffn(w: dict, p: str, suffix: str, il: int, cur: Tensor, act: int = GGMLGluOp.SWIGLU) -> Tensor:

@@ -4,7 +4,7 @@ They make no sense as language, but they send exactly the graphs a real model
 of their architecture sends. Weights are written as F32 or F16 with
 ``gguf.GGUFWriter``; llama.cpp's ``llama-quantize`` turns them into any
 quantized type. ``write_llama`` writes a llama model; ``write_model`` writes any
-of ``ARCHS`` (llama with tied or untied output, qwen2, qwen3, qwen3moe, gemma2, phi2, phi3 and
+of ``ARCHS`` (llama with tied or untied output, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi2, phi3 and
 the mixtures of experts qwen2moe and gpt-oss), each chosen for the ops its graph
 adds.
 
@@ -302,6 +302,32 @@ def _gemma2(s: _Synth) -> None:
     s.w.add_tensor("output_norm.weight", s.norm(e))
 
 
+def _gemma3(s: _Synth) -> None:
+    """gemma2 without soft-capping, with per-head q/k norms; five of every six layers
+    slide (a short window) and rotate with their own rope base."""
+    sh, e = s.shape, s.shape.n_embd
+    s.w.add_key_length(s.head)
+    s.w.add_value_length(s.head)
+    s.w.add_sliding_window(sh.n_swa)
+    s.w.add_key_value("gemma3.rope.freq_base_swa", 10000.0, _value_type("FLOAT32"))
+    s.w.add_tensor("token_embd.weight", s.embd(tied=True))
+    for i in range(sh.n_layer):
+        p = f"blk.{i}."
+        _attention(s, p)
+        s.w.add_tensor(p + "attn_q_norm.weight", s.norm(s.head))
+        s.w.add_tensor(p + "attn_k_norm.weight", s.norm(s.head))
+        s.w.add_tensor(p + "post_attention_norm.weight", s.norm(e))
+        s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
+        _ffn(s, p, sh.n_ff)
+        s.w.add_tensor(p + "post_ffw_norm.weight", s.norm(e))
+    s.w.add_tensor("output_norm.weight", s.norm(e))
+
+
+def _value_type(name: str):
+    import gguf
+    return getattr(gguf.GGUFValueType, name)
+
+
 def _phi3(s: _Synth) -> None:
     """One fused q/k/v matrix and one fused gate/up matrix (the graph splits them
     with views), NeoX rope with per-dimension frequency factors (LongRoPE: the
@@ -382,6 +408,7 @@ ARCHS = {
     "qwen2moe": ("qwen2moe", lambda s: _qwen2(s, moe=True)),
     "gpt-oss": ("gpt-oss", _gpt_oss),
     "gemma2": ("gemma2", _gemma2),
+    "gemma3": ("gemma3", _gemma3),
     "phi2": ("phi2", _phi2),
     "phi3": ("phi3", _phi3),
 }

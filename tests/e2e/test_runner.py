@@ -17,6 +17,12 @@ from ggmlrpc.llm.gguf_file import ModelError
 from ggmlrpc.llm.model import Model, assign_layers
 from tests.conftest import Proc, free_port, our_server_argv, start_server
 
+def arch_shape(arch: str, n_embd: int) -> synth.ModelShape:
+    """Two layers; gemma3 seven (six sliding-window layers, one global, rope bases 1e4/1e6)."""
+    return synth.ModelShape(n_layer=7 if arch == "gemma3" else 2, n_embd=n_embd, n_ff=2 * n_embd,
+                            n_head=4, n_head_kv=2, rope_base=1e6 if arch == "gemma3" else 10000.0)
+
+
 PROMPT = "the old fisherman lived in a small village by the sea"
 
 
@@ -53,10 +59,10 @@ def test_same_tokens_everywhere(model_path, servers):
     assert len(no_fa) == 12 and greedy(model_path, rpc=eps, flash_attn=False)[0] == no_fa
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma2"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma2", "gemma3"])
 def test_other_architectures_same_tokens_everywhere(tmp_path, servers, arch):
     path = synth.write_model(tmp_path / f"{arch}.gguf", arch,
-                             synth.ModelShape(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2))
+                             arch_shape(arch, 64))
     local, _ = greedy(path, n_gpu_layers=0)
     assert len(local) == 12
     assert greedy(path, rpc=[f"127.0.0.1:{s.port}" for s in servers], n_gpu_layers=1)[0] == local

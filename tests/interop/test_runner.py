@@ -14,6 +14,7 @@ import pytest
 
 from ggmlrpc.cli.main import main
 from ggmlrpc.llm import synth
+from tests.e2e.test_runner import arch_shape
 
 pytestmark = pytest.mark.interop
 
@@ -113,7 +114,7 @@ def test_real_vocabularies(ref_bin, tmp_path, vocab, server_proc, capfdbinary):
     assert capfdbinary.readouterr()[0] == mine and len(mine) > len(VOCAB_PROMPT)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma2"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma2", "gemma3"])
 def test_other_architectures(ref_bin, tmp_path, arch, ref_server, capfdbinary):
     """qwen2 (q/k/v biases, NeoX rope), qwen3 (per-head q/k RMS norms) and qwen2moe
     (soft-max routed experts through MUL_MAT_ID plus a gated shared expert), qwen3moe
@@ -122,7 +123,7 @@ def test_other_architectures(ref_bin, tmp_path, arch, ref_server, capfdbinary):
     even layers, so a 60-token prompt crosses it): in-process
     with and without flash attention, and split over our process and llama.cpp's server."""
     model = synth.write_model(tmp_path / f"{arch}.gguf", arch,
-                              synth.ModelShape(n_layer=2, n_embd=128, n_ff=256, n_head=4, n_head_kv=2),
+                              arch_shape(arch, 128),
                               "f16", seed=4)
     for fa in ("on", "off"):
         mine = ours(model, ["-ngl", "0", "-fa", fa], capfdbinary)
