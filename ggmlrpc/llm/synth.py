@@ -241,8 +241,7 @@ def _qwen3(s: _Synth, moe: bool = False) -> None:
     for i in range(sh.n_layer):
         p = f"blk.{i}."
         _attention(s, p)
-        s.w.add_tensor(p + "attn_q_norm.weight", s.norm(s.head))
-        s.w.add_tensor(p + "attn_k_norm.weight", s.norm(s.head))
+        _qk_norms(s, p)
         s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
         if not moe:
             _ffn(s, p, sh.n_ff)
@@ -280,21 +279,27 @@ def _experts(s: _Synth) -> int:
     return ff_exp
 
 
-def _gemma2(s: _Synth) -> None:
+def _gemma(s: _Synth, version: int = 2) -> None:
     """Scaled embeddings, norms after attention and feed-forward too, GELU-gated
-    feed-forward, attention and final logit soft-capping (tanh), every other
-    layer a short sliding window (a second KV cache), output tied to the
-    embeddings."""
+    feed-forward, output tied to the embeddings, sliding-window layers (a short
+    window). gemma2: every other layer slides, attention and final logits are
+    soft-capped (tanh). gemma3: per-head q/k norms, five of every six layers slide
+    and rotate with their own rope base, no soft-capping."""
     sh, e = s.shape, s.shape.n_embd
     s.w.add_key_length(s.head)
     s.w.add_value_length(s.head)
     s.w.add_sliding_window(sh.n_swa)
-    s.w.add_attn_logit_softcapping(sh.attn_softcap)
-    s.w.add_final_logit_softcapping(sh.final_softcap)
+    if version == 2:
+        s.w.add_attn_logit_softcapping(sh.attn_softcap)
+        s.w.add_final_logit_softcapping(sh.final_softcap)
+    else:
+        s.w.add_key_value("gemma3.rope.freq_base_swa", 10000.0, _value_type("FLOAT32"))
     s.w.add_tensor("token_embd.weight", s.embd(tied=True))
     for i in range(sh.n_layer):
         p = f"blk.{i}."
         _attention(s, p)
+        if version == 3:
+            _qk_norms(s, p)
         s.w.add_tensor(p + "post_attention_norm.weight", s.norm(e))
         s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
         _ffn(s, p, sh.n_ff)
@@ -302,25 +307,9 @@ def _gemma2(s: _Synth) -> None:
     s.w.add_tensor("output_norm.weight", s.norm(e))
 
 
-def _gemma3(s: _Synth) -> None:
-    """gemma2 without soft-capping, with per-head q/k norms; five of every six layers
-    slide (a short window) and rotate with their own rope base."""
-    sh, e = s.shape, s.shape.n_embd
-    s.w.add_key_length(s.head)
-    s.w.add_value_length(s.head)
-    s.w.add_sliding_window(sh.n_swa)
-    s.w.add_key_value("gemma3.rope.freq_base_swa", 10000.0, _value_type("FLOAT32"))
-    s.w.add_tensor("token_embd.weight", s.embd(tied=True))
-    for i in range(sh.n_layer):
-        p = f"blk.{i}."
-        _attention(s, p)
-        s.w.add_tensor(p + "attn_q_norm.weight", s.norm(s.head))
-        s.w.add_tensor(p + "attn_k_norm.weight", s.norm(s.head))
-        s.w.add_tensor(p + "post_attention_norm.weight", s.norm(e))
-        s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
-        _ffn(s, p, sh.n_ff)
-        s.w.add_tensor(p + "post_ffw_norm.weight", s.norm(e))
-    s.w.add_tensor("output_norm.weight", s.norm(e))
+def _qk_norms(s: _Synth, p: str) -> None:
+    s.w.add_tensor(p + "attn_q_norm.weight", s.norm(s.head))
+    s.w.add_tensor(p + "attn_k_norm.weight", s.norm(s.head))
 
 
 def _value_type(name: str):
@@ -407,8 +396,8 @@ ARCHS = {
     "qwen3moe": ("qwen3moe", lambda s: _qwen3(s, moe=True)),
     "qwen2moe": ("qwen2moe", lambda s: _qwen2(s, moe=True)),
     "gpt-oss": ("gpt-oss", _gpt_oss),
-    "gemma2": ("gemma2", _gemma2),
-    "gemma3": ("gemma3", _gemma3),
+    "gemma2": ("gemma2", _gemma),
+    "gemma3": ("gemma3", lambda s: _gemma(s, 3)),
     "phi2": ("phi2", _phi2),
     "phi3": ("phi3", _phi3),
 }
