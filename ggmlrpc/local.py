@@ -26,6 +26,27 @@ class _LocalBuffer:
         self.handle, self.base, self.size, self.device, self.mem = handle, base, size, device, mem
 
 
+class _ArrayMemory:
+    """Host memory that a numpy array owns (a read-only file mapping): graphs read it
+    in place; nothing writes to it."""
+
+    def __init__(self, array: np.ndarray):
+        self.mem = array
+        self.addr = array.ctypes.data
+        self.size = array.nbytes
+
+    def view(self) -> memoryview:
+        return memoryview(self.mem).cast("B")
+
+    def write(self, offset, data):
+        raise ValidationError("a mapped buffer is read-only")
+
+    fill = write
+
+    def free(self):
+        self.mem = None
+
+
 class LocalBackend:
     """The host's CPU as one device (device 0), `n_threads` threads for graphs."""
 
@@ -92,6 +113,18 @@ class LocalBackend:
             self._next_base += (size + self.BASE_GAP) // self.BASE_GAP * self.BASE_GAP + self.BASE_GAP
             self._buffers[handle] = _LocalBuffer(handle, base, size, 0, mem)
         return RemoteBuffer(self, handle, size, base, 0)
+
+    def map_buffer(self, array: np.ndarray) -> RemoteBuffer:
+        """A read-only buffer over existing host memory (a GGUF file's mapping), so
+        weights are used where they lie instead of being copied."""
+        array = np.asarray(array).reshape(-1).view(np.uint8)
+        mem = _ArrayMemory(array)
+        with self._lock:
+            handle = next(self._handles)
+            base = self._next_base
+            self._next_base += (mem.size + self.BASE_GAP) // self.BASE_GAP * self.BASE_GAP + self.BASE_GAP
+            self._buffers[handle] = _LocalBuffer(handle, base, mem.size, 0, mem)
+        return RemoteBuffer(self, handle, mem.size, base, 0)
 
     def free_buffer(self, buffer: RemoteBuffer) -> None:
         with self._lock:

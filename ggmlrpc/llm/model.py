@@ -176,6 +176,7 @@ class Stage:
     buffers: list[RemoteBuffer] = field(default_factory=list)
     compute: RemoteBuffer | None = None
     inputs_buf: RemoteBuffer | None = None
+    mapped: bool = False        # weights used in place in the file mapping (local CPU)
     graphs: dict[tuple, _Graph] = field(default_factory=dict)
 
 
@@ -220,6 +221,7 @@ class Model:
         self.history: list[list[int]] = []     # the batches run since the last reset
         self.reconnect = 0.0                   # seconds to wait for a lost server
         self.stop_reason: str | None = None
+        self._mapped: RemoteBuffer | None = None   # the file mapping as a local buffer
 
     # -- loading ---------------------------------------------------------------
     @classmethod
@@ -317,7 +319,8 @@ class Model:
 
     def _alloc_stage(self, st: Stage) -> int:
         """One buffer on the stage's device for its weights and KV cache; places the
-        tensors in it. Returns the weight bytes to send."""
+        tensors in it. Returns the weight bytes to send. On the local CPU the weights
+        stay in the file's mapping and only the cache gets a buffer."""
         f, hp = self.file, self.hp
         be, dev = st.device.backend, st.device.index
         align = be.get_alignment(dev)
@@ -325,12 +328,19 @@ class Model:
         for n in names:
             if n not in f.tensors:
                 raise ModelError(f"{f.path}: missing tensor {n}")
-        size = sum(_align(f.tensors[n].nbytes, align) for n in names)
+        st.mapped = st.device.local
+        size = 0 if st.mapped else sum(_align(f.tensors[n].nbytes, align) for n in names)
         kv_row = _align(2 * hp.n_embd_kv * self.n_ctx, align)
         kv_size = 2 * kv_row * len(st.layers)
         st.buffers, st.weights, st.kv = [], {}, {}
         st.compute = st.inputs_buf = None
         st.graphs.clear()
+        if st.mapped:
+            whole = self._file_buffer(be)
+            start = f.reader.data.ctypes.data
+            for n in names:
+                ti = f.tensors[n]
+                st.weights[n] = whole.tensor(ti.type, ti.ne, ti.data.ctypes.data - start, name=n)
         if not size + kv_size:
             return 0
         buf = be.alloc_buffer(size + kv_size, dev)
@@ -339,7 +349,7 @@ class Model:
                              f"for weights and KV cache (free: {st.device.free >> 20} MiB)")
         st.buffers.append(buf)
         off = 0
-        for n in names:
+        for n in names if not st.mapped else ():
             ti = f.tensors[n]
             st.weights[n] = buf.tensor(ti.type, ti.ne, off, name=n)
             off += _align(ti.nbytes, align)
@@ -350,10 +360,18 @@ class Model:
             st.kv[il] = (k, v)
         if kv_size:
             be.memset_tensor(buf.tensor(GGMLType.I8, (kv_size,), size, name="kv"), 0)
-        return sum(f.tensors[n].nbytes for n in names)
+        return 0 if st.mapped else sum(f.tensors[n].nbytes for n in names)
+
+    def _file_buffer(self, be: LocalBackend) -> RemoteBuffer:
+        """The whole file mapping as one read-only local buffer (made once)."""
+        if self._mapped is None:
+            self._mapped = be.map_buffer(self.file.reader.data)
+        return self._mapped
 
     def _send_weights(self, st: Stage, done: int = 0, total: int = 0, progress=None) -> int:
         be = st.device.backend
+        if st.mapped:
+            return done
         for n, t in st.weights.items():
             data = self.file.tensors[n].data
             if be.set_tensor(t, data, weights=True):
@@ -732,6 +750,7 @@ class Model:
                 pass
         self.backends.clear()
         self.stages = []
+        self._mapped = None
         if self.file is not None:
             self.file.close()
             self.file = None

@@ -234,3 +234,19 @@ def test_bench_reports_prompt_and_generation_speed(model_path, servers, capsys):
     assert main(["bench", "-m", str(model_path), "-p", "8", "-n", "0", "-r", "1"]) == 0
     table = capsys.readouterr().out.splitlines()
     assert table[0].startswith("| model | size |") and "| pp8 |" in table[2] and len(table) == 3
+
+
+def test_local_weights_stay_in_the_file_mapping(model_path):
+    from ggmlrpc.errors import ValidationError
+
+    with Model.load(model_path, n_gpu_layers=0) as m:
+        (st,) = m.stages
+        assert st.mapped and st.device.local
+        kv = 2 * 2 * m.hp.n_embd_kv * m.n_ctx * m.hp.n_layer
+        assert [b.size for b in st.buffers] == [kv]             # only the cache was allocated
+        w = st.weights["blk.0.attn_q.weight"]
+        assert w.buffer is m._mapped and w.data - w.buffer.base == \
+            m.file.tensors["blk.0.attn_q.weight"].data.ctypes.data - m.file.reader.data.ctypes.data
+        with pytest.raises(ValidationError, match="read-only"):
+            st.device.backend.set_tensor(w, bytes(w.nbytes))
+        assert len(list(m.generate(PROMPT, 4, temp=0))) == 4
