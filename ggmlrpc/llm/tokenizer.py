@@ -80,6 +80,64 @@ PRE_TOKENIZERS = {
 }
 
 
+# pre-tokenizers whose detokenizer keeps spaces as they are (llama.cpp's clean_spaces off)
+KEEP_SPACES = {"deepseek-r1-qwen", "kormo", "qwen2", "deepseek-coder", "command-r", "smollm"}
+
+
+def clean_spaces(text: bytes) -> bytes:
+    """llama.cpp's clean_up_tokenization_spaces, pass for pass, on the bytes in place:
+    no space before ? ! . , ; " ' " between spaces loses both; no space before 's 'm
+    're 've."""
+    t = bytearray(text)
+
+    def run(step) -> None:
+        nonlocal total
+        n, total = total, (1 if total else 0)
+        i = 1
+        while i < n:
+            i = step(i, n)
+            i += 1
+
+    total = len(t)
+
+    def punct(i, n):
+        nonlocal total
+        x = t[i]
+        if t[i - 1] == 0x20 and x in b"?!.,":
+            total -= 1
+        t[total] = x
+        total += 1
+        return i
+
+    def apostrophe(i, n):
+        nonlocal total
+        x = t[i]
+        if x == 0x27 and i + 1 < n and t[i - 1] == 0x20 and t[i + 1] == 0x20:
+            total -= 1
+            i += 1
+            t[i] = 0
+        t[total] = x
+        total += 1
+        return i
+
+    def contraction(i, n):
+        nonlocal total
+        x = t[i]
+        if t[i - 1] == 0x20 and x == 0x27 and i + 1 < n:
+            x1 = t[i + 1]
+            if x1 in b"sm":
+                total -= 1
+            elif x1 not in b"td" and i + 2 < n and bytes(t[i + 1:i + 3]) in (b"re", b"ve"):
+                total -= 1
+        t[total] = x
+        total += 1
+        return i
+
+    for step in (punct, apostrophe, contraction):
+        run(step)
+    return bytes(t[:total])
+
+
 def _byte_alphabet() -> list[str]:
     """GPT-2's bytes_to_unicode: printable bytes stand for themselves, the others
     are shifted to U+0100 and up."""
@@ -153,6 +211,7 @@ class Tokenizer:
                              f"(supported: {', '.join(sorted(PRE_TOKENIZERS))})")
         exprs, self.ignore_merges, self.pre_add_bos = PRE_TOKENIZERS[pre]
         self.pre = pre
+        self.clean_up_spaces = pre not in KEEP_SPACES
         self.regexes = [regex.compile(e) for e in exprs]
         self.ranks: dict[tuple[bytes, bytes], int] = {}
         for i, m in enumerate(merges):
@@ -449,6 +508,8 @@ class Tokenizer:
                 piece = piece[1:]
             remove_space = False
             out += piece
+        if self.bpe and self.clean_up_spaces:
+            return clean_spaces(bytes(out))
         return bytes(out)
 
     def is_eog(self, token: int) -> bool:

@@ -56,3 +56,14 @@ def test_not_gguf(tmp_path):
         GGUFFile(bad)
     with pytest.raises(ModelError, match="not found"):
         GGUFFile(tmp_path / "missing.gguf")
+
+
+def test_clean_spaces_rules():
+    """llama.cpp's clean_up_tokenization_spaces, the rules its code states."""
+    from ggmlrpc.llm.tokenizer import clean_spaces
+
+    assert clean_spaces(b"Hello , world ! ok ? yes .") == b"Hello, world! ok? yes."
+    assert clean_spaces(b"a ' b") == b"a'b"
+    assert clean_spaces(b"it 's I 'm we 're you 've") == b"it's I'm we're you've"
+    assert clean_spaces(b"don 't we 'll I 'd") == b"don 't we 'll I 'd"     # kept, as llama.cpp keeps them
+    assert clean_spaces(b"") == b"" and clean_spaces(b" ,") == b","
