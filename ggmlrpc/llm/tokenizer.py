@@ -90,51 +90,33 @@ def clean_spaces(text: bytes) -> bytes:
     're 've."""
     t = bytearray(text)
 
-    def run(step) -> None:
-        nonlocal total
+    # each rule says, for byte i of a pass over n bytes: (drop the byte before, skip the next)
+    def punct(i, n):
+        return t[i - 1] == 0x20 and t[i] in b"?!.,", False
+
+    def apostrophe(i, n):
+        hit = t[i] == 0x27 and i + 1 < n and t[i - 1] == 0x20 and t[i + 1] == 0x20
+        return hit, hit
+
+    def contraction(i, n):
+        if not (t[i - 1] == 0x20 and t[i] == 0x27 and i + 1 < n) or t[i + 1] in b"td":
+            return False, False
+        return t[i + 1] in b"sm" or (i + 2 < n and bytes(t[i + 1:i + 3]) in (b"re", b"ve")), False
+
+    total = len(t)
+    for rule in (punct, apostrophe, contraction):
         n, total = total, (1 if total else 0)
         i = 1
         while i < n:
-            i = step(i, n)
+            x = t[i]
+            drop, skip = rule(i, n)
+            total -= drop
+            if skip:
+                i += 1
+                t[i] = 0
+            t[total] = x
+            total += 1
             i += 1
-
-    total = len(t)
-
-    def punct(i, n):
-        nonlocal total
-        x = t[i]
-        if t[i - 1] == 0x20 and x in b"?!.,":
-            total -= 1
-        t[total] = x
-        total += 1
-        return i
-
-    def apostrophe(i, n):
-        nonlocal total
-        x = t[i]
-        if x == 0x27 and i + 1 < n and t[i - 1] == 0x20 and t[i + 1] == 0x20:
-            total -= 1
-            i += 1
-            t[i] = 0
-        t[total] = x
-        total += 1
-        return i
-
-    def contraction(i, n):
-        nonlocal total
-        x = t[i]
-        if t[i - 1] == 0x20 and x == 0x27 and i + 1 < n:
-            x1 = t[i + 1]
-            if x1 in b"sm":
-                total -= 1
-            elif x1 not in b"td" and i + 2 < n and bytes(t[i + 1:i + 3]) in (b"re", b"ve"):
-                total -= 1
-        t[total] = x
-        total += 1
-        return i
-
-    for step in (punct, apostrophe, contraction):
-        run(step)
     return bytes(t[:total])
 
 
