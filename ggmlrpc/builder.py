@@ -171,6 +171,11 @@ def scale(a: Tensor, s: float, bias: float = 0.0, name: str = "") -> Tensor:
     return _node(GGMLOp.SCALE, a.type, a.ne, a, params=[f32_bits(s), f32_bits(bias)], name=name)
 
 
+def norm(a: Tensor, eps: float, name: str = "") -> Tensor:
+    """LayerNorm without the affine part: (x - mean) / sqrt(var + eps) per row."""
+    return _node(GGMLOp.NORM, a.type, a.ne, a, params=[f32_bits(eps)], name=name)
+
+
 def rms_norm(a: Tensor, eps: float, name: str = "") -> Tensor:
     return _node(GGMLOp.RMS_NORM, a.type, a.ne, a, params=[f32_bits(eps)], name=name)
 

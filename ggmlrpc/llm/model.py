@@ -1,4 +1,4 @@
-"""A GGUF model (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma2, gemma3) spread over the
+"""A GGUF model (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma2, gemma3, phi2) spread over the
 local CPU and RPC servers.
 
     model = Model.load("model.gguf", rpc=["10.0.0.2:50052"], n_gpu_layers=99)
@@ -40,17 +40,23 @@ KV_PAD = 256          # llama.cpp pads the attended cache cells to a multiple of
 N_UBATCH = 512        # prompt tokens per graph (llama.cpp's default micro-batch)
 # architecture -> rope mode (0: consecutive pairs, 2: NeoX halves); the optional
 # tensors (q/k/v/output biases, per-head q/k norms) are used wherever a file has them
-ROPE_MODE = {"llama": 0, "qwen2": 2, "qwen3": 2, "qwen2moe": 2, "qwen3moe": 2, "gemma2": 2, "gemma3": 2}
+ROPE_MODE = {"llama": 0, "qwen2": 2, "qwen3": 2, "qwen2moe": 2, "qwen3moe": 2, "gemma2": 2, "gemma3": 2,
+             "phi2": 2}
+# phi2: LayerNorm with biases, one fused q/k/v matrix, rope on part of each head,
+# attention and a GELU feed-forward side by side on the same normed input
+PARALLEL = {"phi2"}
+
 # gemma2/3: embeddings scaled by sqrt(n_embd), norms after attention and feed-forward,
 # GELU-gated feed-forward, sliding-window layers (gemma2: every other one, with tanh
 # soft-capped attention and logits; gemma3: five of every six, their own rope base)
 GEMMA = {"gemma2", "gemma3"}
+SCALED_QUERY = GEMMA | PARALLEL
 SWA_PATTERN = {"gemma2": 2, "gemma3": 6}
 # mixtures of experts whose chosen gate probabilities are renormalized to sum to 1
 NORM_EXPERT_WEIGHTS = {"qwen3moe"}
 SUPPORTED_ARCHS = tuple(ROPE_MODE)
 OPTIONAL = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
-            "attn_output.bias")
+            "attn_output.bias", "attn_norm.bias", "attn_qkv.bias", "ffn_up.bias", "ffn_down.bias")
 
 
 @dataclass
@@ -97,7 +103,8 @@ class HParams:
                    n_layer=int(key("block_count")), n_ff=int(key("feed_forward_length")),
                    n_head=n_head, n_head_kv=int(key("attention.head_count_kv", n_head)),
                    head_dim=head_dim, n_rot=int(key("rope.dimension_count", head_dim)),
-                   eps=float(key("attention.layer_norm_rms_epsilon")),
+                   eps=float(f.get(f"{a}.attention.layer_norm_rms_epsilon")
+                             or key("attention.layer_norm_epsilon")),
                    rope_base=float(key("rope.freq_base", 10000.0)),
                    rope_scale=1.0 / float(scale) if scale else 1.0,
                    n_expert=int(key("expert_count", 0)), n_expert_used=int(key("expert_used_count", 0)),
@@ -295,13 +302,18 @@ class Model:
         if self.file.arch in GEMMA:
             ffn += ("post_attention_norm", "post_ffw_norm")
         shared = ("ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
+        attn = ("attn_norm", "attn_qkv", "attn_output") if self.file.arch in PARALLEL else (
+            "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm")
+        if self.file.arch in PARALLEL:
+            ffn = ("ffn_up", "ffn_down")
         for il in st.layers:
-            names += [f"blk.{il}.{n}.weight" for n in (
-                "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm", *ffn)]
+            names += [f"blk.{il}.{n}.weight" for n in (*attn, *ffn)]
             names += [f"blk.{il}.{n}.weight" for n in shared if f"blk.{il}.{n}.weight" in self.file.tensors]
             names += [f"blk.{il}.{n}" for n in OPTIONAL if f"blk.{il}.{n}" in self.file.tensors]
         if st.output:
             names.append("output_norm.weight")
+            if "output_norm.bias" in self.file.tensors:
+                names.append("output_norm.bias")
             names.append("output.weight" if "output.weight" in self.file.tensors else "token_embd.weight")
             if "output.bias" in self.file.tensors:
                 names.append("output.bias")
@@ -440,8 +452,7 @@ class Model:
             x = self._layer(g, st, il, x, pos, k_idx, v_idx, mask,
                             out_ids if il == last_layer else None, T, n_kv)
         if st.output:
-            x = B.rms_norm(x, hp.eps, name="norm")
-            x = B.mul(x, w["output_norm.weight"], name="result_norm")
+            x = self._norm(x, w, "output_norm", "result_norm")
             out_w = w["output.weight"] if "output.weight" in w else w["token_embd.weight"]
             x = B.mul_mat(out_w, x, name="result_output")
             if "output.bias" in w:
@@ -461,8 +472,8 @@ class Model:
         rope = dict(n_dims=hp.n_rot, mode=ROPE_MODE[self.file.arch], n_ctx_orig=hp.n_ctx_train,
                     freq_base=hp.rope_base_swa if swa else hp.rope_base,
                     freq_scale=hp.rope_scale_swa if swa else hp.rope_scale)
-        cur = B.rms_norm(x, hp.eps, name=f"norm-{il}")
-        cur = B.mul(cur, w[p + "attn_norm.weight"], name=f"attn_norm-{il}")
+        cur = cur_in = self._norm(x, w, p + "attn_norm", f"attn_norm-{il}")
+        parallel = self.file.arch in PARALLEL
 
         def proj(name: str, n_head: int, rotate: bool) -> Tensor:
             """x W (+ bias), heads split, (+ per-head RMS norm), (+ rope): llama.cpp's order."""
@@ -478,30 +489,47 @@ class Model:
         gemma = self.file.arch in GEMMA
         if isinstance(mask, tuple):
             mask = mask[1] if swa else mask[0]
-        q = proj("q", hp.n_head, True)
+        if p + "attn_qkv.weight" in w:   # one matrix: q, k, v are views of its rows
+            qkv = B.mul_mat(w[p + "attn_qkv.weight"], cur, name=f"wqkv-{il}")
+            if p + "attn_qkv.bias" in w:
+                qkv = B.add(qkv, w[p + "attn_qkv.bias"], name=f"wqkv_b-{il}")
+            es, rs = qkv.nb[0], qkv.nb[1]
+
+            def part(n_head, at):
+                return B.view(qkv, (hd, n_head, T), (es, es * hd, rs, rs * T), es * at)
+
+            q = B.rope_ext(part(hp.n_head, 0), pos, None, name=f"Qcur-{il}", **rope)
+            k = B.rope_ext(part(hp.n_head_kv, hd * hp.n_head), pos, None, name=f"Kcur-{il}", **rope)
+            v = part(hp.n_head_kv, hd * (hp.n_head + hp.n_head_kv))
+        else:
+            q = proj("q", hp.n_head, True)
+            k = proj("k", hp.n_head_kv, True)
+            v = proj("v", hp.n_head_kv, False)
         kq_scale = 1.0 / math.sqrt(hd)
-        if gemma:   # the query is scaled, the scores are not (27B: by n_embd / n_head)
-            big = hp.n_layer == {"gemma2": 46, "gemma3": 62}[self.file.arch]
+        if self.file.arch in SCALED_QUERY:   # the query is scaled, the scores are not
+            big = hp.n_layer == {"gemma2": 46, "gemma3": 62}.get(self.file.arch)   # 27B: n_embd / n_head
             q_scale = 1.0 / math.sqrt(hp.n_embd // hp.n_head if big else hd)
             q, kq_scale = B.scale(q, q_scale, name=f"Qcur_scaled-{il}"), 1.0
-        k = proj("k", hp.n_head_kv, True)
-        v = proj("v", hp.n_head_kv, False)
         cache_k, cache_v = st.kv[il]
+        # rows of n_embd_kv, one per token, however the heads lie in memory
+        k2 = B.view(k, (hp.n_embd_kv, T), (k.nb[0], k.nb[2]))
+        v2 = B.view(v, (hp.n_embd_kv, T), (v.nb[0], v.nb[2]))
         # the cache writes run before the attention that reads the cache
-        g.expand(B.set_rows(cache_k, B.reshape(k, (hp.n_embd_kv, T)), k_idx))
+        g.expand(B.set_rows(cache_k, k2, k_idx))
         row = 2 * hd   # F16 cache rows
         kv_nb = (2, row, row * hp.n_head_kv, row * hp.n_head_kv * n_kv)
         kk = B.permute(B.view(cache_k, (hd, hp.n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
         qq = B.permute(q, 0, 2, 1, 3)
         if self.flash_attn:
-            g.expand(B.set_rows(cache_v, B.reshape(v, (hp.n_embd_kv, T)), v_idx))
+            g.expand(B.set_rows(cache_v, v2, v_idx))
             vv = B.permute(B.view(cache_v, (hd, hp.n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
             o = B.flash_attn_ext(qq, kk, vv, mask, kq_scale, logit_softcap=hp.attn_softcap)
             o = B.reshape(o, (hd * hp.n_head, T), name=f"kqv_out-{il}")
         else:
             # V transposed: element (cell, channel) at channel * n_ctx + cell
             flat = B.reshape(cache_v, (1, hp.n_embd_kv * self.n_ctx))
-            g.expand(B.set_rows(flat, B.reshape(v, (1, T * hp.n_embd_kv)), v_idx))
+            v2 = v2 if B.is_contiguous(v2) else B.cont(v2)
+            g.expand(B.set_rows(flat, B.reshape(v2, (1, T * hp.n_embd_kv)), v_idx))
             vt = B.view(cache_v, (n_kv, hp.n_head_kv, hd, 1),
                         (2, 2 * self.n_ctx * hd, 2 * self.n_ctx, 2 * self.n_ctx * hp.n_embd_kv))
             kq = B.mul_mat(kk, qq, name=f"kq-{il}", prec_f32=True)
@@ -514,9 +542,20 @@ class Model:
         cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
         if p + "attn_output.bias" in w:
             cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")
+        attn_in = cur_in
         if out_ids is not None:
             cur = B.get_rows(cur, out_ids)
             x = B.get_rows(x, out_ids)
+            attn_in = B.get_rows(attn_in, out_ids) if parallel else attn_in
+        if parallel:   # the feed-forward reads the attention's input, not its output
+            up = B.mul_mat(w[p + "ffn_up.weight"], attn_in, name=f"ffn_up-{il}")
+            if p + "ffn_up.bias" in w:
+                up = B.add(up, w[p + "ffn_up.bias"], name=f"ffn_up_b-{il}")
+            ffn = B.mul_mat(w[p + "ffn_down.weight"], B.unary(GGMLUnaryOp.GELU, up, name=f"ffn_gelu-{il}"),
+                            name=f"ffn_down-{il}")
+            if p + "ffn_down.bias" in w:
+                ffn = B.add(ffn, w[p + "ffn_down.bias"], name=f"ffn_out-{il}")
+            return B.add(B.add(cur, ffn), x, name=f"l_out-{il}")
         if gemma:
             cur = B.mul(B.rms_norm(cur, hp.eps), w[p + "post_attention_norm.weight"],
                         name=f"attn_post_norm-{il}")
@@ -530,6 +569,13 @@ class Model:
         if gemma:
             cur = B.mul(B.rms_norm(cur, hp.eps), w[p + "post_ffw_norm.weight"], name=f"ffn_post_norm-{il}")
         return B.add(cur, ffn_inp, name=f"l_out-{il}")
+
+    def _norm(self, x: Tensor, w: dict, name: str, out: str) -> Tensor:
+        """RMS norm times its weight, or (phi2) LayerNorm times its weight plus its bias."""
+        if self.file.arch in PARALLEL:
+            y = B.mul(B.norm(x, self.hp.eps), w[name + ".weight"])
+            return B.add(y, w[name + ".bias"], name=out) if name + ".bias" in w else y
+        return B.mul(B.rms_norm(x, self.hp.eps), w[name + ".weight"], name=out)
 
     def _swa(self, il: int) -> bool:
         """Layers that attend a sliding window (gemma2: the even ones; gemma3: all but

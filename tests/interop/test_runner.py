@@ -114,13 +114,15 @@ def test_real_vocabularies(ref_bin, tmp_path, vocab, server_proc, capfdbinary):
     assert capfdbinary.readouterr()[0] == mine and len(mine) > len(VOCAB_PROMPT)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma2", "gemma3", "phi2"])
 def test_other_architectures(ref_bin, tmp_path, arch, ref_server, capfdbinary):
     """qwen2 (q/k/v biases, NeoX rope), qwen3 (per-head q/k RMS norms) and qwen2moe
     (soft-max routed experts through MUL_MAT_ID plus a gated shared expert), qwen3moe
     (renormalized expert weights, no shared expert) and gemma2 (scaled embeddings,
     post-norms, GeGLU, soft-capped attention and logits, a sliding window of 8 on
-    even layers, so a 60-token prompt crosses it): in-process
+    even layers, so a 60-token prompt crosses it), gemma3 (q/k norms, five sliding
+    layers in six with their own rope base) and phi2 (LayerNorm with biases, fused
+    q/k/v as views, partial rope, parallel GELU feed-forward): in-process
     with and without flash attention, and split over our process and llama.cpp's server."""
     model = synth.write_model(tmp_path / f"{arch}.gguf", arch,
                               arch_shape(arch, 128),
