@@ -259,6 +259,14 @@ def glu_split(op: int, a: Tensor, b: Tensor, name: str = "") -> Tensor:
     return _node(GGMLOp.GLU, a.type, a.ne, a, b, params=[int(op), 0], name=name)
 
 
+def glu(op: int, a: Tensor, swapped: bool = False, name: str = "") -> Tensor:
+    """ggml_glu on one tensor: act(first half of each row) * second half (swapped:
+    the other way round)."""
+    _check(a.ne[0] % 2 == 0, "glu: odd row length")
+    return _node(GGMLOp.GLU, a.type, (a.ne[0] // 2, *a.ne[1:]), a, params=[int(op), int(swapped)],
+                 name=name)
+
+
 def swiglu_split(a: Tensor, b: Tensor, name: str = "") -> Tensor:
     return glu_split(GGMLGluOp.SWIGLU, a, b, name)
 

@@ -1,4 +1,4 @@
-"""A GGUF model (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma2, gemma3, phi2) spread over the
+"""A GGUF model (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma2, gemma3, phi2, phi3) spread over the
 local CPU and RPC servers.
 
     model = Model.load("model.gguf", rpc=["10.0.0.2:50052"], n_gpu_layers=99)
@@ -41,7 +41,10 @@ N_UBATCH = 512        # prompt tokens per graph (llama.cpp's default micro-batch
 # architecture -> rope mode (0: consecutive pairs, 2: NeoX halves); the optional
 # tensors (q/k/v/output biases, per-head q/k norms) are used wherever a file has them
 ROPE_MODE = {"llama": 0, "qwen2": 2, "qwen3": 2, "qwen2moe": 2, "qwen3moe": 2, "gemma2": 2, "gemma3": 2,
-             "phi2": 2}
+             "phi2": 2, "phi3": 2}
+# phi3: fused q/k/v and fused gate/up matrices, LongRoPE frequency factors (the long
+# set when the context exceeds the original one)
+FUSED_FFN = {"phi3"}
 # phi2: LayerNorm with biases, one fused q/k/v matrix, rope on part of each head,
 # attention and a GELU feed-forward side by side on the same normed input
 PARALLEL = {"phi2"}
@@ -50,7 +53,7 @@ PARALLEL = {"phi2"}
 # GELU-gated feed-forward, sliding-window layers (gemma2: every other one, with tanh
 # soft-capped attention and logits; gemma3: five of every six, their own rope base)
 GEMMA = {"gemma2", "gemma3"}
-SCALED_QUERY = GEMMA | PARALLEL
+SCALED_QUERY = GEMMA | PARALLEL | FUSED_FFN
 SWA_PATTERN = {"gemma2": 2, "gemma3": 6}
 # mixtures of experts whose chosen gate probabilities are renormalized to sum to 1
 NORM_EXPERT_WEIGHTS = {"qwen3moe"}
@@ -75,6 +78,7 @@ class HParams:
     rope_scale: float
     n_expert: int = 0
     n_expert_used: int = 0
+    n_ctx_orig: int = 0            # rope's original context (0: n_ctx_train)
     n_swa: int = 0                 # sliding window (0: none)
     swa_pattern: int = 0           # layer il slides when il % swa_pattern < swa_pattern - 1
     rope_base_swa: float = 10000.0
@@ -108,6 +112,7 @@ class HParams:
                    rope_base=float(key("rope.freq_base", 10000.0)),
                    rope_scale=1.0 / float(scale) if scale else 1.0,
                    n_expert=int(key("expert_count", 0)), n_expert_used=int(key("expert_used_count", 0)),
+                   n_ctx_orig=int(key("rope.scaling.original_context_length", 0)),
                    **_gemma_hparams(f, a))
 
 
@@ -302,10 +307,15 @@ class Model:
         if self.file.arch in GEMMA:
             ffn += ("post_attention_norm", "post_ffw_norm")
         shared = ("ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
-        attn = ("attn_norm", "attn_qkv", "attn_output") if self.file.arch in PARALLEL else (
-            "attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm")
-        if self.file.arch in PARALLEL:
+        arch = self.file.arch
+        attn = (("attn_norm", "attn_qkv", "attn_output") if arch in PARALLEL else
+                ("attn_norm", "attn_qkv", "attn_output", "ffn_norm") if arch in FUSED_FFN else
+                ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"))
+        if arch in PARALLEL | FUSED_FFN:
             ffn = ("ffn_up", "ffn_down")
+        if st.layers:
+            names += [n for n in ("rope_freqs.weight", "rope_factors_long.weight",
+                                  "rope_factors_short.weight") if n in self.file.tensors]
         for il in st.layers:
             names += [f"blk.{il}.{n}.weight" for n in (*attn, *ffn)]
             names += [f"blk.{il}.{n}.weight" for n in shared if f"blk.{il}.{n}.weight" in self.file.tensors]
@@ -469,7 +479,12 @@ class Model:
         p = f"blk.{il}."
         hd = hp.head_dim
         swa = self._swa(il)
-        rope = dict(n_dims=hp.n_rot, mode=ROPE_MODE[self.file.arch], n_ctx_orig=hp.n_ctx_train,
+        n_ctx_orig = hp.n_ctx_orig or hp.n_ctx_train
+        factors = None     # LongRoPE: the long set once the context exceeds the original one
+        for name in ("rope_freqs.weight", "rope_factors_long.weight" if self.n_ctx > n_ctx_orig
+                     else "rope_factors_short.weight"):
+            factors = factors or w.get(name)
+        rope = dict(n_dims=hp.n_rot, mode=ROPE_MODE[self.file.arch], n_ctx_orig=n_ctx_orig,
                     freq_base=hp.rope_base_swa if swa else hp.rope_base,
                     freq_scale=hp.rope_scale_swa if swa else hp.rope_scale)
         cur = cur_in = self._norm(x, w, p + "attn_norm", f"attn_norm-{il}")
@@ -484,7 +499,7 @@ class Model:
             if p + f"attn_{name}_norm.weight" in w:
                 t = B.mul(B.rms_norm(t, hp.eps), w[p + f"attn_{name}_norm.weight"],
                           name=f"{name.upper()}cur_normed-{il}")
-            return B.rope_ext(t, pos, None, name=f"{name.upper()}cur-{il}", **rope) if rotate else t
+            return B.rope_ext(t, pos, factors, name=f"{name.upper()}cur-{il}", **rope) if rotate else t
 
         gemma = self.file.arch in GEMMA
         if isinstance(mask, tuple):
@@ -498,8 +513,8 @@ class Model:
             def part(n_head, at):
                 return B.view(qkv, (hd, n_head, T), (es, es * hd, rs, rs * T), es * at)
 
-            q = B.rope_ext(part(hp.n_head, 0), pos, None, name=f"Qcur-{il}", **rope)
-            k = B.rope_ext(part(hp.n_head_kv, hd * hp.n_head), pos, None, name=f"Kcur-{il}", **rope)
+            q = B.rope_ext(part(hp.n_head, 0), pos, factors, name=f"Qcur-{il}", **rope)
+            k = B.rope_ext(part(hp.n_head_kv, hd * hp.n_head), pos, factors, name=f"Kcur-{il}", **rope)
             v = part(hp.n_head_kv, hd * (hp.n_head + hp.n_head_kv))
         else:
             q = proj("q", hp.n_head, True)
@@ -564,6 +579,10 @@ class Model:
         cur = B.mul(cur, w[p + "ffn_norm.weight"], name=f"ffn_norm-{il}")
         if hp.n_expert:
             cur = self._moe(g, w, p, il, cur)
+        elif self.file.arch in FUSED_FFN:   # one matrix gives gate and up halves
+            up = B.mul_mat(w[p + "ffn_up.weight"], cur, name=f"ffn_up-{il}")
+            cur = B.mul_mat(w[p + "ffn_down.weight"], B.glu(GGMLGluOp.SWIGLU, up, name=f"ffn_swiglu-{il}"),
+                            name=f"ffn_out-{il}")
         else:
             cur = self._ffn(w, p, "", il, cur, GGMLGluOp.GEGLU if gemma else GGMLGluOp.SWIGLU)
         if gemma:

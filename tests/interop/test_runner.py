@@ -114,7 +114,7 @@ def test_real_vocabularies(ref_bin, tmp_path, vocab, server_proc, capfdbinary):
     assert capfdbinary.readouterr()[0] == mine and len(mine) > len(VOCAB_PROMPT)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma2", "gemma3", "phi2"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma2", "gemma3", "phi2", "phi3"])
 def test_other_architectures(ref_bin, tmp_path, arch, ref_server, capfdbinary):
     """qwen2 (q/k/v biases, NeoX rope), qwen3 (per-head q/k RMS norms) and qwen2moe
     (soft-max routed experts through MUL_MAT_ID plus a gated shared expert), qwen3moe
@@ -122,7 +122,8 @@ def test_other_architectures(ref_bin, tmp_path, arch, ref_server, capfdbinary):
     post-norms, GeGLU, soft-capped attention and logits, a sliding window of 8 on
     even layers, so a 60-token prompt crosses it), gemma3 (q/k norms, five sliding
     layers in six with their own rope base) and phi2 (LayerNorm with biases, fused
-    q/k/v as views, partial rope, parallel GELU feed-forward): in-process
+    q/k/v as views, partial rope, parallel GELU feed-forward) and phi3 (fused gate/up,
+    LongRoPE factors): in-process
     with and without flash attention, and split over our process and llama.cpp's server."""
     model = synth.write_model(tmp_path / f"{arch}.gguf", arch,
                               arch_shape(arch, 128),
@@ -130,6 +131,8 @@ def test_other_architectures(ref_bin, tmp_path, arch, ref_server, capfdbinary):
     for fa in ("on", "off"):
         mine = ours(model, ["-ngl", "0", "-fa", fa], capfdbinary)
         assert mine == completion(ref_bin, model, ["-ngl", "0", "-fa", fa]), fa
+    if arch == "phi3":     # a context within the original one takes the short factors
+        assert ours(model, ["-c", "256"], capfdbinary) == completion(ref_bin, model, ["-ngl", "0", "-c", "256"])
     srv = ref_server("-t", "2")
     args = ["--rpc", srv.endpoint, "-ngl", "1"]
     assert ours(model, args, capfdbinary) == completion(ref_bin, model, args)
