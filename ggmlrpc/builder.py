@@ -137,6 +137,13 @@ def silu(a: Tensor, name: str = "") -> Tensor:
     return unary(GGMLUnaryOp.SILU, a, name)
 
 
+def add_id(a: Tensor, b: Tensor, ids: Tensor, name: str = "") -> Tensor:
+    """a (n, n_used, T) plus the row of b (n, n_expert) that ids (n_used, T) names."""
+    _check(a.ne[0] == b.ne[0] and a.ne[1] == ids.ne[0] and a.ne[2] == ids.ne[1]
+           and ids.type == GGMLType.I32, "add_id: shapes do not match")
+    return _node(GGMLOp.ADD_ID, a.type, a.ne, a, b, ids, name=name)
+
+
 def sum_rows(a: Tensor, name: str = "") -> Tensor:
     return _node(GGMLOp.SUM_ROWS, a.type, (1, *a.ne[1:]), a, name=name)
 
@@ -231,16 +238,20 @@ def soft_max(a: Tensor, name: str = "") -> Tensor:
 
 
 def soft_max_ext(a: Tensor, mask: Tensor | None, scale: float, max_bias: float = 0.0,
-                 name: str = "") -> Tensor:
+                 name: str = "", sinks: Tensor | None = None) -> Tensor:
+    """soft_max(a * scale + mask) per row; `sinks` (F32, one per head) adds a logit
+    that takes probability but gives no value (ggml_soft_max_add_sinks)."""
     if mask is not None:
         _check(mask.ne[0] == a.ne[0] and mask.ne[1] >= a.ne[1], "soft_max: mask too small")
-    return _node(GGMLOp.SOFT_MAX, a.type, a.ne, a, mask,
+    if sinks is not None:
+        _check(sinks.type == GGMLType.F32 and sinks.ne[0] == a.ne[2], "soft_max: one F32 sink per head")
+    return _node(GGMLOp.SOFT_MAX, a.type, a.ne, a, mask, sinks,
                  params=[f32_bits(scale), f32_bits(max_bias)], name=name)
 
 
 def flash_attn_ext(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: float,
                    max_bias: float = 0.0, logit_softcap: float = 0.0, prec_f32: bool = True,
-                   name: str = "") -> Tensor:
+                   name: str = "", sinks: Tensor | None = None) -> Tensor:
     """q (D, n_q, H, B), k/v (D, n_kv, H_kv, B), mask F16 (n_kv, >= n_q) ->
     (Dv, H, n_q, B) F32; precision F32 as llama.cpp asks."""
     _check(q.ne[0] == k.ne[0] and k.ne[1] == v.ne[1], "flash_attn_ext: q/k/v shapes differ")
@@ -248,9 +259,11 @@ def flash_attn_ext(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, scale: 
     if mask is not None:
         _check(mask.type == GGMLType.F16 and mask.ne[0] == k.ne[1] and mask.ne[1] >= q.ne[1],
                "flash_attn_ext: mask must be F16 (n_kv, >= n_q)")
+    if sinks is not None:
+        _check(sinks.type == GGMLType.F32 and sinks.ne[0] == q.ne[2], "flash_attn_ext: one F32 sink per head")
     params = [f32_bits(scale), f32_bits(max_bias), f32_bits(logit_softcap), 10 if prec_f32 else 0]
     return _node(GGMLOp.FLASH_ATTN_EXT, GGMLType.F32, (v.ne[0], q.ne[2], q.ne[1], q.ne[3]),
-                 q, k, v, mask, params=params, name=name)
+                 q, k, v, mask, sinks, params=params, name=name)
 
 
 def glu_split(op: int, a: Tensor, b: Tensor, name: str = "") -> Tensor:
@@ -265,6 +278,13 @@ def glu(op: int, a: Tensor, swapped: bool = False, name: str = "") -> Tensor:
     _check(a.ne[0] % 2 == 0, "glu: odd row length")
     return _node(GGMLOp.GLU, a.type, (a.ne[0] // 2, *a.ne[1:]), a, params=[int(op), int(swapped)],
                  name=name)
+
+
+def swiglu_oai(a: Tensor, b: Tensor, alpha: float, limit: float, name: str = "") -> Tensor:
+    """gpt-oss's clamped SwiGLU: ggml_swiglu_oai."""
+    _check(a.ne == b.ne, "glu: shapes differ")
+    return _node(GGMLOp.GLU, a.type, a.ne, a, b,
+                 params=[int(GGMLGluOp.SWIGLU_OAI), 0, f32_bits(alpha), f32_bits(limit)], name=name)
 
 
 def swiglu_split(a: Tensor, b: Tensor, name: str = "") -> Tensor:

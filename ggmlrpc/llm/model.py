@@ -1,4 +1,5 @@
-"""A GGUF model (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma2, gemma3, phi2, phi3) spread over the
+"""A GGUF model (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma2, gemma3, phi2, phi3,
+gpt-oss) spread over the
 local CPU and RPC servers.
 
     model = Model.load("model.gguf", rpc=["10.0.0.2:50052"], n_gpu_layers=99)
@@ -41,7 +42,11 @@ N_UBATCH = 512        # prompt tokens per graph (llama.cpp's default micro-batch
 # architecture -> rope mode (0: consecutive pairs, 2: NeoX halves); the optional
 # tensors (q/k/v/output biases, per-head q/k norms) are used wherever a file has them
 ROPE_MODE = {"llama": 0, "qwen2": 2, "qwen3": 2, "qwen2moe": 2, "qwen3moe": 2, "gemma2": 2, "gemma3": 2,
-             "phi2": 2, "phi3": 2}
+             "phi2": 2, "phi3": 2, "gpt-oss": 2}
+# gpt-oss: a learned sink logit per head, every other layer on a sliding window,
+# experts with biases (ADD_ID) and the clamped SwiGLU, gate weights soft-maxed over
+# the chosen experts only, the output rows picked after the last layer
+OSS = {"gpt-oss"}
 # phi3: fused q/k/v and fused gate/up matrices, LongRoPE frequency factors (the long
 # set when the context exceeds the original one)
 FUSED_FFN = {"phi3"}
@@ -59,7 +64,8 @@ SWA_PATTERN = {"gemma2": 2, "gemma3": 6}
 NORM_EXPERT_WEIGHTS = {"qwen3moe"}
 SUPPORTED_ARCHS = tuple(ROPE_MODE)
 OPTIONAL = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
-            "attn_output.bias", "attn_norm.bias", "attn_qkv.bias", "ffn_up.bias", "ffn_down.bias")
+            "attn_output.bias", "attn_norm.bias", "attn_qkv.bias", "ffn_up.bias", "ffn_down.bias",
+            "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias")
 
 
 @dataclass
@@ -117,7 +123,8 @@ class HParams:
 
 
 def _gemma_hparams(f: GGUFFile, a: str) -> dict:
-    """llama.cpp's defaults and keys for gemma2 and gemma3."""
+    """llama.cpp's defaults and keys for the sliding-window architectures (gemma2,
+    gemma3, gpt-oss)."""
     key = lambda name, default: f.get(f"{a}.{name}", default)  # noqa: E731
     base = float(key("rope.freq_base", 10000.0))
     scale = key("rope.scaling.factor", None)
@@ -127,6 +134,10 @@ def _gemma_hparams(f: GGUFFile, a: str) -> dict:
                 "rope_scale_swa": 1.0 / float(scale) if scale else 1.0,
                 "attn_softcap": float(key("attn_logit_softcapping", 50.0)),
                 "final_softcap": float(key("final_logit_softcapping", 30.0))}
+    if a == "gpt-oss":
+        return {"n_swa": int(key("attention.sliding_window", 0)), "swa_pattern": 2,
+                "rope_base_swa": float(key("rope.freq_base_swa", base)),
+                "rope_scale_swa": 1.0 / float(scale) if scale else 1.0}
     if a == "gemma3":
         return {"n_swa": int(key("attention.sliding_window", 0)), "swa_pattern": 6,
                 "rope_base_swa": float(key("rope.freq_base_swa", 10000.0)),
@@ -313,6 +324,9 @@ class Model:
                 ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"))
         if arch in PARALLEL | FUSED_FFN:
             ffn = ("ffn_up", "ffn_down")
+        if arch in OSS:
+            attn = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_sinks",
+                    "post_attention_norm")
         if st.layers:
             names += [n for n in ("rope_freqs.weight", "rope_factors_long.weight",
                                   "rope_factors_short.weight") if n in self.file.tensors]
@@ -458,9 +472,12 @@ class Model:
                 mask = (mask, inp.new(mask_type, (n_kv, T), "kq_mask_swa"))
             out_ids = (inp.new(GGMLType.I32, (n_out,), "out_ids")
                        if last_layer in st.layers and n_out < T else None)
+        late = self.file.arch in OSS   # gpt-oss picks the output rows after its last layer
         for il in st.layers:
             x = self._layer(g, st, il, x, pos, k_idx, v_idx, mask,
-                            out_ids if il == last_layer else None, T, n_kv)
+                            out_ids if il == last_layer and not late else None, T, n_kv)
+        if late and st.layers and st.layers[-1] == last_layer and out_ids is not None:
+            x = B.get_rows(x, out_ids)
         if st.output:
             x = self._norm(x, w, "output_norm", "result_norm")
             out_w = w["output.weight"] if "output.weight" in w else w["token_embd.weight"]
@@ -538,7 +555,8 @@ class Model:
         if self.flash_attn:
             g.expand(B.set_rows(cache_v, v2, v_idx))
             vv = B.permute(B.view(cache_v, (hd, hp.n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
-            o = B.flash_attn_ext(qq, kk, vv, mask, kq_scale, logit_softcap=hp.attn_softcap)
+            o = B.flash_attn_ext(qq, kk, vv, mask, kq_scale, logit_softcap=hp.attn_softcap,
+                                 sinks=w.get(p + "attn_sinks.weight"))
             o = B.reshape(o, (hd * hp.n_head, T), name=f"kqv_out-{il}")
         else:
             # V transposed: element (cell, channel) at channel * n_ctx + cell
@@ -551,7 +569,8 @@ class Model:
             if hp.attn_softcap:
                 kq = B.scale(B.unary(GGMLUnaryOp.TANH, B.scale(kq, 1.0 / hp.attn_softcap)),
                              hp.attn_softcap, name=f"kq_scaled_2-{il}")
-            kq = B.soft_max_ext(kq, mask, kq_scale, name=f"kq_soft_max-{il}")
+            kq = B.soft_max_ext(kq, mask, kq_scale, name=f"kq_soft_max-{il}",
+                                sinks=w.get(p + "attn_sinks.weight"))
             kqv = B.mul_mat(B.permute(vt, 0, 2, 1, 3), kq, name=f"kqv-{il}")
             o = B.cont(B.permute(kqv, 0, 2, 1, 3), (hd * hp.n_head, T), name=f"kqv_out-{il}")
         cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
@@ -575,8 +594,8 @@ class Model:
             cur = B.mul(B.rms_norm(cur, hp.eps), w[p + "post_attention_norm.weight"],
                         name=f"attn_post_norm-{il}")
         ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
-        cur = B.rms_norm(ffn_inp, hp.eps, name=f"norm-{il}")
-        cur = B.mul(cur, w[p + "ffn_norm.weight"], name=f"ffn_norm-{il}")
+        norm_w = w[p + "post_attention_norm.weight" if self.file.arch in OSS else p + "ffn_norm.weight"]
+        cur = B.mul(B.rms_norm(ffn_inp, hp.eps), norm_w, name=f"ffn_norm-{il}")
         if hp.n_expert:
             cur = self._moe(g, w, p, il, cur)
         elif self.file.arch in FUSED_FFN:   # one matrix gives gate and up halves
@@ -613,25 +632,41 @@ class Model:
     def _moe(self, g: B.Graph, w: dict, p: str, il: int, cur: Tensor) -> Tensor:
         """A mixture of experts as llama.cpp builds it: soft-max gate, the top
         n_expert_used experts (MUL_MAT_ID) weighted by their gate probability
-        (renormalized for qwen3moe) and summed, plus qwen2moe's shared expert
+        (renormalized for qwen3moe; gpt-oss: biased gate and experts, soft-max over
+        the chosen logits, clamped SwiGLU) and summed, plus qwen2moe's shared expert
         behind a sigmoid gate."""
         hp = self.hp
+        oss = self.file.arch in OSS
         n_embd, T, k = cur.ne[0], cur.ne[1], hp.n_expert_used
-        probs = B.soft_max(B.mul_mat(w[p + "ffn_gate_inp.weight"], cur, name=f"ffn_moe_logits-{il}"),
-                           name=f"ffn_moe_probs-{il}")
+
+        def biased(t: Tensor, name: str, ids: Tensor | None = None) -> Tensor:
+            b = w.get(p + name + ".bias")
+            if b is None:
+                return t
+            return B.add(t, b, name=t.name) if ids is None else B.add_id(t, b, ids, name=t.name)
+
+        logits = biased(B.mul_mat(w[p + "ffn_gate_inp.weight"], cur, name=f"ffn_moe_logits-{il}"),
+                        "ffn_gate_inp")
+        probs = logits if oss else B.soft_max(logits, name=f"ffn_moe_probs-{il}")
         chosen = B.argsort_top_k(probs, k, name=f"ffn_moe_topk-{il}")
         weights = B.get_rows(B.reshape(probs, (1, hp.n_expert, T)), chosen, name=f"ffn_moe_weights-{il}")
+        if oss:   # soft-max over the chosen experts only
+            weights = B.reshape(B.soft_max(B.reshape(weights, (k, T))), (1, k, T))
         if self.file.arch in NORM_EXPERT_WEIGHTS:
             weights = B.reshape(weights, (k, T))
             total = B.clamp(B.sum_rows(weights), 6.103515625e-5, math.inf, name=f"ffn_moe_weights_sum-{il}")
             weights = B.reshape(B.div(weights, total, name=f"ffn_moe_weights_norm-{il}"), (1, k, T))
         g.expand(weights)
         x = B.reshape(cur, (n_embd, 1, T))
-        up = B.mul_mat_id(w[p + "ffn_up_exps.weight"], x, chosen, name=f"ffn_moe_up-{il}")
-        gate = B.mul_mat_id(w[p + "ffn_gate_exps.weight"], x, chosen, name=f"ffn_moe_gate-{il}")
-        act = B.swiglu_split(gate, up, name=f"ffn_moe_swiglu-{il}")
-        experts = B.mul(B.mul_mat_id(w[p + "ffn_down_exps.weight"], act, chosen, name=f"ffn_moe_down-{il}"),
-                        weights, name=f"ffn_moe_weighted-{il}")
+        up = biased(B.mul_mat_id(w[p + "ffn_up_exps.weight"], x, chosen, name=f"ffn_moe_up-{il}"),
+                    "ffn_up_exps", chosen)
+        gate = biased(B.mul_mat_id(w[p + "ffn_gate_exps.weight"], x, chosen, name=f"ffn_moe_gate-{il}"),
+                      "ffn_gate_exps", chosen)
+        act = (B.swiglu_oai(gate, up, 1.702, 7.0, name=f"ffn_moe_swiglu_oai-{il}") if oss
+               else B.swiglu_split(gate, up, name=f"ffn_moe_swiglu-{il}"))
+        down = biased(B.mul_mat_id(w[p + "ffn_down_exps.weight"], act, chosen, name=f"ffn_moe_down-{il}"),
+                      "ffn_down_exps", chosen)
+        experts = B.mul(down, weights, name=f"ffn_moe_weighted-{il}")
         g.expand(experts)
         views = [B.view(experts, (n_embd, T), (experts.nb[0], experts.nb[2]), i * experts.nb[1])
                  for i in range(k)]

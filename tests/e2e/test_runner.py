@@ -59,7 +59,7 @@ def test_same_tokens_everywhere(model_path, servers):
     assert len(no_fa) == 12 and greedy(model_path, rpc=eps, flash_attn=False)[0] == no_fa
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma2", "gemma3", "phi2", "phi3"])
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma2", "gemma3", "phi2", "phi3", "gpt-oss"])
 def test_other_architectures_same_tokens_everywhere(tmp_path, servers, arch):
     path = synth.write_model(tmp_path / f"{arch}.gguf", arch,
                              arch_shape(arch, 64))
@@ -121,11 +121,17 @@ def run_cli(capsys, *args):
 def test_cli_errors(model_path, tmp_path, capsys):
     bad = tmp_path / "bad.gguf"
     bad.write_bytes(b"not a model")
-    oss = synth.write_model(tmp_path / "gpt-oss.gguf", "gpt-oss",
-                            synth.ModelShape(n_layer=1, n_embd=32, n_ff=64, n_head=2, n_head_kv=1))
+    import gguf
+
+    other = tmp_path / "mamba.gguf"      # an architecture the runner does not build
+    wr = gguf.GGUFWriter(str(other), "mamba")
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
     for args, msg in ((["-m", str(tmp_path / "none.gguf")], "model file not found"),
                       (["-m", str(bad)], "is not a GGUF file"),
-                      (["-m", str(oss)], "architecture 'gpt-oss' is not supported"),
+                      (["-m", str(other)], "architecture 'mamba' is not supported"),
                       (["-m", str(model_path), "--rpc", f"127.0.0.1:{free_port()}"], "server unreachable"),
                       (["-m", str(model_path), "--rpc", "nohost"], "invalid endpoint"),
                       (["-m", str(model_path), "-c", "8", "-p", PROMPT], "context full")):
