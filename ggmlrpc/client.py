@@ -113,15 +113,33 @@ def graph_tensors(nodes: Iterable[Tensor]) -> list[Tensor]:
     return out
 
 
-def serialize_graph(device: int, nodes: Sequence[Tensor]) -> bytes:
+def rpc_tensors(nodes: Sequence[Tensor]) -> list[RpcTensor]:
+    """The wire records of every tensor a graph of `nodes` names, with use counts."""
     tensors = graph_tensors(nodes)
     uses: dict[int, int] = {}
     for t in tensors:
         for s in t.src:
             if s is not None:
                 uses[s.id] = uses.get(s.id, 0) + 1
-    return protocol.encode_graph(device, [n.id for n in nodes],
-                                 [t.to_rpc(uses.get(t.id, 0)) for t in tensors])
+    return [t.to_rpc(uses.get(t.id, 0)) for t in tensors]
+
+
+def serialize_graph(device: int, nodes: Sequence[Tensor]) -> bytes:
+    return protocol.encode_graph(device, [n.id for n in nodes], rpc_tensors(nodes))
+
+
+_DTYPES = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.I32: np.int32,
+           GGMLType.I64: np.int64, GGMLType.I8: np.int8, GGMLType.I16: np.int16,
+           GGMLType.F64: np.float64}
+
+
+def tensor_array(tensor: Tensor, raw) -> np.ndarray:
+    """A contiguous tensor's bytes as a numpy array (ne reversed, trailing 1s dropped;
+    quantized types as raw uint8)."""
+    if tensor.type not in _DTYPES:
+        return np.frombuffer(raw, dtype=np.uint8)
+    n_dims = max([i + 1 for i in range(4) if tensor.ne[i] != 1] or [1])
+    return np.frombuffer(raw, dtype=_DTYPES[tensor.type]).reshape(tensor.ne[:n_dims][::-1])
 
 
 def _closed_by_server(e: ConnectionLost) -> bool:
@@ -340,14 +358,7 @@ class RemoteBackend:
 
     def get_array(self, tensor: Tensor) -> np.ndarray:
         """A contiguous tensor's contents as a numpy array (numpy order: ne reversed, trailing 1s dropped)."""
-        dtypes = {GGMLType.F32: np.float32, GGMLType.F16: np.float16, GGMLType.I32: np.int32,
-                  GGMLType.I64: np.int64, GGMLType.I8: np.int8, GGMLType.I16: np.int16,
-                  GGMLType.F64: np.float64}
-        raw = self.get_tensor(tensor)
-        if tensor.type not in dtypes:
-            return np.frombuffer(raw, dtype=np.uint8)
-        n_dims = max([i + 1 for i in range(4) if tensor.ne[i] != 1] or [1])
-        return np.frombuffer(raw, dtype=dtypes[tensor.type]).reshape(tensor.ne[:n_dims][::-1])
+        return tensor_array(tensor, self.get_tensor(tensor))
 
     def memset_tensor(self, tensor: Tensor, value: int, offset: int = 0, size: int | None = None):
         if size is None:

@@ -248,10 +248,6 @@ def main(argv: list[str] | None = None) -> int:
         for path in params.preload:
             try:
                 n, size = cache.preload(path)
-            except ImportError:
-                sys.stderr.write("error: --cache-preload needs the gguf package "
-                                 "(pip install 'ggmlrpc[gguf]')\n")
-                return 1
             except (OSError, ValueError) as e:
                 sys.stderr.write(f"error: cannot preload {path}: {e}\n")
                 return 1

@@ -4,7 +4,7 @@ They make no sense as language, but they send exactly the graphs a real model
 of their architecture sends. Weights are written as F32 or F16 with
 ``gguf.GGUFWriter``; llama.cpp's ``llama-quantize`` turns them into any
 quantized type. ``write_llama`` writes a llama model; ``write_model`` writes any
-of ``ARCHS`` (llama with tied or untied output, qwen2, gemma2, phi2, phi3 and
+of ``ARCHS`` (llama with tied or untied output, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi2, phi3 and
 the mixtures of experts qwen2moe and gpt-oss), each chosen for the ops its graph
 adds.
 
@@ -43,6 +43,7 @@ class LlamaShape:
     n_ctx: int = 512
     rope_base: float = 10000.0
     eps: float = 1e-5
+    n_vocab: int = 0       # 0: the built-in vocabulary; more: padded with unused tokens
 
 
 def vocab() -> tuple[list[bytes], list[float], list[int]]:
@@ -65,10 +66,11 @@ def vocab() -> tuple[list[bytes], list[float], list[int]]:
 
 
 def write_llama(path: str | Path, shape: LlamaShape = LlamaShape(), dtype: str = "f16",
-                seed: int = 0, tied: bool = False) -> Path:
+                seed: int = 0, tied: bool = False, vocab_from: str | Path | None = None) -> Path:
     """A llama model; ``tied`` leaves out output.weight, so the output layer reuses
-    the token embeddings (llama.cpp duplicates them onto the output device)."""
-    s = _Synth(path, "llama", shape, dtype, seed)
+    the token embeddings (llama.cpp duplicates them onto the output device);
+    ``vocab_from`` takes the tokenizer of another GGUF instead of the built-in one."""
+    s = _Synth(path, "llama", shape, dtype, seed, vocab_from=vocab_from)
     e = shape.n_embd
     s.w.add_tensor("token_embd.weight", s.embd(tied))
     for i in range(shape.n_layer):
@@ -100,7 +102,7 @@ class _Synth:
     rope, SentencePiece vocabulary) and random tensors of the model's dtype."""
 
     def __init__(self, path, arch: str, shape: LlamaShape, dtype: str, seed: int,
-                 rms: bool = True, n_rot: int | None = None):
+                 rms: bool = True, n_rot: int | None = None, vocab_from=None):
         import gguf
 
         self.path = Path(path)
@@ -109,9 +111,16 @@ class _Synth:
         self.dtype, ftype = {"f32": (np.float32, 0), "f16": (np.float16, 1)}[dtype]
         self.head = shape.n_embd // shape.n_head
         self.n_kv = self.head * shape.n_head_kv
-        tokens, scores, types = vocab()
-        self.n_vocab = len(tokens)
         w = self.w = gguf.GGUFWriter(str(self.path), arch)
+        if vocab_from is not None:
+            self.n_vocab = _graft_vocab(w, vocab_from)
+        else:
+            tokens, scores, types = vocab()
+            for i in range(len(tokens), getattr(shape, "n_vocab", 0)):
+                tokens.append(f"<unused{i}>".encode())
+                scores.append(-1e9)
+                types.append(5)
+            self.n_vocab = len(tokens)
         w.add_context_length(shape.n_ctx)
         w.add_embedding_length(shape.n_embd)
         w.add_block_count(shape.n_layer)
@@ -125,14 +134,15 @@ class _Synth:
         w.add_rope_dimension_count(n_rot or self.head)
         w.add_rope_freq_base(shape.rope_base)
         w.add_file_type(ftype)
-        w.add_tokenizer_model("llama")
-        w.add_token_list(tokens)
-        w.add_token_scores(scores)
-        w.add_token_types(types)
-        w.add_bos_token_id(1)
-        w.add_eos_token_id(2)
-        w.add_unk_token_id(0)
-        w.add_add_bos_token(True)
+        if vocab_from is None:
+            w.add_tokenizer_model("llama")
+            w.add_token_list(tokens)
+            w.add_token_scores(scores)
+            w.add_token_types(types)
+            w.add_bos_token_id(1)
+            w.add_eos_token_id(2)
+            w.add_unk_token_id(0)
+            w.add_add_bos_token(True)
 
     def mat(self, rows, cols, scale=None, n=None, dtype=None):
         """(rows, cols) weights, or n of them stacked (experts), scaled to keep
@@ -162,6 +172,33 @@ class _Synth:
         return self.path
 
 
+def _graft_vocab(w, path) -> int:
+    """Copy every tokenizer.* key of another GGUF (a real vocabulary, such as
+    llama.cpp's models/ggml-vocab-*.gguf) into the writer; returns the vocabulary size."""
+    import gguf
+
+    r = gguf.GGUFReader(str(path))
+    n_vocab = 0
+    for key, f in r.fields.items():
+        if not key.startswith("tokenizer."):
+            continue
+        vtype = f.types[0]
+        if vtype == gguf.GGUFValueType.ARRAY:
+            sub = f.types[1]
+            if sub == gguf.GGUFValueType.STRING:
+                val = [bytes(f.parts[i]) for i in f.data]
+            else:
+                val = list(f.contents())
+            w.add_key_value(key, val, vtype, sub)
+            if key == "tokenizer.ggml.tokens":
+                n_vocab = len(val)
+        else:
+            w.add_key_value(key, f.contents(), vtype)
+    if not n_vocab:
+        raise ValueError(f"{path} has no token list")
+    return n_vocab
+
+
 def _qwen2(s: _Synth, moe: bool = False) -> None:
     """Llama with q/k/v biases and NeoX rope; qwen2moe replaces the feed-forward
     by routed experts (softmax gate, top-k, MUL_MAT_ID) plus a shared expert
@@ -178,13 +215,38 @@ def _qwen2(s: _Synth, moe: bool = False) -> None:
         if not moe:
             _ffn(s, p, sh.n_ff)
             continue
-        n = sh.n_expert
-        s.w.add_tensor(p + "ffn_gate_inp.weight", s.mat(n, e, 1.0, dtype=np.float32))
-        s.w.add_tensor(p + "ffn_gate_exps.weight", s.mat(ff_exp, e, n=n))
-        s.w.add_tensor(p + "ffn_up_exps.weight", s.mat(ff_exp, e, n=n))
-        s.w.add_tensor(p + "ffn_down_exps.weight", s.mat(e, ff_exp, n=n))
+        _routed_experts(s, p, ff_exp)
         s.w.add_tensor(p + "ffn_gate_inp_shexp.weight", s.bias(e, 1.0 / np.sqrt(e)))
         _ffn(s, p, sh.n_ff_shexp or sh.n_ff, "_shexp")
+    s.w.add_tensor("output_norm.weight", s.norm(e))
+    s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
+
+
+def _routed_experts(s: _Synth, p: str, ff_exp: int) -> None:
+    """The expert gate (F32, as converted models keep it) and the stacked experts."""
+    e, n = s.shape.n_embd, s.shape.n_expert
+    s.w.add_tensor(p + "ffn_gate_inp.weight", s.mat(n, e, 1.0, dtype=np.float32))
+    s.w.add_tensor(p + "ffn_gate_exps.weight", s.mat(ff_exp, e, n=n))
+    s.w.add_tensor(p + "ffn_up_exps.weight", s.mat(ff_exp, e, n=n))
+    s.w.add_tensor(p + "ffn_down_exps.weight", s.mat(e, ff_exp, n=n))
+
+
+def _qwen3(s: _Synth, moe: bool = False) -> None:
+    """Llama with an RMS norm over each query and key head (before rope), NeoX rope;
+    qwen3moe has routed experts (their chosen gate weights renormalized), no shared one."""
+    sh, e = s.shape, s.shape.n_embd
+    if moe:
+        ff_exp = _experts(s)
+    s.w.add_tensor("token_embd.weight", s.embd())
+    for i in range(sh.n_layer):
+        p = f"blk.{i}."
+        _attention(s, p)
+        _qk_norms(s, p)
+        s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
+        if not moe:
+            _ffn(s, p, sh.n_ff)
+            continue
+        _routed_experts(s, p, ff_exp)
     s.w.add_tensor("output_norm.weight", s.norm(e))
     s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
 
@@ -217,26 +279,42 @@ def _experts(s: _Synth) -> int:
     return ff_exp
 
 
-def _gemma2(s: _Synth) -> None:
+def _gemma(s: _Synth, version: int = 2) -> None:
     """Scaled embeddings, norms after attention and feed-forward too, GELU-gated
-    feed-forward, attention and final logit soft-capping (tanh), every other
-    layer a short sliding window (a second KV cache), output tied to the
-    embeddings."""
+    feed-forward, output tied to the embeddings, sliding-window layers (a short
+    window). gemma2: every other layer slides, attention and final logits are
+    soft-capped (tanh). gemma3: per-head q/k norms, five of every six layers slide
+    and rotate with their own rope base, no soft-capping."""
     sh, e = s.shape, s.shape.n_embd
     s.w.add_key_length(s.head)
     s.w.add_value_length(s.head)
     s.w.add_sliding_window(sh.n_swa)
-    s.w.add_attn_logit_softcapping(sh.attn_softcap)
-    s.w.add_final_logit_softcapping(sh.final_softcap)
+    if version == 2:
+        s.w.add_attn_logit_softcapping(sh.attn_softcap)
+        s.w.add_final_logit_softcapping(sh.final_softcap)
+    else:
+        s.w.add_key_value("gemma3.rope.freq_base_swa", 10000.0, _value_type("FLOAT32"))
     s.w.add_tensor("token_embd.weight", s.embd(tied=True))
     for i in range(sh.n_layer):
         p = f"blk.{i}."
         _attention(s, p)
+        if version == 3:
+            _qk_norms(s, p)
         s.w.add_tensor(p + "post_attention_norm.weight", s.norm(e))
         s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
         _ffn(s, p, sh.n_ff)
         s.w.add_tensor(p + "post_ffw_norm.weight", s.norm(e))
     s.w.add_tensor("output_norm.weight", s.norm(e))
+
+
+def _qk_norms(s: _Synth, p: str) -> None:
+    s.w.add_tensor(p + "attn_q_norm.weight", s.norm(s.head))
+    s.w.add_tensor(p + "attn_k_norm.weight", s.norm(s.head))
+
+
+def _value_type(name: str):
+    import gguf
+    return getattr(gguf.GGUFValueType, name)
 
 
 def _phi3(s: _Synth) -> None:
@@ -314,9 +392,12 @@ ARCHS = {
     "llama": ("llama", None),
     "llama-tied": ("llama", None),
     "qwen2": ("qwen2", _qwen2),
+    "qwen3": ("qwen3", _qwen3),
+    "qwen3moe": ("qwen3moe", lambda s: _qwen3(s, moe=True)),
     "qwen2moe": ("qwen2moe", lambda s: _qwen2(s, moe=True)),
     "gpt-oss": ("gpt-oss", _gpt_oss),
-    "gemma2": ("gemma2", _gemma2),
+    "gemma2": ("gemma2", _gemma),
+    "gemma3": ("gemma3", lambda s: _gemma(s, 3)),
     "phi2": ("phi2", _phi2),
     "phi3": ("phi3", _phi3),
 }

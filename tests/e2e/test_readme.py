@@ -24,3 +24,21 @@ def test_readme_client_example_runs(endpoint):
     (result,) = printed[1]
     expected = (np.arange(1024, dtype=np.float32) + 1).reshape(4, 256)
     assert np.array_equal(result, expected)
+
+
+def python_blocks() -> list[str]:
+    text = (REPO / "README.md").read_text()
+    parts = text.split("```python")[1:]
+    return [p[:p.index("```")] for p in parts]
+
+
+def test_readme_runner_and_builder_examples_run(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    blocks = [b for b in python_blocks() if "Model.load" in b or "B.Graph()" in b]
+    assert len(blocks) == 2
+    printed = []
+    for code in blocks:
+        exec(compile(code, "README.md", "exec"), {"print": lambda *a: printed.append(a)})
+    (prompt, text, why), (shape,) = printed
+    assert prompt == b" Once upon a time" and len(text) > 0 and why == "length"
+    assert shape == (4, 16)

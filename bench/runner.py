@@ -1,0 +1,140 @@
+"""Our main host (`ggml-rpc-cli bench`) against llama.cpp's client (`llama-bench`).
+
+Same generated model, same threads, alternating runs in one session:
+
+- `rpc`:   every layer on one of our servers (a fresh server per run), our runner
+           against `llama-bench -ngl 99 --rpc`;
+- `rpc2`:  the same over two servers, `-ts 1,1`;
+- `--rtt-ms 1 5`: the rpc modes again through netproxy.py, which delays each
+           direction by half the round trip (a simulated network);
+- `local`: in-process on the local CPU (`-ngl 0`) against `llama-bench -ngl 0
+           --repack 0` (llama.cpp's repacked Q4_0/Q8_0 layouts are another kernel).
+
+Prints JSON rows and a table of prompt (pp) and generation (tg) tokens/s with the
+ratio ours / llama.cpp. Asserts nothing.
+
+    python bench/runner.py --types Q8_0 --pp 64 --tg 32 --rounds 2
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import shutil
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("llama_bench", HERE / "llama_bench.py")
+lb = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(lb)
+_spec = importlib.util.spec_from_file_location("netproxy", HERE / "netproxy.py")
+netproxy = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(netproxy)
+
+
+def ours(command: str, module: str) -> list[str]:
+    exe = shutil.which(command)
+    return [exe] if exe else [sys.executable, "-m", module]
+
+
+def rows(out: str) -> dict:
+    res = {}
+    for row in json.loads(out):
+        name = row.get("test") or ("pp" if row.get("n_prompt") else "tg")
+        res[name[:2]] = row["avg_ts"]
+    return res
+
+
+def run_pair(ref: Path, m: Path, mode: str, rtt_ms: float, args) -> dict:
+    """One run of each client; with `rpc`/`rpc2`, against one/two fresh servers of ours,
+    reached through a proxy that adds `rtt_ms` of round trip when it is not 0."""
+    out = {}
+    for who in ("ours", "llama.cpp"):
+        procs, proxies = [], []
+        extra_ref, extra_ours = ["-ngl", "0", "--repack", "0"], ["-ngl", "0"]
+        if mode.startswith("rpc"):
+            eps = []
+            for _ in range(2 if mode == "rpc2" else 1):
+                port = lb.free_port()
+                srv = subprocess.Popen(ours("ggml-rpc-server", "ggmlrpc.cli.server")
+                                       + ["-p", str(port), "-t", str(args.threads)],
+                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+                procs.append(srv)
+                lb.wait_listening(port, srv)
+                if rtt_ms:
+                    proxies.append(netproxy.Proxy(f"127.0.0.1:{port}", rtt_ms))
+                    port = proxies[-1].start()
+                eps.append(f"127.0.0.1:{port}")
+            extra_ref = extra_ours = ["-ngl", "99", "--rpc", ",".join(eps)]
+            if mode == "rpc2":
+                extra_ref = extra_ref + ["-ts", "1/1"]
+                extra_ours = extra_ours + ["-ts", "1,1"]
+        try:
+            if who == "ours":
+                cmd = ours("ggml-rpc-cli", "ggmlrpc.cli.main") + [
+                    "bench", "-m", str(m), "-t", str(args.threads), "-p", str(args.pp),
+                    "-n", str(args.tg), "-r", str(args.reps), "-o", "json", *extra_ours]
+            else:
+                cmd = [str(ref / "llama-bench"), "-m", str(m), "-t", str(args.threads),
+                       "-p", str(args.pp), "-n", str(args.tg), "-r", str(args.reps), "-o", "json",
+                       *extra_ref]
+            r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+            out[who] = rows(r.stdout) if r.returncode == 0 else {"error": r.stderr.strip()[-300:]}
+        finally:
+            for p in proxies:
+                p.close()
+            for srv in procs:
+                srv.terminate()
+                srv.wait(10)
+    return out
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", nargs="+", default=["Q8_0"])
+    ap.add_argument("--modes", nargs="+", default=["rpc", "local"], choices=["rpc", "rpc2", "local"])
+    ap.add_argument("--rtt-ms", nargs="+", type=float, default=[0.0],
+                    help="simulated round trips for the rpc modes (a proxy per server)")
+    ap.add_argument("--threads", type=int, default=2)
+    ap.add_argument("--pp", type=int, default=64)
+    ap.add_argument("--tg", type=int, default=32)
+    ap.add_argument("--reps", type=int, default=2)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--embd", type=int, default=1024)
+    ap.add_argument("--ff", type=int, default=2816)
+    ap.add_argument("--timeout", type=float, default=900)
+    args = ap.parse_args(argv)
+    ref = lb.reference_bin()
+    shape = lb.LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64,
+                          n_head_kv=args.embd // 64)
+    table = []
+    for qtype in args.types:
+        m = lb.model(ref, qtype, shape)
+        for mode, rtt in [(mo, r) for mo in args.modes for r in (args.rtt_ms if mo != "local" else [0.0])]:
+            runs = [run_pair(ref, m, mode, rtt, args) for _ in range(args.rounds)]
+            row = {"type": qtype, "mode": mode, "rtt_ms": rtt, "runs": runs}
+            for k in ("pp", "tg"):
+                o = [r["ours"][k] for r in runs if k in r["ours"]]
+                t = [r["llama.cpp"][k] for r in runs if k in r["llama.cpp"]]
+                if o and t:
+                    row[k] = {"ours": statistics.median(o), "llama.cpp": statistics.median(t),
+                              "ratio": statistics.median(o) / statistics.median(t)}
+            table.append(row)
+            print(json.dumps(row), flush=True)
+    print(f"\n| type | mode | rtt ms | test | ours t/s | llama.cpp t/s | ratio |\n|---|---|---:|---|---:|---:|---:|")
+    for row in table:
+        for k in ("pp", "tg"):
+            if k in row:
+                v = row[k]
+                n = args.pp if k == "pp" else args.tg
+                print(f"| {row['type']} | {row['mode']} | {row['rtt_ms']:g} | {k}{n} | {v['ours']:.1f} | "
+                      f"{v['llama.cpp']:.1f} | {v['ratio']:.2f} |")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

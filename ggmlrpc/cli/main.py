@@ -1,0 +1,122 @@
+"""`ggml-rpc-cli`: the user-facing commands of the main host.
+
+    ggml-rpc-cli probe host:port[,host:port...]
+    ggml-rpc-cli run -m model.gguf [--rpc host:port,...] [-ngl N] -p PROMPT -n N ...
+    ggml-rpc-cli bench -m model.gguf [--rpc host:port,...] -p 64 -n 32 -r 3
+
+Errors are one line on stderr and exit status 1, never a traceback.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+
+from ..errors import GgmlRpcError, VersionMismatch
+
+MiB = 1024 * 1024
+
+
+class CliError(Exception):
+    """One line for stderr; the command exits with status 1."""
+
+
+def split_endpoints(value: str) -> list[str]:
+    eps = [e.strip() for e in value.split(",") if e.strip()]
+    if not eps:
+        raise CliError(f"no server named in {value!r}")
+    for e in eps:
+        host, _, port = e.rpartition(":")
+        if not host or not port.isdigit() or not 0 < int(port) < 65536:
+            raise CliError(f"invalid endpoint {e!r}: expected host:port")
+    return eps
+
+
+# -- probe -------------------------------------------------------------------
+
+def probe_endpoint(endpoint: str, timeout: float, rounds: int = 5) -> dict:
+    """What a server says about itself, and the best of `rounds` round trips (ms)."""
+    from ..client import RemoteBackend
+
+    try:
+        rb = RemoteBackend(endpoint, timeout=timeout)
+    except VersionMismatch as e:
+        raise CliError(f"{endpoint}: {e}") from None
+    except GgmlRpcError as e:
+        raise CliError(f"{endpoint}: server unreachable ({e})") from None
+    try:
+        info = {"endpoint": endpoint, "version": ".".join(map(str, rb.version)), "devices": []}
+        for dev in range(rb.device_count()):
+            free, total = rb.get_device_memory(dev)
+            info["devices"].append({"index": dev, "free": free, "total": total,
+                                    "alignment": rb.get_alignment(dev),
+                                    "max_size": rb.get_max_size(dev)})
+        rtts = []
+        for _ in range(rounds):
+            t0 = time.perf_counter()
+            rb.ping()
+            rtts.append((time.perf_counter() - t0) * 1e3)
+        info["rtt_ms"] = min(rtts)
+        return info
+    except GgmlRpcError as e:
+        raise CliError(f"{endpoint}: connection lost during probe ({e})") from None
+    finally:
+        rb.close()
+
+
+def format_probe(info: dict) -> str:
+    lines = [f"{info['endpoint']}: RPC v{info['version']}, "
+             f"{len(info['devices'])} device(s), round trip {info['rtt_ms']:.3f} ms"]
+    for d in info["devices"]:
+        max_size = "unlimited" if d["max_size"] >= (1 << 63) else f"{d['max_size'] // MiB} MiB"
+        lines.append(f"  device {d['index']}: {d['total'] // MiB} MiB total, {d['free'] // MiB} MiB free, "
+                     f"alignment {d['alignment']}, max buffer {max_size}")
+    return "\n".join(lines)
+
+
+def cmd_probe(a) -> int:
+    status = 0
+    for ep in split_endpoints(a.endpoints):
+        try:
+            info = probe_endpoint(ep, a.timeout)
+        except CliError as e:
+            print(f"error: {e}", file=sys.stderr)
+            status = 1
+            continue
+        if a.json:
+            import json
+            print(json.dumps(info))
+        else:
+            print(format_probe(info), flush=True)
+    return status
+
+
+# -- entry -------------------------------------------------------------------
+
+def build_parser() -> argparse.ArgumentParser:
+    ap = argparse.ArgumentParser(prog="ggml-rpc-cli", description="ggml RPC main host")
+    sub = ap.add_subparsers(dest="command", required=True)
+    p = sub.add_parser("probe", help="ask RPC servers about their devices")
+    p.add_argument("endpoints", help="host:port[,host:port...]")
+    p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each server (default 5)")
+    p.add_argument("--json", action="store_true", help="one JSON object per server")
+    p.set_defaults(func=cmd_probe)
+    from . import run
+    run.add_parsers(sub)
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = build_parser()
+    a = ap.parse_args(argv)
+    try:
+        return a.func(a)
+    except CliError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,258 @@
+"""The LLM runner on generated llama models: the same greedy tokens in-process and
+through our servers (one, two with a tensor split, some layers kept on the CPU),
+placement by free memory and by -ts read back from the servers' buffers, the
+generation API, and the CLI's one-line errors."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ggmlrpc.cli.main import main
+from ggmlrpc.errors import ConnectionLost
+from ggmlrpc.llm import synth
+from ggmlrpc.llm.gguf_file import ModelError
+from ggmlrpc.llm.model import Model, assign_layers
+from tests.conftest import Proc, free_port, our_server_argv, start_server
+
+def arch_shape(arch: str, n_embd: int) -> synth.ModelShape:
+    """Two layers; gemma3 seven (six sliding-window layers, one global, rope bases 1e4/1e6)."""
+    return synth.ModelShape(n_layer=7 if arch == "gemma3" else 2, n_embd=n_embd, n_ff=2 * n_embd,
+                            n_head=4, n_head_kv=2, rope_base=1e6 if arch == "gemma3" else 10000.0)
+
+
+PROMPT = "the old fisherman lived in a small village by the sea"
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    d = tmp_path_factory.mktemp("runner")
+    return synth.write_llama(d / "llama.gguf", synth.LlamaShape(n_layer=4, n_embd=64, n_ff=128,
+                                                                 n_head=4, n_head_kv=2, n_ctx=256))
+
+
+@pytest.fixture
+def servers():
+    srvs = [start_server(), start_server()]
+    yield srvs
+    for s in srvs:
+        s.close()
+
+
+def greedy(path, n=12, **kw) -> tuple[list[bytes], str]:
+    with Model.load(path, **kw) as m:
+        pieces = list(m.generate(PROMPT, n, temp=0))
+        return pieces, m.stop_reason
+
+
+def test_same_tokens_everywhere(model_path, servers):
+    eps = [f"127.0.0.1:{s.port}" for s in servers]
+    local, why = greedy(model_path, n_gpu_layers=0)
+    assert len(local) == 12 and why == "length"
+    assert greedy(model_path, rpc=eps[0])[0] == local
+    assert greedy(model_path, rpc=eps, tensor_split=[1, 1])[0] == local
+    assert greedy(model_path, rpc=eps[0], n_gpu_layers=2)[0] == local   # layers 0-1 on the CPU
+    assert greedy(model_path, rpc=",".join(eps), n_gpu_layers=4)[0] == local   # output on the CPU
+    no_fa = greedy(model_path, flash_attn=False)[0]     # soft_max attention, transposed V cache
+    assert len(no_fa) == 12 and greedy(model_path, rpc=eps, flash_attn=False)[0] == no_fa
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma2", "gemma3", "phi2", "phi3", "gpt-oss"])
+def test_other_architectures_same_tokens_everywhere(tmp_path, servers, arch):
+    path = synth.write_model(tmp_path / f"{arch}.gguf", arch,
+                             arch_shape(arch, 64))
+    local, _ = greedy(path, n_gpu_layers=0)
+    assert len(local) == 12
+    assert greedy(path, rpc=[f"127.0.0.1:{s.port}" for s in servers], n_gpu_layers=1)[0] == local
+
+
+def test_assign_layers():
+    assert assign_layers(4, 99, []) == [-1] * 4
+    assert assign_layers(4, 99, [1.0, 1.0]) == [0, 0, 1, 1]
+    assert assign_layers(4, 99, [3.0, 1.0]) == [0, 0, 0, 1]
+    assert assign_layers(4, 2, [1.0]) == [-1, -1, 0, 0]
+    assert assign_layers(5, 99, [0.0, 1.0]) == [1] * 5
+
+
+def test_split_read_back_from_servers(model_path, servers):
+    eps = [f"127.0.0.1:{s.port}" for s in servers]
+    with Model.load(model_path, rpc=eps, tensor_split=[3, 1]) as m:
+        assert [st.layers for st in m.stages[1:]] == [[0, 1, 2], [3]]
+        a, b = (s.stats()["buffer_bytes"] for s in servers)
+        f = m.file
+        layer = sum(t.nbytes for n, t in f.tensors.items() if n.startswith("blk.0."))
+        kv = 2 * 2 * m.hp.n_embd_kv * m.n_ctx
+        out = f.tensors["output.weight"].nbytes + f.tensors["output_norm.weight"].nbytes
+        # what each server holds is that stage's weights + cache, compute and input buffers
+        sa, sb = m.stages[1], m.stages[2]
+        for srv_bytes, st in ((a, sa), (b, sb)):
+            assert srv_bytes == sum(x.size for x in (*st.buffers, st.compute, st.inputs_buf))
+        # weights + cache: 3 layers against 1 layer and the output (alignment padding aside)
+        wa, wb = sa.buffers[0].size, sb.buffers[0].size
+        assert 0 <= wa - 3 * (layer + kv) < 1024
+        assert 0 <= wb - (layer + kv + out) < 1024
+    # equal free memory: an even split
+    with Model.load(model_path, rpc=eps) as m:
+        assert [st.layers for st in m.stages[1:]] == [[0, 1], [2, 3]]
+
+
+def test_generate_api(model_path):
+    with Model.load(model_path) as m:
+        ids = m.tokenize(PROMPT)
+        assert ids[0] == m.tokenizer.bos and m.detokenize(ids) == b" " + PROMPT.encode()
+        echoed = list(m.generate(ids, 3, temp=0, echo=True))
+        assert b"".join(echoed[:len(ids)]) == b" " + PROMPT.encode() and len(echoed) == len(ids) + 3
+        assert m.n_past == len(ids) + 2      # the last token is not evaluated
+        sampled = list(m.generate(PROMPT, 8, temp=0.9, seed=42))
+        assert sampled == list(m.generate(PROMPT, 8, temp=0.9, seed=42))
+        m.generate(PROMPT, 1, temp=0)
+        with pytest.raises(ModelError, match="context full"):
+            m.eval(list(range(3, 3 + m.n_ctx + 1)))
+
+
+def run_cli(capsys, *args):
+    rc = main(["run", *args])
+    out, err = capsys.readouterr()
+    return rc, out, err
+
+
+def test_cli_errors(model_path, tmp_path, capsys):
+    bad = tmp_path / "bad.gguf"
+    bad.write_bytes(b"not a model")
+    import gguf
+
+    other = tmp_path / "mamba.gguf"      # an architecture the runner does not build
+    wr = gguf.GGUFWriter(str(other), "mamba")
+    wr.write_header_to_file()
+    wr.write_kv_data_to_file()
+    wr.write_tensors_to_file()
+    wr.close()
+    for args, msg in ((["-m", str(tmp_path / "none.gguf")], "model file not found"),
+                      (["-m", str(bad)], "is not a GGUF file"),
+                      (["-m", str(other)], "architecture 'mamba' is not supported"),
+                      (["-m", str(model_path), "--rpc", f"127.0.0.1:{free_port()}"], "server unreachable"),
+                      (["-m", str(model_path), "--rpc", "nohost"], "invalid endpoint"),
+                      (["-m", str(model_path), "-c", "8", "-p", PROMPT], "context full")):
+        rc, out, err = run_cli(capsys, *args, "-n", "2")
+        assert rc == 1 and msg in err and err.count("\n") == 1 and "Traceback" not in err, (args, err)
+
+
+def test_cli_run_prints_prompt_and_blank_line(model_path, capfdbinary):
+    rc = main(["run", "-m", str(model_path), "-p", PROMPT, "-n", "4", "--temp", "0"])
+    out, _ = capfdbinary.readouterr()
+    assert rc == 0 and out.startswith(b" " + PROMPT.encode()) and out.endswith(b"\n\n")
+
+
+def test_second_load_comes_from_the_server_cache(tmp_path, server_proc):
+    """Weights above 10 MiB go hash first: a server started with -c that has them
+    cached is not sent them again, and run says how much came from the cache."""
+    path = synth.write_llama(tmp_path / "big-vocab.gguf",
+                             synth.LlamaShape(n_layer=1, n_embd=64, n_ff=64, n_head=2, n_head_kv=1,
+                                              n_vocab=48000), "f32")
+    srv = server_proc("-c", env={**os.environ, "LLAMA_CACHE": str(tmp_path / "cache")})
+    argv = [sys.executable, "-m", "ggmlrpc.cli.main", "run", "-m", str(path), "--rpc", srv.endpoint,
+            "-p", PROMPT, "-n", "4", "--temp", "0"]
+    first = subprocess.run(argv, capture_output=True, timeout=300, cwd=tmp_path)
+    second = subprocess.run(argv, capture_output=True, timeout=300, cwd=tmp_path)
+    assert first.returncode == second.returncode == 0
+    assert b"from the servers' caches" not in first.stderr
+    out_mib = 48000 * 64 * 4 / 2**20
+    assert f"{out_mib:.1f} MiB of weights came from the servers' caches".encode() in second.stderr
+    assert first.stdout == second.stdout and first.stdout.startswith(b" " + PROMPT.encode())
+
+
+def test_server_killed_mid_generation_and_back(model_path):
+    """The server is killed after a few tokens and started again on the same port:
+    generation goes on (its layers uploaded again, the context replayed batch by
+    batch) and gives the text of an uninterrupted run."""
+    port = free_port()
+    argv = our_server_argv("-p", str(port), "-t", "1")
+    srv = Proc(argv, port)
+    try:
+        with Model.load(model_path, rpc=f"127.0.0.1:{port}", reconnect=30) as m:
+            want = list(m.generate(PROMPT, 12, temp=0))
+            got = []
+            for i, piece in enumerate(m.generate(PROMPT, 12, temp=0)):
+                got.append(piece)
+                if i == 4:
+                    srv.stop()
+                    srv = Proc(argv, port)
+            assert got == want
+    finally:
+        srv.stop()
+
+
+def test_server_that_never_comes_back(model_path, capsys):
+    port = free_port()
+    srv = Proc(our_server_argv("-p", str(port), "-t", "1"), port)
+    try:
+        with Model.load(model_path, rpc=f"127.0.0.1:{port}", reconnect=1.0) as m:
+            gen = m.generate(PROMPT, 12, temp=0)
+            next(gen)
+            srv.stop()
+            with pytest.raises(ModelError, match=rf"server 127.0.0.1:{port} lost and not back within 1 s"):
+                list(gen)
+    finally:
+        srv.stop()
+    # without reconnect the loss is an error at once
+    srv = Proc(our_server_argv("-p", str(port), "-t", "1"), port)
+    try:
+        with Model.load(model_path, rpc=f"127.0.0.1:{port}") as m:
+            gen = m.generate(PROMPT, 12, temp=0)
+            next(gen)
+            srv.stop()
+            with pytest.raises(ConnectionLost):
+                list(gen)
+    finally:
+        srv.stop()
+
+
+def test_upload_progress_only_on_a_terminal():
+    import io
+
+    from ggmlrpc.cli.run import Progress
+
+    class Tty(io.StringIO):
+        def isatty(self):
+            return True
+
+    quiet, tty = io.StringIO(), Tty()
+    for stream in (quiet, tty):
+        p = Progress(stream)
+        p(1 << 20, 4 << 20)
+        p(4 << 20, 4 << 20, 2 << 20)
+    assert quiet.getvalue() == ""
+    out = tty.getvalue()
+    assert "4.0/4.0 MiB" in out and "MiB/s ETA" in out and "(2.0 MiB from server caches)" in out
+    assert out.endswith("\n") and out.count("\r") == 2
+
+
+def test_bench_reports_prompt_and_generation_speed(model_path, servers, capsys):
+    import json
+
+    assert main(["bench", "-m", str(model_path), "--rpc", f"127.0.0.1:{servers[0].port}",
+                 "-p", "8", "-n", "4", "-r", "2", "-o", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["test"] for r in rows] == ["pp8", "tg4"]
+    assert all(r["avg_ts"] > 0 and len(r["samples_ns"]) == 2 and r["backend"] == "RPC" for r in rows)
+    assert main(["bench", "-m", str(model_path), "-p", "8", "-n", "0", "-r", "1"]) == 0
+    table = capsys.readouterr().out.splitlines()
+    assert table[0].startswith("| model | size |") and "| pp8 |" in table[2] and len(table) == 3
+
+
+def test_local_weights_stay_in_the_file_mapping(model_path):
+    from ggmlrpc.errors import ValidationError
+
+    with Model.load(model_path, n_gpu_layers=0) as m:
+        (st,) = m.stages
+        assert st.mapped and st.device.local
+        kv = 2 * 2 * m.hp.n_embd_kv * m.n_ctx * m.hp.n_layer
+        assert [b.size for b in st.buffers] == [kv]             # only the cache was allocated
+        w = st.weights["blk.0.attn_q.weight"]
+        assert w.buffer is m._mapped and w.data - w.buffer.base == \
+            m.file.tensors["blk.0.attn_q.weight"].data.ctypes.data - m.file.reader.data.ctypes.data
+        with pytest.raises(ValidationError, match="read-only"):
+            st.device.backend.set_tensor(w, bytes(w.nbytes))
+        assert len(list(m.generate(PROMPT, 4, temp=0))) == 4

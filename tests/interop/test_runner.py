@@ -1,0 +1,159 @@
+"""`ggml-rpc-cli run` prints what llama.cpp's llama-completion prints (greedy, the
+prompt echoed, the closing blank line), token for token, on generated llama models:
+in-process on our CPU executor (-ngl 0) against llama.cpp's CPU backend, and with
+the layers on RPC servers (ours, llama.cpp's, and both at once with -ts 1,1)
+against llama-completion driving the same servers."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from ggmlrpc.cli.main import main
+from ggmlrpc.llm import synth
+from tests.e2e.test_runner import arch_shape
+
+pytestmark = pytest.mark.interop
+
+PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
+N = 16
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, ref_bin):
+    d = tmp_path_factory.mktemp("runner-models")
+    shape = synth.LlamaShape(n_layer=3, n_embd=128, n_ff=256, n_head=4, n_head_kv=2)
+    out = {"f32": synth.write_llama(d / "f32.gguf", shape, "f32", seed=1),
+           "f16": synth.write_llama(d / "f16.gguf", shape, "f16", seed=2),
+           "f16-tied": synth.write_llama(d / "tied.gguf", shape, "f16", seed=3, tied=True)}
+    for q in ("Q8_0", "Q4_0"):
+        out[q.lower()] = synth.quantize(ref_bin / "llama-quantize", out["f32"], d / f"{q}.gguf", q)
+    return out
+
+
+def completion(ref_bin: Path, model: Path, args: list[str], prompt: str = PROMPT,
+               expect: bytes | None = None) -> bytes:
+    """llama-completion's stdout. It now and then loses part of its output when it
+    exits (seen with no RPC server at all), so a run whose output does not end in
+    its blank line, or differs from `expect`, is repeated (up to four runs).
+    --no-repack: llama.cpp's CPU backend would otherwise repack Q4_0/Q8_0 weights into
+    its interleaved layouts, which sum in another order than ggml's plain kernels."""
+    argv = [str(ref_bin / "llama-completion"), "-m", str(model), "--temp", "0", "-s", "1",
+            "-no-cnv", "--simple-io", "--no-repack", "-p", prompt, "-n", str(N), *args]
+    env = dict(os.environ, GGML_NO_BACKTRACE="1")
+    for _ in range(4):
+        r = subprocess.run(argv, capture_output=True, env=env, timeout=300)
+        assert r.returncode == 0, r.stderr.decode(errors="replace")[-3000:]
+        if r.stdout.endswith(b"\n\n") and (expect is None or r.stdout == expect):
+            break
+    return r.stdout
+
+
+def ours(model: Path, args: list[str], capfdbinary) -> bytes:
+    capfdbinary.readouterr()
+    rc = main(["run", "-m", str(model), "--temp", "0", "-p", PROMPT, "-n", str(N), *args])
+    sys.stdout.flush()
+    out, err = capfdbinary.readouterr()
+    assert rc == 0, err.decode(errors="replace")
+    return out
+
+
+@pytest.mark.parametrize("kind", ["f32", "f16", "f16-tied", "q8_0", "q4_0"])
+def test_in_process_equals_llama_cpu(ref_bin, models, kind, capfdbinary):
+    model = models[kind]
+    mine = ours(model, ["-ngl", "0", "-t", "2"], capfdbinary)
+    ref = completion(ref_bin, model, ["-ngl", "0", "-t", "2"], expect=mine)
+    assert mine.startswith(b" " + PROMPT.encode()) and len(mine) > len(PROMPT) + N
+    assert mine == ref
+
+
+@pytest.mark.parametrize("kind", ["f16", "q8_0"])
+def test_through_servers_equals_llama_completion(ref_bin, models, kind, server_proc, ref_server,
+                                                 capfdbinary):
+    model = models[kind]
+    a, b = server_proc("-t", "2"), ref_server("-t", "2")
+    for rpc, extra in ((a.endpoint, []), (b.endpoint, []),
+                       (f"{a.endpoint},{b.endpoint}", ["-ts", "1,1"]),
+                       (a.endpoint, ["-ngl", "2"])):         # the first layer stays on the CPU
+        args = ["--rpc", rpc, *(extra if "-ngl" in extra else ["-ngl", "99", *extra])]
+        mine = ours(model, args, capfdbinary)
+        # llama.cpp's client through the reference server only (it serves one client at a time)
+        assert mine == completion(ref_bin, model, args, expect=mine), (rpc, extra)
+
+
+@pytest.mark.parametrize("kind", ["f32", "q4_0"])
+def test_without_flash_attention(ref_bin, models, kind, server_proc, ref_server, capfdbinary):
+    """-fa off: soft_max attention over a transposed V cache, as llama.cpp builds it."""
+    model = models[kind]
+    mine = ours(model, ["-ngl", "0", "-fa", "off"], capfdbinary)
+    assert mine == completion(ref_bin, model, ["-ngl", "0", "-fa", "off"], expect=mine)
+    srv = ref_server("-t", "2")
+    args = ["--rpc", srv.endpoint, "-ngl", "99", "-fa", "off"]
+    assert ours(model, args, capfdbinary) == completion(ref_bin, model, args, expect=mine) == mine
+
+
+VOCAB_PROMPT = "Hello world! 12345 caf\u00e9 \u65e5\u672c\u8a9e def f(x):\n\treturn x**2 <|endoftext|>It's"
+
+
+@pytest.mark.parametrize("vocab", ["llama-bpe", "qwen2", "llama-spm"])
+def test_real_vocabularies(ref_bin, tmp_path, vocab, server_proc, capfdbinary):
+    """Random weights under a real vocabulary (llama.cpp's vocab files), a prompt that
+    exercises the pre-tokenizer (digits, accents, CJK, code, a special token)."""
+    src = ref_bin.parent.parent / "src" / "vendor" / "llama.cpp" / "models" / f"ggml-vocab-{vocab}.gguf"
+    model = synth.write_llama(tmp_path / f"{vocab}.gguf",
+                              synth.LlamaShape(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2),
+                              "f16", seed=7, vocab_from=src)
+    argv = ["run", "-m", str(model), "--temp", "0", "-p", VOCAB_PROMPT, "-n", str(N)]
+    capfdbinary.readouterr()
+    assert main([*argv, "-ngl", "0"]) == 0
+    sys.stdout.flush()
+    mine = capfdbinary.readouterr()[0]
+    assert mine == completion(ref_bin, model, ["-ngl", "0"], VOCAB_PROMPT, expect=mine)
+    assert main([*argv, "--rpc", server_proc("-t", "2").endpoint]) == 0
+    sys.stdout.flush()
+    assert capfdbinary.readouterr()[0] == mine and len(mine) > len(VOCAB_PROMPT)
+
+
+@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma2", "gemma3", "phi2", "phi3", "gpt-oss"])
+def test_other_architectures(ref_bin, tmp_path, arch, ref_server, capfdbinary):
+    """qwen2 (q/k/v biases, NeoX rope), qwen3 (per-head q/k RMS norms) and qwen2moe
+    (soft-max routed experts through MUL_MAT_ID plus a gated shared expert), qwen3moe
+    (renormalized expert weights, no shared expert) and gemma2 (scaled embeddings,
+    post-norms, GeGLU, soft-capped attention and logits, a sliding window of 8 on
+    even layers, so a 60-token prompt crosses it), gemma3 (q/k norms, five sliding
+    layers in six with their own rope base) and phi2 (LayerNorm with biases, fused
+    q/k/v as views, partial rope, parallel GELU feed-forward), phi3 (fused gate/up,
+    LongRoPE factors) and gpt-oss (attention sinks, biased experts, clamped SwiGLU):
+    in-process
+    with and without flash attention, and split over our process and llama.cpp's server."""
+    model = synth.write_model(tmp_path / f"{arch}.gguf", arch,
+                              arch_shape(arch, 128),
+                              "f16", seed=4)
+    for fa in ("on", "off"):
+        mine = ours(model, ["-ngl", "0", "-fa", fa], capfdbinary)
+        assert mine == completion(ref_bin, model, ["-ngl", "0", "-fa", fa], expect=mine), fa
+    if arch == "phi3":     # a context within the original one takes the short factors
+        short = ours(model, ["-c", "256"], capfdbinary)
+        assert short == completion(ref_bin, model, ["-ngl", "0", "-c", "256"], expect=short)
+    srv = ref_server("-t", "2")
+    args = ["--rpc", srv.endpoint, "-ngl", "1"]
+    split = ours(model, args, capfdbinary)
+    assert split == completion(ref_bin, model, args, expect=split)
+
+
+def test_prompt_longer_than_a_micro_batch(ref_bin, tmp_path, capfdbinary):
+    """A prompt of ~1400 tokens runs in micro-batches of 512 as llama.cpp runs it,
+    attending 1024, then 1536 cache cells."""
+    model = synth.write_llama(tmp_path / "long.gguf",
+                              synth.LlamaShape(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2,
+                                               n_ctx=2048), "f32", seed=9)
+    prompt = " ".join(["the old man went to the sea and"] * 90)
+    capfdbinary.readouterr()
+    assert main(["run", "-m", str(model), "--temp", "0", "-p", prompt, "-n", str(N)]) == 0
+    sys.stdout.flush()
+    mine = capfdbinary.readouterr()[0]
+    assert len(mine) > len(prompt)
+    assert mine == completion(ref_bin, model, ["-ngl", "0"], prompt, expect=mine)
