@@ -158,13 +158,17 @@ size_t ggmlrpc_exec_wsize(const gr_node *node, int nth) {
 /* ---- barrier ------------------------------------------------------------ */
 
 /* Threads spin briefly (between nodes the wait is usually microseconds), then
- * sleep on a condition variable so that an oversubscribed host is not burned.
- * The spin is bounded in time, not in PAUSEs (one PAUSE takes from a few cycles
- * to ~40 ns depending on the CPU and hypervisor). 10 us covers the usual wait
- * between nodes of a decode graph; a longer spin only burns a core that another
- * thread of this host (often our own late partner) needs: on a busy 2-core host
- * 160 us of spinning made decode-sized graphs ~1.6x slower on average. */
+ * yield the core while they keep watching, then sleep on a condition variable so
+ * that an oversubscribed host is not burned. The spin is bounded in time, not in
+ * PAUSEs (one PAUSE takes from a few cycles to ~40 ns depending on the CPU and
+ * hypervisor). 10 us of PAUSEs cover the usual wait between nodes of a decode
+ * graph on a busy host, where spinning longer only burns a core that another
+ * thread (often our own late partner) needs: on a busy 2-core host 160 us of PAUSE
+ * spinning made decode-sized graphs ~1.6x slower. Yielding instead hands that core
+ * over, and on a quiet host it wakes far sooner than a futex: a decode token on a
+ * 12-layer model waits at some 300 barriers. */
 #define GR_SPIN_NS 10000
+#define GR_YIELD_NS 200000
 
 typedef struct {
     atomic_int count;
@@ -213,6 +217,10 @@ static void barrier_wait(gr_barrier *b) {
         if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
         GR_PAUSE();
         if ((i & 15) == 0 && gr_now_ns() - t0 > GR_SPIN_NS) break;
+    }
+    while (gr_now_ns() - t0 < GR_YIELD_NS) {
+        if (atomic_load_explicit(&b->gen, memory_order_acquire) != gen) return;
+        sched_yield();
     }
     pthread_mutex_lock(&b->mu);
     atomic_fetch_add(&b->sleepers, 1);
