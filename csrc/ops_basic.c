@@ -20,7 +20,8 @@
  * Same types copy bytes; F32/F16/BF16/I32 convert through float.
  *   src: (ne00, ne01, ne02, ne03), dst: (ne0, ne1, ne2, ne3), same nelements */
 /* node iparams: [0] element size for same-type copies, [1] bytes of a row for
- * same-shape block copies (quantized), [2] DUP_* mode */
+ * same-shape block copies (quantized), [2] DUP_* mode, [3] block size when
+ * quantized data of one type changes shape (whole blocks are the elements then) */
 enum { DUP_PLAIN = 0, DUP_FROM_Q = 1, DUP_TO_Q = 2 };
 
 void gr_k_dup(gr_job *job, int phase) {
@@ -28,6 +29,15 @@ void gr_k_dup(gr_job *job, int phase) {
     const gr_node *n = job->node;
     const gr_tensor *src = &n->src[0];
     const gr_tensor *dst = &n->dst;
+    gr_tensor src_blocks, dst_blocks;
+    if (n->iparams[3] > 1) {
+        src_blocks = *src;
+        dst_blocks = *dst;
+        src_blocks.ne[0] /= n->iparams[3];
+        dst_blocks.ne[0] /= n->iparams[3];
+        src = &src_blocks;
+        dst = &dst_blocks;
+    }
     const int64_t ne00 = src->ne[0];
     const int64_t nr = gr_nrows(src);
     int64_t r0, r1;
@@ -357,7 +367,9 @@ void gr_k_glu(gr_job *job, int phase) {
 
 /* ---- SCALE ---------------------------------------------------------------- */
 
-/* dst = src0*s + b (fused when b != 0, as ggml's vector path) */
+/* dst = src0*s + b (fused when b != 0, as ggml's vector path); BF16 rows are
+ * computed in float (fused, as ggml's compiled scalar loop) and rounded back.
+ *   src0, dst: (ne0, rows), F32 or BF16, same type */
 void gr_k_scale(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
@@ -368,6 +380,14 @@ void gr_k_scale(gr_job *job, int phase) {
     const int64_t ne0 = d->ne[0];
     int64_t r0, r1;
     gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
+    if (s->type == GR_TYPE_BF16) {
+        for (int64_t ir = r0; ir < r1; ir++) {
+            const uint16_t *x = (const uint16_t *)gr_row(s, ir);
+            uint16_t *y = (uint16_t *)gr_row(d, ir);
+            for (int64_t i = 0; i < ne0; i++) y[i] = gr_fp32_to_bf16(fmaf(sc, gr_bf16_to_fp32(x[i]), b));
+        }
+        return;
+    }
     for (int64_t ir = r0; ir < r1; ir++) {
         const float *x = (const float *)gr_row(s, ir);
         float *y = (float *)gr_row(d, ir);
@@ -459,7 +479,9 @@ void gr_k_set_rows(gr_job *job, int phase) {
 
 /* RMS_NORM (sub 0): y = x / sqrt(mean(x^2) + eps); L2_NORM (sub 1):
  * y = x / max(sqrt(sum(x^2)), eps). Per row; the sum of squares is kept in
- * double with each square rounded to float first, as ggml does. */
+ * double with each square rounded to float first, as ggml does. L2_NORM also
+ * takes rows with element strides (permuted views); RMS_NORM needs packed rows.
+ *   src0, dst: (ne0, rows) F32 */
 void gr_k_rms_norm(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
@@ -469,7 +491,21 @@ void gr_k_rms_norm(gr_job *job, int phase) {
     const int64_t ne0 = s->ne[0];
     int64_t r0, r1;
     gr_range(gr_nrows(s), job->ith, job->nth, &r0, &r1);
+    const int packed = s->nb[0] == 4 && d->nb[0] == 4;
     for (int64_t ir = r0; ir < r1; ir++) {
+        if (!packed) {      /* L2_NORM of a strided row */
+            const char *x = gr_row(s, ir);
+            char *y = gr_row(d, ir);
+            double sum = 0.0;
+            for (int64_t i = 0; i < ne0; i++) {
+                const float xi = *(const float *)(x + i * s->nb[0]);
+                sum += (double)(xi * xi);
+            }
+            const float scale = 1.0f / fmaxf(sqrtf((float)sum), eps);
+            for (int64_t i = 0; i < ne0; i++)
+                *(float *)(y + i * d->nb[0]) = *(const float *)(x + i * s->nb[0]) * scale;
+            continue;
+        }
         const float *x = (const float *)gr_row(s, ir);
         float *y = (float *)gr_row(d, ir);
         double sum = 0.0;
@@ -480,7 +516,28 @@ void gr_k_rms_norm(gr_job *job, int phase) {
     }
 }
 
-/* y = (x - mean) / sqrt(var + eps) per row */
+/* Strided rows (permuted views): ggml sums the row and the centred squares in
+ * float, one element after another (the squares fused into the sum). */
+static void norm_row_strided(const gr_tensor *s, const gr_tensor *d, int64_t ir, float eps) {
+    const int64_t ne0 = s->ne[0];
+    const char *x = gr_row(s, ir);
+    char *y = gr_row(d, ir);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < ne0; i++) sum += *(const float *)(x + i * s->nb[0]);
+    const float mean = sum / ne0;
+    float variance = 0.0f;
+    for (int64_t i = 0; i < ne0; i++) {
+        const float v = *(const float *)(x + i * s->nb[0]) - mean;
+        *(float *)(y + i * d->nb[0]) = v;
+        variance = fmaf(v, v, variance);
+    }
+    variance /= ne0;
+    const float scale = 1.0f / sqrtf(variance + eps);
+    for (int64_t i = 0; i < ne0; i++) *(float *)(y + i * d->nb[0]) *= scale;
+}
+
+/* y = (x - mean) / sqrt(var + eps) per row
+ *   src0, dst: (ne0, rows) F32 */
 void gr_k_norm(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
@@ -490,6 +547,10 @@ void gr_k_norm(gr_job *job, int phase) {
     const int64_t ne0 = s->ne[0];
     int64_t r0, r1;
     gr_range(gr_nrows(s), job->ith, job->nth, &r0, &r1);
+    if (s->nb[0] != 4 || d->nb[0] != 4) {
+        for (int64_t ir = r0; ir < r1; ir++) norm_row_strided(s, d, ir, eps);
+        return;
+    }
     for (int64_t ir = r0; ir < r1; ir++) {
         const float *x = (const float *)gr_row(s, ir);
         float *y = (float *)gr_row(d, ir);

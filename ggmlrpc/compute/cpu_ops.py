@@ -174,11 +174,14 @@ def rule_dup(node, srcs):
     conv = {T.F32, T.F16, T.BF16}
     if ggml.is_quantized(st) or ggml.is_quantized(dt):
         if st == dt:
-            # whole blocks: rows of the same shape, copied as bytes
-            if not same_shape(s, node):
-                raise unsupported(node, srcs, "reshapes quantized data")
+            # whole blocks: rows of the same shape copied as bytes, else block by
+            # block in logical order (rows of whole blocks on both sides)
             need_rows(node, srcs, s, node)
-            return Spec(ids.K.DUP, iparams=(ts(s), row_bytes(s), 0), srcs=[s])
+            if same_shape(s, node):
+                return Spec(ids.K.DUP, iparams=(ts(s), row_bytes(s), 0), srcs=[s])
+            if s.ne[0] % blck(s) or node.ne[0] % blck(node):
+                raise invalid(node, srcs, "rows are not whole blocks")
+            return Spec(ids.K.DUP, iparams=(ts(s), 0, 0, blck(s)), srcs=[s])
         if dt == T.F32:     # ggml dequantizes only to F32
             if not same_shape(s, node):
                 raise unsupported(node, srcs, "reshapes while dequantizing")
@@ -270,8 +273,8 @@ def rule_glu(node, srcs):
     if b is not None:
         if not (same_shape(a, b) and same_shape(a, node)):
             raise invalid(node, srcs, "sources and result differ in shape")
-    elif a.ne[0] != 2 * node.ne[0] or tuple(a.ne[1:]) != tuple(node.ne[1:]):
-        raise invalid(node, srcs, "the result is not half of src0")
+    elif node.ne[0] != a.ne[0] // 2 or tuple(a.ne[1:]) != tuple(node.ne[1:]):
+        raise invalid(node, srcs, "the result is not half of src0")   # (an odd last element unused)
     need_rows(node, srcs, a, b, node)
     return Spec(ids.K.GLU, g, srcs=[a] + ([b] if b is not None else []))
 
@@ -281,7 +284,7 @@ def rule_scale(node, srcs):
     s = srcs[0]
     if not same_shape(s, node):
         raise invalid(node, srcs, "source and result differ in shape")
-    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+    need_types(node, srcs, s.type == node.type and s.type in (T.F32, T.BF16))
     need_rows(node, srcs, s, node)
     return Spec(ids.K.SCALE, srcs=[s])
 
@@ -318,9 +321,18 @@ def rule_set_rows(node, srcs):
     return Spec(ids.K.SET_ROWS, iparams=(row_bytes(a),), srcs=[a, idx])
 
 
-def _norm(kernel_name, sub=0):
+def _norm(kernel_name, sub=0, strided=False):
+    """strided: the kernel also reads and writes rows with element strides (ggml's
+    NORM and L2_NORM walk nb[0]; RMS_NORM and GROUP_NORM need packed rows)."""
     def rule(node, srcs):
-        s = f32_like_source(node, srcs)
+        if strided:
+            need(node, srcs, 1)
+            s = srcs[0]
+            need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+            if not same_shape(s, node):
+                raise invalid(node, srcs, "source and result differ in shape")
+        else:
+            s = f32_like_source(node, srcs)
         eps = f32_param(node, 0 if node.op != Op.GROUP_NORM else 1)
         if not eps >= 0.0:
             raise invalid(node, srcs, f"eps {eps} < 0")
@@ -574,15 +586,17 @@ def rule_concat(node, srcs):
     need(node, srcs, 2)
     a, b = srcs
     dim = node.op_params[0]
-    need_types(node, srcs, a.type == b.type == node.type and not ggml.is_quantized(a.type))
+    need_types(node, srcs, a.type == b.type == node.type)
     if not 0 <= dim < 4:
         raise invalid(node, srcs, f"dimension {dim}")
+    if dim == 0 and (a.ne[0] % blck(a) or b.ne[0] % blck(b)):
+        raise invalid(node, srcs, "rows of whole blocks are concatenated")
     for i in range(4):
         want = a.ne[i] + b.ne[i] if i == dim else a.ne[i]
         if node.ne[i] != want or (i != dim and b.ne[i] != a.ne[i]):
             raise invalid(node, srcs, "shapes do not concatenate")
     need_rows(node, srcs, a, b, node)
-    return Spec(ids.K.CONCAT, iparams=(ts(a),), srcs=[a, b])
+    return Spec(ids.K.CONCAT, iparams=(ts(a), blck(a)), srcs=[a, b])
 
 
 def rule_pad(node, srcs):
@@ -1206,8 +1220,8 @@ RULES = {
     Op.GET_ROWS: rule_get_rows,
     Op.SET_ROWS: rule_set_rows,
     Op.RMS_NORM: _norm("RMS_NORM"),
-    Op.NORM: _norm("NORM"),
-    Op.L2_NORM: _norm("RMS_NORM", 1),
+    Op.NORM: _norm("NORM", strided=True),
+    Op.L2_NORM: _norm("RMS_NORM", 1, strided=True),
     Op.GROUP_NORM: _norm("GROUP_NORM"),
     Op.SOFT_MAX: rule_soft_max,
     Op.ROPE: rule_rope,
