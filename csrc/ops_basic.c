@@ -300,7 +300,7 @@ void gr_k_glu(gr_job *job, int phase) {
     float *xa = gr_thread_f32(job, 3 * nc + 32);
     float *xb = xa + nc + 16;
     float *y = xb + nc + 16;
-    const int f16 = s0->type != GR_TYPE_F32;
+    const int f16 = s0->type == GR_TYPE_F16, bf16 = s0->type == GR_TYPE_BF16;
     for (int64_t ir = r0; ir < r1; ir++) {
         const char *p0 = gr_row(s0, ir);
         const char *pa, *pb;
@@ -320,8 +320,10 @@ void gr_k_glu(gr_job *job, int phase) {
         case 0: /* REGLU */
             for (int64_t i = 0; i < nc; i++) y[i] = xa[i] > 0.0f ? xa[i] * xb[i] : 0.0f;
             break;
-        case 1: /* GEGLU: F16 data goes through ggml's F16 table, F32 too within +-10 */
-            if (f16) {
+        case 1: /* GEGLU: F16 data goes through ggml's F16 table, F32 too within +-10; BF16 exact */
+            if (bf16) {
+                for (int64_t i = 0; i < nc; i++) y[i] = gelu_f32(xa[i]) * xb[i];
+            } else if (f16) {
                 for (int64_t i = 0; i < nc; i++) y[i] = round_f16(gelu_f32(xa[i])) * xb[i];
             } else {
                 for (int64_t i = 0; i < nc; i++)
@@ -329,7 +331,7 @@ void gr_k_glu(gr_job *job, int phase) {
             }
             break;
         case 2: /* SWIGLU */
-            if (f16) for (int64_t i = 0; i < nc; i++) y[i] = (xa[i] / (1.0f + expf(-xa[i]))) * xb[i];
+            if (f16 || bf16) for (int64_t i = 0; i < nc; i++) y[i] = (xa[i] / (1.0f + expf(-xa[i]))) * xb[i];
             else gr_vec.swiglu(nc, y, xa, xb);
             break;
         case 3: /* SWIGLU_OAI: x clamped above, g clamped both ways, g + 1 */
@@ -343,8 +345,9 @@ void gr_k_glu(gr_job *job, int phase) {
         case 4: /* GEGLU_ERF */
             for (int64_t i = 0; i < nc; i++) y[i] = gelu_erf(xa[i]) * xb[i];
             break;
-        case 5: /* GEGLU_QUICK: through the F16 table for F16 and F32 data alike */
-            if (f16) for (int64_t i = 0; i < nc; i++) y[i] = round_f16(gelu_quick_f32(xa[i])) * xb[i];
+        case 5: /* GEGLU_QUICK: through the F16 table for F16 and F32 data alike; BF16 exact */
+            if (bf16) for (int64_t i = 0; i < nc; i++) y[i] = gelu_quick_f32(xa[i]) * xb[i];
+            else if (f16) for (int64_t i = 0; i < nc; i++) y[i] = round_f16(gelu_quick_f32(xa[i])) * xb[i];
             else for (int64_t i = 0; i < nc; i++) y[i] = gelu_quick_tab(xa[i]) * xb[i];
             break;
         case 7: /* SILU_BACK (not a GLU op in ggml): src0 the gradient, src1 x */

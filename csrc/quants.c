@@ -2121,15 +2121,16 @@ static const gr_qtraits gr_traits[GR_NTYPES] = {
     [GR_TYPE_Q5_K] = {256, GR_TYPE_Q8_K, dequantize_row_q5_K, NULL, NULL, vec_dot_q5_K_q8_K},
     [GR_TYPE_Q6_K] = {256, GR_TYPE_Q8_K, dequantize_row_q6_K, NULL, NULL, vec_dot_q6_K_q8_K},
     [GR_TYPE_Q8_K] = {256, -1, dequantize_row_q8_K, quantize_row_q8_K, NULL, NULL},
-    /* the grid-based IQ formats: ggml multiplies them with Q8_K activations,
-     * this library has no kernels for them */
-    [GR_TYPE_IQ2_XXS] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
-    [GR_TYPE_IQ2_XS] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
-    [GR_TYPE_IQ3_XXS] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
-    [GR_TYPE_IQ1_S] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
-    [GR_TYPE_IQ3_S] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
-    [GR_TYPE_IQ2_S] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
-    [GR_TYPE_IQ1_M] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
+    /* the grid IQ formats (quants_iq.c); ggml has no CPU quantizer for them */
+#define GR_IQ_TRAITS(fmt) {256, GR_TYPE_Q8_K, gr_dequantize_row_##fmt, NULL, NULL, gr_vec_dot_##fmt##_q8_K}
+    [GR_TYPE_IQ2_XXS] = GR_IQ_TRAITS(iq2_xxs),
+    [GR_TYPE_IQ2_XS] = GR_IQ_TRAITS(iq2_xs),
+    [GR_TYPE_IQ3_XXS] = GR_IQ_TRAITS(iq3_xxs),
+    [GR_TYPE_IQ1_S] = GR_IQ_TRAITS(iq1_s),
+    [GR_TYPE_IQ3_S] = GR_IQ_TRAITS(iq3_s),
+    [GR_TYPE_IQ2_S] = GR_IQ_TRAITS(iq2_s),
+    [GR_TYPE_IQ1_M] = GR_IQ_TRAITS(iq1_m),
+#undef GR_IQ_TRAITS
     [GR_TYPE_IQ4_NL] = {32, GR_TYPE_Q8_0, dequantize_row_iq4_nl, quantize_row_iq4_nl, NULL, vec_dot_iq4_nl_q8_0},
     [GR_TYPE_IQ4_XS] = {256, GR_TYPE_Q8_K, dequantize_row_iq4_xs, NULL, NULL, vec_dot_iq4_xs_q8_K},
     [GR_TYPE_TQ1_0] = {256, GR_TYPE_Q8_K, dequantize_row_tq1_0, NULL, NULL, vec_dot_tq1_0_q8_K},

@@ -266,7 +266,7 @@ def rule_glu(node, srcs):
         raise invalid(node, srcs, f"unknown glu op {g}")
     a = srcs[0]
     b = srcs[1] if len(srcs) > 1 else None
-    need_types(node, srcs, a.type == node.type and a.type in (T.F32, T.F16)
+    need_types(node, srcs, a.type == node.type and a.type in FLOAT_TYPES
                and (b is None or b.type == a.type))
     if g in (3, 6) and a.type != T.F32:   # SWIGLU_OAI and SWIGLU_CLAMP: F32 only in ggml
         raise unsupported(node, srcs)
