@@ -151,6 +151,16 @@ def f32_like_source(node, srcs, same: bool = True):
     return s
 
 
+def f32_strided_source(node, srcs):
+    """The one F32 source of an F32 node, read element by element through its
+    strides (permuted views welcome); the result's rows packed."""
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+    need_rows(node, srcs, node)
+    return s
+
+
 def need_quant(node, srcs, t, to_float=False, from_float=False):
     """A quantized t needs the conversion kernels (other types convert inline)."""
     if not ggml.is_quantized(t.type):
@@ -249,8 +259,6 @@ def rule_unary(node, srcs):
     u = node.op_params[0]
     if not 0 <= u < MAX_UNARY:
         raise invalid(node, srcs, f"unknown unary op {u}")
-    if u == 17:  # XIELU: F32 only in ggml
-        return _elementwise(node, srcs, u, (T.F32,))
     return _elementwise(node, srcs, u)
 
 
@@ -268,8 +276,8 @@ def rule_glu(node, srcs):
     b = srcs[1] if len(srcs) > 1 else None
     need_types(node, srcs, a.type == node.type and a.type in FLOAT_TYPES
                and (b is None or b.type == a.type))
-    if g in (3, 6) and a.type != T.F32:   # SWIGLU_OAI and SWIGLU_CLAMP: F32 only in ggml
-        raise unsupported(node, srcs)
+    if (g == 3 and a.type != T.F32) or (g == 6 and a.type == T.BF16):
+        raise unsupported(node, srcs)      # ggml: SWIGLU_OAI on F32 only, SWIGLU_CLAMP on F32/F16
     if b is not None:
         if not (same_shape(a, b) and same_shape(a, node)):
             raise invalid(node, srcs, "sources and result differ in shape")
@@ -531,7 +539,11 @@ def rule_sum(node, srcs):
     need_types(node, srcs, s.type in FLOAT_TYPES and node.type == s.type)
     if nelements(node) != 1:
         raise invalid(node, srcs, "the result is not a scalar")
-    need_rows(node, srcs, s)
+    # ggml sums ne0 packed elements from each row's start whatever nb[0] is (a
+    # permuted view is summed over other elements than its own); the kernel does
+    # the same, which stays inside the validated extent while nb[0] >= the type size
+    if s.nb[0] < ts(s):
+        need_rows(node, srcs, s)
     return Spec(ids.K.SUM, srcs=[s])
 
 
@@ -600,7 +612,7 @@ def rule_concat(node, srcs):
 
 
 def rule_pad(node, srcs):
-    s = f32_like_source(node, srcs, same=False)
+    s = f32_strided_source(node, srcs)
     p = node.op_params
     if any(x < 0 for x in p[:8]) or any(node.ne[i] != s.ne[i] + p[2 * i] + p[2 * i + 1] for i in range(4)):
         raise invalid(node, srcs, "padding does not match the shapes")
@@ -789,7 +801,7 @@ def rule_pool(node, srcs):
 
 
 def rule_upscale(node, srcs):
-    s = f32_like_source(node, srcs, same=False)
+    s = f32_strided_source(node, srcs)
     if (node.op_params[0] & 0xFF) not in (0, 1, 2):
         raise unsupported(node, srcs, f"has scale mode {node.op_params[0] & 0xFF}")
     return Spec(ids.K.UPSCALE, srcs=[s])
