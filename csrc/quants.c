@@ -89,13 +89,6 @@ static inline int8_t gr_sat_i8(int32_t v) {
     return (int8_t)(v < -128 ? -128 : v > 127 ? 127 : v);
 }
 
-/* Round to nearest even for |v| < 2^22: adding 1.5*2^23 leaves round(v) in the
- * low mantissa bits. ggml's K-quant code rounds this way. */
-static inline int gr_nearest_int(float v) {
-    const float t = v + 12582912.0f;
-    return (int)(gr_f32_bits(t) & 0x7fffffu) - 0x400000;
-}
-
 /* MAXPS semantics: the second operand unless the first is strictly greater
  * (so a NaN in either position yields the second operand) */
 static inline float gr_maxps(float a, float b) {
@@ -2242,11 +2235,11 @@ static const gr_qtraits gr_traits[GR_NTYPES] = {
     [GR_TYPE_Q8_0] = {32, GR_TYPE_Q8_0, dequantize_row_q8_0, quantize_row_q8_0, quantize_row_q8_0_ref,
                       vec_dot_q8_0_q8_0},
     [GR_TYPE_Q8_1] = {32, -1, NULL, quantize_row_q8_1, quantize_row_q8_1_ref, NULL},
-    [GR_TYPE_Q2_K] = {256, GR_TYPE_Q8_K, dequantize_row_q2_K, NULL, NULL, vec_dot_q2_K_q8_K},
-    [GR_TYPE_Q3_K] = {256, GR_TYPE_Q8_K, dequantize_row_q3_K, NULL, NULL, vec_dot_q3_K_q8_K},
-    [GR_TYPE_Q4_K] = {256, GR_TYPE_Q8_K, dequantize_row_q4_K, NULL, NULL, vec_dot_q4_K_q8_K},
-    [GR_TYPE_Q5_K] = {256, GR_TYPE_Q8_K, dequantize_row_q5_K, NULL, NULL, vec_dot_q5_K_q8_K},
-    [GR_TYPE_Q6_K] = {256, GR_TYPE_Q8_K, dequantize_row_q6_K, NULL, NULL, vec_dot_q6_K_q8_K},
+    [GR_TYPE_Q2_K] = {256, GR_TYPE_Q8_K, dequantize_row_q2_K, gr_quantize_row_q2_K, NULL, vec_dot_q2_K_q8_K},
+    [GR_TYPE_Q3_K] = {256, GR_TYPE_Q8_K, dequantize_row_q3_K, gr_quantize_row_q3_K, NULL, vec_dot_q3_K_q8_K},
+    [GR_TYPE_Q4_K] = {256, GR_TYPE_Q8_K, dequantize_row_q4_K, gr_quantize_row_q4_K, NULL, vec_dot_q4_K_q8_K},
+    [GR_TYPE_Q5_K] = {256, GR_TYPE_Q8_K, dequantize_row_q5_K, gr_quantize_row_q5_K, NULL, vec_dot_q5_K_q8_K},
+    [GR_TYPE_Q6_K] = {256, GR_TYPE_Q8_K, dequantize_row_q6_K, gr_quantize_row_q6_K, NULL, vec_dot_q6_K_q8_K},
     [GR_TYPE_Q8_K] = {256, -1, dequantize_row_q8_K, quantize_row_q8_K, NULL, NULL},
     /* the grid IQ formats (quants_iq.c); ggml has no CPU quantizer for them */
 #define GR_IQ_TRAITS(fmt) {256, GR_TYPE_Q8_K, gr_dequantize_row_##fmt, NULL, NULL, gr_vec_dot_##fmt##_q8_K}

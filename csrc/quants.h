@@ -188,12 +188,19 @@ ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type);
 GR_IQ_FORMATS(GR_IQ_DECLARE)
 #undef GR_IQ_DECLARE
 
+/* F32 -> K-quants (quants_k.c), ggml's reference quantizers: n/256 blocks out */
+void gr_quantize_row_q2_K(const float *src, void *dst, int64_t n);
+void gr_quantize_row_q3_K(const float *src, void *dst, int64_t n);
+void gr_quantize_row_q4_K(const float *src, void *dst, int64_t n);
+void gr_quantize_row_q5_K(const float *src, void *dst, int64_t n);
+void gr_quantize_row_q6_K(const float *src, void *dst, int64_t n);
+
 /* The same through a switch; each returns 0, or -1 when the type is not
  * supported or n is not a whole number of blocks (nothing is written then).
  *   dequantize_row: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_K, Q2_K..Q6_K,
  *                   IQ4_NL, IQ4_XS, the grid IQ types, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0, Q2_0
- *   quantize_row:   F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K,
- *                   IQ4_NL, MXFP4 (ggml's CPU from_float)
+ *   quantize_row:   F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K, Q2_K..Q6_K,
+ *                   IQ4_NL, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0, Q2_0 (ggml's CPU from_float)
  *   quantize_row_ref: as quantize_row, but Q8_0/Q8_1 follow ggml-quants.c */
 int ggmlrpc_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
 int ggmlrpc_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);
