@@ -846,6 +846,81 @@ static void quantize_row_iq4_nl(const float *x /* (n,) */, void *vy /* (n/32,) b
     }
 }
 
+/* IQ4_XS as ggml's from_float (quantize_iq4_xs without importance weights):
+ * per 32 the IQ4_NL levels of the guess -max/-127, then the weighted (x^2)
+ * least-squares scale of the best of 15 guesses around it; the 8 scales are
+ * quantized to 6 bits against the largest and the elements once more with the
+ * scales as stored. */
+static void quantize_row_iq4_xs(const float *x /* (n,) */, void *vy /* (n/256,) blocks */, int64_t n) {
+    block_iq4_xs *y = vy;
+    const float v0 = (float)kvalues_iq4nl[0];
+    uint8_t L[GR_QK_K];
+    float scales[8];
+    for (int64_t i = 0; i < n / GR_QK_K; i++, x += GR_QK_K) {
+        float max_scale = 0.0f, amax_scale = 0.0f;
+        for (int ib = 0; ib < 8; ib++) {
+            const float *xb = x + 32 * ib;
+            float amax = 0.0f, max = 0.0f;
+            for (int j = 0; j < 32; j++) {
+                if (fabsf(xb[j]) > amax) {
+                    amax = fabsf(xb[j]);
+                    max = xb[j];
+                }
+            }
+            scales[ib] = 0.0f;
+            if (amax < 1e-15f) continue;
+            float d = -max / v0;
+            float id = 1 / d;
+            float sumqx = 0.0f, sumq2 = 0.0f;
+            for (int j = 0; j < 32; j++) {
+                const float q = (float)kvalues_iq4nl[gr_iq4nl_index(id * xb[j])];
+                const float w = xb[j] * xb[j];
+                sumqx += w * q * xb[j];
+                sumq2 += w * q * q;
+            }
+            d = sumq2 > 0 ? sumqx / sumq2 : 0.0f;
+            float best = d * sumqx;
+            for (int itry = -7; itry <= 7; itry++) {
+                id = (itry + v0) / max;
+                sumqx = sumq2 = 0.0f;
+                for (int j = 0; j < 32; j++) {
+                    const float q = (float)kvalues_iq4nl[gr_iq4nl_index(id * xb[j])];
+                    const float w = xb[j] * xb[j];
+                    sumqx += w * q * xb[j];
+                    sumq2 += w * q * q;
+                }
+                if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                    d = sumqx / sumq2;
+                    best = d * sumqx;
+                }
+            }
+            scales[ib] = d;
+            if (fabsf(d) > amax_scale) {
+                amax_scale = fabsf(d);
+                max_scale = d;
+            }
+        }
+        const float d = -max_scale / 32;
+        const float id = d ? 1 / d : 0.0f;
+        y[i].d = gr_fp32_to_fp16(d);
+        y[i].scales_h = 0;
+        for (int ib = 0; ib < 8; ib++) {
+            int l = gr_nearest_int(id * scales[ib]);
+            l = l < -32 ? -32 : l > 31 ? 31 : l;
+            const float dl = d * l;
+            const float idl = dl ? 1 / dl : 0.0f;
+            for (int j = 0; j < 32; j++) L[32 * ib + j] = (uint8_t)gr_iq4nl_index(idl * x[32 * ib + j]);
+            l += 32;
+            if (ib % 2 == 0) y[i].scales_l[ib / 2] = (uint8_t)(l & 0xf);
+            else y[i].scales_l[ib / 2] |= (uint8_t)((l & 0xf) << 4);
+            y[i].scales_h |= (uint16_t)((l >> 4) << (2 * ib));
+        }
+        for (int ib = 0; ib < 8; ib++)
+            for (int j = 0; j < 16; j++)
+                y[i].qs[16 * ib + j] = (uint8_t)(L[32 * ib + j] | (L[32 * ib + 16 + j] << 4));
+    }
+}
+
 /* index of the E2M1 level nearest x at half-scale d (the first on ties) */
 static uint8_t fp4_nearest(float x, float d) {
     int best = 0;
@@ -2252,7 +2327,7 @@ static const gr_qtraits gr_traits[GR_NTYPES] = {
     [GR_TYPE_IQ1_M] = GR_IQ_TRAITS(iq1_m),
 #undef GR_IQ_TRAITS
     [GR_TYPE_IQ4_NL] = {32, GR_TYPE_Q8_0, dequantize_row_iq4_nl, quantize_row_iq4_nl, NULL, vec_dot_iq4_nl_q8_0},
-    [GR_TYPE_IQ4_XS] = {256, GR_TYPE_Q8_K, dequantize_row_iq4_xs, NULL, NULL, vec_dot_iq4_xs_q8_K},
+    [GR_TYPE_IQ4_XS] = {256, GR_TYPE_Q8_K, dequantize_row_iq4_xs, quantize_row_iq4_xs, NULL, vec_dot_iq4_xs_q8_K},
     [GR_TYPE_TQ1_0] = {256, GR_TYPE_Q8_K, dequantize_row_tq1_0, quantize_row_tq1_0, NULL, vec_dot_tq1_0_q8_K},
     [GR_TYPE_TQ2_0] = {256, GR_TYPE_Q8_K, dequantize_row_tq2_0, quantize_row_tq2_0, NULL, vec_dot_tq2_0_q8_K},
     [GR_TYPE_MXFP4] = {32, GR_TYPE_Q8_0, dequantize_row_mxfp4, quantize_row_mxfp4, NULL, vec_dot_mxfp4_q8_0},
