@@ -1017,7 +1017,10 @@ def rule_add_rel_pos(node, srcs):
 # ---- convolutions ----
 
 def _conv_out(ins, ks, s, p, d):
-    return (ins + 2 * p - d * (ks - 1) - 1) // s + 1
+    """ggml_calc_conv_output_size: C's division, which truncates toward zero (a
+    kernel wider than the padded input still gives one output)."""
+    num = ins + 2 * p - d * (ks - 1) - 1
+    return (abs(num) // s) * (1 if num >= 0 else -1) + 1
 
 
 def rule_conv(node, srcs):
