@@ -22,43 +22,51 @@ static inline int clampi(int v, int lo, int hi) { return v < lo ? lo : v > hi ? 
 
 /* Symmetric levels -nmax..nmax-1 for n values (returned in L as level + nmax) and
  * their scale. rmse_type 1: weights x^2, and 18 nearby scales tried. */
-static float make_qx_quants(int n, int nmax, const float *x /* (n,) */, int8_t *L /* (n,) */) {
-    float max = 0.0f, amax = 0.0f;
+/* The element of largest magnitude (the first of equal ones); *amax gets |it|. */
+static float max_by_abs(int n, const float *x /* (n,) */, float *amax) {
+    float max = 0.0f;
+    *amax = 0.0f;
     for (int i = 0; i < n; i++) {
         const float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
+        if (ax > *amax) {
+            *amax = ax;
             max = x[i];
         }
     }
+    return max;
+}
+
+/* Levels l = round(iscale*x) in -nmax..nmax-1 (stored as l + offset where L is
+ * given) and the x^2-weighted sums sum(w x l), sum(w l l). */
+static void sym_levels(int n, int nmax, const float *x /* (n,) */, float iscale, int8_t *L /* (n,) or NULL */,
+                       int offset, float *sumlx, float *suml2) {
+    *sumlx = *suml2 = 0.0f;
+    for (int i = 0; i < n; i++) {
+        const int l = clampi(gr_nearest_int(iscale * x[i]), -nmax, nmax - 1);
+        if (L) L[i] = (int8_t)(l + offset);
+        const float w = x[i] * x[i];
+        *sumlx += w * x[i] * l;
+        *suml2 += w * l * l;
+    }
+}
+
+static float make_qx_quants(int n, int nmax, const float *x /* (n,) */, int8_t *L /* (n,) */) {
+    float amax;
+    const float max = max_by_abs(n, x, &amax);
     if (amax < GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
         return 0.0f;
     }
-    float iscale = -nmax / max;
-    float sumlx = 0.0f, suml2 = 0.0f;
-    for (int i = 0; i < n; i++) {
-        const int l = clampi(gr_nearest_int(iscale * x[i]), -nmax, nmax - 1);
-        L[i] = (int8_t)(l + nmax);
-        const float w = x[i] * x[i];
-        sumlx += w * x[i] * l;
-        suml2 += w * l * l;
-    }
+    float sumlx, suml2;
+    sym_levels(n, nmax, x, -nmax / max, L, nmax, &sumlx, &suml2);
     float scale = suml2 ? sumlx / suml2 : 0.0f;
     float best = scale * sumlx;
     for (int is = -9; is <= 9; is++) {
         if (is == 0) continue;
-        iscale = -(nmax + 0.1f * is) / max;
-        sumlx = suml2 = 0.0f;
-        for (int i = 0; i < n; i++) {
-            const int l = clampi(gr_nearest_int(iscale * x[i]), -nmax, nmax - 1);
-            const float w = x[i] * x[i];
-            sumlx += w * x[i] * l;
-            suml2 += w * l * l;
-        }
+        const float iscale = -(nmax + 0.1f * is) / max;
+        sym_levels(n, nmax, x, iscale, NULL, 0, &sumlx, &suml2);
         if (suml2 > 0 && sumlx * sumlx > best * suml2) {
-            for (int i = 0; i < n; i++)
-                L[i] = (int8_t)(nmax + clampi(gr_nearest_int(iscale * x[i]), -nmax, nmax - 1));
+            sym_levels(n, nmax, x, iscale, L, nmax, &sumlx, &suml2);
             scale = sumlx / suml2;
             best = scale * sumlx;
         }
@@ -69,27 +77,14 @@ static float make_qx_quants(int n, int nmax, const float *x /* (n,) */, int8_t *
 /* Q3_K's group search: start from the levels of -max/nmax, then up to 5 passes
  * that move one level at a time where that lowers the x^2-weighted error. */
 static float make_q3_quants(int n, int nmax, const float *x /* (n,) */, int8_t *L /* (n,) */) {
-    float max = 0.0f, amax = 0.0f;
-    for (int i = 0; i < n; i++) {
-        const float ax = fabsf(x[i]);
-        if (ax > amax) {
-            amax = ax;
-            max = x[i];
-        }
-    }
+    float amax;
+    const float max = max_by_abs(n, x, &amax);
     if (amax < GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
         return 0.0f;
     }
-    const float iscale = -nmax / max;
-    float sumlx = 0.0f, suml2 = 0.0f;
-    for (int i = 0; i < n; i++) {
-        const int l = clampi(gr_nearest_int(iscale * x[i]), -nmax, nmax - 1);
-        L[i] = (int8_t)l;
-        const float w = x[i] * x[i];
-        sumlx += w * x[i] * l;
-        suml2 += w * l * l;
-    }
+    float sumlx, suml2;
+    sym_levels(n, nmax, x, -nmax / max, L, 0, &sumlx, &suml2);
     for (int itry = 0; itry < 5; itry++) {
         int n_changed = 0;
         for (int i = 0; i < n; i++) {
@@ -242,14 +237,9 @@ void gr_quantize_row_q3_K(const float *x /* (n,) */, void *vy /* (n/256,) blocks
     int8_t L[GR_QK_K];
     float scales[16];
     for (int64_t i = 0; i < n / GR_QK_K; i++, x += GR_QK_K) {
-        float max_scale = 0.0f, amax = 0.0f;
-        for (int j = 0; j < 16; j++) {
-            scales[j] = make_q3_quants(16, 4, x + 16 * j, L + 16 * j);
-            if (fabsf(scales[j]) > amax) {
-                amax = fabsf(scales[j]);
-                max_scale = scales[j];
-            }
-        }
+        for (int j = 0; j < 16; j++) scales[j] = make_q3_quants(16, 4, x + 16 * j, L + 16 * j);
+        float amax;
+        const float max_scale = max_by_abs(16, scales, &amax);
         memset(y[i].scales, 0, 12);
         if (max_scale) {
             const float iscale = -32.0f / max_scale;
@@ -356,14 +346,9 @@ void gr_quantize_row_q6_K(const float *x /* (n,) */, void *vy /* (n/256,) blocks
     int8_t L[GR_QK_K];
     float scales[16];
     for (int64_t i = 0; i < n / GR_QK_K; i++, x += GR_QK_K) {
-        float max_scale = 0.0f, max_abs_scale = 0.0f;
-        for (int ib = 0; ib < 16; ib++) {
-            scales[ib] = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
-            if (fabsf(scales[ib]) > max_abs_scale) {
-                max_abs_scale = fabsf(scales[ib]);
-                max_scale = scales[ib];
-            }
-        }
+        for (int ib = 0; ib < 16; ib++) scales[ib] = make_qx_quants(16, 32, x + 16 * ib, L + 16 * ib);
+        float max_abs_scale;
+        const float max_scale = max_by_abs(16, scales, &max_abs_scale);
         if (max_abs_scale < GROUP_MAX_EPS) {
             memset(&y[i], 0, sizeof y[i]);
             continue;
