@@ -35,6 +35,23 @@ def test_row_norms(ctx, rng, opcode):
     assert_close(ctx.read(out), ref, 1e-12)
 
 
+@pytest.mark.parametrize("opcode", [Op.NORM, Op.L2_NORM], ids=lambda o: o.name)
+def test_row_norms_of_permuted_rows(ctx, rng, opcode):
+    """NORM and L2_NORM walk rows through nb[0] (a permuted view, no packed rows)."""
+    x = (rng.standard_normal((2, 3, 7, 33)) * 2 + 0.5).astype(np.float32)     # ne (33, 7, 3, 2)
+    p = ctx.permute(ctx.new(T.F32, (33, 7, 3, 2), x), 1, 0, 2, 3)            # ne (7, 33, 3, 2)
+    eps = 1e-5
+    out = ctx.op(opcode, T.F32, tuple(p.ne), p, params=[f32_bits(eps)])
+    ctx.compute()
+    xd = np.swapaxes(x, -1, -2).astype(np.float64)                              # rows of 7
+    if opcode == Op.NORM:
+        c = xd - xd.mean(axis=-1, keepdims=True)
+        ref = c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps)
+    else:
+        ref = xd / np.maximum(np.sqrt(np.sum(xd * xd, axis=-1, keepdims=True)), eps)
+    assert_close(ctx.read(out), ref, 1e-10)
+
+
 @pytest.mark.parametrize("n_groups", [1, 3, 4])
 def test_group_norm(ctx, rng, n_groups):
     ne = (6, 5, 8, 2)     # channels in dim 2; 8 channels in 3 groups: 3 + 3 + 2
