@@ -67,6 +67,13 @@ def test_sum_of_permuted_view_as_ggml(ctx, rng):
     assert_close(ctx.read(out).ravel(), [want], 1e-12)
 
 
+def test_sum_of_broadcast_view_is_rejected(server, caplog):
+    """A zero element stride would make SUM's packed row reads leave the view."""
+    with rejected(server, caplog, "SUM", "non-contiguous rows") as c:
+        t = c.new(T.F32, (4, 4), np.ones((4, 4), np.float32))
+        c.op(Op.SUM, T.F32, (1,), c.view(t, (64, 4), (0, 16, 64, 64)))
+
+
 @pytest.mark.parametrize("opcode", [Op.SUM_ROWS, Op.MEAN], ids=lambda o: o.name)
 def test_row_reductions(ctx, rng, opcode):
     x = rng.standard_normal((2, 3, 5, 37)).astype(np.float32)
