@@ -49,7 +49,8 @@ SWIGLU_OAI TANH TIMESTEP_EMBEDDING TOP_K TRI TRUNC UPSCALE XIELU
 # every type and the odd shapes; they drop the repeats over batch sizes and head counts.
 FILTERS = {
     "FLASH_ATTN_EXT": r"hsk=(64|128),hsv=(64|128),nh=4,nr23=\[[14],1\],kv=(113|512),nb=(1|3|35),.*type_K=(f16|q8_0|q4_0|bf16)",
-    "MUL_MAT_ID": r"n_mats=(4|8),n_used=(1|2|4),.*,m=(16|512),n=(1|32|129),k=256",
+    # every expert type, one and several routed rows, and 129 columns (ggml's tiled order)
+    "MUL_MAT_ID": r"n_mats=4,n_used=(1|2),.*,m=512,n=(1|32|129),k=256",
     "MUL_MAT": r"type_a=[^,]+,type_b=f32,m=16,n=(1|9|16|64)?,k=256,bs=\[1,1\],nr=\[1,1\],per=\[0,1,2,3\],k_v=0,o=1",
     # Hadamard products up to 2048 wide (the 4096..16384 ones alone take minutes)
     "MUL_MAT_HADAMARD": r"m=([0-9]{1,3}|1024|2048),",
