@@ -22,11 +22,39 @@
 /* node iparams: [0] element size for same-type copies, [1] bytes of a row for
  * same-shape block copies (quantized), [2] DUP_* mode, [3] block size when
  * quantized data of one type changes shape (whole blocks are the elements then) */
-enum { DUP_PLAIN = 0, DUP_FROM_Q = 1, DUP_TO_Q = 2 };
+enum { DUP_PLAIN = 0, DUP_FROM_Q = 1, DUP_TO_Q = 2, DUP_FROM_Q_BLOCKS = 3 };
+
+/* Quantized src0 into an F32 dst of another shape (ggml's dup_from_q): block k of
+ * src0 in logical order dequantizes to dst elements k*qk .. k*qk+qk-1, which lie in
+ * one dst row (ne0 % qk == 0) or run on in a contiguous dst; qk = iparams[3].
+ *   src0: (ne00, ne01, ne02, ne03) blocks of qk, dst: F32 of the same element count */
+static void dup_from_q_blocks(gr_job *job) {
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    const int64_t qk = n->iparams[3];
+    const int64_t nblocks = s->ne[0] * s->ne[1] * s->ne[2] * s->ne[3] / qk;
+    ggmlrpc_to_float_fn to_float = ggmlrpc_get_to_float((uint32_t)s->type);
+    int64_t b0, b1;
+    gr_range(nblocks, job->ith, job->nth, &b0, &b1);
+    for (int64_t b = b0; b < b1; b++) {
+        const int64_t i = b * qk;
+        int64_t r = i / s->ne[0];
+        const char *x = s->data + (i % s->ne[0]) / qk * s->nb[0] + (r % s->ne[1]) * s->nb[1] +
+                        (r / s->ne[1] % s->ne[2]) * s->nb[2] + (r / s->ne[1] / s->ne[2]) * s->nb[3];
+        r = i / d->ne[0];
+        char *y = d->data + (i % d->ne[0]) * d->nb[0] + (r % d->ne[1]) * d->nb[1] +
+                  (r / d->ne[1] % d->ne[2]) * d->nb[2] + (r / d->ne[1] / d->ne[2]) * d->nb[3];
+        to_float(x, (float *)y, qk);
+    }
+}
 
 void gr_k_dup(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
+    if (n->iparams[2] == DUP_FROM_Q_BLOCKS) {
+        dup_from_q_blocks(job);
+        return;
+    }
     const gr_tensor *src = &n->src[0];
     const gr_tensor *dst = &n->dst;
     gr_tensor src_blocks, dst_blocks;

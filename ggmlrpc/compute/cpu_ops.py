@@ -151,13 +151,17 @@ def f32_like_source(node, srcs, same: bool = True):
     return s
 
 
-def f32_strided_source(node, srcs):
-    """The one F32 source of an F32 node, read element by element through its
-    strides (permuted views welcome); the result's rows packed."""
+def f32_strided_source(node, srcs, same: bool = False, packed_result: bool = True):
+    """The one F32 source of an F32 node (of the node's shape when `same`), read
+    element by element through its strides (permuted views welcome); the result's
+    rows packed when `packed_result`."""
     need(node, srcs, 1)
     s = srcs[0]
     need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
-    need_rows(node, srcs, node)
+    if same and not same_shape(s, node):
+        raise invalid(node, srcs, "source and result differ in shape")
+    if packed_result:
+        need_rows(node, srcs, node)
     return s
 
 
@@ -193,11 +197,15 @@ def rule_dup(node, srcs):
                 raise invalid(node, srcs, "rows are not whole blocks")
             return Spec(ids.K.DUP, iparams=(ts(s), 0, 0, blck(s)), srcs=[s])
         if dt == T.F32:     # ggml dequantizes only to F32
-            if not same_shape(s, node):
-                raise unsupported(node, srcs, "reshapes while dequantizing")
             need_quant(node, srcs, s, to_float=True)
             need_rows(node, srcs, s, node)
-            return Spec(ids.K.DUP, iparams=(4, 0, 1), srcs=[s])
+            if same_shape(s, node):
+                return Spec(ids.K.DUP, iparams=(4, 0, 1), srcs=[s])
+            # another shape: block by block; a block must not straddle two result rows
+            # unless the result is contiguous (ggml's dup_from_q asserts the same)
+            if node.ne[0] % blck(s) and not contiguous(node):
+                raise invalid(node, srcs, "dequantized blocks would straddle rows of the result")
+            return Spec(ids.K.DUP, iparams=(4, 0, 3, blck(s)), srcs=[s])
         if st in conv:      # quantized rows of src0's row length into a contiguous result
             need_quant(node, srcs, node, from_float=True)
             if not contiguous(node) or s.ne[0] % blck(node):
@@ -334,11 +342,7 @@ def _norm(kernel_name, sub=0, strided=False):
     NORM and L2_NORM walk nb[0]; RMS_NORM and GROUP_NORM need packed rows)."""
     def rule(node, srcs):
         if strided:
-            need(node, srcs, 1)
-            s = srcs[0]
-            need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
-            if not same_shape(s, node):
-                raise invalid(node, srcs, "source and result differ in shape")
+            s = f32_strided_source(node, srcs, same=True, packed_result=False)
         else:
             s = f32_like_source(node, srcs)
         eps = f32_param(node, 0 if node.op != Op.GROUP_NORM else 1)

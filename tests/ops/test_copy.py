@@ -268,3 +268,26 @@ def test_set_rows_quantizes_with_the_row_quantizer(ctx, rng, qt):
     rows = np.frombuffer(bytes(ctx.rb.get_tensor(cache)), np.uint8).reshape(4, -1)
     assert rows[3].tobytes() == quants.quantize(qt, x[0]).tobytes()
     assert rows[1].tobytes() == quants.quantize(qt, x[1]).tobytes()
+
+
+@pytest.mark.parametrize("ne", [(32, 6), (48, 4), (192, 1)])
+def test_cpy_dequantizes_into_another_shape(ctx, rng, ne):
+    """Quantized -> F32 into another shape: blocks dequantized in logical order (a
+    block may run over a row end of a contiguous result, as in ggml's dup_from_q)."""
+    from tests.ops.test_quants import random_blocks
+    raw = random_blocks(rng, T.Q8_0, 64 * 3)
+    q = ctx.new(T.Q8_0, (64, 3))
+    ctx.rb.set_tensor(q, raw.tobytes())
+    out = ctx.op(Op.CPY, T.F32, ne, q, ctx.new(T.F32, ne))
+    ctx.compute()
+    np.testing.assert_array_equal(ctx.read(out).reshape(-1), dequant(T.Q8_0, raw.tobytes(), 64).reshape(-1))
+
+
+def test_cpy_dequantizing_across_rows_of_a_strided_result_is_rejected(server, caplog):
+    """A block that would straddle two rows of a non-contiguous result is refused, as ggml asserts."""
+    with rejected(server, caplog, "CPY", "straddle") as c:
+        q = c.new(T.Q8_0, (64, 3))
+        wide = c.new(T.F32, (50, 4))
+        view = c.view(wide, (48, 4), (4, 200, 800, 800))
+        node = c.op(Op.CPY, T.F32, (48, 4), q, view)
+        node.data, node.nb, node.view_src = view.data, view.nb, wide
