@@ -50,15 +50,23 @@ static void sym_levels(int n, int nmax, const float *x /* (n,) */, float iscale,
     }
 }
 
-static float make_qx_quants(int n, int nmax, const float *x /* (n,) */, int8_t *L /* (n,) */) {
+/* The first guess of both searches: levels of the scale -max/nmax. Returns 0 (L
+ * zeroed) for an all-zero group, else 1 with *max, the levels and their sums. */
+static int sym_first_guess(int n, int nmax, const float *x /* (n,) */, int8_t *L /* (n,) */, int offset,
+                           float *max, float *sumlx, float *suml2) {
     float amax;
-    const float max = max_by_abs(n, x, &amax);
+    *max = max_by_abs(n, x, &amax);
     if (amax < GROUP_MAX_EPS) {
         memset(L, 0, (size_t)n);
-        return 0.0f;
+        return 0;
     }
-    float sumlx, suml2;
-    sym_levels(n, nmax, x, -nmax / max, L, nmax, &sumlx, &suml2);
+    sym_levels(n, nmax, x, -nmax / *max, L, offset, sumlx, suml2);
+    return 1;
+}
+
+static float make_qx_quants(int n, int nmax, const float *x /* (n,) */, int8_t *L /* (n,) */) {
+    float max, sumlx, suml2;
+    if (!sym_first_guess(n, nmax, x, L, nmax, &max, &sumlx, &suml2)) return 0.0f;
     float scale = suml2 ? sumlx / suml2 : 0.0f;
     float best = scale * sumlx;
     for (int is = -9; is <= 9; is++) {
@@ -77,14 +85,8 @@ static float make_qx_quants(int n, int nmax, const float *x /* (n,) */, int8_t *
 /* Q3_K's group search: start from the levels of -max/nmax, then up to 5 passes
  * that move one level at a time where that lowers the x^2-weighted error. */
 static float make_q3_quants(int n, int nmax, const float *x /* (n,) */, int8_t *L /* (n,) */) {
-    float amax;
-    const float max = max_by_abs(n, x, &amax);
-    if (amax < GROUP_MAX_EPS) {
-        memset(L, 0, (size_t)n);
-        return 0.0f;
-    }
-    float sumlx, suml2;
-    sym_levels(n, nmax, x, -nmax / max, L, 0, &sumlx, &suml2);
+    float max, sumlx, suml2;
+    if (!sym_first_guess(n, nmax, x, L, 0, &max, &sumlx, &suml2)) return 0.0f;
     for (int itry = 0; itry < 5; itry++) {
         int n_changed = 0;
         for (int i = 0; i < n; i++) {
