@@ -26,6 +26,13 @@ static inline float gr_bits_f32(uint32_t u) {
     return f;
 }
 
+/* Round to nearest even for |v| < 2^22: adding 1.5*2^23 leaves round(v) in the
+ * low mantissa bits. ggml's K-quant code rounds this way. */
+static inline int gr_nearest_int(float v) {
+    const float t = v + 12582912.0f;
+    return (int)(gr_f32_bits(t) & 0x7fffffu) - 0x400000;
+}
+
 static inline float gr_fp16_to_fp32(uint16_t h) {
     const uint32_t sign = (uint32_t)(h & 0x8000u) << 16;
     const uint32_t exp = (h >> 10) & 0x1fu;

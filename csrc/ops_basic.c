@@ -20,14 +20,52 @@
  * Same types copy bytes; F32/F16/BF16/I32 convert through float.
  *   src: (ne00, ne01, ne02, ne03), dst: (ne0, ne1, ne2, ne3), same nelements */
 /* node iparams: [0] element size for same-type copies, [1] bytes of a row for
- * same-shape block copies (quantized), [2] DUP_* mode */
-enum { DUP_PLAIN = 0, DUP_FROM_Q = 1, DUP_TO_Q = 2 };
+ * same-shape block copies (quantized), [2] DUP_* mode, [3] block size when
+ * quantized data of one type changes shape (whole blocks are the elements then) */
+enum { DUP_PLAIN = 0, DUP_FROM_Q = 1, DUP_TO_Q = 2, DUP_FROM_Q_BLOCKS = 3 };
+
+/* Quantized src0 into an F32 dst of another shape (ggml's dup_from_q): block k of
+ * src0 in logical order dequantizes to dst elements k*qk .. k*qk+qk-1, which lie in
+ * one dst row (ne0 % qk == 0) or run on in a contiguous dst; qk = iparams[3].
+ *   src0: (ne00, ne01, ne02, ne03) blocks of qk, dst: F32 of the same element count */
+static void dup_from_q_blocks(gr_job *job) {
+    const gr_node *n = job->node;
+    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    const int64_t qk = n->iparams[3];
+    const int64_t nblocks = s->ne[0] * s->ne[1] * s->ne[2] * s->ne[3] / qk;
+    ggmlrpc_to_float_fn to_float = ggmlrpc_get_to_float((uint32_t)s->type);
+    int64_t b0, b1;
+    gr_range(nblocks, job->ith, job->nth, &b0, &b1);
+    for (int64_t b = b0; b < b1; b++) {
+        const int64_t i = b * qk;
+        int64_t r = i / s->ne[0];
+        const char *x = s->data + (i % s->ne[0]) / qk * s->nb[0] + (r % s->ne[1]) * s->nb[1] +
+                        (r / s->ne[1] % s->ne[2]) * s->nb[2] + (r / s->ne[1] / s->ne[2]) * s->nb[3];
+        r = i / d->ne[0];
+        char *y = d->data + (i % d->ne[0]) * d->nb[0] + (r % d->ne[1]) * d->nb[1] +
+                  (r / d->ne[1] % d->ne[2]) * d->nb[2] + (r / d->ne[1] / d->ne[2]) * d->nb[3];
+        to_float(x, (float *)y, qk);
+    }
+}
 
 void gr_k_dup(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
+    if (n->iparams[2] == DUP_FROM_Q_BLOCKS) {
+        dup_from_q_blocks(job);
+        return;
+    }
     const gr_tensor *src = &n->src[0];
     const gr_tensor *dst = &n->dst;
+    gr_tensor src_blocks, dst_blocks;
+    if (n->iparams[3] > 1) {
+        src_blocks = *src;
+        dst_blocks = *dst;
+        src_blocks.ne[0] /= n->iparams[3];
+        dst_blocks.ne[0] /= n->iparams[3];
+        src = &src_blocks;
+        dst = &dst_blocks;
+    }
     const int64_t ne00 = src->ne[0];
     const int64_t nr = gr_nrows(src);
     int64_t r0, r1;
@@ -290,7 +328,7 @@ void gr_k_glu(gr_job *job, int phase) {
     float *xa = gr_thread_f32(job, 3 * nc + 32);
     float *xb = xa + nc + 16;
     float *y = xb + nc + 16;
-    const int f16 = s0->type != GR_TYPE_F32;
+    const int f16 = s0->type == GR_TYPE_F16, bf16 = s0->type == GR_TYPE_BF16;
     for (int64_t ir = r0; ir < r1; ir++) {
         const char *p0 = gr_row(s0, ir);
         const char *pa, *pb;
@@ -310,8 +348,10 @@ void gr_k_glu(gr_job *job, int phase) {
         case 0: /* REGLU */
             for (int64_t i = 0; i < nc; i++) y[i] = xa[i] > 0.0f ? xa[i] * xb[i] : 0.0f;
             break;
-        case 1: /* GEGLU: F16 data goes through ggml's F16 table, F32 too within +-10 */
-            if (f16) {
+        case 1: /* GEGLU: F16 data goes through ggml's F16 table, F32 too within +-10; BF16 exact */
+            if (bf16) {
+                for (int64_t i = 0; i < nc; i++) y[i] = gelu_f32(xa[i]) * xb[i];
+            } else if (f16) {
                 for (int64_t i = 0; i < nc; i++) y[i] = round_f16(gelu_f32(xa[i])) * xb[i];
             } else {
                 for (int64_t i = 0; i < nc; i++)
@@ -319,7 +359,7 @@ void gr_k_glu(gr_job *job, int phase) {
             }
             break;
         case 2: /* SWIGLU */
-            if (f16) for (int64_t i = 0; i < nc; i++) y[i] = (xa[i] / (1.0f + expf(-xa[i]))) * xb[i];
+            if (f16 || bf16) for (int64_t i = 0; i < nc; i++) y[i] = (xa[i] / (1.0f + expf(-xa[i]))) * xb[i];
             else gr_vec.swiglu(nc, y, xa, xb);
             break;
         case 3: /* SWIGLU_OAI: x clamped above, g clamped both ways, g + 1 */
@@ -333,8 +373,9 @@ void gr_k_glu(gr_job *job, int phase) {
         case 4: /* GEGLU_ERF */
             for (int64_t i = 0; i < nc; i++) y[i] = gelu_erf(xa[i]) * xb[i];
             break;
-        case 5: /* GEGLU_QUICK: through the F16 table for F16 and F32 data alike */
-            if (f16) for (int64_t i = 0; i < nc; i++) y[i] = round_f16(gelu_quick_f32(xa[i])) * xb[i];
+        case 5: /* GEGLU_QUICK: through the F16 table for F16 and F32 data alike; BF16 exact */
+            if (bf16) for (int64_t i = 0; i < nc; i++) y[i] = gelu_quick_f32(xa[i]) * xb[i];
+            else if (f16) for (int64_t i = 0; i < nc; i++) y[i] = round_f16(gelu_quick_f32(xa[i])) * xb[i];
             else for (int64_t i = 0; i < nc; i++) y[i] = gelu_quick_tab(xa[i]) * xb[i];
             break;
         case 7: /* SILU_BACK (not a GLU op in ggml): src0 the gradient, src1 x */
@@ -357,7 +398,9 @@ void gr_k_glu(gr_job *job, int phase) {
 
 /* ---- SCALE ---------------------------------------------------------------- */
 
-/* dst = src0*s + b (fused when b != 0, as ggml's vector path) */
+/* dst = src0*s + b (fused when b != 0, as ggml's vector path); BF16 rows are
+ * computed in float (fused, as ggml's compiled scalar loop) and rounded back.
+ *   src0, dst: (ne0, rows), F32 or BF16, same type */
 void gr_k_scale(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
@@ -368,6 +411,14 @@ void gr_k_scale(gr_job *job, int phase) {
     const int64_t ne0 = d->ne[0];
     int64_t r0, r1;
     gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
+    if (s->type == GR_TYPE_BF16) {
+        for (int64_t ir = r0; ir < r1; ir++) {
+            const uint16_t *x = (const uint16_t *)gr_row(s, ir);
+            uint16_t *y = (uint16_t *)gr_row(d, ir);
+            for (int64_t i = 0; i < ne0; i++) y[i] = gr_fp32_to_bf16(fmaf(sc, gr_bf16_to_fp32(x[i]), b));
+        }
+        return;
+    }
     for (int64_t ir = r0; ir < r1; ir++) {
         const float *x = (const float *)gr_row(s, ir);
         float *y = (float *)gr_row(d, ir);
@@ -459,7 +510,9 @@ void gr_k_set_rows(gr_job *job, int phase) {
 
 /* RMS_NORM (sub 0): y = x / sqrt(mean(x^2) + eps); L2_NORM (sub 1):
  * y = x / max(sqrt(sum(x^2)), eps). Per row; the sum of squares is kept in
- * double with each square rounded to float first, as ggml does. */
+ * double with each square rounded to float first, as ggml does. L2_NORM also
+ * takes rows with element strides (permuted views); RMS_NORM needs packed rows.
+ *   src0, dst: (ne0, rows) F32 */
 void gr_k_rms_norm(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
@@ -469,7 +522,21 @@ void gr_k_rms_norm(gr_job *job, int phase) {
     const int64_t ne0 = s->ne[0];
     int64_t r0, r1;
     gr_range(gr_nrows(s), job->ith, job->nth, &r0, &r1);
+    const int packed = s->nb[0] == 4 && d->nb[0] == 4;
     for (int64_t ir = r0; ir < r1; ir++) {
+        if (!packed) {      /* L2_NORM of a strided row */
+            const char *x = gr_row(s, ir);
+            char *y = gr_row(d, ir);
+            double sum = 0.0;
+            for (int64_t i = 0; i < ne0; i++) {
+                const float xi = *(const float *)(x + i * s->nb[0]);
+                sum += (double)(xi * xi);
+            }
+            const float scale = 1.0f / fmaxf(sqrtf((float)sum), eps);
+            for (int64_t i = 0; i < ne0; i++)
+                *(float *)(y + i * d->nb[0]) = *(const float *)(x + i * s->nb[0]) * scale;
+            continue;
+        }
         const float *x = (const float *)gr_row(s, ir);
         float *y = (float *)gr_row(d, ir);
         double sum = 0.0;
@@ -480,7 +547,28 @@ void gr_k_rms_norm(gr_job *job, int phase) {
     }
 }
 
-/* y = (x - mean) / sqrt(var + eps) per row */
+/* Strided rows (permuted views): ggml sums the row and the centred squares in
+ * float, one element after another (the squares fused into the sum). */
+static void norm_row_strided(const gr_tensor *s, const gr_tensor *d, int64_t ir, float eps) {
+    const int64_t ne0 = s->ne[0];
+    const char *x = gr_row(s, ir);
+    char *y = gr_row(d, ir);
+    float sum = 0.0f;
+    for (int64_t i = 0; i < ne0; i++) sum += *(const float *)(x + i * s->nb[0]);
+    const float mean = sum / ne0;
+    float variance = 0.0f;
+    for (int64_t i = 0; i < ne0; i++) {
+        const float v = *(const float *)(x + i * s->nb[0]) - mean;
+        *(float *)(y + i * d->nb[0]) = v;
+        variance = fmaf(v, v, variance);
+    }
+    variance /= ne0;
+    const float scale = 1.0f / sqrtf(variance + eps);
+    for (int64_t i = 0; i < ne0; i++) *(float *)(y + i * d->nb[0]) *= scale;
+}
+
+/* y = (x - mean) / sqrt(var + eps) per row
+ *   src0, dst: (ne0, rows) F32 */
 void gr_k_norm(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
@@ -490,6 +578,10 @@ void gr_k_norm(gr_job *job, int phase) {
     const int64_t ne0 = s->ne[0];
     int64_t r0, r1;
     gr_range(gr_nrows(s), job->ith, job->nth, &r0, &r1);
+    if (s->nb[0] != 4 || d->nb[0] != 4) {
+        for (int64_t ir = r0; ir < r1; ir++) norm_row_strided(s, d, ir, eps);
+        return;
+    }
     for (int64_t ir = r0; ir < r1; ir++) {
         const float *x = (const float *)gr_row(s, ir);
         float *y = (float *)gr_row(d, ir);

@@ -229,7 +229,8 @@ static void k_concat(gr_job *job, int phase) {
     const gr_node *n = job->node;
     const gr_tensor *a = &n->src[0], *b = &n->src[1], *d = &n->dst;
     const int dim = n->op_params[0];
-    const int64_t es = n->iparams[0];
+    const int64_t ts = n->iparams[0], bs = n->iparams[1];   /* type size, block size */
+#define ROW_BYTES(ne) ((size_t)((ne) / bs * ts))
     int64_t r0, r1;
     gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
     for (int64_t ir = r0; ir < r1; ir++) {
@@ -239,15 +240,16 @@ static void k_concat(gr_job *job, int phase) {
         i[3] = ir / (d->ne[1] * d->ne[2]);
         char *y = gr_at(d, 0, i[1], i[2], i[3]);
         if (dim == 0) {
-            memmove(y, gr_at(a, 0, i[1], i[2], i[3]), (size_t)(a->ne[0] * es));
-            memmove(y + a->ne[0] * es, gr_at(b, 0, i[1], i[2], i[3]), (size_t)(b->ne[0] * es));
+            memmove(y, gr_at(a, 0, i[1], i[2], i[3]), ROW_BYTES(a->ne[0]));
+            memmove(y + ROW_BYTES(a->ne[0]), gr_at(b, 0, i[1], i[2], i[3]), ROW_BYTES(b->ne[0]));
         } else if (i[dim] < a->ne[dim]) {
-            memmove(y, gr_at(a, 0, i[1], i[2], i[3]), (size_t)(d->ne[0] * es));
+            memmove(y, gr_at(a, 0, i[1], i[2], i[3]), ROW_BYTES(d->ne[0]));
         } else {
             i[dim] -= a->ne[dim];
-            memmove(y, gr_at(b, 0, i[1], i[2], i[3]), (size_t)(d->ne[0] * es));
+            memmove(y, gr_at(b, 0, i[1], i[2], i[3]), ROW_BYTES(d->ne[0]));
         }
     }
+#undef ROW_BYTES
 }
 
 static inline int64_t wrap(int64_t i, int64_t n) { return ((i % n) + n) % n; }

@@ -89,13 +89,6 @@ static inline int8_t gr_sat_i8(int32_t v) {
     return (int8_t)(v < -128 ? -128 : v > 127 ? 127 : v);
 }
 
-/* Round to nearest even for |v| < 2^22: adding 1.5*2^23 leaves round(v) in the
- * low mantissa bits. ggml's K-quant code rounds this way. */
-static inline int gr_nearest_int(float v) {
-    const float t = v + 12582912.0f;
-    return (int)(gr_f32_bits(t) & 0x7fffffu) - 0x400000;
-}
-
 /* MAXPS semantics: the second operand unless the first is strictly greater
  * (so a NaN in either position yields the second operand) */
 static inline float gr_maxps(float a, float b) {
@@ -853,6 +846,95 @@ static void quantize_row_iq4_nl(const float *x /* (n,) */, void *vy /* (n/32,) b
     }
 }
 
+/* IQ4_XS as ggml's from_float (quantize_iq4_xs without importance weights):
+ * per 32 the IQ4_NL levels of the guess -max/-127, then the weighted (x^2)
+ * least-squares scale of the best of 15 guesses around it; the 8 scales are
+ * quantized to 6 bits against the largest and the elements once more with the
+ * scales as stored. */
+static void quantize_row_iq4_xs(const float *x /* (n,) */, void *vy /* (n/256,) blocks */, int64_t n) {
+    block_iq4_xs *y = vy;
+    const float v0 = (float)kvalues_iq4nl[0];
+    uint8_t L[GR_QK_K];
+    float scales[8];
+    for (int64_t i = 0; i < n / GR_QK_K; i++, x += GR_QK_K) {
+        float max_scale = 0.0f, amax_scale = 0.0f;
+        for (int ib = 0; ib < 8; ib++) {
+            const float *xb = x + 32 * ib;
+            float amax = 0.0f, max = 0.0f;
+            for (int j = 0; j < 32; j++) {
+                if (fabsf(xb[j]) > amax) {
+                    amax = fabsf(xb[j]);
+                    max = xb[j];
+                }
+            }
+            scales[ib] = 0.0f;
+            if (amax < 1e-15f) continue;
+            float d = -max / v0;
+            float id = 1 / d;
+            float sumqx = 0.0f, sumq2 = 0.0f;
+            for (int j = 0; j < 32; j++) {
+                const float q = (float)kvalues_iq4nl[gr_iq4nl_index(id * xb[j])];
+                const float w = xb[j] * xb[j];
+                sumqx += w * q * xb[j];
+                sumq2 += w * q * q;
+            }
+            d = sumq2 > 0 ? sumqx / sumq2 : 0.0f;
+            float best = d * sumqx;
+            for (int itry = -7; itry <= 7; itry++) {
+                id = (itry + v0) / max;
+                sumqx = sumq2 = 0.0f;
+                for (int j = 0; j < 32; j++) {
+                    const float q = (float)kvalues_iq4nl[gr_iq4nl_index(id * xb[j])];
+                    const float w = xb[j] * xb[j];
+                    sumqx += w * q * xb[j];
+                    sumq2 += w * q * q;
+                }
+                if (sumq2 > 0 && sumqx * sumqx > best * sumq2) {
+                    d = sumqx / sumq2;
+                    best = d * sumqx;
+                }
+            }
+            scales[ib] = d;
+            if (fabsf(d) > amax_scale) {
+                amax_scale = fabsf(d);
+                max_scale = d;
+            }
+        }
+        const float d = -max_scale / 32;
+        const float id = d ? 1 / d : 0.0f;
+        y[i].d = gr_fp32_to_fp16(d);
+        y[i].scales_h = 0;
+        for (int ib = 0; ib < 8; ib++) {
+            int l = gr_nearest_int(id * scales[ib]);
+            l = l < -32 ? -32 : l > 31 ? 31 : l;
+            const float dl = d * l;
+            const float idl = dl ? 1 / dl : 0.0f;
+            for (int j = 0; j < 32; j++) L[32 * ib + j] = (uint8_t)gr_iq4nl_index(idl * x[32 * ib + j]);
+            l += 32;
+            if (ib % 2 == 0) y[i].scales_l[ib / 2] = (uint8_t)(l & 0xf);
+            else y[i].scales_l[ib / 2] |= (uint8_t)((l & 0xf) << 4);
+            y[i].scales_h |= (uint16_t)((l >> 4) << (2 * ib));
+        }
+        for (int ib = 0; ib < 8; ib++)
+            for (int j = 0; j < 16; j++)
+                y[i].qs[16 * ib + j] = (uint8_t)(L[32 * ib + j] | (L[32 * ib + 16 + j] << 4));
+    }
+}
+
+/* index of the E2M1 level nearest x at half-scale d (the first on ties) */
+static uint8_t fp4_nearest(float x, float d) {
+    int best = 0;
+    float best_err = fabsf((float)kvalues_fp4[0] * d - x);
+    for (int l = 1; l < 16; l++) {
+        const float err = fabsf((float)kvalues_fp4[l] * d - x);
+        if (err < best_err) {
+            best = l;
+            best_err = err;
+        }
+    }
+    return (uint8_t)best;
+}
+
 /* MXFP4: shared exponent floor(log2 amax) - 2 (so amax lands in the top
  * levels), each element to the nearest level (first on ties) */
 static void quantize_row_mxfp4(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
@@ -866,21 +948,134 @@ static void quantize_row_mxfp4(const float *x /* (n,) */, void *vy /* (n/32,) bl
         const uint8_t e = amax > 0.0f
             ? (uint8_t)gr_cvtt_i32(floorf(log2f(amax)) - 2.0f + 127.0f) : 0;
         const float d = gr_e8m0_half(e);
-        for (int j = 0; j < GR_QK; j++) {
-            int best = 0;
-            float best_err = fabsf((float)kvalues_fp4[0] * d - x[j]);
-            for (int l = 1; l < 16; l++) {
-                const float err = fabsf((float)kvalues_fp4[l] * d - x[j]);
-                if (err < best_err) {
-                    best = l;
-                    best_err = err;
-                }
-            }
-            c[j] = (uint8_t)best;
-        }
+        for (int j = 0; j < GR_QK; j++) c[j] = fp4_nearest(x[j], d);
         y[i].e = e;
         for (int j = 0; j < 16; j++) {
             y[i].qs[j] = (uint8_t)(c[j] | (c[j + 16] << 4));
+        }
+    }
+}
+
+/* float -> UE4M3 byte as ggml rounds it: clamp to 448, round the mantissa on its
+ * first dropped bit, subnormals (x < 2^-6) to man*2^-9 rounding half up */
+static uint8_t gr_fp32_to_ue4m3(float x) {
+    if (!(x > 0.0f)) return 0;
+    if (x > 448.0f) x = 448.0f;
+    const uint32_t bits = gr_f32_bits(x);
+    int e = (int)((bits >> 23) & 0xff) - 127 + 7;
+    if (e <= 0) {
+        const int man = (int)(x * 512.0f + 0.5f);
+        return man < 1 ? 0 : (uint8_t)(man > 7 ? 7 : man);
+    }
+    int man = (int)((bits >> 20) & 7) + (int)((bits >> 19) & 1);
+    if (man > 7) {
+        man = 0;
+        e++;
+    }
+    return e >= 15 ? 0x7e : (uint8_t)((e << 3) | man);
+}
+
+/* NVFP4: per 16 elements a UE4M3 scale amax/6 (6 is the largest E2M1 level),
+ * each element to the nearest level (first on ties), low nibbles the first 8 */
+static void quantize_row_nvfp4(const float *x /* (n,) */, void *vy /* (n/64,) blocks */, int64_t n) {
+    block_nvfp4 *y = vy;
+    for (int64_t i = 0; i < n / 64; i++) {
+        for (int sb = 0; sb < 4; sb++, x += 16) {
+            float amax = 0.0f;
+            for (int j = 0; j < 16; j++) {
+                if (amax < fabsf(x[j])) amax = fabsf(x[j]);
+            }
+            const uint8_t ue = gr_fp32_to_ue4m3(amax / 6.0f);
+            const float d = gr_ue4m3_half(ue);
+            y[i].d[sb] = ue;
+            for (int j = 0; j < 8; j++)
+                y[i].qs[8 * sb + j] = (uint8_t)(fp4_nearest(x[j], d) | (fp4_nearest(x[j + 8], d) << 4));
+        }
+    }
+}
+
+/* Q1_0: scale = mean |x| of the 128, one bit per element: set where x >= 0 */
+static void quantize_row_q1_0(const float *x /* (n,) */, void *vy /* (n/128,) blocks */, int64_t n) {
+    block_q1_0 *y = vy;
+    for (int64_t i = 0; i < n / 128; i++, x += 128) {
+        float sum_abs = 0.0f;
+        for (int j = 0; j < 128; j++) sum_abs += fabsf(x[j]);
+        y[i].d = gr_fp32_to_fp16(sum_abs / 128);
+        memset(y[i].qs, 0, sizeof y[i].qs);
+        for (int j = 0; j < 128; j++) {
+            if (x[j] >= 0.0f) y[i].qs[j / 8] |= (uint8_t)(1 << (j % 8));
+        }
+    }
+}
+
+/* Q2_0: scale = max |x| of the 64, codes round(x/scale) + 1 clamped to 0..3 */
+static void quantize_row_q2_0(const float *x /* (n,) */, void *vy /* (n/64,) blocks */, int64_t n) {
+    block_q2_0 *y = vy;
+    for (int64_t i = 0; i < n / 64; i++, x += 64) {
+        float amax = 0.0f;
+        for (int j = 0; j < 64; j++) {
+            if (fabsf(x[j]) > amax) amax = fabsf(x[j]);
+        }
+        const float id = amax > 0.0f ? 1.0f / amax : 0.0f;
+        y[i].d = gr_fp32_to_fp16(amax);
+        memset(y[i].qs, 0, sizeof y[i].qs);
+        for (int j = 0; j < 64; j++) {
+            int q = (int)roundf(x[j] * id) + 1;
+            q = q < 0 ? 0 : q > 3 ? 3 : q;
+            y[i].qs[j / 4] |= (uint8_t)(q << (2 * (j % 4)));
+        }
+    }
+}
+
+/* the ternary formats: amax of the 256 as scale, trits round(x/amax) + 1 */
+static float ternary_inv_scale(const float *x /* (256,) */, gr_fp16_t *d) {
+    float amax = 0.0f;
+    for (int j = 0; j < GR_QK_K; j++) amax = fmaxf(amax, fabsf(x[j]));
+    *d = gr_fp32_to_fp16(amax);
+    return amax != 0.0f ? 1.0f / amax : 0.0f;
+}
+
+static inline int trit(float x, float id) { return (int)lroundf(x * id) + 1; }
+
+/* TQ1_0: five trits a byte (base 3, first trit most significant), stored as
+ * ceil(v * 256 / 243) so that the trits come out of the top of v * 3^k; the
+ * bytes of qs take elements m + 32n (then m + 16n for the last 16 bytes), the
+ * 4 of qh elements j + 4m with a fifth zero trit */
+static void tq1_0_pack5(const float *x /* (5*span,) */, uint8_t *qs /* (span,) */, int span, float id) {
+    for (int m = 0; m < span; m++) {
+        int q = 0;
+        for (int t = 0; t < 5; t++) q = q * 3 + trit(x[m + t * span], id);
+        qs[m] = (uint8_t)((q * 256 + 242) / 243);
+    }
+}
+
+static void quantize_row_tq1_0(const float *x /* (n,) */, void *vy /* (n/256,) blocks */, int64_t n) {
+    block_tq1_0 *y = vy;
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        const float id = ternary_inv_scale(x, &y[i].d);
+        tq1_0_pack5(x, y[i].qs, 32, id);
+        tq1_0_pack5(x + 160, y[i].qs + 32, 16, id);
+        x += 240;
+        for (int j = 0; j < 4; j++) {
+            int q = 0;
+            for (int m = 0; m < 4; m++) q = q * 3 + trit(x[j + 4 * m], id);
+            y[i].qh[j] = (uint8_t)((q * 3 * 256 + 242) / 243);
+        }
+        x += 16;
+    }
+}
+
+/* TQ2_0: four 2-bit codes a byte, byte m of each 32 holding elements m + 32n */
+static void quantize_row_tq2_0(const float *x /* (n,) */, void *vy /* (n/256,) blocks */, int64_t n) {
+    block_tq2_0 *y = vy;
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        const float id = ternary_inv_scale(x, &y[i].d);
+        for (int j = 0; j < 64; j += 32, x += 128) {
+            for (int m = 0; m < 32; m++) {
+                int q = 0;
+                for (int t = 0; t < 4; t++) q += (trit(x[m + 32 * t], id) & 3) << (2 * t);
+                y[i].qs[j + m] = (uint8_t)q;
+            }
         }
     }
 }
@@ -2115,29 +2310,30 @@ static const gr_qtraits gr_traits[GR_NTYPES] = {
     [GR_TYPE_Q8_0] = {32, GR_TYPE_Q8_0, dequantize_row_q8_0, quantize_row_q8_0, quantize_row_q8_0_ref,
                       vec_dot_q8_0_q8_0},
     [GR_TYPE_Q8_1] = {32, -1, NULL, quantize_row_q8_1, quantize_row_q8_1_ref, NULL},
-    [GR_TYPE_Q2_K] = {256, GR_TYPE_Q8_K, dequantize_row_q2_K, NULL, NULL, vec_dot_q2_K_q8_K},
-    [GR_TYPE_Q3_K] = {256, GR_TYPE_Q8_K, dequantize_row_q3_K, NULL, NULL, vec_dot_q3_K_q8_K},
-    [GR_TYPE_Q4_K] = {256, GR_TYPE_Q8_K, dequantize_row_q4_K, NULL, NULL, vec_dot_q4_K_q8_K},
-    [GR_TYPE_Q5_K] = {256, GR_TYPE_Q8_K, dequantize_row_q5_K, NULL, NULL, vec_dot_q5_K_q8_K},
-    [GR_TYPE_Q6_K] = {256, GR_TYPE_Q8_K, dequantize_row_q6_K, NULL, NULL, vec_dot_q6_K_q8_K},
+    [GR_TYPE_Q2_K] = {256, GR_TYPE_Q8_K, dequantize_row_q2_K, gr_quantize_row_q2_K, NULL, vec_dot_q2_K_q8_K},
+    [GR_TYPE_Q3_K] = {256, GR_TYPE_Q8_K, dequantize_row_q3_K, gr_quantize_row_q3_K, NULL, vec_dot_q3_K_q8_K},
+    [GR_TYPE_Q4_K] = {256, GR_TYPE_Q8_K, dequantize_row_q4_K, gr_quantize_row_q4_K, NULL, vec_dot_q4_K_q8_K},
+    [GR_TYPE_Q5_K] = {256, GR_TYPE_Q8_K, dequantize_row_q5_K, gr_quantize_row_q5_K, NULL, vec_dot_q5_K_q8_K},
+    [GR_TYPE_Q6_K] = {256, GR_TYPE_Q8_K, dequantize_row_q6_K, gr_quantize_row_q6_K, NULL, vec_dot_q6_K_q8_K},
     [GR_TYPE_Q8_K] = {256, -1, dequantize_row_q8_K, quantize_row_q8_K, NULL, NULL},
-    /* the grid-based IQ formats: ggml multiplies them with Q8_K activations,
-     * this library has no kernels for them */
-    [GR_TYPE_IQ2_XXS] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
-    [GR_TYPE_IQ2_XS] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
-    [GR_TYPE_IQ3_XXS] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
-    [GR_TYPE_IQ1_S] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
-    [GR_TYPE_IQ3_S] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
-    [GR_TYPE_IQ2_S] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
-    [GR_TYPE_IQ1_M] = {256, GR_TYPE_Q8_K, NULL, NULL, NULL, NULL},
+    /* the grid IQ formats (quants_iq.c); ggml has no CPU quantizer for them */
+#define GR_IQ_TRAITS(fmt) {256, GR_TYPE_Q8_K, gr_dequantize_row_##fmt, NULL, NULL, gr_vec_dot_##fmt##_q8_K}
+    [GR_TYPE_IQ2_XXS] = GR_IQ_TRAITS(iq2_xxs),
+    [GR_TYPE_IQ2_XS] = GR_IQ_TRAITS(iq2_xs),
+    [GR_TYPE_IQ3_XXS] = GR_IQ_TRAITS(iq3_xxs),
+    [GR_TYPE_IQ1_S] = GR_IQ_TRAITS(iq1_s),
+    [GR_TYPE_IQ3_S] = GR_IQ_TRAITS(iq3_s),
+    [GR_TYPE_IQ2_S] = GR_IQ_TRAITS(iq2_s),
+    [GR_TYPE_IQ1_M] = GR_IQ_TRAITS(iq1_m),
+#undef GR_IQ_TRAITS
     [GR_TYPE_IQ4_NL] = {32, GR_TYPE_Q8_0, dequantize_row_iq4_nl, quantize_row_iq4_nl, NULL, vec_dot_iq4_nl_q8_0},
-    [GR_TYPE_IQ4_XS] = {256, GR_TYPE_Q8_K, dequantize_row_iq4_xs, NULL, NULL, vec_dot_iq4_xs_q8_K},
-    [GR_TYPE_TQ1_0] = {256, GR_TYPE_Q8_K, dequantize_row_tq1_0, NULL, NULL, vec_dot_tq1_0_q8_K},
-    [GR_TYPE_TQ2_0] = {256, GR_TYPE_Q8_K, dequantize_row_tq2_0, NULL, NULL, vec_dot_tq2_0_q8_K},
+    [GR_TYPE_IQ4_XS] = {256, GR_TYPE_Q8_K, dequantize_row_iq4_xs, quantize_row_iq4_xs, NULL, vec_dot_iq4_xs_q8_K},
+    [GR_TYPE_TQ1_0] = {256, GR_TYPE_Q8_K, dequantize_row_tq1_0, quantize_row_tq1_0, NULL, vec_dot_tq1_0_q8_K},
+    [GR_TYPE_TQ2_0] = {256, GR_TYPE_Q8_K, dequantize_row_tq2_0, quantize_row_tq2_0, NULL, vec_dot_tq2_0_q8_K},
     [GR_TYPE_MXFP4] = {32, GR_TYPE_Q8_0, dequantize_row_mxfp4, quantize_row_mxfp4, NULL, vec_dot_mxfp4_q8_0},
-    [GR_TYPE_NVFP4] = {64, GR_TYPE_Q8_0, dequantize_row_nvfp4, NULL, NULL, vec_dot_nvfp4_q8_0},
-    [GR_TYPE_Q1_0] = {128, GR_TYPE_Q8_0, dequantize_row_q1_0, NULL, NULL, vec_dot_q1_0_q8_0},
-    [GR_TYPE_Q2_0] = {64, GR_TYPE_Q8_0, dequantize_row_q2_0, NULL, NULL, vec_dot_q2_0_q8_0},
+    [GR_TYPE_NVFP4] = {64, GR_TYPE_Q8_0, dequantize_row_nvfp4, quantize_row_nvfp4, NULL, vec_dot_nvfp4_q8_0},
+    [GR_TYPE_Q1_0] = {128, GR_TYPE_Q8_0, dequantize_row_q1_0, quantize_row_q1_0, NULL, vec_dot_q1_0_q8_0},
+    [GR_TYPE_Q2_0] = {64, GR_TYPE_Q8_0, dequantize_row_q2_0, quantize_row_q2_0, NULL, vec_dot_q2_0_q8_0},
 };
 
 #if GR_HAVE_X86

@@ -117,6 +117,15 @@ typedef struct { uint8_t qs[48]; uint8_t qh[4]; gr_fp16_t d; } block_tq1_0;
 /* | qs u8[64] (2-bit codes - 1) | d f16 | */
 typedef struct { uint8_t qs[64]; gr_fp16_t d; } block_tq2_0;
 
+/* grid IQ formats (quants_iq.c): lattice indices, sign bits and sub-block scales */
+typedef struct { gr_fp16_t d; uint16_t qs[32]; } block_iq2_xxs;
+typedef struct { gr_fp16_t d; uint16_t qs[32]; uint8_t scales[8]; } block_iq2_xs;
+typedef struct { gr_fp16_t d; uint8_t qs[64]; uint8_t qh[8]; uint8_t scales[8]; } block_iq2_s;
+typedef struct { gr_fp16_t d; uint8_t qs[96]; } block_iq3_xxs;
+typedef struct { gr_fp16_t d; uint8_t qs[64]; uint8_t qh[8]; uint8_t signs[32]; uint8_t scales[4]; } block_iq3_s;
+typedef struct { gr_fp16_t d; uint8_t qs[32]; uint16_t qh[8]; } block_iq1_s;
+typedef struct { uint8_t qs[32]; uint8_t qh[16]; uint8_t scales[8]; } block_iq1_m;
+
 /* ---- scalar conversions (F16C semantics; round to nearest even) ----------- */
 
 float ggmlrpc_fp16_to_fp32(gr_fp16_t h);
@@ -170,12 +179,28 @@ size_t ggmlrpc_panel_bytes(uint32_t weight_type);
 void ggmlrpc_panel_put(uint32_t weight_type, const void *act, int64_t nb, void *panel, int lane);
 ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type);
 
+/* The grid IQ formats (quants_iq.c), for the dispatch table in quants.c:
+ * dequantize_row (src: n/256 blocks) and vec_dot against Q8_K activations. */
+#define GR_IQ_FORMATS(X) X(iq2_xxs) X(iq2_xs) X(iq2_s) X(iq3_xxs) X(iq3_s) X(iq1_s) X(iq1_m)
+#define GR_IQ_DECLARE(fmt)                                                                   \
+    void gr_dequantize_row_##fmt(const void *src, float *dst, int64_t n);                   \
+    void gr_vec_dot_##fmt##_q8_K(int64_t n, float *s, const void *w_row, const void *act_row);
+GR_IQ_FORMATS(GR_IQ_DECLARE)
+#undef GR_IQ_DECLARE
+
+/* F32 -> K-quants (quants_k.c), ggml's reference quantizers: n/256 blocks out */
+void gr_quantize_row_q2_K(const float *src, void *dst, int64_t n);
+void gr_quantize_row_q3_K(const float *src, void *dst, int64_t n);
+void gr_quantize_row_q4_K(const float *src, void *dst, int64_t n);
+void gr_quantize_row_q5_K(const float *src, void *dst, int64_t n);
+void gr_quantize_row_q6_K(const float *src, void *dst, int64_t n);
+
 /* The same through a switch; each returns 0, or -1 when the type is not
  * supported or n is not a whole number of blocks (nothing is written then).
  *   dequantize_row: F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_K, Q2_K..Q6_K,
- *                   IQ4_NL, IQ4_XS, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0, Q2_0
- *   quantize_row:   F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K,
- *                   IQ4_NL, MXFP4 (ggml's CPU from_float)
+ *                   IQ4_NL, IQ4_XS, the grid IQ types, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0, Q2_0
+ *   quantize_row:   F32, F16, BF16, Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, Q8_1, Q8_K, Q2_K..Q6_K,
+ *                   IQ4_NL, MXFP4, NVFP4, TQ1_0, TQ2_0, Q1_0, Q2_0 (ggml's CPU from_float)
  *   quantize_row_ref: as quantize_row, but Q8_0/Q8_1 follow ggml-quants.c */
 int ggmlrpc_dequantize_row(uint32_t type, const void *src, float *dst, int64_t n);
 int ggmlrpc_quantize_row(uint32_t type, const float *src, void *dst, int64_t n);

@@ -151,6 +151,20 @@ def f32_like_source(node, srcs, same: bool = True):
     return s
 
 
+def f32_strided_source(node, srcs, same: bool = False, packed_result: bool = True):
+    """The one F32 source of an F32 node (of the node's shape when `same`), read
+    element by element through its strides (permuted views welcome); the result's
+    rows packed when `packed_result`."""
+    need(node, srcs, 1)
+    s = srcs[0]
+    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+    if same and not same_shape(s, node):
+        raise invalid(node, srcs, "source and result differ in shape")
+    if packed_result:
+        need_rows(node, srcs, node)
+    return s
+
+
 def need_quant(node, srcs, t, to_float=False, from_float=False):
     """A quantized t needs the conversion kernels (other types convert inline)."""
     if not ggml.is_quantized(t.type):
@@ -174,17 +188,24 @@ def rule_dup(node, srcs):
     conv = {T.F32, T.F16, T.BF16}
     if ggml.is_quantized(st) or ggml.is_quantized(dt):
         if st == dt:
-            # whole blocks: rows of the same shape, copied as bytes
-            if not same_shape(s, node):
-                raise unsupported(node, srcs, "reshapes quantized data")
+            # whole blocks: rows of the same shape copied as bytes, else block by
+            # block in logical order (rows of whole blocks on both sides)
             need_rows(node, srcs, s, node)
-            return Spec(ids.K.DUP, iparams=(ts(s), row_bytes(s), 0), srcs=[s])
+            if same_shape(s, node):
+                return Spec(ids.K.DUP, iparams=(ts(s), row_bytes(s), 0), srcs=[s])
+            if s.ne[0] % blck(s) or node.ne[0] % blck(node):
+                raise invalid(node, srcs, "rows are not whole blocks")
+            return Spec(ids.K.DUP, iparams=(ts(s), 0, 0, blck(s)), srcs=[s])
         if dt == T.F32:     # ggml dequantizes only to F32
-            if not same_shape(s, node):
-                raise unsupported(node, srcs, "reshapes while dequantizing")
             need_quant(node, srcs, s, to_float=True)
             need_rows(node, srcs, s, node)
-            return Spec(ids.K.DUP, iparams=(4, 0, 1), srcs=[s])
+            if same_shape(s, node):
+                return Spec(ids.K.DUP, iparams=(4, 0, 1), srcs=[s])
+            # another shape: block by block; a block must not straddle two result rows
+            # unless the result is contiguous (ggml's dup_from_q asserts the same)
+            if node.ne[0] % blck(s) and not contiguous(node):
+                raise invalid(node, srcs, "dequantized blocks would straddle rows of the result")
+            return Spec(ids.K.DUP, iparams=(4, 0, 3, blck(s)), srcs=[s])
         if st in conv:      # quantized rows of src0's row length into a contiguous result
             need_quant(node, srcs, node, from_float=True)
             if not contiguous(node) or s.ne[0] % blck(node):
@@ -246,8 +267,6 @@ def rule_unary(node, srcs):
     u = node.op_params[0]
     if not 0 <= u < MAX_UNARY:
         raise invalid(node, srcs, f"unknown unary op {u}")
-    if u == 17:  # XIELU: F32 only in ggml
-        return _elementwise(node, srcs, u, (T.F32,))
     return _elementwise(node, srcs, u)
 
 
@@ -263,15 +282,15 @@ def rule_glu(node, srcs):
         raise invalid(node, srcs, f"unknown glu op {g}")
     a = srcs[0]
     b = srcs[1] if len(srcs) > 1 else None
-    need_types(node, srcs, a.type == node.type and a.type in (T.F32, T.F16)
+    need_types(node, srcs, a.type == node.type and a.type in FLOAT_TYPES
                and (b is None or b.type == a.type))
-    if g in (3, 6) and a.type != T.F32:   # SWIGLU_OAI and SWIGLU_CLAMP: F32 only in ggml
-        raise unsupported(node, srcs)
+    if (g == 3 and a.type != T.F32) or (g == 6 and a.type == T.BF16):
+        raise unsupported(node, srcs)      # ggml: SWIGLU_OAI on F32 only, SWIGLU_CLAMP on F32/F16
     if b is not None:
         if not (same_shape(a, b) and same_shape(a, node)):
             raise invalid(node, srcs, "sources and result differ in shape")
-    elif a.ne[0] != 2 * node.ne[0] or tuple(a.ne[1:]) != tuple(node.ne[1:]):
-        raise invalid(node, srcs, "the result is not half of src0")
+    elif node.ne[0] != a.ne[0] // 2 or tuple(a.ne[1:]) != tuple(node.ne[1:]):
+        raise invalid(node, srcs, "the result is not half of src0")   # (an odd last element unused)
     need_rows(node, srcs, a, b, node)
     return Spec(ids.K.GLU, g, srcs=[a] + ([b] if b is not None else []))
 
@@ -281,7 +300,7 @@ def rule_scale(node, srcs):
     s = srcs[0]
     if not same_shape(s, node):
         raise invalid(node, srcs, "source and result differ in shape")
-    need_types(node, srcs, s.type == T.F32 and node.type == T.F32)
+    need_types(node, srcs, s.type == node.type and s.type in (T.F32, T.BF16))
     need_rows(node, srcs, s, node)
     return Spec(ids.K.SCALE, srcs=[s])
 
@@ -318,9 +337,14 @@ def rule_set_rows(node, srcs):
     return Spec(ids.K.SET_ROWS, iparams=(row_bytes(a),), srcs=[a, idx])
 
 
-def _norm(kernel_name, sub=0):
+def _norm(kernel_name, sub=0, strided=False):
+    """strided: the kernel also reads and writes rows with element strides (ggml's
+    NORM and L2_NORM walk nb[0]; RMS_NORM and GROUP_NORM need packed rows)."""
     def rule(node, srcs):
-        s = f32_like_source(node, srcs)
+        if strided:
+            s = f32_strided_source(node, srcs, same=True, packed_result=False)
+        else:
+            s = f32_like_source(node, srcs)
         eps = f32_param(node, 0 if node.op != Op.GROUP_NORM else 1)
         if not eps >= 0.0:
             raise invalid(node, srcs, f"eps {eps} < 0")
@@ -523,7 +547,11 @@ def rule_sum(node, srcs):
     need_types(node, srcs, s.type in FLOAT_TYPES and node.type == s.type)
     if nelements(node) != 1:
         raise invalid(node, srcs, "the result is not a scalar")
-    need_rows(node, srcs, s)
+    # ggml sums ne0 packed elements from each row's start whatever nb[0] is (a
+    # permuted view is summed over other elements than its own); the kernel does
+    # the same, which stays inside the validated extent while nb[0] >= the type size
+    if s.nb[0] < ts(s):
+        need_rows(node, srcs, s)
     return Spec(ids.K.SUM, srcs=[s])
 
 
@@ -578,19 +606,21 @@ def rule_concat(node, srcs):
     need(node, srcs, 2)
     a, b = srcs
     dim = node.op_params[0]
-    need_types(node, srcs, a.type == b.type == node.type and not ggml.is_quantized(a.type))
+    need_types(node, srcs, a.type == b.type == node.type)
     if not 0 <= dim < 4:
         raise invalid(node, srcs, f"dimension {dim}")
+    if dim == 0 and (a.ne[0] % blck(a) or b.ne[0] % blck(b)):
+        raise invalid(node, srcs, "rows of whole blocks are concatenated")
     for i in range(4):
         want = a.ne[i] + b.ne[i] if i == dim else a.ne[i]
         if node.ne[i] != want or (i != dim and b.ne[i] != a.ne[i]):
             raise invalid(node, srcs, "shapes do not concatenate")
     need_rows(node, srcs, a, b, node)
-    return Spec(ids.K.CONCAT, iparams=(ts(a),), srcs=[a, b])
+    return Spec(ids.K.CONCAT, iparams=(ts(a), blck(a)), srcs=[a, b])
 
 
 def rule_pad(node, srcs):
-    s = f32_like_source(node, srcs, same=False)
+    s = f32_strided_source(node, srcs)
     p = node.op_params
     if any(x < 0 for x in p[:8]) or any(node.ne[i] != s.ne[i] + p[2 * i] + p[2 * i + 1] for i in range(4)):
         raise invalid(node, srcs, "padding does not match the shapes")
@@ -779,7 +809,7 @@ def rule_pool(node, srcs):
 
 
 def rule_upscale(node, srcs):
-    s = f32_like_source(node, srcs, same=False)
+    s = f32_strided_source(node, srcs)
     if (node.op_params[0] & 0xFF) not in (0, 1, 2):
         raise unsupported(node, srcs, f"has scale mode {node.op_params[0] & 0xFF}")
     return Spec(ids.K.UPSCALE, srcs=[s])
@@ -995,7 +1025,10 @@ def rule_add_rel_pos(node, srcs):
 # ---- convolutions ----
 
 def _conv_out(ins, ks, s, p, d):
-    return (ins + 2 * p - d * (ks - 1) - 1) // s + 1
+    """ggml_calc_conv_output_size: C's division, which truncates toward zero (a
+    kernel wider than the padded input still gives one output)."""
+    num = ins + 2 * p - d * (ks - 1) - 1
+    return (abs(num) // s) * (1 if num >= 0 else -1) + 1
 
 
 def rule_conv(node, srcs):
@@ -1210,8 +1243,8 @@ RULES = {
     Op.GET_ROWS: rule_get_rows,
     Op.SET_ROWS: rule_set_rows,
     Op.RMS_NORM: _norm("RMS_NORM"),
-    Op.NORM: _norm("NORM"),
-    Op.L2_NORM: _norm("RMS_NORM", 1),
+    Op.NORM: _norm("NORM", strided=True),
+    Op.L2_NORM: _norm("RMS_NORM", 1, strided=True),
     Op.GROUP_NORM: _norm("GROUP_NORM"),
     Op.SOFT_MAX: rule_soft_max,
     Op.ROPE: rule_rope,

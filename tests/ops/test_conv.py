@@ -47,6 +47,20 @@ def test_conv_2d(ctx, rng, kt):
     assert_close(ctx.read(out), conv_ref(x.astype(NPT[kt]), k, s, p, d), 1e-10 if kt == T.F32 else 1e-6)
 
 
+def test_conv_2d_kernel_wider_than_padded_input(ctx, rng):
+    """ggml sizes outputs with C's division, which truncates toward zero: a dilated
+    kernel reaching past the padded input still gives one output row, summing
+    the taps that land inside (here only the middle one)."""
+    W, H, KW, KH = 4, 2, 1, 3
+    s, p, d = (3, 1), (1, 0), (2, 1)           # (y, x): (H + 2 - 2*2 - 1) = -1 -> 0 -> 1 row
+    x, k = rand(rng, (1, 1, H, W)), rand(rng, (1, 1, KH, KW))
+    out = ctx.op(Op.CONV_2D, T.F32, (W, 1, 1, 1), ctx.new(T.F32, (KW, KH, 1, 1), k),
+                 ctx.new(T.F32, (W, H, 1, 1), x), params=[s[1], s[0], p[1], p[0], d[1], d[0]])
+    ctx.compute()
+    # output row 0 reads input rows 0*3 + ky*2 - 1 = -1, 1, 3: only ky = 1 is inside
+    assert_close(ctx.read(out), (k[0, 0, 1, 0] * x[0, 0, 1]).reshape(1, 1, 1, W), 1e-12)
+
+
 def test_conv_3d(ctx, rng):
     N, C, D, H, W, OC = 2, 3, 5, 6, 7, 4
     x, k = rand(rng, (N, C, D, H, W)), rand(rng, (OC, C, 2, 3, 3), 0.3)

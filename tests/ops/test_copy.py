@@ -178,7 +178,7 @@ def test_get_rows_in_recompute_checks_new_indices(server, rng, caplog):
         c.close()
 
 
-QTYPES = [T.Q8_0, T.Q4_0, T.Q4_K]
+QTYPES = [T.Q8_0, T.Q4_0, T.Q4_K, T.IQ2_XXS, T.IQ3_S, T.IQ1_M]
 
 
 def dequant(t, raw, n):
@@ -236,3 +236,58 @@ def test_cont_quantized_rows(ctx, rng):
     ctx.compute()
     rows = raw.reshape(6, 68)
     assert bytes(ctx.rb.get_tensor(out)) == rows[[0, 2, 4]].tobytes()
+
+
+def test_cpy_quantized_reshape_moves_blocks(ctx, rng):
+    """A same-type copy of quantized data into another shape moves whole blocks in
+    logical order (ggml's dup_bytes): Q4_0 (64, 3) -> (32, 6), from a permuted view."""
+    from tests.ops.test_quants import random_blocks
+    raw = random_blocks(rng, T.Q4_0, 64 * 3 * 2).reshape(2, 3, 2, 18)          # ne (64, 3, 2)
+    full = ctx.new(T.Q4_0, (64, 3, 2))
+    ctx.rb.set_tensor(full, raw.tobytes())
+    p = ctx.permute(full, 0, 2, 1, 3)                                            # ne (64, 2, 3)
+    out = ctx.op(Op.CPY, T.Q4_0, (32, 6, 2), p, ctx.new(T.Q4_0, (32, 6, 2)))
+    ctx.compute()
+    blocks = np.swapaxes(raw, 0, 1).reshape(-1, 18)                              # logical order of p
+    assert bytes(ctx.rb.get_tensor(out)) == blocks.tobytes()
+
+
+@pytest.mark.parametrize("qt", [T.Q1_0, T.Q2_0, T.NVFP4, T.TQ1_0, T.TQ2_0, T.Q2_K, T.Q3_K, T.Q4_K,
+                                T.Q5_K, T.Q6_K, T.IQ4_XS], ids=lambda t: t.name)
+def test_set_rows_quantizes_with_the_row_quantizer(ctx, rng, qt):
+    """SET_ROWS into every quantized cache type writes the blocks of csrc's row
+    quantizer (checked against ggml's own in tests/interop/test_quants_vs_ggml.py)."""
+    from ggmlrpc._native import quants
+    nc = 256
+    cache = ctx.new(qt, (nc, 4))
+    x = rng.standard_normal((2, nc)).astype(np.float32)
+    node = ctx.op(Op.SET_ROWS, qt, cache.ne, ctx.new(T.F32, (nc, 2), x),
+                  ctx.new(T.I64, (2,), np.array([3, 1], np.int64)), cache)
+    node.data, node.view_src = cache.data, cache
+    ctx.compute()
+    rows = np.frombuffer(bytes(ctx.rb.get_tensor(cache)), np.uint8).reshape(4, -1)
+    assert rows[3].tobytes() == quants.quantize(qt, x[0]).tobytes()
+    assert rows[1].tobytes() == quants.quantize(qt, x[1]).tobytes()
+
+
+@pytest.mark.parametrize("ne", [(32, 6), (48, 4), (192, 1)])
+def test_cpy_dequantizes_into_another_shape(ctx, rng, ne):
+    """Quantized -> F32 into another shape: blocks dequantized in logical order (a
+    block may run over a row end of a contiguous result, as in ggml's dup_from_q)."""
+    from tests.ops.test_quants import random_blocks
+    raw = random_blocks(rng, T.Q8_0, 64 * 3)
+    q = ctx.new(T.Q8_0, (64, 3))
+    ctx.rb.set_tensor(q, raw.tobytes())
+    out = ctx.op(Op.CPY, T.F32, ne, q, ctx.new(T.F32, ne))
+    ctx.compute()
+    np.testing.assert_array_equal(ctx.read(out).reshape(-1), dequant(T.Q8_0, raw.tobytes(), 64).reshape(-1))
+
+
+def test_cpy_dequantizing_across_rows_of_a_strided_result_is_rejected(server, caplog):
+    """A block that would straddle two rows of a non-contiguous result is refused, as ggml asserts."""
+    with rejected(server, caplog, "CPY", "straddle") as c:
+        q = c.new(T.Q8_0, (64, 3))
+        wide = c.new(T.F32, (50, 4))
+        view = c.view(wide, (48, 4), (4, 200, 800, 800))
+        node = c.op(Op.CPY, T.F32, (48, 4), q, view)
+        node.data, node.nb, node.view_src = view.data, view.nb, wide

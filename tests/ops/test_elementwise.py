@@ -178,6 +178,14 @@ def test_scale(ctx, rng, bias):
     assert_close(ctx.read(out), x * 1.25 + bias, 1e-12)
 
 
+def test_scale_bf16(ctx, rng):
+    """ggml scales BF16 rows in float (s*x + b) and rounds each result to BF16."""
+    x = rounded(rng.standard_normal((3, 70)), T.BF16)
+    out = ctx.op(Op.SCALE, T.BF16, (70, 3), ctx.new(T.BF16, (70, 3), x), params=[f32_bits(1.25), f32_bits(0.5)])
+    ctx.compute()
+    np.testing.assert_array_equal(ctx.read(out).reshape(x.shape), rounded(x * np.float32(1.25) + np.float32(0.5), T.BF16))
+
+
 def silu(x):
     return x / (1 + np.exp(-x))
 
@@ -227,3 +235,42 @@ def test_glu_f16(ctx, rng):
     ctx.compute()
     xf = x.astype(np.float64)
     assert_close(ctx.read(out).astype(np.float64), silu(xf[:, :32]) * xf[:, 32:], 1e-6)
+
+
+HALF_GLU = [(t, g) for t in (T.F16, T.BF16)
+            for g in (G.REGLU, G.GEGLU, G.SWIGLU, G.GEGLU_ERF, G.GEGLU_QUICK, G.SWIGLU_CLAMP)
+            if not (g == G.SWIGLU_CLAMP and t == T.BF16)]     # ggml: SWIGLU_CLAMP on F32/F16 only
+
+
+@pytest.mark.parametrize("t,g", HALF_GLU, ids=lambda v: v.name)
+@pytest.mark.parametrize("swapped", [0, 1])
+def test_glu_half_types_odd_rows(ctx, rng, t, g, swapped):
+    """GLU on F16/BF16 with an odd src0 row: the result has ne0/2 elements and the
+    last element of each row is unused. BF16 GEGLU/GEGLU_QUICK compute exactly,
+    F16 through ggml's F16 tables."""
+    nc, rows, limit = 20, 5, 1.5
+    x = rounded(rng.standard_normal((rows, 2 * nc + 1)) * 2, t)
+    out = ctx.op(Op.GLU, t, (nc, rows), ctx.new(t, (2 * nc + 1, rows), x),
+                 params=[g, swapped, f32_bits(1.702), f32_bits(limit)])
+    ctx.compute()
+    xd = x.astype(np.float64)
+    a, b = (xd[:, nc:2 * nc], xd[:, :nc]) if swapped else (xd[:, :nc], xd[:, nc:2 * nc])
+    if t == T.BF16 and g == G.GEGLU:
+        ref = gelu(a) * b
+    elif t == T.BF16 and g == G.GEGLU_QUICK:
+        ref = gelu_quick(a) * b
+    else:
+        ref = glu_ref(g, a, b, limit=limit)
+    assert_close(ctx.read(out).astype(np.float64), rounded(ref, t), 1e-5)
+
+
+@pytest.mark.parametrize("t", [T.F16, T.BF16], ids=lambda t: t.name)
+def test_xielu_half_types(ctx, rng, t):
+    an, ap, beta, eps = 0.8, 0.5, 0.5, -1e-6
+    x = rounded(rng.standard_normal((3, 40)) * 3, t)
+    out = ctx.op(Op.UNARY, t, (40, 3), ctx.new(t, (40, 3), x),
+                 params=[U.XIELU, f32_bits(an), f32_bits(ap), f32_bits(beta), f32_bits(eps)])
+    ctx.compute()
+    xd = x.astype(np.float64)
+    ref = np.where(xd > 0, ap * xd * xd + beta * xd, (np.expm1(np.minimum(xd, eps)) - xd) * an + beta * xd)
+    assert_close(ctx.read(out).astype(np.float64), rounded(ref, t), 1e-5)

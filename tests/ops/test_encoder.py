@@ -101,6 +101,17 @@ def bilinear_ref(x, ne0, ne1, align):
     return out
 
 
+def test_upscale_of_transposed(ctx, rng):
+    """UPSCALE reads its source through the strides (a transposed view)."""
+    x = rng.standard_normal((2, 3, 6, 5)).astype(np.float32)                    # ne (5, 6, 3, 2)
+    t = ctx.transpose(ctx.new(T.F32, (5, 6, 3, 2), x))                           # ne (6, 5, 3, 2)
+    out = ctx.op(Op.UPSCALE, T.F32, (13, 9, 3, 2), t, params=[0])
+    ctx.compute()
+    xt = np.swapaxes(x, -1, -2).astype(np.float64)                               # (2, 3, 5, 6)
+    ref = xt[..., (np.arange(9) * 5 // 9)[:, None], (np.arange(13) * 6 // 13)[None, :]]
+    np.testing.assert_array_equal(ctx.read(out), ref)
+
+
 @pytest.mark.parametrize("mode", ["nearest", "bilinear", "bilinear-corners"])
 def test_upscale(ctx, rng, mode):
     x = rng.standard_normal((2, 3, 5, 6)).astype(np.float32)

@@ -55,6 +55,25 @@ def test_sum(ctx, rng, t):
                  1e-12 if t == T.F32 else 1e-6)
 
 
+def test_sum_of_permuted_view_as_ggml(ctx, rng):
+    """ggml's SUM reads ne0 packed elements from each row's start whatever nb[0]
+    is; a transposed view is summed as ggml sums it, inside the view's memory."""
+    x = rng.standard_normal((16, 33)).astype(np.float32)                        # ne (33, 16)
+    t = ctx.transpose(ctx.new(T.F32, (33, 16), x))                               # ne (16, 33), nb0 132
+    out = ctx.op(Op.SUM, T.F32, (1,), t)
+    ctx.compute()
+    flat = x.reshape(-1).astype(np.float64)
+    want = sum(flat[r:r + 16].sum() for r in range(33))                          # row r starts at element r
+    assert_close(ctx.read(out).ravel(), [want], 1e-12)
+
+
+def test_sum_of_broadcast_view_is_rejected(server, caplog):
+    """A zero element stride would make SUM's packed row reads leave the view."""
+    with rejected(server, caplog, "SUM", "non-contiguous rows") as c:
+        t = c.new(T.F32, (4, 4), np.ones((4, 4), np.float32))
+        c.op(Op.SUM, T.F32, (1,), c.view(t, (64, 4), (0, 16, 64, 64)))
+
+
 @pytest.mark.parametrize("opcode", [Op.SUM_ROWS, Op.MEAN], ids=lambda o: o.name)
 def test_row_reductions(ctx, rng, opcode):
     x = rng.standard_normal((2, 3, 5, 37)).astype(np.float32)
@@ -117,6 +136,42 @@ def test_concat(ctx, rng, dim):
     out = ctx.op(Op.CONCAT, T.F32, ne, ctx.new(T.F32, sa, a), ctx.new(T.F32, sb, b), params=[dim])
     ctx.compute()
     np.testing.assert_array_equal(ctx.read(out), np.concatenate([a, b], axis=3 - dim))
+
+
+@pytest.mark.parametrize("qt", [T.Q4_0, T.Q4_K], ids=lambda t: t.name)
+@pytest.mark.parametrize("dim", [0, 1, 2])
+def test_concat_quantized(ctx, rng, qt, dim):
+    """Quantized rows are concatenated as bytes, along dim 0 by whole blocks."""
+    from tests.ops.test_quants import random_blocks
+    from ggmlrpc.ggml import TYPE_TRAITS
+    blck, size = TYPE_TRAITS[qt]
+    sa, sb = [2 * blck, 3, 2, 1], [2 * blck, 3, 2, 1]
+    sb[dim] = blck if dim == 0 else 2
+    ra, rb = (random_blocks(rng, qt, int(np.prod(v))) for v in (sa, sb))
+    a, b = ctx.new(qt, sa), ctx.new(qt, sb)
+    ctx.rb.set_tensor(a, ra.tobytes())
+    ctx.rb.set_tensor(b, rb.tobytes())
+    ne = list(sa)
+    ne[dim] += sb[dim]
+    out = ctx.op(Op.CONCAT, qt, ne, a, b, params=[dim])
+    ctx.compute()
+    # blocks as a NumPy array (dims reversed, dim 0 counted in blocks)
+    shape = lambda v: (v[3], v[2], v[1], v[0] // blck, size)
+    want = np.concatenate([ra.reshape(shape(sa)), rb.reshape(shape(sb))], axis=3 - dim)
+    assert bytes(ctx.rb.get_tensor(out)) == want.tobytes()
+
+
+@pytest.mark.parametrize("circular", [0, 1])
+def test_pad_of_permuted(ctx, rng, circular):
+    """PAD reads its source through the strides (a permuted view)."""
+    x = rng.standard_normal((2, 3, 4, 5)).astype(np.float32)                    # ne (5, 4, 3, 2)
+    p = ctx.permute(ctx.new(T.F32, (5, 4, 3, 2), x), 1, 0, 2, 3)                # ne (4, 5, 3, 2)
+    lr = [(1, 2), (0, 1), (2, 0), (0, 0)]
+    params = [v for q in lr for v in q] + [circular]
+    out = ctx.op(Op.PAD, T.F32, [4 + 3, 5 + 1, 3 + 2, 2], p, params=params)
+    ctx.compute()
+    ref = np.pad(np.swapaxes(x, -1, -2), [lr[3], lr[2], lr[1], lr[0]], mode="wrap" if circular else "constant")
+    np.testing.assert_array_equal(ctx.read(out), ref)
 
 
 @pytest.mark.parametrize("circular", [0, 1])

@@ -18,6 +18,16 @@ def strided_input(ctx, rng, ne):
     return v, wide[..., 3:].astype(np.float64)
 
 
+def norm_ref(opcode, xd, eps):
+    """RMS_NORM, NORM or L2_NORM of the last axis, in float64."""
+    if opcode == Op.RMS_NORM:
+        return xd / np.sqrt(np.mean(xd * xd, axis=-1, keepdims=True) + eps)
+    if opcode == Op.NORM:
+        c = xd - xd.mean(axis=-1, keepdims=True)
+        return c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps)
+    return xd / np.maximum(np.sqrt(np.sum(xd * xd, axis=-1, keepdims=True)), eps)
+
+
 @pytest.mark.parametrize("opcode", [Op.RMS_NORM, Op.NORM, Op.L2_NORM], ids=lambda o: o.name)
 def test_row_norms(ctx, rng, opcode):
     ne = (96, 5, 3, 2)
@@ -25,14 +35,19 @@ def test_row_norms(ctx, rng, opcode):
     x, xd = strided_input(ctx, rng, ne)
     out = ctx.op(opcode, T.F32, ne, x, params=[f32_bits(eps)])
     ctx.compute()
-    if opcode == Op.RMS_NORM:
-        ref = xd / np.sqrt(np.mean(xd * xd, axis=-1, keepdims=True) + eps)
-    elif opcode == Op.NORM:
-        c = xd - xd.mean(axis=-1, keepdims=True)
-        ref = c / np.sqrt(np.mean(c * c, axis=-1, keepdims=True) + eps)
-    else:
-        ref = xd / np.maximum(np.sqrt(np.sum(xd * xd, axis=-1, keepdims=True)), eps)
-    assert_close(ctx.read(out), ref, 1e-12)
+    assert_close(ctx.read(out), norm_ref(opcode, xd, eps), 1e-12)
+
+
+@pytest.mark.parametrize("opcode", [Op.NORM, Op.L2_NORM], ids=lambda o: o.name)
+def test_row_norms_of_permuted_rows(ctx, rng, opcode):
+    """NORM and L2_NORM walk rows through nb[0] (a permuted view, no packed rows)."""
+    x = (rng.standard_normal((2, 3, 7, 33)) * 2 + 0.5).astype(np.float32)     # ne (33, 7, 3, 2)
+    p = ctx.permute(ctx.new(T.F32, (33, 7, 3, 2), x), 1, 0, 2, 3)            # ne (7, 33, 3, 2)
+    eps = 1e-5
+    out = ctx.op(opcode, T.F32, tuple(p.ne), p, params=[f32_bits(eps)])
+    ctx.compute()
+    xd = np.swapaxes(x, -1, -2).astype(np.float64)                              # rows of 7
+    assert_close(ctx.read(out), norm_ref(opcode, xd, eps), 1e-10)
 
 
 @pytest.mark.parametrize("n_groups", [1, 3, 4])

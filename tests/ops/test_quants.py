@@ -41,7 +41,9 @@ F16_SCALES = {
     T.Q4_0: [0], T.Q4_1: [0, 2], T.Q5_0: [0], T.Q5_1: [0, 2], T.Q8_0: [0],
     T.Q2_K: [80, 82], T.Q3_K: [108], T.Q4_K: [0, 2], T.Q5_K: [0, 2], T.Q6_K: [208],
     T.IQ4_NL: [0], T.IQ4_XS: [0], T.TQ1_0: [52], T.TQ2_0: [64], T.Q1_0: [0], T.Q2_0: [0],
+    T.IQ2_XXS: [0], T.IQ2_XS: [0], T.IQ2_S: [0], T.IQ3_XXS: [0], T.IQ3_S: [0], T.IQ1_S: [0],
 }
+GRID_IQ = [T.IQ2_XXS, T.IQ2_XS, T.IQ2_S, T.IQ3_XXS, T.IQ3_S, T.IQ1_S, T.IQ1_M]
 
 
 def random_blocks(rng, t: int, n: int) -> np.ndarray:
@@ -60,6 +62,13 @@ def random_blocks(rng, t: int, n: int) -> np.ndarray:
         raw[:, off:off + 2] = d.view(np.uint8).reshape(nb, 2)
     if t == T.MXFP4:
         raw[:, 0] = rng.integers(110, 135, nb)   # E8M0 exponents around 2^-10..2^7
+    if t == T.IQ1_M:
+        # the f16 block scale is spread over the top nibbles of the four u16 scale words
+        d = (rng.standard_normal(nb) * 0.05).astype(np.float16).view(np.uint16).astype(np.uint32)
+        sc = raw[:, 48:56].copy().view(np.uint16).astype(np.uint32) & 0x0FFF
+        for k in range(4):
+            sc[:, k] |= ((d >> (4 * k)) & 0xF) << 12
+        raw[:, 48:56] = sc.astype(np.uint16).view(np.uint8).reshape(nb, 8)
     if t == T.Q8_K:
         raw[:, 0:4] = (rng.standard_normal(nb).astype(np.float32) * 0.01).view(np.uint8).reshape(nb, 4)
     return raw.reshape(-1)
@@ -154,7 +163,7 @@ def test_bf16(simd, scalar, rng):
 # --------------------------------------------------------------------------
 
 GGUF_DEQUANT = [T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K,
-                T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS, T.MXFP4, T.NVFP4, T.TQ1_0, T.TQ2_0]
+                T.Q5_K, T.Q6_K, T.IQ4_NL, T.IQ4_XS, T.MXFP4, T.NVFP4, T.TQ1_0, T.TQ2_0] + GRID_IQ
 
 
 @pytest.mark.parametrize("t", GGUF_DEQUANT, ids=lambda t: T(t).name)
@@ -198,8 +207,6 @@ def test_dequantize_small_formats(t, rng):
 
 def test_dequantize_rejects_what_it_cannot_read():
     with pytest.raises(ValueError):
-        quants.dequantize(T.IQ2_XXS, np.zeros(66, np.uint8))    # no kernel for the grid IQ types
-    with pytest.raises(ValueError):
         quants.dequantize(T.Q8_1, np.zeros(36, np.uint8))       # ggml has no to_float either
     with pytest.raises(ValueError):
         quants.dequantize(T.Q4_0, np.zeros(17, np.uint8))       # not whole blocks
@@ -234,7 +241,8 @@ def quant_inputs(rng, n: int) -> list[np.ndarray]:
     return rows
 
 
-@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.MXFP4, T.BF16], ids=lambda t: T(t).name)
+@pytest.mark.parametrize("t", [T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.MXFP4, T.BF16, T.TQ1_0, T.TQ2_0],
+                         ids=lambda t: T(t).name)
 def test_quantize_matches_gguf(simd, t, rng):
     for x in quant_inputs(rng, 2048):
         want = gq.quantize(x, QT(int(t))).view(np.uint8).reshape(-1)
@@ -372,9 +380,99 @@ def test_quantize_iq4_nl(simd, rng):
         assert np.sum((back - x) ** 2) <= 0.02 * np.sum(x ** 2) + 1e-30
 
 
+def f32_sum(v: np.ndarray) -> np.float32:
+    """A float32 sum in element order, as a C loop adds."""
+    return np.cumsum(v, dtype=np.float32)[-1]
+
+
+def round_away(v: np.ndarray) -> np.ndarray:
+    """C's roundf: halves away from zero (exact in float64 for float32 input)."""
+    v = v.astype(np.float64)
+    return np.sign(v) * np.floor(np.abs(v) + 0.5)
+
+
+def f16_bytes(d) -> np.ndarray:
+    return np.array([d], np.float32).astype(np.float16).view(np.uint8)
+
+
+def np_q1_0(x: np.ndarray) -> np.ndarray:
+    """Q1_0 as ggml: d = mean |x| of the 128, bit j set where x >= 0."""
+    out = []
+    for b in x.reshape(-1, 128):
+        d = f32_sum(np.abs(b)) / np.float32(128)
+        out.append(np.concatenate([f16_bytes(d), np.packbits(b >= 0, bitorder="little")]))
+    return np.concatenate(out)
+
+
+def np_q2_0(x: np.ndarray) -> np.ndarray:
+    """Q2_0 as ggml: d = max |x| of the 64, codes roundf(x/d) + 1 clamped to 0..3."""
+    out = []
+    for b in x.reshape(-1, 64):
+        amax = np.max(np.abs(b))
+        inv = np.float32(1) / amax if amax > 0 else np.float32(0)
+        q = np.clip(round_away(b * inv) + 1, 0, 3).astype(np.uint8).reshape(16, 4)
+        qs = q[:, 0] | (q[:, 1] << 2) | (q[:, 2] << 4) | (q[:, 3] << 6)
+        out.append(np.concatenate([f16_bytes(amax), qs]))
+    return np.concatenate(out)
+
+
+FP4 = np.array([0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12], np.float32)   # doubled E2M1
+
+
+def ue4m3(v: float) -> int:
+    """float -> UE4M3 byte as ggml rounds it (mantissa on its first dropped bit)."""
+    v = np.float32(v)
+    if not v > 0:
+        return 0
+    v = min(v, np.float32(448))
+    bits = int(np.array([v], np.float32).view(np.uint32)[0])
+    e = ((bits >> 23) & 0xFF) - 127 + 7
+    if e <= 0:
+        man = int(v * np.float32(512) + np.float32(0.5))
+        return 0 if man < 1 else min(man, 7)
+    man = ((bits >> 20) & 7) + ((bits >> 19) & 1)
+    if man > 7:
+        man, e = 0, e + 1
+    return 0x7E if e >= 15 else (e << 3) | man
+
+
+def ue4m3_half(u: int) -> np.float32:
+    e, m = (u >> 3) & 0xF, u & 7
+    if u in (0, 0x7F):
+        return np.float32(0)
+    raw = m * 2.0 ** -9 if e == 0 else (1 + m / 8) * 2.0 ** (e - 7)
+    return np.float32(raw * 0.5)
+
+
+def np_nvfp4(x: np.ndarray) -> np.ndarray:
+    """NVFP4 as ggml: per 16 a UE4M3 scale amax/6, each element to the nearest
+    E2M1 level (the first on ties)."""
+    out = []
+    for b in x.reshape(-1, 64):
+        ds, qs = [], []
+        for sb in b.reshape(4, 16):
+            u = ue4m3(np.max(np.abs(sb)) / np.float32(6))
+            d = ue4m3_half(u)
+            err = np.abs(FP4[None, :] * d - sb[:, None])
+            c = np.argmin(err, axis=1).astype(np.uint8)     # argmin: the first minimum
+            ds.append(u)
+            qs.append(c[:8] | (c[8:] << 4))
+        out.append(np.concatenate([np.array(ds, np.uint8)] + qs))
+    return np.concatenate(out)
+
+
+@pytest.mark.parametrize("t,model", [(T.Q1_0, np_q1_0), (T.Q2_0, np_q2_0), (T.NVFP4, np_nvfp4)],
+                         ids=lambda v: T(v).name if isinstance(v, T) else "")
+def test_quantize_small_formats(t, model, rng):
+    for x in quant_inputs(rng, 1024):
+        np.testing.assert_array_equal(quants.quantize(t, x), model(x))
+
+
 @pytest.mark.parametrize("t,tol", [(T.Q4_0, 0.02), (T.Q4_1, 0.01), (T.Q5_0, 0.005), (T.Q5_1, 0.003),
                                    (T.Q8_0, 1e-4), (T.Q8_1, 1e-4), (T.Q8_K, 1e-4), (T.IQ4_NL, 0.01),
-                                   (T.MXFP4, 0.03), (T.F16, 1e-6), (T.BF16, 1e-4)],
+                                   (T.MXFP4, 0.03), (T.F16, 1e-6), (T.BF16, 1e-4), (T.NVFP4, 0.02),
+                                   (T.Q2_K, 0.15), (T.Q3_K, 0.05), (T.Q4_K, 0.01), (T.Q5_K, 0.003),
+                                   (T.Q6_K, 0.001), (T.IQ4_XS, 0.01), (T.Q2_0, 0.6), (T.Q1_0, 0.45)],
                          ids=lambda v: T(v).name if isinstance(v, T) else None)
 def test_quantize_roundtrip_error(t, tol, rng):
     x = rng.standard_normal(8192).astype(np.float32)
@@ -388,10 +486,18 @@ def test_quantize_roundtrip_error(t, tol, rng):
     assert nmse < tol
 
 
+@pytest.mark.parametrize("t", [T.TQ1_0, T.TQ2_0], ids=lambda t: T(t).name)
+def test_quantize_ternary_data_round_trips(t, rng):
+    """The ternary formats hold d * {-1, 0, 1} exactly when d is an f16 value."""
+    x = (rng.integers(-1, 2, 4096) * np.float32(0.375)).astype(np.float32)
+    x[::256] = 0.375          # every block reaches the scale
+    np.testing.assert_array_equal(quants.dequantize(t, quants.quantize(t, x)), x)
+
+
 def test_quantize_rejects_bad_input():
     with pytest.raises(ValueError):
         quants.quantize(T.Q4_0, np.zeros(33, np.float32))
-    for t in (T.Q4_K, T.IQ2_XXS, T.Q6_K, 99):
+    for t in GRID_IQ + [99]:       # ggml has no CPU quantizer for the grid IQ types either
         with pytest.raises(ValueError):
             quants.quantize(t, np.zeros(256, np.float32))
 
@@ -408,14 +514,13 @@ VEC_DOT_TYPE = {
     T.Q4_1: T.Q8_1, T.Q5_1: T.Q8_1,
     T.Q2_K: T.Q8_K, T.Q3_K: T.Q8_K, T.Q4_K: T.Q8_K, T.Q5_K: T.Q8_K, T.Q6_K: T.Q8_K,
     T.IQ4_XS: T.Q8_K, T.TQ1_0: T.Q8_K, T.TQ2_0: T.Q8_K,
+    **{t: T.Q8_K for t in GRID_IQ},
 }
 
 
 def test_vec_dot_type_table():
     for w, a in VEC_DOT_TYPE.items():
         assert quants.vec_dot_type(w) == a, T(w).name
-    for t in (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ3_S, T.IQ2_S, T.IQ1_M):
-        assert quants.vec_dot_type(t) == T.Q8_K     # ggml's mapping, though no kernel here
     for t in (T.Q8_1, T.Q8_K, T.I8, T.I32, T.F64, 4, 99):
         assert quants.vec_dot_type(t) == -1
 
@@ -489,7 +594,5 @@ def test_vec_dot_rejects_bad_input(rng):
     a = quants.quantize(T.Q8_0, activations(rng, 64))
     with pytest.raises(ValueError):
         quants.vec_dot(T.Q4_0, random_blocks(rng, T.Q4_0, 96), a)   # lengths disagree
-    with pytest.raises(ValueError):
-        quants.vec_dot(T.IQ2_XXS, np.zeros(66, np.uint8), np.zeros(292, np.uint8))
     with pytest.raises(ValueError):
         quants.vec_dot(T.Q8_1, np.zeros(36, np.uint8), np.zeros(36, np.uint8))
