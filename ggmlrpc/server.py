@@ -24,9 +24,8 @@ import time
 from dataclasses import dataclass
 from time import perf_counter_ns
 
-from . import ggml, protocol
-from .errors import (ConnectionLost, GgmlRpcError, ProtocolError, RpcTimeout,
-                     UnsupportedError, ValidationError)
+from . import protocol
+from .errors import ConnectionLost, GgmlRpcError, ProtocolError, RpcTimeout, ValidationError
 from .compute.cpu import cancel_token
 from .graph import build_graph
 from .metrics import SessionStats

@@ -44,12 +44,24 @@ def completion(ref_bin: Path, model: Path, args: list[str], prompt: str = PROMPT
     argv = [str(ref_bin / "llama-completion"), "-m", str(model), "--temp", "0", "-s", "1",
             "-no-cnv", "--simple-io", "--no-repack", "-p", prompt, "-n", str(N), *args]
     env = dict(os.environ, GGML_NO_BACKTRACE="1")
+    whole = None
     for _ in range(4):
         r = subprocess.run(argv, capture_output=True, env=env, timeout=300)
         assert r.returncode == 0, r.stderr.decode(errors="replace")[-3000:]
-        if r.stdout.endswith(b"\n\n") and (expect is None or r.stdout == expect):
-            break
-    return r.stdout
+        if r.stdout.endswith(b"\n\n"):
+            whole = r.stdout
+            if expect is None or r.stdout == expect:
+                break
+    return whole if whole is not None else r.stdout
+
+
+def same_text(mine: bytes, ref: bytes) -> bool:
+    """Our output equals llama-completion's; where every run of llama-completion lost
+    the tail of its output (no closing blank line), what it did print must be a
+    prefix of ours, past the prompt."""
+    if ref.endswith(b"\n\n"):
+        return mine == ref
+    return mine.startswith(ref) and len(ref) > len(PROMPT) + 1
 
 
 def ours(model: Path, args: list[str], capfdbinary) -> bytes:
@@ -81,7 +93,7 @@ def test_through_servers_equals_llama_completion(ref_bin, models, kind, server_p
         args = ["--rpc", rpc, *(extra if "-ngl" in extra else ["-ngl", "99", *extra])]
         mine = ours(model, args, capfdbinary)
         # llama.cpp's client through the reference server only (it serves one client at a time)
-        assert mine == completion(ref_bin, model, args, expect=mine), (rpc, extra)
+        assert same_text(mine, completion(ref_bin, model, args, expect=mine)), (rpc, extra)
 
 
 @pytest.mark.parametrize("kind", ["f32", "q4_0"])
@@ -89,10 +101,11 @@ def test_without_flash_attention(ref_bin, models, kind, server_proc, ref_server,
     """-fa off: soft_max attention over a transposed V cache, as llama.cpp builds it."""
     model = models[kind]
     mine = ours(model, ["-ngl", "0", "-fa", "off"], capfdbinary)
-    assert mine == completion(ref_bin, model, ["-ngl", "0", "-fa", "off"], expect=mine)
+    assert same_text(mine, completion(ref_bin, model, ["-ngl", "0", "-fa", "off"], expect=mine))
     srv = ref_server("-t", "2")
     args = ["--rpc", srv.endpoint, "-ngl", "99", "-fa", "off"]
-    assert ours(model, args, capfdbinary) == completion(ref_bin, model, args, expect=mine) == mine
+    assert ours(model, args, capfdbinary) == mine
+    assert same_text(mine, completion(ref_bin, model, args, expect=mine))
 
 
 VOCAB_PROMPT = "Hello world! 12345 caf\u00e9 \u65e5\u672c\u8a9e def f(x):\n\treturn x**2 <|endoftext|>It's"
@@ -111,7 +124,7 @@ def test_real_vocabularies(ref_bin, tmp_path, vocab, server_proc, capfdbinary):
     assert main([*argv, "-ngl", "0"]) == 0
     sys.stdout.flush()
     mine = capfdbinary.readouterr()[0]
-    assert mine == completion(ref_bin, model, ["-ngl", "0"], VOCAB_PROMPT, expect=mine)
+    assert same_text(mine, completion(ref_bin, model, ["-ngl", "0"], VOCAB_PROMPT, expect=mine))
     assert main([*argv, "--rpc", server_proc("-t", "2").endpoint]) == 0
     sys.stdout.flush()
     assert capfdbinary.readouterr()[0] == mine and len(mine) > len(VOCAB_PROMPT)
@@ -134,14 +147,14 @@ def test_other_architectures(ref_bin, tmp_path, arch, ref_server, capfdbinary):
                               "f16", seed=4)
     for fa in ("on", "off"):
         mine = ours(model, ["-ngl", "0", "-fa", fa], capfdbinary)
-        assert mine == completion(ref_bin, model, ["-ngl", "0", "-fa", fa], expect=mine), fa
+        assert same_text(mine, completion(ref_bin, model, ["-ngl", "0", "-fa", fa], expect=mine)), fa
     if arch == "phi3":     # a context within the original one takes the short factors
         short = ours(model, ["-c", "256"], capfdbinary)
-        assert short == completion(ref_bin, model, ["-ngl", "0", "-c", "256"], expect=short)
+        assert same_text(short, completion(ref_bin, model, ["-ngl", "0", "-c", "256"], expect=short))
     srv = ref_server("-t", "2")
     args = ["--rpc", srv.endpoint, "-ngl", "1"]
     split = ours(model, args, capfdbinary)
-    assert split == completion(ref_bin, model, args, expect=split)
+    assert same_text(split, completion(ref_bin, model, args, expect=split))
 
 
 def test_prompt_longer_than_a_micro_batch(ref_bin, tmp_path, capfdbinary):
@@ -156,4 +169,4 @@ def test_prompt_longer_than_a_micro_batch(ref_bin, tmp_path, capfdbinary):
     sys.stdout.flush()
     mine = capfdbinary.readouterr()[0]
     assert len(mine) > len(prompt)
-    assert mine == completion(ref_bin, model, ["-ngl", "0"], prompt, expect=mine)
+    assert same_text(mine, completion(ref_bin, model, ["-ngl", "0"], prompt, expect=mine))
