@@ -198,6 +198,13 @@ def reference_has(bin_dir: Path, feature: str) -> bool:
     return bool(lib and getattr(ctypes.CDLL(str(lib)), f"ggml_cpu_has_{feature}")())
 
 
+# Families whose bit-for-bit claim has been checked against a native reference build on
+# such a CPU (the AVX-512 loops that follow GCC's code generation can depend on the
+# CPU it tuned for). A family not listed here gets the error bounds, not byte equality,
+# until a session on such a host has run the byte tests and added it.
+VERIFIED_FAMILIES = {"x86-avx2", "x86-avx512-fp16"}
+
+
 @pytest.fixture(scope="session")
 def bit_exact(ref_bin) -> bool:
     """Whether our executor reproduces, bit for bit, the kernels ggml picked in the
@@ -209,7 +216,7 @@ def bit_exact(ref_bin) -> bool:
 
     family, ours = reference_kernel_family(ref_bin), executor.kernel_family()
     print(f"\n[kernels] reference: {family}, ours: {ours}")
-    return family == ours
+    return family == ours and family in VERIFIED_FAMILIES
 
 
 @pytest.fixture
