@@ -243,16 +243,14 @@ static void fp32_to_fp16_c(int64_t n, const float *x, uint16_t *y) {
     for (int64_t i = 0; i < n; i++) y[i] = gr_fp32_to_fp16(x[i]);
 }
 
-/* exp over groups of the family's width (the vector exp), the rest with libm's expf */
-static inline float expf_group(float x) { return vec_lanes == 16 ? expf_lane16(x) : expf_lane(x); }
-
+/* groups of the family's width take its vector exp (gr_expf_vec1), the rest libm's expf */
 static double soft_max_c(int64_t n, float *y, const float *x, float max) {
     const int L = vec_lanes;
     double sum = 0.0;
     int64_t i = 0;
     for (; i + L - 1 < n; i += L) {
         float v[16];
-        for (int l = 0; l < L; l++) v[l] = y[i + l] = expf_group(x[i + l] - max);
+        for (int l = 0; l < L; l++) v[l] = y[i + l] = gr_expf_vec1(x[i + l] - max);
         sum += (double)hsum_lanes(v, L);
     }
     for (; i < n; i++) {
@@ -267,7 +265,7 @@ static void silu_c(int64_t n, float *y, const float *x) {
     const int L = vec_lanes;
     int64_t i = 0;
     for (; i + L - 1 < n; i += L)
-        for (int l = 0; l < L; l++) y[i + l] = x[i + l] / (1.0f + expf_group(0.0f - x[i + l]));
+        for (int l = 0; l < L; l++) y[i + l] = x[i + l] / (1.0f + gr_expf_vec1(0.0f - x[i + l]));
     for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
@@ -276,7 +274,7 @@ static void swiglu_c(int64_t n, float *y, const float *x, const float *g) {
     int64_t i = 0;
     for (; i + L - 1 < n; i += L)
         for (int l = 0; l < L; l++)
-            y[i + l] = (x[i + l] / (1.0f + expf_group(0.0f - x[i + l]))) * g[i + l];
+            y[i + l] = (x[i + l] / (1.0f + gr_expf_vec1(0.0f - x[i + l]))) * g[i + l];
     for (; i < n; i++) y[i] = (x[i] / (1.0f + expf(-x[i]))) * g[i];
 }
 
@@ -773,10 +771,6 @@ GR_AVX512BF16 static void dot_bf16_gemm_avx512bf16(int64_t n, float *s, const vo
 }
 #endif /* GR_X86 */
 
-static void scale_f16_plain(int64_t n, uint16_t *y, float v) {
-    for (int64_t i = 0; i < n; i++) y[i] = gr_fp32_to_fp16(gr_fp16_to_fp32(y[i]) * v);
-}
-
 int gr_vec_simd_available(void) {
 #if GR_X86
     __builtin_cpu_init();
@@ -842,7 +836,7 @@ int gr_vec_init(int family, int use_simd) {
             .dot_f32 = dot_f32_avx, .dot_f32_gemm = dot_f32_gemm_avx, .dot_f16 = dot_f16_avx,
             .dot_f16_gemm = dot_f16_gemm_avx, .fp16_to_fp32 = fp16_to_fp32_avx, .fp32_to_fp16 = fp32_to_fp16_avx,
             .soft_max = soft_max_avx, .silu = silu_avx, .swiglu = swiglu_avx,
-            .mad_f32 = mad_f32_avx, .mad_f16 = mad_f16_avx, .scale_f16 = scale_f16_plain,
+            .mad_f32 = mad_f32_avx, .mad_f16 = mad_f16_avx, .scale_f16 = scale_f16_c,
             .tile_cols = 2, .tile_f32_gemm = tile_f32_gemm_avx, .tile_f16_gemm = tile_f16_gemm_avx,
             .gemm_f32 = gemm_f32_avx,
             .rope_rotate = rope_rotate_avx,
@@ -859,7 +853,7 @@ int gr_vec_init(int family, int use_simd) {
             .dot_f16_gemm = dot_f16_gemm_avx512, .fp16_to_fp32 = fp16_to_fp32_avx, .fp32_to_fp16 = fp32_to_fp16_avx,
             .soft_max = soft_max_avx512, .silu = silu_avx512, .swiglu = swiglu_avx512,
             .mad_f32 = mad_f32_avx, .mad_f16 = fp16 ? mad_f16_avx512fp16 : mad_f16_avx,
-            .scale_f16 = fp16 ? scale_f16_avx512fp16 : scale_f16_plain,
+            .scale_f16 = fp16 ? scale_f16_avx512fp16 : scale_f16_c,
             .tile_cols = 6, .tile_f32_gemm = tile_f32_gemm_avx512, .tile_f16_gemm = tile_f16_gemm_avx512,
             .gemm_f32 = gemm_f32_avx,
             .dot_bf16 = bf16 ? dot_bf16_avx512bf16 : NULL, .dot_bf16_gemm = bf16 ? dot_bf16_gemm_avx512bf16 : NULL,
