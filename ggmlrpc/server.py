@@ -74,7 +74,8 @@ def default_mem_limit(device) -> int:
 
 
 class MemoryLedger:
-    """Bytes of buffers held on one device, by all sessions, against a limit.
+    """Bytes held on one device (buffers, and the scratch of stored plans), by all
+    sessions, against a limit.
 
     A buffer is counted at its full size when it is allocated, before any memory is
     committed, so neither ALLOC_BUFFER nor BUFFER_CLEAR (which touches every page)
@@ -138,11 +139,14 @@ class ServerBuffer:
 
 
 class StoredGraph:
-    __slots__ = ("graph", "plan")
+    """A compiled graph kept for GRAPH_RECOMPUTE, with the scratch bytes its plan holds
+    (counted in the device's ledger while it is stored)."""
+    __slots__ = ("graph", "plan", "scratch")
 
-    def __init__(self, graph, plan):
+    def __init__(self, graph, plan, scratch: int):
         self.graph = graph
         self.plan = plan
+        self.scratch = scratch
 
 
 class GraphWatch:
@@ -418,7 +422,7 @@ class Session:
         self.request: bytearray | None = None  # payload of the current fixed-size request
         self.debug = server.debug
         self.limits = server.limits
-        self.held = [0] * len(self.devices)  # bytes of buffers per device, counted in the ledgers
+        self.held = [0] * len(self.devices)  # bytes of buffers and plan scratch per device, in the ledgers
         self._noted: set[str] = set()
         self.next_base = BASE_START
         try:
@@ -465,7 +469,7 @@ class Session:
             self.conn.close()
 
     def release(self) -> None:
-        self.graphs.clear()
+        self.forget_graphs()
         for b in list(self.buffers.values()):
             self.drop(b)
         self.buffers.clear()
@@ -478,6 +482,25 @@ class Session:
             b.mem = None
         self.held[b.device] -= b.size
         self.server.ledgers[b.device].release(b.size)
+
+    def keep_graph(self, device: int, graph, plan) -> None:
+        """Store a compiled graph, its plan's scratch reserved in the device's ledger
+        first: a graph whose scratch would pass the memory limit is refused."""
+        scratch = plan.scratch_bytes
+        ledger = self.server.ledgers[device]
+        if scratch and not ledger.reserve(scratch):
+            raise ValidationError(f"graph needs {scratch} bytes of scratch memory on device "
+                                  f"{device}, {ledger.used} of {ledger.limit} bytes in use (--mem-limit)")
+        self.held[device] += scratch
+        self.graphs[device] = StoredGraph(graph, plan, scratch)
+
+    def forget_graphs(self, device: int | None = None) -> None:
+        """Drop the stored graph of one device (all when None) and return its scratch."""
+        for dev in list(self.graphs) if device is None else [device]:
+            stored = self.graphs.pop(dev, None)
+            if stored is not None and stored.scratch:
+                self.held[dev] -= stored.scratch
+                self.server.ledgers[dev].release(stored.scratch)
 
     def note(self, key: str, fmt: str, *args) -> None:
         """A warning that a client can repeat at will: logged once per connection,
@@ -631,7 +654,7 @@ class Session:
         if self.debug:
             self.server.dbg("[free_buffer] remote_ptr: %x", h)
         # stored graphs may point into this buffer; like llama.cpp, drop them all
-        self.graphs.clear()
+        self.forget_graphs()
         self.drop(b)
 
     def cmd_buffer_clear(self, size):
@@ -784,11 +807,11 @@ class Session:
         t0 = perf_counter_ns()
         graph = build_graph(self, device, node_ids, tensors)
         executor = self.devices[device].executor()
-        self.graphs.pop(device, None)
+        self.forget_graphs(device)
         plan = executor.compile(graph)
+        self.keep_graph(device, graph, plan)   # a failed run closes the connection, releasing it
         with self.server.graph_watch.computing(self) as cancel:
             executor.run(plan, cancel)
-        self.graphs[device] = StoredGraph(graph, plan)
         self.stats.graph(device, "compute", len(node_ids), perf_counter_ns() - t0)
 
     def cmd_graph_recompute(self, size):

@@ -17,6 +17,7 @@ import time
 
 import pytest
 
+from ggmlrpc.errors import ServerClosed
 from ggmlrpc.server import Limits
 from tests.conftest import free_port, start_server, wait_port
 from tests.protocol.rawclient import (
@@ -333,3 +334,49 @@ def test_bad_limit_values_exit_1(args):
     r = subprocess.run(our_server_argv(*args), capture_output=True, text=True, timeout=60)
     assert r.returncode == 1 and "Invalid parameters" in r.stderr
 
+
+
+def test_plan_scratch_is_counted_in_the_memory_limit(closing, caplog):
+    """A stored plan's scratch (Q8_0 activations of a Q8_0 product) is held in the ledger
+    like a buffer: a graph whose scratch would pass the limit is refused, and what a
+    stored plan held comes back when it is replaced or its client goes."""
+    import numpy as np
+
+    from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
+    from tests.ops.conftest import Ctx
+
+    K, M, N = 1024, 8, 1024                         # activations: 4 MiB of F32
+    srv = limited(mem_limit=12 * MiB)
+    closing(srv)
+    w = Watch(srv, caplog)
+    rng = np.random.default_rng(1)
+
+    def product(c: Ctx, n: int):
+        wt = c.new(T.Q8_0, (K, M), rng.standard_normal((M, K)).astype(np.float32))
+        x = c.new(T.F32, (K, n), rng.standard_normal((n, K)).astype(np.float32))
+        return c.op(Op.MUL_MAT, T.F32, (M, n), wt, x)
+
+    c = Ctx(f"127.0.0.1:{srv.port}", size=6 * MiB)
+    product(c, N)
+    c.compute()
+    held = srv.memory()["used"][0]
+    scratch = held - 6 * MiB - Bystander.SIZE
+    assert scratch >= N * K * 34 // 32             # the activations as Q8_0 blocks
+    c.compute()                                    # the same graph again: replaced, not added
+    assert srv.memory()["used"][0] == held
+    c.close()
+    wait_stats(srv, sessions=1)
+    assert srv.memory()["used"] == [Bystander.SIZE]
+
+    big = Ctx(f"127.0.0.1:{srv.port}", size=11 * MiB)   # buffers fit, their scratch does not
+    product(big, 2 * N)
+    with pytest.raises(ServerClosed):
+        big.compute()
+        big.read(big.nodes[-1])
+    logged(caplog, "bytes of scratch memory", logging.ERROR)
+    w.bystander.check()
+    big.close()
+    wait_stats(srv, sessions=1)
+    assert srv.memory()["used"] == [Bystander.SIZE]
+    w.aftermath()
+    w.bystander.close()
