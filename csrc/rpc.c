@@ -4,6 +4,7 @@
 
 #include <errno.h>
 #include <poll.h>
+#include <stdlib.h>
 #include <string.h>
 #include <sys/mman.h>
 #include <sys/socket.h>
@@ -212,6 +213,14 @@ int ggmlrpc_discard(int fd, uint64_t n, int timeout_ms) {
 
 void *ggmlrpc_host_alloc(size_t size) {
     if (size == 0) return NULL;
+    if (size <= GGMLRPC_HOST_SMALL) {
+        /* from the heap: below malloc's mapping threshold, so thousands of small
+         * buffers cost no mapping each (the kernel caps mappings per process) */
+        size_t padded = (size + 63) & ~(size_t)63;
+        void *q = aligned_alloc(64, padded);
+        if (q) memset(q, 0, padded);
+        return q;
+    }
     void *p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
     if (p == MAP_FAILED) return NULL;
 #ifdef MADV_HUGEPAGE
@@ -221,5 +230,9 @@ void *ggmlrpc_host_alloc(size_t size) {
 }
 
 void ggmlrpc_host_free(void *ptr, size_t size) {
-    if (ptr && size) munmap(ptr, size);
+    if (!ptr || !size) return;
+    if (size <= GGMLRPC_HOST_SMALL)
+        free(ptr);
+    else
+        munmap(ptr, size);
 }

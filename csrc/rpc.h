@@ -158,7 +158,10 @@ int ggmlrpc_discard(int fd, uint64_t n, int timeout_ms);
  * *got holds the count on success. */
 int ggmlrpc_recv_some(int fd, void *dst, size_t cap, size_t min, int timeout_ms, size_t *got);
 
-/* Host memory for CPU buffers: anonymous mappings, zero-filled, page aligned. */
+/* Host memory for CPU buffers, zero-filled: up to GGMLRPC_HOST_SMALL bytes from the
+ * heap (64-byte aligned, no mapping of its own), larger ones anonymous mappings
+ * (page aligned). Free with the size it was allocated with. */
+#define GGMLRPC_HOST_SMALL (64u << 10)
 void *ggmlrpc_host_alloc(size_t size);
 void ggmlrpc_host_free(void *ptr, size_t size);
 

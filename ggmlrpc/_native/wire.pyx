@@ -207,7 +207,8 @@ cdef class NativeCodec:
 
 
 cdef class HostMemory:
-    """Zero-filled, page-aligned host memory (an anonymous mapping) of a fixed size.
+    """Zero-filled host memory of a fixed size: an anonymous mapping (page aligned), or
+    64-byte aligned heap memory for small sizes (no mapping each; csrc/rpc.h).
 
     Exposes the buffer protocol so numpy and memoryview can read and write it.
     The mapping lives as long as this object and every view of it.

@@ -223,6 +223,32 @@ def test_buffer_count_per_connection(closing, caplog):
     w.bystander.close()
 
 
+
+def _mappings() -> int:
+    with open("/proc/self/maps") as f:
+        return sum(1 for _ in f)
+
+
+def test_small_buffers_cost_no_mapping_each(closing, caplog):
+    """The kernel caps the mappings of a process (vm.max_map_count, 65530 by default):
+    one mapping per buffer let one client's tiny buffers exhaust it, after which no
+    thread or buffer of anyone could start. Small buffers come from the heap."""
+    srv = limited(max_buffers=4000)
+    closing(srv)
+    w = Watch(srv, caplog)
+    r = Raw(srv.port)
+    assert r.hello() == HELLO_ANSWER
+    before = _mappings()
+    handles = [alloc_raw(r, 4096) for _ in range(3000)]
+    assert all(handles)
+    assert _mappings() - before < 100
+    big = alloc_raw(r, 4 * MiB)                    # large ones are still mapped
+    assert big
+    w.bystander.check()
+    r.close()
+    w.aftermath()
+    w.bystander.close()
+
 def test_memory_limit_over_all_connections(closing, caplog):
     """The sum of every client's buffers stays under the limit; what a client frees or
     leaves behind goes back to the others."""
