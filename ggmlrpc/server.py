@@ -170,6 +170,8 @@ class GraphWatch:
         session.cancel.clear()
         with self._cv:
             self._computing[session] = session.conn.fd
+            if self._closing.is_set():   # close() came while this graph was being compiled
+                session.cancel.set()
             if self._thread is None:
                 self._thread = threading.Thread(target=self._loop, daemon=True, name="rpc-graph-watch")
                 self._thread.start()
@@ -467,6 +469,16 @@ class Session:
             log.exception("closing connection from %s after an internal error: %r", self.peer, e)
         finally:
             self.conn.close()
+            # the tracebacks of the error (and of the errors it was raised from) hold
+            # the frames of the command that failed, which hold this session and that
+            # command's decoded graph: a cycle only a full collection would free, a
+            # pause of every session as long as the graph is large
+            e = self.end
+            for _ in range(8):
+                if e is None:
+                    break
+                e.__traceback__ = None
+                e = e.__cause__ or e.__context__
 
     def release(self) -> None:
         self.forget_graphs()

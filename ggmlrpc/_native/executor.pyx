@@ -157,6 +157,9 @@ cdef class Plan:
             node.wsize = w
             if w > self.wsize:
                 self.wsize = w
+            if (i & 1023) == 1023:
+                with nogil:     # let other sessions' threads run: a Cython loop never switches
+                    pass
         if max_scratch and self.wsize > max_scratch:
             raise MemoryError(f"the graph needs {self.wsize} bytes of scratch memory")
         if self.wsize:

@@ -89,6 +89,15 @@ def _shape_error(int err, object t):
     return ValidationError("tensor element count or byte size overflows")
 
 
+
+cdef inline void _yield_gil():
+    """A moment without the GIL inside a long loop: a loop in Cython never lets the
+    interpreter switch threads, so decoding a graph of 100k tensors would hold every
+    other session for its whole length; here a thread that has waited its switch
+    interval takes its turn."""
+    with nogil:
+        pass
+
 cdef class IoTensor:
     """The fields of a validated rpc_tensor that data commands use."""
     cdef readonly uint64_t buffer
@@ -178,6 +187,8 @@ cdef class NativeCodec:
             nodes.append(nid)
             seen.add(nid)
             off += 8
+            if (i & 4095) == 4095:
+                _yield_gil()
         if len(seen) != n_nodes:
             raise ValidationError("graph lists a node id more than once")
         memcpy(&n_tensors, &view[off], 4)
@@ -191,6 +202,8 @@ cdef class NativeCodec:
             memcpy(&t, &view[off], 296)
             tensors.append(_tensor_from_c(&t))
             off += 296
+            if (i & 1023) == 1023:
+                _yield_gil()
         return device, nodes, tensors
 
     def range_inside(self, uint64_t data, uint64_t size, uint64_t base, uint64_t buf_size):

@@ -1,6 +1,7 @@
 """`ggml-rpc-server`: llama.cpp's RPC server command, same options and banner."""
 from __future__ import annotations
 
+import gc
 import ipaddress
 import logging
 import os
@@ -195,6 +196,19 @@ def banner(endpoint: str, cache_dir: str | None, devices, metrics: str | None = 
     return "\n".join(lines)
 
 
+def quiet_collector() -> None:
+    """Keep Python's cycle collector from pausing every session for tens of milliseconds.
+
+    A full collection stops all threads while it walks every tracked object, and a
+    server that has imported NumPy and friends holds a few hundred thousand of them:
+    decoding one large graph (tens of thousands of tensors) set off full collections
+    of 40 to 90 ms, during which no other client was answered. What exists once the
+    server is up lives as long as the process, so it is moved out of the collector's
+    sight (gc.freeze): a full collection then walks only what sessions hold."""
+    gc.collect()
+    gc.freeze()
+
+
 def main(argv: list[str] | None = None) -> int:
     prog = os.path.basename(sys.argv[0]) if sys.argv and sys.argv[0] else "ggml-rpc-server"
     argv = sys.argv[1:] if argv is None else argv
@@ -278,6 +292,7 @@ def main(argv: list[str] | None = None) -> int:
 
     signal.signal(signal.SIGINT, on_signal)
     signal.signal(signal.SIGTERM, on_signal)
+    quiet_collector()
     worker = threading.Thread(target=server.serve_forever, daemon=True, name="rpc-accept")
     worker.start()
     while not stop.wait(0.5):

@@ -408,3 +408,4 @@ def test_plan_scratch_is_counted_in_the_memory_limit(closing, caplog):
     assert srv.memory()["used"] == [Bystander.SIZE]
     w.aftermath()
     w.bystander.close()
+
