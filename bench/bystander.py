@@ -23,39 +23,21 @@ from __future__ import annotations
 
 import argparse
 import json
+import multiprocessing as mp
 import socket
 import statistics
 import sys
-import multiprocessing as mp
 import time
 from pathlib import Path
-
-import numpy as np
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))   # the tests package; ggmlrpc itself as installed
 
-from ggmlrpc.client import op as make_op  # noqa: E402
-from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T  # noqa: E402
-from tests.conftest import Proc, free_port, our_server_argv, reference_bin  # noqa: E402
+from servers import fixtures, server_argvs  # noqa: E402
+from tests.conftest import Proc, free_port  # noqa: E402
+from tests.e2e.test_cancel import long_chain as chain  # noqa: E402
 from tests.ops.conftest import Ctx  # noqa: E402
 from tests.protocol.rawclient import Bystander  # noqa: E402
-
-D = 512
-
-
-def chain(c: Ctx, n: int):
-    """x <- w @ x, n times, the results alternating between two tensors."""
-    rng = np.random.default_rng(0)
-    w = c.new(T.F32, (D, D), (rng.standard_normal((D, D)) / 20).astype(np.float32))
-    x = c.new(T.F32, (D, D), rng.standard_normal((D, D)).astype(np.float32))
-    nodes = [c.op(Op.MUL_MAT, T.F32, (D, D), w, x)]
-    nodes.append(c.op(Op.MUL_MAT, T.F32, (D, D), w, nodes[0]))
-    for i in range(n - 2):
-        t = make_op(Op.MUL_MAT, T.F32, (D, D), w, nodes[-1], name=f"mm{i}")
-        t.buffer, t.data = nodes[-2].buffer, nodes[-2].data
-        nodes.append(t)
-    return nodes
 
 
 def busy(endpoint: str, stop, hang_up: bool, count) -> None:
@@ -147,12 +129,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the JSON here")
     args = ap.parse_args(argv)
 
-    argvs = {"ours": our_server_argv()}
-    if "reference" in args.peers:
-        ref = reference_bin()
-        if ref is None:
-            raise SystemExit("reference build missing: run scripts/build-reference.sh")
-        argvs["reference"] = [str(ref / "ggml-rpc-server")]
+    argvs = server_argvs(fixtures(), args.peers)
     res = {name: run_peer(argvs[name], args.threads, args.seconds, args.timeout)
            for name in args.peers.split(",")}
 
