@@ -1,0 +1,78 @@
+"""The layout of the op rules: ggml's rules (ggmlrpc.ops) are backend-neutral and
+every CPU rule (ggmlrpc.compute.cpu_rules) stands on one of them.
+
+The neutral package must run without the CPU executor: it imports nothing of
+ggmlrpc.compute or ggmlrpc._native, so a CUDA executor can use it alone.
+"""
+from __future__ import annotations
+
+import ast
+import pathlib
+import subprocess
+import sys
+
+import pytest
+
+from ggmlrpc import ggml, ops
+from ggmlrpc.compute import cpu_rules
+from ggmlrpc.compute.cpu_rules import kernels
+from ggmlrpc.ops.base import FAMILIES
+
+OPS_DIR = pathlib.Path(ops.__file__).parent
+
+
+def _imports(path: pathlib.Path):
+    """The absolute name of every module a module of ggmlrpc.ops imports."""
+    for n in ast.walk(ast.parse(path.read_text())):
+        if isinstance(n, ast.Import):
+            yield from (a.name for a in n.names)
+        elif isinstance(n, ast.ImportFrom):
+            if n.level == 0:
+                yield n.module
+            else:   # ggmlrpc.ops is two levels below the top: level 1 = ggmlrpc.ops, 2 = ggmlrpc
+                base = ["ggmlrpc", "ops"][:3 - n.level]
+                mod = ".".join(base + ([n.module] if n.module else []))
+                yield from (mod,) if n.module else (f"{mod}.{a.name}" for a in n.names)
+
+
+@pytest.mark.parametrize("path", sorted(OPS_DIR.glob("*.py")), ids=lambda p: p.name)
+def test_neutral_rules_import_no_backend(path):
+    for mod in _imports(path):
+        assert not mod.startswith(("ggmlrpc.compute", "ggmlrpc._native", "ggmlrpc.devices")), \
+            f"{path.name} imports {mod}: ggml's rules must not depend on a backend"
+
+
+def test_neutral_rules_load_without_the_executor():
+    code = ("import sys, ggmlrpc.ops; "
+            "bad = [m for m in sys.modules if m.startswith(('ggmlrpc.compute', 'ggmlrpc._native'))]; "
+            "assert not bad, bad")
+    subprocess.run([sys.executable, "-c", code], check=True)
+
+
+def test_every_cpu_rule_has_a_neutral_rule():
+    missing = sorted(ggml.op_name(op) for op in cpu_rules.RULES if op not in ops.CHECKS)
+    assert not missing, f"CPU rules without a ggml rule: {missing}"
+
+
+@pytest.mark.parametrize("family", FAMILIES)
+def test_cpu_families_mirror_the_neutral_ones(family):
+    """compute/cpu_rules/<family>.py covers the ops of ops/<family>.py, no more."""
+    import importlib
+    neutral = importlib.import_module(f"ggmlrpc.ops.{family}").CHECKS
+    cpu = importlib.import_module(f"ggmlrpc.compute.cpu_rules.{family}").RULES
+    assert set(cpu) <= set(neutral), sorted(ggml.op_name(op) for op in set(cpu) - set(neutral))
+
+
+def test_named_kernel_numbers_exist():
+    """Every kernel a variant or path names is a kernel of the C table; where the
+    executor exports its own tables, the fallbacks agree with them."""
+    ex = kernels.executor()
+    for table in (kernels._VARIANT_FALLBACK, kernels._PATH_FALLBACK):
+        for kernel in table:
+            assert kernel in ex.KERNEL, kernel
+    for exported, fallback in ((getattr(ex, "BINOP", None), kernels._BINOP_FALLBACK),
+                               (getattr(ex, "VARIANT", None), kernels._VARIANT_FALLBACK),
+                               (getattr(ex, "PATH", None), kernels._PATH_FALLBACK)):
+        if exported is not None:
+            for name, value in fallback.items():
+                assert exported.get(name) == value, name
