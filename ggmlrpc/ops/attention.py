@@ -6,13 +6,15 @@ from ..ggml import GGMLOp as Op
 from ..ggml import Prec
 from .base import accept, contiguous, invalid, need_rows, sources, ts
 
+_PRECISIONS = frozenset(Prec)
+
 
 def flash_attn_ext(node, srcs, admit=accept):
     """q (DK, queries, heads, ne3), k (DK, keys, kv heads, ne3'), v (DV, keys, ...),
     mask (keys, queries, ...) -> a contiguous (DV, heads, queries, ne3).
     op_params[3]: the precision."""
     q, k, v, m, sk = sources(node, srcs, 3, optional=2)
-    if node.op_params[3] not in tuple(Prec):
+    if node.op_params[3] not in _PRECISIONS:
         raise invalid(node, srcs, f"precision {node.op_params[3]}")
     admit(node, srcs)
     DK, DV = k.ne[0], v.ne[0]

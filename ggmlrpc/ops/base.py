@@ -101,7 +101,8 @@ def sources(node, srcs, count: int, optional: int = 0) -> list:
     """The node's sources, `count` of them required and `optional` more allowed,
     padded with None to count + optional."""
     need(node, srcs, count, optional)
-    return list(srcs) + [None] * (count + optional - len(srcs))
+    missing = count + optional - len(srcs)
+    return list(srcs) + [None] * missing if missing else srcs
 
 
 def need_rows(node, srcs, *tensors):

@@ -18,6 +18,10 @@ from .base import (
     unknown,
 )
 
+_POOL_OPS = frozenset(PoolOp)
+
+_SCALE_MODES = frozenset(ScaleMode)
+
 
 def conv_channels(node, k, x):
     """(input channels, batch, output channels) of CONV_2D / CONV_3D (CONV_3D keeps
@@ -171,7 +175,7 @@ def pool(node, srcs, admit=accept):
     s, = sources(node, srcs, 1)
     admit(node, srcs)
     p = node.op_params
-    if p[0] not in tuple(PoolOp):
+    if p[0] not in _POOL_OPS:
         raise invalid(node, srcs, f"pool op {p[0]}")
     if node.op == Op.POOL_1D:
         if tuple(node.ne[1:]) != tuple(s.ne[1:]) or p[1] <= 0 or p[2] <= 0:
@@ -189,7 +193,7 @@ def pool_2d_back(node, srcs, admit=accept):
     g, f = sources(node, srcs, 2)
     admit(node, srcs)
     op = node.op_params
-    ok = (op[0] in tuple(PoolOp) and min(op[1:5]) > 0 and same_shape(f, node)
+    ok = (op[0] in _POOL_OPS and min(op[1:5]) > 0 and same_shape(f, node)
           and g.ne[2] == node.ne[2] and g.ne[3] == node.ne[3])
     if not ok:
         raise invalid(node, srcs, "bad pooling or shapes of gradient, input and result do not agree")
@@ -202,7 +206,7 @@ def upscale(node, srcs, admit=accept):
     """op_params[0]: the scale mode in its low byte, flags above; the source is read
     through its strides."""
     s = one_source(node, srcs, admit, same=False, rows=False)
-    if (node.op_params[0] & 0xFF) not in tuple(ScaleMode):
+    if (node.op_params[0] & 0xFF) not in _SCALE_MODES:
         raise unknown(node, srcs, f"has scale mode {node.op_params[0] & 0xFF}")
     return [s]
 

@@ -8,6 +8,8 @@ from ..ggml import GGMLOp as Op
 from ..ggml import RopeMode
 from .base import accept, contiguous, invalid, need_rows, same_shape, sources, unknown
 
+_MODES = frozenset(RopeMode)
+
 
 def rope(node, srcs, admit=accept):
     """Sources: x, positions (I32, 4 per token in the multi-section modes), optional
@@ -20,7 +22,7 @@ def rope(node, srcs, admit=accept):
     p = node.op_params
     n_dims, mode, n_offs = p[1], p[2], p[15]
     ne0 = node.ne[0]
-    if mode not in tuple(RopeMode):
+    if mode not in _MODES:
         raise unknown(node, srcs, f"has rope mode {mode}")
     if not (0 < n_dims <= ne0 and n_dims % 2 == 0):
         raise invalid(node, srcs, f"n_dims {n_dims} for ne0 {ne0}")

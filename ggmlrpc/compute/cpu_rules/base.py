@@ -66,9 +66,14 @@ def simple(kernel: str, check, admit, variants: bool = False):
     """A rule with nothing to choose: `kernel` reads the sources that `check` (the
     op's ggml rule, given `admit`) returns; with `variants`, the kernel's variant
     is the one named like the node's op."""
+    ids_of = {}     # op -> (kernel id, variant), looked up once (the ids load with the executor)
+
     def rule(node, srcs):
         used = check(node, srcs, admit)
-        sub = variant(kernel, ggml.op_name(node.op)) if variants else 0
-        return Spec(getattr(ids.K, kernel), sub, srcs=used)
+        k = ids_of.get(node.op)
+        if k is None:
+            sub = variant(kernel, ggml.op_name(node.op)) if variants else 0
+            k = ids_of[node.op] = (getattr(ids.K, kernel), sub)
+        return Spec(k[0], k[1], srcs=used)
     rule.__name__ = rule.__qualname__ = f"rule_{check.__name__}"
     return rule

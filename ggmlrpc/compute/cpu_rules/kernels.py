@@ -40,9 +40,15 @@ _PATH_FALLBACK = {
 }
 
 
+_loaded = None
+
+
 def _executor():
-    from ..._native import executor
-    return executor
+    global _loaded
+    if _loaded is None:
+        from ..._native import executor
+        _loaded = executor
+    return _loaded
 
 
 class _Names:
