@@ -1,10 +1,13 @@
 """Every number the CPU rules hand to the C executor, by name.
 
-Kernel ids, element-wise function ids and binary op ids come from the native
-module, which takes them from the C kernel table (csrc/exec.h); variants (`sub`
-and the path codes the rules put into iparams) come from there too once it
-exports them. Rules name these values (`K.RMS_NORM`, `VARIANT["RMS_NORM"]["L2_NORM"]`),
-never their numbers. Loaded on first use, so importing the rules needs no native
+Kernel ids and element-wise function ids come from the native module
+(executor.KERNEL, executor.UNOP), which takes them from the C kernel table; the
+binary op ids, the variants of a kernel (its `sub`) and the path codes some
+kernels read from iparams come from executor.BINOP, VARIANT and PATH where the
+table exports them, and until it does from the fallback tables below (a kernel
+the export lacks falls back too; tests/unit/test_op_rules.py checks that both
+agree). Rules use the names (`ids.K.RMS_NORM`, `variant("RMS_NORM", "L2_NORM")`),
+never the numbers. Loaded on first use, so importing the rules needs no native
 build.
 """
 from __future__ import annotations
@@ -67,8 +70,8 @@ class _Ids:
         self.K = _Names(ex.KERNEL)
         self.UN = _Names(ex.UNOP)
         self.BINOP = _Names(getattr(ex, "BINOP", None) or _BINOP_FALLBACK)
-        self.VARIANT = getattr(ex, "VARIANT", None) or _VARIANT_FALLBACK
-        self.PATH = getattr(ex, "PATH", None) or _PATH_FALLBACK
+        self.VARIANT = {**_VARIANT_FALLBACK, **(getattr(ex, "VARIANT", None) or {})}
+        self.PATH = {**_PATH_FALLBACK, **(getattr(ex, "PATH", None) or {})}
         if name not in self.__dict__:
             raise AttributeError(name)
         return self.__dict__[name]
