@@ -80,3 +80,23 @@ def test_named_kernel_numbers_exist():
                 for name, value in names.items():
                     assert exported[kernel].get(name) == value, (kernel, name)
 
+
+
+class _T:
+    """A tensor as the rules see it."""
+
+    def __init__(self, type, ne, op=0, op_params=(0,) * 16):
+        self.type, self.ne, self.op, self.op_params = type, tuple(ne), op, tuple(op_params)
+        self.nb = ggml.contiguous_strides(type, self.ne)
+        self.name_str = "t"
+
+
+def test_a_check_alone_judges_all_but_types():
+    """Without a backend's admit, ops.check passes any types and still rejects shapes."""
+    from ggmlrpc.errors import ValidationError
+    T = ggml.GGMLType
+    w, x = _T(T.Q4_0, (64, 8, 1, 1)), _T(T.I32, (64, 3, 1, 1))
+    node = _T(T.I8, (8, 3, 1, 1), op=ggml.GGMLOp.MUL_MAT)
+    assert ops.check(node, [w, x]) == [w, x]
+    with pytest.raises(ValidationError, match="inner dimensions differ"):
+        ops.check(node, [w, _T(T.F32, (32, 3, 1, 1))])
