@@ -112,9 +112,9 @@ def need_rows(node, srcs, *tensors):
 
 
 def one_source(node, srcs, admit, same: bool = True, rows: bool = True, result_rows: bool = True):
-    """The one source of an op that maps a tensor to one of (when `same`) its shape;
-    `admit` asked before the shape rules; rows packed in the source when `rows`, in
-    the result when `result_rows`."""
+    """The one source of an op on one tensor: of the result's shape when `same`, its
+    rows packed when `rows`, the result's when `result_rows`; `admit` is asked
+    before any of these."""
     s, = sources(node, srcs, 1)
     admit(node, srcs)
     if same and not same_shape(s, node):
@@ -127,7 +127,8 @@ def one_source(node, srcs, admit, same: bool = True, rows: bool = True, result_r
 
 
 def accept(node, srcs):
-    """The `admit` of a caller that checks types itself."""
+    """The default admit: every type passes (for a caller that judges types
+    elsewhere, or not at all)."""
 
 
 # the op families, each a module of ggmlrpc.ops and one of every backend's rules

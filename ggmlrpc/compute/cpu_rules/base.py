@@ -48,7 +48,6 @@ def f32_only(node, srcs):
     need_types(node, srcs, all(t.type == T.F32 for t in srcs) and node.type == T.F32)
 
 
-
 def f32_to_i32(node, srcs):
     """An F32 source, an I32 result (indices)."""
     need_types(node, srcs, srcs[0].type == T.F32 and node.type == T.I32)
