@@ -97,6 +97,43 @@ GGMLUnaryOp = enum.IntEnum("GGMLUnaryOp", {name: i for i, name in enumerate(
 GGMLGluOp = enum.IntEnum("GGMLGluOp", {name: i for i, name in enumerate(
     "REGLU GEGLU SWIGLU SWIGLU_OAI GEGLU_ERF GEGLU_QUICK SWIGLU_CLAMP".split())})
 
+UNARY_OP_COUNT = len(GGMLUnaryOp)
+GLU_OP_COUNT = len(GGMLGluOp)
+
+
+class RopeMode(enum.IntEnum):
+    """op_params[2] of ROPE / ROPE_BACK (ggml's GGML_ROPE_TYPE_*; MROPE is a bit the
+    multi-section modes share)."""
+    NORMAL = 0
+    NEOX = 2
+    MROPE = 8
+    VISION = 24
+    IMROPE = 40
+
+
+class Prec(enum.IntEnum):
+    """ggml_prec: the precision an op's client asked for (op_params of FLASH_ATTN_EXT...)."""
+    DEFAULT = 0
+    F32 = 10
+
+
+SortOrder = enum.IntEnum("SortOrder", {"ASC": 0, "DESC": 1})        # ARGSORT's op_params[0]
+PoolOp = enum.IntEnum("PoolOp", {"MAX": 0, "AVG": 1})                # op_params[0] of the POOL ops
+
+
+class ScaleMode(enum.IntEnum):
+    """The low byte of UPSCALE's op_params[0] (flags above it)."""
+    NEAREST = 0
+    BILINEAR = 1
+    BICUBIC = 2
+
+
+TRI_TYPE_COUNT = 4      # ggml_tri_type: UPPER_DIAG, UPPER, LOWER_DIAG, LOWER
+
+# MUL_MAT's op_params[1]: a hint about src0; this one says it is a Hadamard matrix
+MUL_MAT_HINT_NONE = 0
+MUL_MAT_HINT_SRC0_IS_HADAMARD = 1
+
 VIEW_OPS = frozenset({GGMLOp.NONE, GGMLOp.RESHAPE, GGMLOp.VIEW, GGMLOp.PERMUTE, GGMLOp.TRANSPOSE})
 # ops whose op_params carry function pointers of the client process
 FORBIDDEN_OPS = frozenset({GGMLOp.MAP_CUSTOM1, GGMLOp.MAP_CUSTOM2, GGMLOp.MAP_CUSTOM3, GGMLOp.CUSTOM})

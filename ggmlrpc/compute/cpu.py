@@ -21,7 +21,7 @@ import threading
 
 from .. import ggml
 from ..errors import ConnectionLost, DeviceError, UnsupportedError, ValidationError
-from . import cpu_ops
+from . import cpu_rules
 
 # the most scratch memory one graph may ask for (a hostile shape could ask for more);
 # also never more than half of what the host has available
@@ -87,12 +87,12 @@ class CpuExecutor:
         names = []
         keep = {}
         for node in graph.runnable():
-            rule = cpu_ops.RULES.get(node.op)
+            rule = cpu_rules.RULES.get(node.op)
             srcs = [graph.tensors[s] if s else None for s in node.src]
             while srcs and srcs[-1] is None:
                 srcs.pop()
             if rule is None:
-                raise UnsupportedError(cpu_ops.describe(node, srcs, "is not supported by the CPU executor"))
+                raise cpu_rules.unsupported(node, srcs)
             spec = rule(node, srcs)
             tensors = [_resolve(graph, node, keep)]
             used = [_resolve(graph, s, keep) if s is not None else None for s in spec.srcs]

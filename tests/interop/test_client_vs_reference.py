@@ -43,13 +43,13 @@ def peer(request, server_proc):
 def executor_supports(op_id: int) -> bool:
     """Whether our CPU executor has a kernel for `op_id` (the capability the graph
     tests flip on: where the executor lacks it, our server must refuse the graph).
-    The executor's op table: compute.cpu_ops.RULES, or the older compute.cpu.KERNELS."""
+    The executor's op table: compute.cpu_rules.RULES, or the older compute.cpu.KERNELS."""
     from ggmlrpc.compute import cpu
 
     table = getattr(cpu, "KERNELS", None)
     if table is None:
-        from ggmlrpc.compute import cpu_ops
-        table = cpu_ops.RULES
+        from ggmlrpc.compute import cpu_rules
+        table = cpu_rules.RULES
     return op_id in table
 
 

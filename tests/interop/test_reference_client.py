@@ -50,13 +50,13 @@ def trace_graph_ops(trace: str) -> set[int]:
 
 def unsupported_ops(ops: set[int]) -> set[int]:
     """The ops our CPU executor has no kernel for (empty once it covers the model).
-    The executor's op table: compute.cpu_ops.RULES, or the older compute.cpu.KERNELS."""
+    The executor's op table: compute.cpu_rules.RULES, or the older compute.cpu.KERNELS."""
     from ggmlrpc.compute import cpu
 
     table = getattr(cpu, "KERNELS", None)
     if table is None:
-        from ggmlrpc.compute import cpu_ops
-        table = cpu_ops.RULES
+        from ggmlrpc.compute import cpu_rules
+        table = cpu_rules.RULES
     return ops - set(table)
 
 
