@@ -5,16 +5,17 @@
  * Layout of this file: helpers; fp16/bf16 rows; dequantize (to_float); quantize
  * (from_float); scalar dot products; AVX2 kernels; dispatch tables.
  */
-#include "quants.h"
-#include "fp16.h"
+#include "cpu/quants/quants.h"
+#include "common/fp16.h"
 
 #include <float.h>
 #include <math.h>
 #include <stdbool.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#include "cpu/simd.h"
+
+#if GR_X86
 #define GR_HAVE_X86 1
 /* kernels compiled for AVX2/FMA/F16C and picked at run time: the build itself
  * stays baseline x86-64 */
@@ -2369,13 +2370,7 @@ static const gr_simd_kernels gr_avx2[GR_NTYPES] = {
 static int gr_level = -1;
 
 static int gr_cpu_level(void) {
-#if GR_HAVE_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
-        return 1;
-    }
-#endif
-    return 0;
+    return (gr_cpu_features() & GR_CPU_AVX2) ? 1 : 0;
 }
 
 static int gr_simd_level(void) {

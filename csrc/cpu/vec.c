@@ -1,5 +1,5 @@
 /* Vector primitives of the CPU kernels, for each ggml x86 build we reproduce (a
- * family, exec_impl.h: AVX2, AVX-512, AVX-512 with FP16 arithmetic), in SIMD
+ * family, names.def: AVX2, AVX-512, AVX-512 with FP16 arithmetic), in SIMD
  * versions chosen at run time (functions compiled with target attributes, so the
  * library itself still runs on any x86-64) and portable C.
  *
@@ -14,14 +14,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "exec_impl.h"
-
-#if defined(__x86_64__) || defined(__i386__)
-#define GR_X86 1
-#include <immintrin.h>
-#else
-#define GR_X86 0
-#endif
+#include "cpu/job.h"
+#include "cpu/simd.h"
 
 gr_vec_ops gr_vec;
 
@@ -771,49 +765,8 @@ GR_AVX512BF16 static void dot_bf16_gemm_avx512bf16(int64_t n, float *s, const vo
 }
 #endif /* GR_X86 */
 
-int gr_vec_simd_available(void) {
-#if GR_X86
-    __builtin_cpu_init();
-    return __builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") &&
-           __builtin_cpu_supports("f16c");
-#else
-    return 0;
-#endif
-}
-
-static int has_avx512(void) {
-#if GR_X86
-    __builtin_cpu_init();
-    return gr_vec_simd_available() && __builtin_cpu_supports("avx512f") && __builtin_cpu_supports("avx512dq") &&
-           __builtin_cpu_supports("avx512bw") && __builtin_cpu_supports("avx512vl");
-#else
-    return 0;
-#endif
-}
-
-static int has_avx512bf16(void) {
-#if GR_X86
-    return has_avx512() && __builtin_cpu_supports("avx512bf16");
-#else
-    return 0;
-#endif
-}
-
-static int has_avx512fp16(void) {
-#if GR_X86
-    return has_avx512() && __builtin_cpu_supports("avx512fp16");
-#else
-    return 0;
-#endif
-}
-
-int gr_vec_native_family(void) {
-    if (!has_avx512()) return GR_FAMILY_AVX2;
-    if (!has_avx512bf16()) return GR_FAMILY_AVX512;
-    return has_avx512fp16() ? GR_FAMILY_AVX512_FP16 : GR_FAMILY_AVX512_BF16;
-}
-
 int gr_vec_init(int family, int use_simd) {
+    const unsigned cpu = gr_cpu_features();
     if (family < GR_FAMILY_AVX2 || family > GR_FAMILY_AVX512_FP16) family = GR_FAMILY_AVX2;
     const int bf16 = family >= GR_FAMILY_AVX512_BF16;
     vec_lanes = family == GR_FAMILY_AVX2 ? 8 : 16;
@@ -830,7 +783,7 @@ int gr_vec_init(int family, int use_simd) {
     };
     int simd = 0;
 #if GR_X86
-    if (use_simd && gr_vec_simd_available() && family == GR_FAMILY_AVX2) {
+    if (use_simd && (cpu & GR_CPU_AVX2) && family == GR_FAMILY_AVX2) {
         v = (gr_vec_ops){
             .lanes = 8,
             .dot_f32 = dot_f32_avx, .dot_f32_gemm = dot_f32_gemm_avx, .dot_f16 = dot_f16_avx,
@@ -842,8 +795,8 @@ int gr_vec_init(int family, int use_simd) {
             .rope_rotate = rope_rotate_avx,
         };
         simd = 1;
-    } else if (use_simd && family != GR_FAMILY_AVX2 && has_avx512() &&
-               (!bf16 || has_avx512bf16()) && (family != GR_FAMILY_AVX512_FP16 || has_avx512fp16())) {
+    } else if (use_simd && family != GR_FAMILY_AVX2 && (cpu & GR_CPU_AVX512) &&
+               (!bf16 || (cpu & GR_CPU_AVX512_BF16)) && (family != GR_FAMILY_AVX512_FP16 || (cpu & GR_CPU_AVX512_FP16))) {
         /* element-wise primitives (mad, conversions, rope, the FA GEMM's per-entry sums)
          * give the same bits at either width: the AVX2 versions serve */
         const int fp16 = family == GR_FAMILY_AVX512_FP16;
@@ -863,6 +816,7 @@ int gr_vec_init(int family, int use_simd) {
     }
 #else
     (void)use_simd;
+    (void)cpu;
 #endif
     gr_vec = v;
     return simd;
