@@ -49,8 +49,9 @@ def strip_code(text: str) -> str:
 
 
 def top_level_chunks(code: str):
-    """(head, has_body) for each top-level declaration or definition: head is the
-    text before its body (or up to its ';')."""
+    """(head, body) for each top-level declaration or definition: head is the text
+    before a function's body (body: the text between its braces) or up to the ';'
+    of anything else (body None)."""
     depth, start, head_end = 0, 0, None
     for i, ch in enumerate(code):
         if ch == "{":
@@ -63,17 +64,18 @@ def top_level_chunks(code: str):
                 head = code[start:head_end]
                 # a struct/enum/initializer body ends at the ';' after it, not here
                 if re.search(r"\)\s*$", head) and not re.search(r"=\s*$", head):
-                    yield head, True
+                    yield head, code[head_end + 1:i]
                     start = i + 1
         elif ch == ";" and depth == 0:
-            yield code[start:i], False
+            yield code[start:i], None
             start = i + 1
 
 
 def definitions(code: str) -> set[str]:
     """Functions and globals this file defines with external linkage."""
     out = set()
-    for head, has_body in top_level_chunks(code):
+    for head, body in top_level_chunks(code):
+        has_body = body is not None
         words = _IDENT.findall(head)
         if not words or {"static", "typedef", "extern"} & set(words):
             continue
@@ -94,31 +96,12 @@ def definitions(code: str) -> set[str]:
 def uses(code: str) -> set[str]:
     """Names a source uses: in function bodies and initializers, not in prototypes."""
     out: set[str] = set()
-    for _head, body in inline_bodies(code):
-        out |= set(_IDENT.findall(body))
-    for head, has_body in top_level_chunks(code):
-        if not has_body and "=" in head:
+    for head, body in top_level_chunks(code):
+        if body is not None:
+            out |= set(_IDENT.findall(body))
+        elif "=" in head:
             out |= set(_IDENT.findall(head.split("=", 1)[1]))
     return out
-
-
-def inline_bodies(code: str):
-    """(head, body) of each function defined in the code (in a header: its inline ones)."""
-    depth, start, head_end = 0, 0, None
-    for i, ch in enumerate(code):
-        if ch == "{":
-            if depth == 0:
-                head_end = i
-            depth += 1
-        elif ch == "}":
-            depth -= 1
-            if depth == 0:
-                head = code[start:head_end]
-                if re.search(r"\)\s*$", head) and not re.search(r"=\s*$", head):
-                    yield head, code[head_end:i]
-                start = i + 1
-        elif ch == ";" and depth == 0:
-            start = i + 1
 
 
 def reachable(graph: dict[str, set[str]], node: str) -> set[str]:
@@ -186,10 +169,7 @@ def graphs(root: Path) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
         if p.suffix == ".def":
             extra[rel[p]] = set(_IDENT.findall(strip_code(texts[p].replace("#include", "#"))))
         elif p.suffix == ".h":
-            bodies = set()
-            for head, body in inline_bodies(strip_code(texts[p])):
-                bodies |= set(_IDENT.findall(body))
-            extra[rel[p]] = bodies
+            extra[rel[p]] = uses(strip_code(texts[p]))
     calls: dict[str, set[str]] = {}
     for p in sources:
         used = uses(code[p])
