@@ -88,6 +88,14 @@ typedef struct gr_mm_scratch {
 /* the layout of node n (MUL_MAT or MUL_MAT_ID) with nth threads */
 gr_mm_scratch gr_mm_scratch_layout(const gr_node *n, int nth);
 
+/* one src1 row (K floats-like elements) into the vec_dot type vdt at dst */
+static inline void gr_mm_convert_row(int32_t vdt, const gr_tensor *s1, const char *src, char *dst, int64_t K,
+                                     ggmlrpc_from_float_fn from_float) {
+    if (vdt == GR_TYPE_F32) gr_load_f32(s1->type, src, s1->nb[0], (float *)dst, K);
+    else if (vdt == GR_TYPE_F16) gr_vec.fp32_to_fp16(K, (const float *)src, (uint16_t *)dst);
+    else from_float((const float *)src, dst, K);
+}
+
 /* whether the node's scratch holds the layout's end `end` (planned with it) */
 static inline int gr_mm_scratch_has(const gr_node *n, size_t end) { return n->wsize >= end; }
 

@@ -88,9 +88,7 @@ static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
     for (int64_t ir = r0; ir < r1; ir++) {
         const char *src = gr_row(s1, ir);
         char *dst = job->wdata + (size_t)ir * row_size;
-        if (vdt == GR_TYPE_F32) gr_load_f32(s1->type, src, s1->nb[0], (float *)dst, K);
-        else if (vdt == GR_TYPE_F16) gr_vec.fp32_to_fp16(K, (const float *)src, (uint16_t *)dst);
-        else from_float((const float *)src, dst, K);
+        gr_mm_convert_row(vdt, s1, src, dst, K, from_float);
         if (sums) ggmlrpc_q4_0_act_sums(dst, sums + ir * (K / 32) * 8, K / 32);
         const int64_t i11 = ir % N, G = N / 8;
         if ((pb || kp) && i11 < G * 8) {   /* lane i11 % 8 of its batch's panel i11 / 8 */

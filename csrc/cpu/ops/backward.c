@@ -105,7 +105,7 @@ static inline float row_max(int64_t n, const float *x) {
 void gr_k_cross_entropy(gr_job *job, int phase) {
     const gr_node *n = job->node;
     const gr_tensor *d = &n->dst;
-    const int back = n->sub == 1;
+    const int back = n->sub == GR_V_CROSS_ENTROPY_CROSS_ENTROPY_LOSS_BACK;
     const gr_tensor *a = &n->src[back ? 1 : 0], *b = &n->src[back ? 2 : 1];
     const int64_t nc = a->ne[0], nr = gr_nrows(a);
     float *sums = (float *)job->wdata;
@@ -155,7 +155,7 @@ void gr_k_cross_entropy(gr_job *job, int phase) {
 void gr_k_opt_step(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
-    const int sgd = n->sub == 1;
+    const int sgd = n->sub == GR_V_OPT_STEP_OPT_STEP_SGD;
     const gr_tensor *W = &n->src[0], *G = &n->src[1];
     float p[7];
     memcpy(p, n->src[sgd ? 2 : 4].data, (sgd ? 2 : 7) * 4);

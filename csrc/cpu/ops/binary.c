@@ -80,12 +80,12 @@ void gr_k_add_q(gr_job *job, int phase) {
     const ggmlrpc_to_float_fn to_float = ggmlrpc_get_to_float((uint32_t)a->type);
     const ggmlrpc_from_float_fn from_float = d->type == GR_TYPE_F32 ? NULL : ggmlrpc_get_from_float((uint32_t)d->type);
     float v = 0.0f;
-    if (n->sub == 1) memcpy(&v, b->data, 4);
+    if (n->sub == GR_V_ADD_Q_ADD1) memcpy(&v, b->data, 4);
     int64_t r0, r1;
     gr_range(gr_nrows(a), job->ith, job->nth, &r0, &r1);
     for (int64_t ir = r0; ir < r1; ir++) {
         to_float(gr_row(a, ir), row, nc);
-        if (n->sub == 1) {
+        if (n->sub == GR_V_ADD_Q_ADD1) {
             for (int64_t i = 0; i < nc; i++) row[i] += v;
         } else {
             const float *y = (const float *)gr_row(b, ir);

@@ -52,7 +52,7 @@ typedef struct {
 static conv_geom conv_geometry(const gr_node *n) {
     const gr_tensor *k = &n->src[0], *x = &n->src[1], *d = &n->dst;
     conv_geom g;
-    const int three = n->sub == 1;
+    const int three = n->sub == GR_V_CONV_CONV_3D;
     g.KW = k->ne[0]; g.KH = k->ne[1];
     g.W = x->ne[0]; g.H = x->ne[1];
     g.OW = d->ne[0]; g.OH = d->ne[1];
@@ -177,7 +177,7 @@ void gr_k_conv(gr_job *job, int phase) {
 
 size_t gr_ws_conv(const gr_node *n, int nth) {
     const gr_tensor *k = &n->src[0];
-    const int64_t K = gr_nelements(k) / (n->sub == 1 ? n->op_params[11] : k->ne[3]);
+    const int64_t K = gr_nelements(k) / (n->sub == GR_V_CONV_CONV_3D ? n->op_params[11] : k->ne[3]);
     const size_t ts = k->type == GR_TYPE_F16 ? 2 : 4;
     return (size_t)nth * ((size_t)K * GR_TILE_COLS_MAX * ts + 16 * 4 + 4);
 }
@@ -229,7 +229,7 @@ void gr_k_conv_2d_dw(gr_job *job, int phase) {
 void gr_k_conv_transpose(gr_job *job, int phase) {
     const gr_node *n = job->node;
     const gr_tensor *k = &n->src[0], *x = &n->src[1], *d = &n->dst;
-    const int two = n->sub == 1;
+    const int two = n->sub == GR_V_CONV_TRANSPOSE_CONV_TRANSPOSE_2D;
     const int f16 = k->type == GR_TYPE_F16;
     const size_t ts = f16 ? 2 : 4;
     /* kernel taps (KW x KH), output channels, input channels */

@@ -47,7 +47,7 @@ void gr_k_rms_norm(gr_job *job, int phase) {
         float *y = (float *)gr_row(d, ir);
         double sum = 0.0;
         for (int64_t i = 0; i < ne0; i++) sum += (double)(x[i] * x[i]);
-        const float scale = n->sub ? 1.0f / fmaxf(sqrtf((float)sum), eps)
+        const float scale = n->sub != GR_V_RMS_NORM_RMS_NORM ? 1.0f / fmaxf(sqrtf((float)sum), eps)
                                    : 1.0f / sqrtf((float)(sum / ne0) + eps);
         for (int64_t i = 0; i < ne0; i++) y[i] = x[i] * scale;
     }

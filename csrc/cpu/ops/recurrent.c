@@ -130,7 +130,7 @@ void gr_k_ssm_scan(gr_job *job, int phase) {
 void gr_k_rwkv_wkv6(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
-    const int gla = n->sub == 1;
+    const int gla = n->sub == GR_V_RWKV_WKV6_GATED_LINEAR_ATTN;
     const int64_t S = n->src[0].ne[0], H = n->src[0].ne[1], T = n->src[0].ne[2], C = S * H;
     const gr_tensor *st = &n->src[gla ? 4 : 5];
     const int64_t per_seq = T / st->ne[1];

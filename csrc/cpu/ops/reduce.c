@@ -61,7 +61,7 @@ void gr_k_sum_rows(gr_job *job, int phase) {
         double sum = 0.0;
         for (int64_t i = 0; i < ne0; i++) sum += (double)x[i];
         float r = (float)sum;
-        if (n->sub) r /= (float)ne0;
+        if (n->sub != GR_V_SUM_ROWS_SUM_ROWS) r /= (float)ne0;
         memcpy(gr_row(d, ir), &r, 4);
     }
 }

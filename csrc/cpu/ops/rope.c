@@ -100,7 +100,7 @@ void gr_k_rope(gr_job *job, int phase) {
     memcpy(&attn_factor, &n->op_params[8], 4);
     memcpy(&beta_fast, &n->op_params[9], 4);
     memcpy(&beta_slow, &n->op_params[10], 4);
-    const float sin_sign = n->sub ? -1.0f : 1.0f;
+    const float sin_sign = n->sub != GR_V_ROPE_ROPE ? -1.0f : 1.0f;
     const int64_t ne0 = d->ne[0], ne1 = d->ne[1], ne2 = d->ne[2];
     const int64_t esz = s->type == GR_TYPE_F32 ? 4 : 2;
     const float theta_scale = powf(freq_base, -2.0f / n_dims);

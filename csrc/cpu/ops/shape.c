@@ -180,7 +180,7 @@ void gr_k_diag_mask(gr_job *job, int phase) {
         return;
     }
     const int64_t n_past = n->op_params[0];
-    const float value = n->sub ? 0.0f : -INFINITY;
+    const float value = n->sub != GR_V_DIAG_MASK_DIAG_MASK_INF ? 0.0f : -INFINITY;
     int64_t r0, r1;
     gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
     for (int64_t ir = r0; ir < r1; ir++) {

@@ -43,7 +43,7 @@ void gr_k_argsort(gr_job *job, int phase) {
     const int64_t ne00 = s->ne[0];
     int32_t *idx = (int32_t *)gr_thread_f32(job, 2 * ne00 + 16);
     int32_t *tmp = idx + ne00 + 8;
-    const int top_k = n->sub;
+    const int top_k = n->sub != GR_V_ARGSORT_ARGSORT;
     const int desc = top_k ? 1 : n->op_params[0] == 1;
     int64_t r0, r1;
     gr_range(gr_nrows(s), job->ith, job->nth, &r0, &r1);

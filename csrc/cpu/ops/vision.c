@@ -265,7 +265,7 @@ void gr_k_win_part(gr_job *job, int phase) {
     for (int64_t ir = r0; ir < r1; ir++) {
         const int64_t i1 = ir % d->ne[1], i2 = (ir / d->ne[1]) % d->ne[2], i3 = ir / (d->ne[1] * d->ne[2]);
         char *out = d->data + ir * row;
-        if (n->sub == 0) {
+        if (n->sub == GR_V_WIN_PART_WIN_PART) {
             const int64_t npx = n->op_params[0], w = n->op_params[2];
             const int64_t y = (i3 / npx) * w + i2, x = (i3 % npx) * w + i1;
             if (y >= s->ne[2] || x >= s->ne[1]) memset(out, 0, (size_t)row);
