@@ -1297,7 +1297,7 @@ static const gr_qtraits gr_traits[GR_NTYPES] = {
     [GR_TYPE_Q2_0] = {64, GR_TYPE_Q8_0, dequantize_row_q2_0, quantize_row_q2_0, NULL, vec_dot_q2_0_q8_0},
 };
 
-#if GR_HAVE_X86
+#if GR_X86
 /* the AVX2 replacements; NULL entries keep the portable kernel */
 typedef struct {
     ggmlrpc_to_float_fn to_float;
@@ -1362,7 +1362,7 @@ static bool gr_resolve(uint32_t type, gr_qtraits *k) {
     const gr_qtraits *t = gr_find(type);
     if (t == NULL) return false;
     *k = *t;
-#if GR_HAVE_X86
+#if GR_X86
     if (gr_simd_level() >= 1) {
         const gr_simd_kernels *v = &gr_avx2[type];
         if (v->to_float) k->to_float = v->to_float;
@@ -1384,7 +1384,7 @@ ggmlrpc_from_float_fn ggmlrpc_get_from_float(uint32_t type) {
 }
 
 int ggmlrpc_q4_0_act_sums(const void *act_blocks, int32_t *sums, int64_t nb) {
-#if GR_HAVE_X86
+#if GR_X86
     if (gr_simd_level() >= 1) {
         q4_0_act_sums_avx2(act_blocks, sums, nb);
         return 0;
@@ -1395,14 +1395,14 @@ int ggmlrpc_q4_0_act_sums(const void *act_blocks, int32_t *sums, int64_t nb) {
 }
 
 ggmlrpc_vec_dot_sums_fn ggmlrpc_get_vec_dot_q4_0_sums(void) {
-#if GR_HAVE_X86
+#if GR_X86
     if (gr_simd_level() >= 1) return vec_dot_q4_0_q8_0_sums_avx2;
 #endif
     return NULL;
 }
 
 ggmlrpc_vec_dot_x4_fn ggmlrpc_get_vec_dot_x4(uint32_t weight_type) {
-#if GR_HAVE_X86
+#if GR_X86
     if (gr_simd_level() >= 1) {
         if (weight_type == GR_TYPE_Q4_0) return vec_dot_x4_q4_0_q8_0_avx2;
         if (weight_type == GR_TYPE_Q8_0) return vec_dot_x4_q8_0_q8_0_avx2;
@@ -1413,7 +1413,7 @@ ggmlrpc_vec_dot_x4_fn ggmlrpc_get_vec_dot_x4(uint32_t weight_type) {
 }
 
 size_t ggmlrpc_panel_bytes(uint32_t weight_type) {
-#if GR_HAVE_X86
+#if GR_X86
     if (gr_simd_level() >= 1) {
         if (weight_type == GR_TYPE_Q8_0 || weight_type == GR_TYPE_IQ4_NL) return GR_PANEL_Q8;
         if (weight_type == GR_TYPE_Q4_0 || weight_type == GR_TYPE_Q5_0) return GR_PANEL_Q4;
@@ -1461,7 +1461,7 @@ void ggmlrpc_panel_put(uint32_t weight_type, const void *act /* (nb,) q8_0 or q8
 }
 
 ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type) {
-#if GR_HAVE_X86
+#if GR_X86
     if (gr_simd_level() >= 1) {
         if (weight_type == GR_TYPE_Q4_0) return panel_dot_q4_0_avx2;
         if (weight_type == GR_TYPE_Q8_0) return panel_dot_q8_0_avx2;
@@ -1476,7 +1476,7 @@ ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type) {
 }
 
 ggmlrpc_vec_dot_fn ggmlrpc_get_vec_dot_gemm(uint32_t weight_type) {
-#if GR_HAVE_X86
+#if GR_X86
     if (gr_simd_level() >= 1 && weight_type == GR_TYPE_IQ4_NL) return vec_dot_iq4_nl_q8_0_seq_avx2;
 #endif
     return ggmlrpc_get_vec_dot(weight_type);

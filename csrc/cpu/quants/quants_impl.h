@@ -17,12 +17,9 @@
 #include "cpu/simd.h"
 
 #if GR_X86
-#define GR_HAVE_X86 1
 /* kernels compiled for AVX2/FMA/F16C and picked at run time: the build itself
  * stays baseline x86-64 */
 #define GR_AVX2 __attribute__((target("avx2,fma,f16c")))
-#else
-#define GR_HAVE_X86 0
 #endif
 
 #define GR_QK 32   /* elements per block of the 32-wide formats */
@@ -235,7 +232,7 @@ static inline int gr_k4_minsum(const uint8_t *mn /* (8,) */, const int16_t *bsum
 #define GR_PANEL_Q81 (GR_PANEL_Q8 + 32)
 
 /* ---- the x86 kernels (x86/quants_x86.c), picked at run time ------------------ */
-#if GR_HAVE_X86
+#if GR_X86
 GR_AVX2 void gr_bf16_to_f32_row_avx2(const void *vx /* (n,) bf16 */, float *y /* (n,) */, int64_t n);
 GR_AVX2 void gr_f16_to_f32_row_f16c(const void *vx /* (n,) f16 */, float *y /* (n,) */, int64_t n);
 GR_AVX2 void gr_f32_to_f16_row_f16c(const float *x /* (n,) */, void *vy /* (n,) f16 */, int64_t n);

@@ -5,7 +5,7 @@
  */
 #include "cpu/quants/quants_impl.h"
 
-#if GR_HAVE_X86
+#if GR_X86
 
 GR_AVX2 static inline float gr_hsum_ps8(__m256 v) {
     __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
@@ -815,4 +815,4 @@ GR_AVX2 void vec_dot_iq4_xs_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/
     *s = gr_hsum_ps8(acc);
 }
 
-#endif /* GR_HAVE_X86 */
+#endif /* GR_X86 */
