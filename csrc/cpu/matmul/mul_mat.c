@@ -25,9 +25,9 @@
 #include "cpu/matmul/matmul.h"
 #include "common/rpc.h"   /* ggmlrpc_blck_size */
 
-/* node iparams: [0] vec_dot type, [1] summation order (enum gr_mm_order of
- * names.def: vec_dot, prompt-time GEMM, tiled K-quant, IQ4_NL's one-accumulator
- * GEMM through ggmlrpc_get_vec_dot_gemm), [2] bytes of one converted src1 row.
+/* node iparams: [0] vec_dot type, [1] summation order (GR_MM_* of names.def:
+ * vec_dot, prompt-time GEMM, tiled K-quant, IQ4_NL's one-accumulator GEMM through
+ * ggmlrpc_get_vec_dot_gemm), [2] bytes of one converted src1 row.
  * Scratch: gr_mm_scratch (matmul.h). */
 
 /* What every strategy of one node's phase 1 needs. */
