@@ -9,8 +9,8 @@ Two graphs over the files under csrc/ (or --root):
   root, as the sources write them);
 - calls: source A.c -> source B.c when A.c names a function or global that B.c
   defines without `static` (a call, or its address in a table), counting the
-  bodies of the inline functions of the headers A.c includes and the rows of the
-  tables (.def) A.c includes itself (a row names its kernel whether or not the
+  bodies of the header inline functions A.c calls (and those they call) and the
+  rows of the tables (.def) A.c includes itself (a row names its kernel whether or not the
   includer expands that column: an over-approximation, which can only add edges;
   names made by token pasting are not seen).
 
@@ -162,23 +162,40 @@ def graphs(root: Path) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     for p in sources:
         for name in definitions(code[p]):
             owner.setdefault(name, rel[p])
-    # names a file uses: its own code, the bodies of the inline functions of the
-    # headers it includes, and the rows of the tables (.def) it includes itself
-    extra: dict[str, set[str]] = {}
+    # names a file uses: its own code, the bodies of the inline functions (and
+    # macros' initializers) of headers that it calls, in turn, and the rows of the
+    # tables (.def) it includes itself
+    inline: dict[str, set[str]] = {}    # header inline function -> names in its body
+    header_inits: dict[str, set[str]] = {}
+    rows: dict[str, set[str]] = {}
     for p in files:
         if p.suffix == ".def":
-            extra[rel[p]] = set(_IDENT.findall(strip_code(texts[p].replace("#include", "#"))))
+            rows[rel[p]] = set(_IDENT.findall(strip_code(texts[p].replace("#include", "#"))))
         elif p.suffix == ".h":
-            extra[rel[p]] = uses(strip_code(texts[p]))
+            hcode = strip_code(texts[p])
+            header_inits[rel[p]] = set()
+            for head, body in top_level_chunks(hcode):
+                if body is not None:
+                    m = re.search(r"\b([A-Za-z_]\w*)\s*\([^()]*(?:\([^()]*\)[^()]*)*\)\s*$", head)
+                    if m:
+                        inline.setdefault(m.group(1), set()).update(_IDENT.findall(body))
+                elif "=" in head:
+                    header_inits[rel[p]] |= set(_IDENT.findall(head.split("=", 1)[1]))
     calls: dict[str, set[str]] = {}
     for p in sources:
         used = uses(code[p])
         for dep in reachable(includes, rel[p]):
             if dep.endswith(".h"):
-                used |= extra[dep]
+                used |= header_inits[dep]
         for dep in includes[rel[p]]:   # a table's rows count where a source expands it
             if dep.endswith(".def"):
-                used |= extra[dep]
+                used |= rows[dep]
+        todo = [n for n in used if n in inline]
+        while todo:   # the inline functions it calls, and theirs
+            for n in inline[todo.pop()] - used:
+                used.add(n)
+                if n in inline:
+                    todo.append(n)
         calls[rel[p]] = {owner[n] for n in used if n in owner and owner[n] != rel[p]}
     return includes, calls
 

@@ -6,7 +6,8 @@
  * only where gr_cpu_features() finds their instructions. Each file that has such
  * kernels keeps a portable twin of every one (the specification the SIMD version is
  * tested against) and a table the switch fills in:
- *   vec.c              the vector primitives (gr_vec_init)
+ *   vec.c              the vector primitives (gr_vec_init), with the x86 versions
+ *                      in x86/vec_x86.c
  *   matmul/tiled.c     the tiled K-quant sums and K panels (gr_tiled_init)
  *   quants/quants.c    the quant formats' row kernels, with the x86 versions in
  *                      quants/x86/ (ggmlrpc_quants_simd: not per family, as the
