@@ -1,9 +1,9 @@
 #!/usr/bin/env python3
-"""Write csrc/iq_grids.h: the lattice tables of ggml's grid IQ formats (IQ1_S/IQ1_M,
+"""Write csrc/cpu/quants/iq_grids.h: the lattice tables of ggml's grid IQ formats (IQ1_S/IQ1_M,
 IQ2_XXS/XS/S, IQ3_XXS/S) and their sign table, taken as data from gguf-py
 (gguf.quants), which keeps them beside its reference dequantizers.
 
-    python scripts/gen_iq_grids.py > csrc/iq_grids.h
+    python scripts/gen_iq_grids.py > csrc/cpu/quants/iq_grids.h
 
 Each grid entry is a row of 8 (IQ1/IQ2) or 4 (IQ3) byte values, the bytes that
 ggml's uint64/uint32 grid words hold in memory order.

@@ -3,7 +3,7 @@
 
 ggmlrpc.compute.cpu decides what each node does (kernel, variant, checked shapes
 and resolved addresses); this module packs those decisions into the flat gr_node
-array of csrc/exec.h, sizes the scratch memory once, keeps every host mapping the
+array of csrc/cpu/exec.h, sizes the scratch memory once, keeps every host mapping the
 plan points into alive, and runs the array on a thread pool with the GIL
 released.
 """
@@ -14,11 +14,42 @@ from posix.stdlib cimport posix_memalign
 
 from ggmlrpc._native.exec cimport *
 
-# Error codes of ggmlrpc_exec_run (csrc/exec.h, enum gr_exec_error).
-EXEC_EINDEX = 1
-EXEC_EINTERNAL = 2
-EXEC_ENOMEM = 3
-EXEC_ECANCELED = 4
+
+cdef dict _named_ints():
+    """{group: {name: value}}, and {group: {scope: {name: value}}} for the scoped groups
+    (VARIANT, CONST), read from the C tables (csrc/cpu/kernels.def, names.def)."""
+    cdef const gr_named_int *row = ggmlrpc_exec_names
+    cdef dict out = {}
+    while row.group != NULL:
+        group = row.group.decode()
+        name = row.name.decode()
+        if row.scope != NULL:
+            out.setdefault(group, {}).setdefault(row.scope.decode(), {})[name] = row.value
+        else:
+            out.setdefault(group, {})[name] = row.value
+        row += 1
+    return out
+
+
+_NAMED = _named_ints()
+# kernel ids (enum gr_kernel), by name: KERNEL["MUL_MAT"]
+KERNEL = _NAMED["KERNEL"]
+# named values of gr_node.sub per kernel: VARIANT["RMS_NORM"]["L2_NORM"]
+VARIANT = _NAMED["VARIANT"]
+# BINARY's sub (enum gr_binop) and UNARY's (enum gr_unop: the 22 ggml_unary_op values
+# are their own ids, the ops of their own in ggml follow)
+BINOP = _NAMED["BINOP"]
+UNOP = _NAMED["UNOP"]
+# the ggml x86 builds whose summation orders the executor reproduces, by Python name
+FAMILY = _NAMED["FAMILY"]
+# error codes of ggmlrpc_exec_run (enum gr_exec_error)
+EXEC_ERROR = _NAMED["EXEC_ERROR"]
+# modes a plan writes into gr_node.iparams: CONST["MM_ORDER"]["TILED"]
+CONST = _NAMED["CONST"]
+EXEC_EINDEX = EXEC_ERROR["EINDEX"]
+EXEC_EINTERNAL = EXEC_ERROR["EINTERNAL"]
+EXEC_ENOMEM = EXEC_ERROR["ENOMEM"]
+EXEC_ECANCELED = EXEC_ERROR["ECANCELED"]
 
 
 cdef class CancelToken:
@@ -34,35 +65,9 @@ cdef class CancelToken:
 
     def is_set(self):
         return self.flag != 0
+
+
 MAX_SRC = GR_EXEC_MAX_SRC
-
-# kernel ids (enum gr_kernel), by name
-KERNEL = dict(
-    NOP=GR_K_NOP, DUP=GR_K_DUP, BINARY=GR_K_BINARY, UNARY=GR_K_UNARY, GLU=GR_K_GLU,
-    SCALE=GR_K_SCALE, GET_ROWS=GR_K_GET_ROWS, SET_ROWS=GR_K_SET_ROWS, RMS_NORM=GR_K_RMS_NORM,
-    NORM=GR_K_NORM, GROUP_NORM=GR_K_GROUP_NORM, SOFT_MAX=GR_K_SOFT_MAX,
-    ROPE=GR_K_ROPE, MUL_MAT=GR_K_MUL_MAT, FLASH_ATTN=GR_K_FLASH_ATTN,
-    ACC=GR_K_ACC, SUM=GR_K_SUM, SUM_ROWS=GR_K_SUM_ROWS,
-    CUMSUM=GR_K_CUMSUM, ARGMAX=GR_K_ARGMAX, REPEAT=GR_K_REPEAT, CONCAT=GR_K_CONCAT, PAD=GR_K_PAD,
-    ARANGE=GR_K_ARANGE, TRI=GR_K_TRI, FILL=GR_K_FILL, DIAG_MASK=GR_K_DIAG_MASK,
-    ARGSORT=GR_K_ARGSORT, MUL_MAT_ID=GR_K_MUL_MAT_ID, ADD_ID=GR_K_ADD_ID,
-    OUT_PROD=GR_K_OUT_PROD, COUNT_EQUAL=GR_K_COUNT_EQUAL, SET=GR_K_SET, DIAG=GR_K_DIAG,
-    REPEAT_BACK=GR_K_REPEAT_BACK, FWHT=GR_K_FWHT, SSM_CONV=GR_K_SSM_CONV, SSM_SCAN=GR_K_SSM_SCAN,
-    IM2COL=GR_K_IM2COL, POOL_1D=GR_K_POOL_1D, POOL_2D=GR_K_POOL_2D, UPSCALE=GR_K_UPSCALE, ROLL=GR_K_ROLL,
-    PAD_REFLECT_1D=GR_K_PAD_REFLECT_1D, TIMESTEP_EMBEDDING=GR_K_TIMESTEP_EMBEDDING,
-    RWKV_WKV6=GR_K_RWKV_WKV6, RWKV_WKV7=GR_K_RWKV_WKV7, SOLVE_TRI=GR_K_SOLVE_TRI,
-    GATED_DELTA_NET=GR_K_GATED_DELTA_NET, GET_ROWS_BACK=GR_K_GET_ROWS_BACK,
-    SOFT_MAX_BACK=GR_K_SOFT_MAX_BACK, RMS_NORM_BACK=GR_K_RMS_NORM_BACK, CROSS_ENTROPY=GR_K_CROSS_ENTROPY,
-    OPT_STEP=GR_K_OPT_STEP, WIN_PART=GR_K_WIN_PART, GET_REL_POS=GR_K_GET_REL_POS,
-    ADD_REL_POS=GR_K_ADD_REL_POS, CONV=GR_K_CONV, CONV_2D_DW=GR_K_CONV_2D_DW,
-    CONV_TRANSPOSE=GR_K_CONV_TRANSPOSE, IM2COL_3D=GR_K_IM2COL_3D, COL2IM_1D=GR_K_COL2IM_1D,
-    IM2COL_BACK=GR_K_IM2COL_BACK, POOL_2D_BACK=GR_K_POOL_2D_BACK, LIGHTNING_INDEXER=GR_K_LIGHTNING_INDEXER,
-    DSV4_HC_COMB=GR_K_DSV4_HC_COMB, DSV4_HC_PRE=GR_K_DSV4_HC_PRE, DSV4_HC_POST=GR_K_DSV4_HC_POST, ADD_Q=GR_K_ADD_Q)
-
-# element-wise functions that are ops of their own in ggml (enum gr_unop; the
-# 22 ggml_unary_op values are their own ids)
-UNOP = dict(SQR=GR_UN_SQR, SQRT=GR_UN_SQRT, LOG=GR_UN_LOG, SIN=GR_UN_SIN, COS=GR_UN_COS,
-            LEAKY_RELU=GR_UN_LEAKY_RELU, CLAMP=GR_UN_CLAMP)
 
 
 class ExecError(Exception):
@@ -199,8 +204,7 @@ def set_simd(bint enable):
     return ggmlrpc_exec_set_simd(enable)
 
 
-# the ggml x86 builds whose summation orders the executor reproduces (csrc/exec_impl.h)
-FAMILIES = {"x86-avx2": 1, "x86-avx512": 2, "x86-avx512-bf16": 3, "x86-avx512-fp16": 4}
+FAMILIES = FAMILY   # the older name
 _FAMILY_NAMES = {v: k for k, v in FAMILIES.items()}
 
 

@@ -1,5 +1,5 @@
 # cython: language_level=3, boundscheck=False, wraparound=False
-"""NumPy access to csrc/quants.c: fp16/bf16 conversion, row (de)quantization and
+"""NumPy access to csrc/cpu/quants/quants.c: fp16/bf16 conversion, row (de)quantization and
 the MUL_MAT dot products, for tests and benchmarks. The executor calls the C API
 directly; nothing here is on a hot path.
 
@@ -12,7 +12,7 @@ import numpy as np
 from ggmlrpc._native.rpc cimport ggmlrpc_blck_size, ggmlrpc_type_size
 
 
-cdef extern from "quants.h" nogil:
+cdef extern from "cpu/quants/quants.h" nogil:
     float ggmlrpc_fp16_to_fp32(uint16_t h)
     uint16_t ggmlrpc_fp32_to_fp16(float f)
     float ggmlrpc_bf16_to_fp32(uint16_t h)

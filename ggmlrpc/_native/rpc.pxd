@@ -1,7 +1,7 @@
-# Declarations of csrc/rpc.h for Cython.
+# Declarations of csrc/common/rpc.h for Cython.
 from libc.stdint cimport uint8_t, uint32_t, int32_t, uint64_t, int64_t
 
-cdef extern from "rpc.h" nogil:
+cdef extern from "common/rpc.h" nogil:
     ctypedef struct rpc_tensor:
         uint64_t id
         uint32_t type

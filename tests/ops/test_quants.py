@@ -1,4 +1,4 @@
-"""csrc/quants.c against independent references: gguf-py's quant formats and NumPy.
+"""csrc/cpu/quants/quants.c against independent references: gguf-py's quant formats and NumPy.
 
 Dequantization must equal gguf-py bit for bit; quantization must equal gguf-py
 where it implements the type (ggml-quants.c's reference semantics), and a NumPy

@@ -484,7 +484,7 @@ C_STRUCT_SIZES = {
 def test_c_struct_sizes():
     wire = pytest.importorskip("ggmlrpc._native.wire")
     assert wire.struct_sizes() == C_STRUCT_SIZES
-    header = (REPO / "csrc" / "rpc.h").read_text()
+    header = (REPO / "csrc" / "common" / "rpc.h").read_text()
     declared = set(re.findall(r"typedef struct (rpc_\w+)", header))
     assert declared == set(C_STRUCT_SIZES), "struct_sizes() must report every struct of rpc.h"
 

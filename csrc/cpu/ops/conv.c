@@ -1,6 +1,6 @@
 /* Convolutions done directly (CONV_2D, CONV_3D, CONV_2D_DW, CONV_TRANSPOSE_1D/2D)
  * and the unfold/fold helpers around them (IM2COL_3D, COL2IM_1D, IM2COL_BACK,
- * POOL_2D_BACK). Same conventions as ops_basic.c: the planner checked types,
+ * POOL_2D_BACK). Same conventions as every ops file: the planner checked types,
  * shapes and layouts, kernels stay inside each tensor's ne/nb, and every sum
  * follows ggml's CPU backend (ops.cpp) term for term.
  */
@@ -9,7 +9,8 @@
 #include <stdint.h>
 #include <string.h>
 
-#include "exec_impl.h"
+#include "cpu/job.h"
+#include "cpu/kernels.h"
 
 static inline float ld_f(int32_t type, const char *p) {
     if (type == GR_TYPE_F16) {
@@ -51,7 +52,7 @@ typedef struct {
 static conv_geom conv_geometry(const gr_node *n) {
     const gr_tensor *k = &n->src[0], *x = &n->src[1], *d = &n->dst;
     conv_geom g;
-    const int three = n->sub == 1;
+    const int three = n->sub == GR_V_CONV_CONV_3D;
     g.KW = k->ne[0]; g.KH = k->ne[1];
     g.W = x->ne[0]; g.H = x->ne[1];
     g.OW = d->ne[0]; g.OH = d->ne[1];
@@ -116,7 +117,7 @@ static inline float *conv_out(const conv_geom *g, char *dst, int64_t p, int64_t 
  * straight to dst, each patch with the order its ggml batch would give it.
  *   src0: kernel (KW, KH, C, OC) / (KW, KH, KD, C*OC) F32/F16 contiguous
  *   src1: input (W, H, C, N) / (W, H, D, C*N) F32; dst F32 */
-static void k_conv(gr_job *job, int phase) {
+void gr_k_conv(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
     const conv_geom g = conv_geometry(n);
@@ -174,9 +175,9 @@ static void k_conv(gr_job *job, int phase) {
     }
 }
 
-size_t gr_wsize_conv(const gr_node *n, int nth) {
+size_t gr_ws_conv(const gr_node *n, int nth) {
     const gr_tensor *k = &n->src[0];
-    const int64_t K = gr_nelements(k) / (n->sub == 1 ? n->op_params[11] : k->ne[3]);
+    const int64_t K = gr_nelements(k) / (n->sub == GR_V_CONV_CONV_3D ? n->op_params[11] : k->ne[3]);
     const size_t ts = k->type == GR_TYPE_F16 ? 2 : 4;
     return (size_t)nth * ((size_t)K * GR_TILE_COLS_MAX * ts + 16 * 4 + 4);
 }
@@ -187,7 +188,7 @@ size_t gr_wsize_conv(const gr_node *n, int nth) {
  * fused multiply-add per term in (ky, kx) order, terms outside the input left
  * out. Strides cover both of ggml's layouts (WHCN and channels innermost).
  *   src0: kernel (KW, KH, 1, C) F32/F16; src1: (W, H, C, N) F32; dst (OW, OH, C, N) F32 */
-static void k_conv_2d_dw(gr_job *job, int phase) {
+void gr_k_conv_2d_dw(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
     const gr_tensor *k = &n->src[0], *x = &n->src[1], *d = &n->dst;
@@ -225,10 +226,10 @@ static void k_conv_2d_dw(gr_job *job, int phase) {
  * 1-D: src0 kernel (K, Cout, Cin) F32/F16, src1 (L, Cin) F32, dst (L', Cout) F32;
  * 2-D: src0 kernel (KW, KH, Cout, Cin), src1 (W, H, Cin, N), dst (W', H', Cout, N).
  * op_params[0]: the stride. dst contiguous. */
-static void k_conv_transpose(gr_job *job, int phase) {
+void gr_k_conv_transpose(gr_job *job, int phase) {
     const gr_node *n = job->node;
     const gr_tensor *k = &n->src[0], *x = &n->src[1], *d = &n->dst;
-    const int two = n->sub == 1;
+    const int two = n->sub == GR_V_CONV_TRANSPOSE_CONV_TRANSPOSE_2D;
     const int f16 = k->type == GR_TYPE_F16;
     const size_t ts = f16 ? 2 : 4;
     /* kernel taps (KW x KH), output channels, input channels */
@@ -282,7 +283,8 @@ static void k_conv_transpose(gr_job *job, int phase) {
         }
 }
 
-size_t gr_wsize_conv_transpose(const gr_node *n) {
+size_t gr_ws_conv_transpose(const gr_node *n, int nth) {
+    (void)nth;
     const size_t ts = n->src[0].type == GR_TYPE_F16 ? 2 : 4;
     return (size_t)(gr_nelements(&n->src[0]) + gr_nelements(&n->src[1])) * ts + 64;
 }
@@ -291,7 +293,7 @@ size_t gr_wsize_conv_transpose(const gr_node *n) {
 
 /* src1 (IW, IH, ID, IC*N) F32 -> dst (IC*KD*KH*KW, OW, OH, OD*N) F32/F16 contiguous;
  * src0 (the kernel) gives KW, KH, KD; op_params s0..2, p0..2, d0..2, IC */
-static void k_im2col_3d(gr_job *job, int phase) {
+void gr_k_im2col_3d(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
     const gr_tensor *k = &n->src[0], *x = &n->src[1], *d = &n->dst;
@@ -325,7 +327,7 @@ static void k_im2col_3d(gr_job *job, int phase) {
 /* Overlap-add of columns: src0 (K*OC, T_in) -> dst (T_out, OC), same type
  * (F32/F16/BF16), both contiguous; sums in F32 in order of t_in.
  * op_params: s0, OC, p0 (the crop at each end) */
-static void k_col2im_1d(gr_job *job, int phase) {
+void gr_k_col2im_1d(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
     const gr_tensor *s = &n->src[0], *d = &n->dst;
@@ -353,7 +355,7 @@ static void k_col2im_1d(gr_job *job, int phase) {
  * it, in kernel-tap order. src0 (IC*KH*KW, OW, OH, N) F32 contiguous (1-D: OH = 1,
  * N in dim 2); src1 the kernel (only KW, KH); dst (IW, IH, IC, N) F32 contiguous
  * (1-D: (IW, IC, N)). op_params s0, s1, p0, p1, d0, d1, is_2D */
-static void k_im2col_back(gr_job *job, int phase) {
+void gr_k_im2col_back(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
     const gr_tensor *g = &n->src[0], *k = &n->src[1], *d = &n->dst;
@@ -395,7 +397,7 @@ static void k_im2col_back(gr_job *job, int phase) {
  * (the first, in window order) or is spread over the window (average), planes
  * independent. src0 (OW, OH, planes) F32, src1 the forward input and dst
  * (IW, IH, planes), all contiguous F32. op_params: op, k0, k1, s0, s1, p0, p1 */
-static void k_pool_2d_back(gr_job *job, int phase) {
+void gr_k_pool_2d_back(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
     const gr_tensor *g = &n->src[0], *f = &n->src[1], *d = &n->dst;
@@ -445,12 +447,3 @@ static void k_pool_2d_back(gr_job *job, int phase) {
     }
 }
 
-void gr_register_conv_kernels(void (*set)(int, gr_kernel_fn, int)) {
-    set(GR_K_CONV, k_conv, 1);
-    set(GR_K_CONV_2D_DW, k_conv_2d_dw, 1);
-    set(GR_K_CONV_TRANSPOSE, k_conv_transpose, 2);
-    set(GR_K_IM2COL_3D, k_im2col_3d, 1);
-    set(GR_K_COL2IM_1D, k_col2im_1d, 1);
-    set(GR_K_IM2COL_BACK, k_im2col_back, 1);
-    set(GR_K_POOL_2D_BACK, k_pool_2d_back, 1);
-}

@@ -10,8 +10,8 @@
  * make_qkx2_quants), with the same float operations in the same order, so the
  * bytes come out equal to ggml's. Built with -ffp-contract=off like ggml-base.
  */
-#include "quants.h"
-#include "fp16.h"
+#include "cpu/quants/quants.h"
+#include "common/fp16.h"
 
 #include <math.h>
 #include <string.h>

@@ -12,9 +12,9 @@
  * float. ggml's kernels sum integers per sub-block instead, so results agree to
  * float rounding, not bit for bit.
  */
-#include "quants.h"
-#include "fp16.h"
-#include "iq_grids.h"
+#include "cpu/quants/quants.h"
+#include "common/fp16.h"
+#include "cpu/quants/iq_grids.h"
 
 #include <string.h>
 

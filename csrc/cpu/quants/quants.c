@@ -2,28 +2,11 @@
  * products of MUL_MAT. See quants.h for the contract; the semantics (block
  * layouts, scales, rounding) are ggml's, the code is ours.
  *
- * Layout of this file: helpers; fp16/bf16 rows; dequantize (to_float); quantize
- * (from_float); scalar dot products; AVX2 kernels; dispatch tables.
+ * Layout of this file: fp16/bf16 rows; dequantize (to_float); quantize
+ * (from_float); scalar dot products; dispatch tables. The shared helpers are in
+ * quants_impl.h, the AVX2 kernels in x86/quants_x86.c.
  */
-#include "quants.h"
-#include "fp16.h"
-
-#include <float.h>
-#include <math.h>
-#include <stdbool.h>
-#include <string.h>
-
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define GR_HAVE_X86 1
-/* kernels compiled for AVX2/FMA/F16C and picked at run time: the build itself
- * stays baseline x86-64 */
-#define GR_AVX2 __attribute__((target("avx2,fma,f16c")))
-#else
-#define GR_HAVE_X86 0
-#endif
-
-#define GR_QK 32   /* elements per block of the 32-wide formats */
+#include "cpu/quants/quants_impl.h"
 
 _Static_assert(sizeof(block_q4_0) == 18, "block_q4_0 size");
 _Static_assert(sizeof(block_q4_1) == 20, "block_q4_1 size");
@@ -45,127 +28,6 @@ _Static_assert(sizeof(block_iq4_nl) == 18, "block_iq4_nl size");
 _Static_assert(sizeof(block_iq4_xs) == 136, "block_iq4_xs size");
 _Static_assert(sizeof(block_tq1_0) == 54, "block_tq1_0 size");
 _Static_assert(sizeof(block_tq2_0) == 66, "block_tq2_0 size");
-
-/* ------------------------------------------------------------------------- */
-/* helpers                                                                    */
-/* ------------------------------------------------------------------------- */
-
-/* The 16 levels of IQ4_NL/IQ4_XS (a non-uniform 4-bit grid, ascending). */
-static const int8_t kvalues_iq4nl[16] = {
-    -127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113,
-};
-
-/* E2M1 values times two, shared by MXFP4 and NVFP4 (index bit 3 is the sign). */
-static const int8_t kvalues_fp4[16] = {
-    0, 1, 2, 3, 4, 6, 8, 12, 0, -1, -2, -3, -4, -6, -8, -12,
-};
-
-/* float -> int32 the way CVTTSS2SI does it: truncation toward zero, and
- * INT32_MIN for NaN or out of range. ggml's `(int8_t)(v)` casts compile to
- * this on x86, followed by keeping the low byte. */
-static inline int32_t gr_cvtt_i32(float v) {
-    if (v >= -2147483648.0f && v < 2147483648.0f) {
-        return (int32_t)v;
-    }
-    return INT32_MIN;
-}
-
-/* float -> int32 like CVTPS2DQ in the default rounding mode (nearest even),
- * INT32_MIN for NaN or out of range */
-static inline int32_t gr_cvtn_i32(float v) {
-    if (v >= -2147483648.0f && v < 2147483648.0f) {
-        return (int32_t)__builtin_rintf(v);
-    }
-    return INT32_MIN;
-}
-
-/* low byte of an int32, as a signed byte */
-static inline int8_t gr_low_i8(int32_t v) {
-    return (int8_t)(uint8_t)((uint32_t)v & 0xffu);
-}
-
-/* signed saturation to int8 (PACKSSDW then PACKSSWB) */
-static inline int8_t gr_sat_i8(int32_t v) {
-    return (int8_t)(v < -128 ? -128 : v > 127 ? 127 : v);
-}
-
-/* MAXPS semantics: the second operand unless the first is strictly greater
- * (so a NaN in either position yields the second operand) */
-static inline float gr_maxps(float a, float b) {
-    return a > b ? a : b;
-}
-
-/* max |x[j]| over 32 floats, reduced in the lane order of ggml's AVX Q8_0/Q8_1
- * quantizer (four 8-lane MAXPS, then halves, pairs, neighbours), so that NaNs
- * propagate exactly as there */
-static float gr_amax32_lanes(const float *x /* (32,) */) {
-    float m[8];
-    for (int l = 0; l < 8; l++) {
-        m[l] = fabsf(x[l]);
-    }
-    for (int r = 1; r < 4; r++) {
-        for (int l = 0; l < 8; l++) {
-            m[l] = gr_maxps(m[l], fabsf(x[8 * r + l]));
-        }
-    }
-    float h[4];
-    for (int l = 0; l < 4; l++) {
-        h[l] = gr_maxps(m[4 + l], m[l]);
-    }
-    const float p0 = gr_maxps(h[0], h[2]);
-    const float p1 = gr_maxps(h[1], h[3]);
-    return gr_maxps(p0, p1);
-}
-
-/* E8M0 exponent byte -> 2^(e-128), i.e. half the block scale: MXFP4 levels are
- * stored doubled */
-static inline float gr_e8m0_half(uint8_t e) {
-    return gr_bits_f32(e < 2 ? (0x00200000u << e) : ((uint32_t)(e - 1) << 23));
-}
-
-/* UE4M3 scale byte (bias 7, no sign) -> scale/2 (NVFP4 levels are doubled);
- * 0 and 0x7f (NaN) read as 0 */
-static inline float gr_ue4m3_half(uint8_t v) {
-    if (v == 0 || v == 0x7f) {
-        return 0.0f;
-    }
-    const int exp = (v >> 3) & 0xf;
-    const int man = v & 7;
-    /* subnormal man*2^-9, normal (8+man)*2^(exp-10); both exact */
-    const float raw = exp == 0 ? (float)man * 0x1p-9f
-                               : (float)(8 + man) * gr_bits_f32((uint32_t)(exp - 10 + 127) << 23);
-    return raw * 0.5f;
-}
-
-/* 12 bytes of Q4_K/Q5_K scales -> 8 six-bit scales and 8 six-bit mins:
- * bytes 0-3 hold scales 0-3 (+ top bits of scales 4-7), bytes 4-7 mins 0-3
- * (+ top bits of mins 4-7), bytes 8-11 the low nibbles of scales/mins 4-7 */
-static inline void gr_k4_scales(const uint8_t *q /* (12,) */, uint8_t *sc /* (8,) */,
-                                uint8_t *mn /* (8,) */) {
-    for (int j = 0; j < 4; j++) {
-        sc[j] = q[j] & 63;
-        mn[j] = q[j + 4] & 63;
-        sc[j + 4] = (uint8_t)((q[j + 8] & 0xf) | ((q[j] >> 6) << 4));
-        mn[j + 4] = (uint8_t)((q[j + 8] >> 4) | ((q[j + 4] >> 6) << 4));
-    }
-}
-
-/* 12 bytes of Q3_K scales -> 16 signed scales (six bits, bias 32): low nibbles
- * in bytes 0-7 (scales 0-7 low, 8-15 high nibble), top two bits in bytes 8-11 */
-static inline void gr_k3_scales(const uint8_t *q /* (12,) */, int8_t *sc /* (16,) */) {
-    for (int j = 0; j < 16; j++) {
-        const int lo = j < 8 ? (q[j] & 0xf) : (q[j - 8] >> 4);
-        const int hi = (q[8 + (j & 3)] >> (2 * (j >> 2))) & 3;
-        sc[j] = (int8_t)((lo | (hi << 4)) - 32);
-    }
-}
-
-/* IQ4_XS: six-bit scale of sub-block ib (0..7), minus its bias */
-static inline int gr_iq4xs_scale(const block_iq4_xs *b, int ib) {
-    const int lo = (b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf;
-    const int hi = (b->scales_h >> (2 * ib)) & 3;
-    return (lo | (hi << 4)) - 32;
-}
 
 /* ------------------------------------------------------------------------- */
 /* fp16 / bf16                                                                */
@@ -322,7 +184,6 @@ static inline int gr_sum_i8(const int8_t *a /* (n,) */, const int8_t *b /* (n,) 
     }
     return s;
 }
-
 
 /* ------------------------------------------------------------------------- */
 /* dequantize: block rows -> float                                            */
@@ -684,47 +545,6 @@ static void quantize_row_q5_1(const float *x /* (n,) */, void *vy /* (n/32,) blo
             c[j] = (uint8_t)gr_cvtt_i32((x[j] - min) * id + 0.5f);
         }
         gr_pack_q5(c, y[i].qh, y[i].qs);
-    }
-}
-
-/* Q8_0/Q8_1 as ggml's AVX quantizer: d = amax/127 and q = rint(x * (127/amax)),
- * with CVTPS2DQ + saturating packs for whatever is out of range. Returns d;
- * *sum gets the wrapped int32 sum of the unsaturated codes (Q8_1 stores
- * d times it). */
-static inline float gr_q8_block_x86(const float *x /* (32,) */, int8_t *qs /* (32,) */, int32_t *sum) {
-    const float amax = gr_amax32_lanes(x);
-    const float d = amax / 127.0f;
-    const float id = amax != 0.0f ? 127.0f / amax : 0.0f;
-    uint32_t acc = 0;
-    for (int j = 0; j < GR_QK; j++) {
-        const int32_t v = gr_cvtn_i32(x[j] * id);
-        qs[j] = gr_sat_i8(v);
-        acc += (uint32_t)v;
-    }
-    *sum = (int32_t)acc;
-    return d;
-}
-
-/* Q8_0 and Q8_1 rows from a block quantizer that returns d and the code sum */
-typedef float (*gr_q8_block_fn)(const float *x /* (32,) */, int8_t *qs /* (32,) */, int32_t *sum);
-
-static inline void gr_q8_0_row(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n,
-                               gr_q8_block_fn block) {
-    block_q8_0 *y = vy;
-    int32_t sum;
-    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
-        y[i].d = gr_fp32_to_fp16(block(x, y[i].qs, &sum));
-    }
-}
-
-static inline void gr_q8_1_row(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n,
-                               gr_q8_block_fn block) {
-    block_q8_1 *y = vy;
-    int32_t sum;
-    for (int64_t i = 0; i < n / GR_QK; i++, x += GR_QK) {
-        const float d = block(x, y[i].qs, &sum);
-        y[i].d = gr_fp32_to_fp16(d);
-        y[i].s = gr_fp32_to_fp16(d * (float)sum);
     }
 }
 
@@ -1193,26 +1013,6 @@ static void vec_dot_q8_0_q8_0(int64_t n, float *s, const void *vx /* (n/32,) q8_
     *s = sum;
 }
 
-/* sum over 32 elements of lut[code] * q8, codes packed as in Q4_0 */
-static inline int gr_dot_lut32(const uint8_t *qs /* (16,) */, const int8_t *lut /* (16,) */,
-                               const int8_t *q8 /* (32,) */) {
-    int a = 0, b = 0;
-    for (int j = 0; j < 16; j++) {
-        a += lut[qs[j] & 0xf] * q8[j];
-        b += lut[qs[j] >> 4] * q8[j + 16];
-    }
-    return a + b;
-}
-
-/* IQ4_NL and MXFP4 blocks: a scale (f16, or an E8M0 byte when e8m0) then 16
- * bytes of 4-bit codes into a level table */
-static inline float gr_lut_block_scale(const uint8_t *b /* block */, int e8m0) {
-    if (e8m0) return gr_e8m0_half(b[0]);
-    uint16_t h;
-    memcpy(&h, b, sizeof h);
-    return gr_fp16_to_fp32(h);
-}
-
 static inline float gr_dot_lut_row_c(int64_t nb, const uint8_t *x /* (nb,) blocks */, int e8m0,
                                      const block_q8_0 *y /* (nb,) */, const int8_t *levels /* (16,) */) {
     const size_t stride = e8m0 ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
@@ -1341,15 +1141,6 @@ static void vec_dot_q3_K_q8_K(int64_t n, float *s, const void *vx /* (n/256,) q3
     *s = sum;
 }
 
-/* Q4_K/Q5_K min term: sum over sub-blocks of min * (sum of its 32 q8) */
-static inline int gr_k4_minsum(const uint8_t *mn /* (8,) */, const int16_t *bsums /* (16,) */) {
-    int summ = 0;
-    for (int sb = 0; sb < 8; sb++) {
-        summ += mn[sb] * (bsums[2 * sb] + bsums[2 * sb + 1]);
-    }
-    return summ;
-}
-
 /* Q4_K/Q5_K once unpacked: 8 sub-blocks of 32 codes */
 static inline float gr_dot_k4(const uint8_t *scales /* (12,) */, gr_fp16_t dh, gr_fp16_t dminh,
                         const int8_t *a /* (256,) */, const block_q8_K *y) {
@@ -1454,836 +1245,6 @@ static void vec_dot_tq2_0_q8_K(int64_t n, float *s, const void *vx /* (n/256,) t
     *s = sum;
 }
 
-/* ---- prompt-time panels (ggmlrpc_panel_*) ----------------------------------
- * One panel block, eight activation rows (lanes) j:
- *   f32 d[8] | i8 qs[8][32] | Q4_0, Q5_0: f32 t8[8][8] | u8 mark[8] | pad
- * t8[j][m] = 8 * (sum of qs[j][4m..4m+3]): the -8 offset of Q4_0 weights per
- * int32 lane, as a float (exact: |16 * 4 * 128| < 2^24; Q5_0's -16 doubles it),
- * so that the kernel takes maddubs(codes, qs) - t8 instead of the sign trick
- * on codes - 8.
- * mark[j] = 1 where qs[j] holds -128 (only from non-finite activations): the
- * sign trick overflows there, so that block takes the sign trick's steps for
- * all eight lanes, and stays bit-equal to ggml. */
-#define GR_PANEL_Q8 (32 + 8 * 32)
-#define GR_PANEL_Q4 (GR_PANEL_Q8 + 8 * 32 + 32)
-/* Q4_1, Q5_1 (Q8_1 activations): f32 d[8] | i8 qs[8][32] | f32 s[8] (Q8_1's d * sum) */
-#define GR_PANEL_Q81 (GR_PANEL_Q8 + 32)
-
-/* ------------------------------------------------------------------------- */
-/* AVX2 + FMA + F16C kernels                                                  */
-/* ------------------------------------------------------------------------- */
-#if GR_HAVE_X86
-
-GR_AVX2 static inline float gr_hsum_ps8(__m256 v) {
-    __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
-
-GR_AVX2 static inline int32_t gr_hsum_epi32x8(__m256i v) {
-    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    r = _mm_add_epi32(r, _mm_unpackhi_epi64(r, r));
-    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(r);
-}
-
-/* 16 bytes of packed nibbles -> 32 bytes in 0..15: low nibbles first, then high */
-GR_AVX2 static inline __m256i gr_nibbles32(const uint8_t *p /* (16,) */) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)p);
-    const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
-    return _mm256_and_si256(b, _mm256_set1_epi8(0x0f));
-}
-
-/* signed int8 x signed int8, 32 lanes -> 8 int32 lanes of 4-product sums
- * (the sign of x moves onto y so that PMADDUBSW sees |x| unsigned) */
-GR_AVX2 static inline __m256i gr_dot_i8(__m256i x, __m256i y) {
-    const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(x, x), _mm256_sign_epi8(y, x));
-    return _mm256_madd_epi16(p16, _mm256_set1_epi16(1));
-}
-
-/* two int16 scales, one per 128-bit half (16 elements each of a 32-byte
- * PMADDUBSW), or the same one twice */
-GR_AVX2 static inline __m256i gr_scales16(int lo, int hi) {
-    return _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_set1_epi16((short)lo)),
-                                   _mm_set1_epi16((short)hi), 1);
-}
-
-GR_AVX2 static void gr_f16_to_f32_row_f16c(const void *vx /* (n,) f16 */, float *y /* (n,) */, int64_t n) {
-    const uint16_t *x = vx;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        _mm256_storeu_ps(y + i, _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i))));
-    }
-    for (; i < n; i++) {
-        y[i] = _cvtsh_ss(x[i]);
-    }
-}
-
-GR_AVX2 static void gr_f32_to_f16_row_f16c(const float *x /* (n,) */, void *vy /* (n,) f16 */, int64_t n) {
-    uint16_t *y = vy;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m128i h = _mm256_cvtps_ph(_mm256_loadu_ps(x + i), _MM_FROUND_TO_NEAREST_INT);
-        _mm_storeu_si128((__m128i *)(y + i), h);
-    }
-    for (; i < n; i++) {
-        y[i] = _cvtss_sh(x[i], _MM_FROUND_TO_NEAREST_INT);
-    }
-}
-
-GR_AVX2 static void gr_bf16_to_f32_row_avx2(const void *vx /* (n,) bf16 */, float *y /* (n,) */, int64_t n) {
-    const uint16_t *x = vx;
-    int64_t i = 0;
-    for (; i + 8 <= n; i += 8) {
-        const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i)));
-        _mm256_storeu_ps(y + i, _mm256_castsi256_ps(_mm256_slli_epi32(w, 16)));
-    }
-    for (; i < n; i++) {
-        y[i] = gr_bf16_to_fp32(x[i]);
-    }
-}
-
-/* one Q8_0/Q8_1 block the way ggml's AVX quantizer computes it (same lane
- * order as gr_amax32_lanes/gr_q8_block_x86, which it must equal bit for bit) */
-GR_AVX2 static inline float gr_q8_block_avx2(const float *x /* (32,) */, int8_t *qs /* (32,) */,
-                                             int32_t *sum) {
-    __m256 v0 = _mm256_loadu_ps(x);
-    __m256 v1 = _mm256_loadu_ps(x + 8);
-    __m256 v2 = _mm256_loadu_ps(x + 16);
-    __m256 v3 = _mm256_loadu_ps(x + 24);
-    const __m256 sign = _mm256_set1_ps(-0.0f);
-    __m256 m = _mm256_andnot_ps(sign, v0);
-    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v1));
-    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v2));
-    m = _mm256_max_ps(m, _mm256_andnot_ps(sign, v3));
-    __m128 m4 = _mm_max_ps(_mm256_extractf128_ps(m, 1), _mm256_castps256_ps128(m));
-    m4 = _mm_max_ps(m4, _mm_movehl_ps(m4, m4));
-    m4 = _mm_max_ss(m4, _mm_movehdup_ps(m4));
-    const float amax = _mm_cvtss_f32(m4);
-
-    const float d = amax / 127.0f;
-    const __m256 id = _mm256_set1_ps(amax != 0.0f ? 127.0f / amax : 0.0f);
-    const int rn = _MM_FROUND_TO_NEAREST_INT;
-    const __m256i i0 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v0, id), rn));
-    const __m256i i1 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v1, id), rn));
-    const __m256i i2 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v2, id), rn));
-    const __m256i i3 = _mm256_cvtps_epi32(_mm256_round_ps(_mm256_mul_ps(v3, id), rn));
-    *sum = gr_hsum_epi32x8(_mm256_add_epi32(_mm256_add_epi32(i0, i1), _mm256_add_epi32(i2, i3)));
-
-    /* the packs work per 128-bit lane: dwords come out as 0 4 1 5 2 6 3 7 */
-    const __m256i w01 = _mm256_packs_epi32(i0, i1);
-    const __m256i w23 = _mm256_packs_epi32(i2, i3);
-    const __m256i b = _mm256_packs_epi16(w01, w23);
-    const __m256i q = _mm256_permutevar8x32_epi32(b, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
-    _mm256_storeu_si256((__m256i *)qs, q);
-    return d;
-}
-
-GR_AVX2 static void quantize_row_q8_0_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
-    gr_q8_0_row(x, vy, n, gr_q8_block_avx2);
-}
-
-GR_AVX2 static void quantize_row_q8_1_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n) {
-    gr_q8_1_row(x, vy, n, gr_q8_block_avx2);
-}
-
-/* F32/F16: four 8-lane FMA accumulators over steps of 32, reduced pairwise,
- * then the tail; F16 keeps the tail in double like ggml */
-GR_AVX2 static inline float gr_reduce4_ps8(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
-    const __m256 a = _mm256_add_ps(_mm256_add_ps(a0, a2), _mm256_add_ps(a1, a3));
-    const __m128 t0 = _mm_add_ps(_mm256_castps256_ps128(a), _mm256_extractf128_ps(a, 1));
-    const __m128 t1 = _mm_hadd_ps(t0, t0);
-    return _mm_cvtss_f32(_mm_hadd_ps(t1, t1));
-}
-
-GR_AVX2 static void vec_dot_f32_f32_avx2(int64_t n, float *s, const void *vx /* (n,) f32 */,
-                                         const void *vy /* (n,) f32 */) {
-    const float *x = vx, *y = vy;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    const int64_t np = n & ~(int64_t)31;
-    for (int64_t i = 0; i < np; i += 32) {
-        for (int j = 0; j < 4; j++) {
-            acc[j] = _mm256_fmadd_ps(_mm256_loadu_ps(x + i + 8 * j), _mm256_loadu_ps(y + i + 8 * j), acc[j]);
-        }
-    }
-    float sum = gr_reduce4_ps8(acc[0], acc[1], acc[2], acc[3]);
-    for (int64_t i = np; i < n; i++) {
-        sum += x[i] * y[i];
-    }
-    *s = sum;
-}
-
-GR_AVX2 static void vec_dot_f16_f16_avx2(int64_t n, float *s, const void *vx /* (n,) f16 */,
-                                         const void *vy /* (n,) f16 */) {
-    const uint16_t *x = vx, *y = vy;
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    const int64_t np = n & ~(int64_t)31;
-    for (int64_t i = 0; i < np; i += 32) {
-        for (int j = 0; j < 4; j++) {
-            const __m256 ax = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(x + i + 8 * j)));
-            const __m256 ay = _mm256_cvtph_ps(_mm_loadu_si128((const __m128i *)(y + i + 8 * j)));
-            acc[j] = _mm256_fmadd_ps(ax, ay, acc[j]);
-        }
-    }
-    double sum = gr_reduce4_ps8(acc[0], acc[1], acc[2], acc[3]);
-    for (int64_t i = np; i < n; i++) {
-        sum += (double)(_cvtsh_ss(x[i]) * _cvtsh_ss(y[i]));
-    }
-    *s = (float)sum;
-}
-
-/* BF16: ggml multiplies and adds separately here (no FMA) */
-GR_AVX2 static inline __m256 gr_load_bf16x8(const uint16_t *p /* (8,) */) {
-    const __m256i w = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)p));
-    return _mm256_castsi256_ps(_mm256_slli_epi32(w, 16));
-}
-
-GR_AVX2 static void vec_dot_bf16_bf16_avx2(int64_t n, float *s, const void *vx /* (n,) bf16 */,
-                                           const void *vy /* (n,) bf16 */) {
-    const uint16_t *x = vx, *y = vy;
-    __m256 c[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    int64_t i = 0;
-    for (; i + 32 <= n; i += 32) {
-        for (int j = 0; j < 4; j++) {
-            c[j] = _mm256_add_ps(_mm256_mul_ps(gr_load_bf16x8(x + i + 8 * j), gr_load_bf16x8(y + i + 8 * j)), c[j]);
-        }
-    }
-    double sum = gr_hsum_ps8(_mm256_add_ps(_mm256_add_ps(c[0], c[2]), _mm256_add_ps(c[1], c[3])));
-    for (; i < n; i++) {
-        sum += (double)(gr_bf16_to_fp32(x[i]) * gr_bf16_to_fp32(y[i]));
-    }
-    *s = (float)sum;
-}
-
-/* fp16 -> fp32 by table in the Q4/Q5/Q8 block kernels, as ggml's x86 build
- * converts block scales: on CPUs where VCVTPH2PS is slow (Zen 1: ~12% of the
- * Q4_0 kernel) two loads are cheaper; same values (gr_fp16_to_fp32 is F16C's
- * conversion, NaNs included). Filled when the library loads. */
-static float gr_f16_tab[1 << 16];
-
-__attribute__((constructor)) static void gr_f16_tab_init(void) {
-    for (uint32_t h = 0; h < (1u << 16); h++) gr_f16_tab[h] = gr_fp16_to_fp32((uint16_t)h);
-}
-
-#define GR_F16(h) gr_f16_tab[(uint16_t)(h)]
-
-GR_AVX2 static void vec_dot_q4_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_0 */,
-                                           const void *vy /* (n/32,) q8_0 */) {
-    const block_q4_0 *x = vx;
-    const block_q8_0 *y = vy;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / GR_QK; i++) {
-        const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * GR_F16(y[i].d));
-        const __m256i qx = _mm256_sub_epi8(gr_nibbles32(x[i].qs), _mm256_set1_epi8(8));
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc);
-    }
-    *s = gr_hsum_ps8(acc);
-}
-
-GR_AVX2 static void vec_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q8_0 */,
-                                           const void *vy /* (n/32,) q8_0 */) {
-    const block_q8_0 *x = vx;
-    const block_q8_0 *y = vy;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / GR_QK; i++) {
-        const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * GR_F16(y[i].d));
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc);
-    }
-    *s = gr_hsum_ps8(acc);
-}
-
-/* One weight row against four activation rows: every output is summed exactly
- * as vec_dot_q4_0_q8_0_avx2 / vec_dot_q8_0_q8_0_avx2 sum it (own accumulator,
- * same steps), the weight block is loaded and unpacked once for the four. */
-GR_AVX2 static void vec_dot_x4_q4_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q4_0 */,
-                                              const void *const vy[4] /* (n/32,) q8_0 each */) {
-    const block_q4_0 *x = vx;
-    const block_q8_0 *y[4] = {vy[0], vy[1], vy[2], vy[3]};
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t i = 0; i < n / GR_QK; i++) {
-        const float dx = GR_F16(x[i].d);
-        const __m256i qx = _mm256_sub_epi8(gr_nibbles32(x[i].qs), _mm256_set1_epi8(8));
-        for (int j = 0; j < 4; j++) {
-            const __m256 d = _mm256_set1_ps(dx * GR_F16(y[j][i].d));
-            const __m256i qy = _mm256_loadu_si256((const __m256i *)y[j][i].qs);
-            acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[j]);
-        }
-    }
-    for (int j = 0; j < 4; j++) s[j] = gr_hsum_ps8(acc[j]);
-}
-
-GR_AVX2 static void vec_dot_x4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q8_0 */,
-                                              const void *const vy[4] /* (n/32,) q8_0 each */) {
-    const block_q8_0 *x = vx;
-    const block_q8_0 *y[4] = {vy[0], vy[1], vy[2], vy[3]};
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t i = 0; i < n / GR_QK; i++) {
-        const float dx = GR_F16(x[i].d);
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        for (int j = 0; j < 4; j++) {
-            const __m256 d = _mm256_set1_ps(dx * GR_F16(y[j][i].d));
-            const __m256i qy = _mm256_loadu_si256((const __m256i *)y[j][i].qs);
-            acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[j]);
-        }
-    }
-    for (int j = 0; j < 4; j++) s[j] = gr_hsum_ps8(acc[j]);
-}
-
-/* Q4_0 x Q8_0 with the offset moved out of the inner loop: per lane,
- * sum((x - 8) * y) = sum(x * y) - 8 * sum(y), x in 0..15 unsigned, so PMADDUBSW
- * takes the nibbles as they are (no sign juggling) and 8 * sum(y) per lane is
- * computed once per activation row (it is shared by every weight row). The int32
- * lanes equal those of vec_dot_q4_0_q8_0_avx2 exactly, except where y holds -128
- * (that kernel's sign trick overflows there): such blocks are marked and take
- * that kernel's steps. */
-#define GR_Q4S_MARK INT32_MIN
-
-GR_AVX2 static void q4_0_act_sums_avx2(const void *vy /* (nb,) q8_0 */, int32_t *sums /* (nb, 8) */, int64_t nb) {
-    const block_q8_0 *y = vy;
-    for (int64_t i = 0; i < nb; i++) {
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(_mm256_set1_epi8(8), qy), _mm256_set1_epi16(1));
-        if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(qy, _mm256_set1_epi8(-128))))
-            v = _mm256_set1_epi32(GR_Q4S_MARK);
-        _mm256_storeu_si256((__m256i *)(sums + 8 * i), v);
-    }
-}
-
-GR_AVX2 static void vec_dot_q4_0_q8_0_sums_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_0 */,
-                                                const void *vy /* (n/32,) q8_0 */, const int32_t *sums) {
-    const block_q4_0 *x = vx;
-    const block_q8_0 *y = vy;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / GR_QK; i++) {
-        const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * GR_F16(y[i].d));
-        const __m256i qx = gr_nibbles32(x[i].qs);
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        __m256i p;
-        if (sums[8 * i] != GR_Q4S_MARK)
-            p = _mm256_sub_epi32(_mm256_madd_epi16(_mm256_maddubs_epi16(qx, qy), _mm256_set1_epi16(1)),
-                                 _mm256_loadu_si256((const __m256i *)(sums + 8 * i)));
-        else
-            p = gr_dot_i8(_mm256_sub_epi8(qx, _mm256_set1_epi8(8)), qy);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(p), acc);
-    }
-    *s = gr_hsum_ps8(acc);
-}
-
-/* d[j] = dx * d_act[j] for the eight lanes, as vec_dot computes each */
-GR_AVX2 static inline void gr_panel_scales(float dx, const uint8_t *p, float dp[8]) {
-    _mm256_store_ps(dp, _mm256_mul_ps(_mm256_set1_ps(dx), _mm256_loadu_ps((const float *)p)));
-}
-
-/* The eight accumulators are named variables, not an array: GCC keeps an
- * array of them in memory and stores all eight on every block. STEP(j, q) adds
- * lane j's int32 lanes q (as floats, scaled) to acc##j. */
-#define GR_PANEL_ACC8                                                                    \
-    __m256 acc0 = _mm256_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0, acc4 = acc0, \
-           acc5 = acc0, acc6 = acc0, acc7 = acc0
-#define GR_PANEL_FMA(j, f) acc##j = _mm256_fmadd_ps(_mm256_broadcast_ss(dp + (j)), (f), acc##j)
-#define GR_PANEL_EACH(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
-/* four lanes at a time, the integer steps of the four before their float steps
- * (a little faster than lane after lane on Zen 1): I(j) gives lane j's int32
- * lanes, F(j, v) their floats */
-#define GR_PANEL_QUAD(a, b, c, d, I, F)                                  \
-    {                                                                   \
-        const __m256i va = I(a), vb = I(b), vc = I(c), vd = I(d);       \
-        GR_PANEL_FMA(a, F(a, va)); GR_PANEL_FMA(b, F(b, vb));           \
-        GR_PANEL_FMA(c, F(c, vc)); GR_PANEL_FMA(d, F(d, vd));           \
-    }
-#define GR_PANEL_STAGED(I, F) GR_PANEL_QUAD(0, 1, 2, 3, I, F) GR_PANEL_QUAD(4, 5, 6, 7, I, F)
-/* unsigned codes qx against lane j's q8 (no sign steps): the int32 lane sums */
-#define GR_PANEL_U8_INT(j) \
-    _mm256_madd_epi16(_mm256_maddubs_epi16(qx, _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * (j)))), _mm256_set1_epi16(1))
-
-/* s[j] = gr_hsum_ps8(acc_j) for the eight at once, the same additions in the
- * same order per output: (v0+v4)+(v2+v6) and (v1+v5)+(v3+v7), then their sum */
-GR_AVX2 static inline void gr_hsum8x8(__m256 a0, __m256 a1, __m256 a2, __m256 a3, __m256 a4, __m256 a5,
-                                      __m256 a6, __m256 a7, float *s) {
-#define GR_HALVES(x, y) _mm256_add_ps(_mm256_permute2f128_ps(x, y, 0x31), _mm256_permute2f128_ps(x, y, 0x20))
-    const __m256 t01 = GR_HALVES(a0, a1), t23 = GR_HALVES(a2, a3);   /* r_j[k] = v_k + v_(k+4) */
-    const __m256 t45 = GR_HALVES(a4, a5), t67 = GR_HALVES(a6, a7);
-#undef GR_HALVES
-    const __m256 u0 = _mm256_add_ps(_mm256_shuffle_ps(t01, t23, 0x44), _mm256_shuffle_ps(t01, t23, 0xEE));
-    const __m256 u1 = _mm256_add_ps(_mm256_shuffle_ps(t45, t67, 0x44), _mm256_shuffle_ps(t45, t67, 0xEE));
-    const __m256 h = _mm256_hadd_ps(u0, u1);   /* s0 s2 s4 s6 | s1 s3 s5 s7 */
-    _mm256_storeu_ps(s, _mm256_permutevar8x32_ps(h, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7)));
-}
-#define GR_PANEL_STORE8 gr_hsum8x8(acc0, acc1, acc2, acc3, acc4, acc5, acc6, acc7, s)
-
-/* lane j's int32 lanes by the sign trick, as floats */
-GR_AVX2 static inline __m256 gr_panel_sign_lane(__m256i qx, const uint8_t *p, int j) {
-    return _mm256_cvtepi32_ps(gr_dot_i8(qx, _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * j))));
-}
-
-GR_AVX2 static void panel_dot_q8_0_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q8_0 */,
-                                        const void *panel /* (n/32,) panel blocks */) {
-    const block_q8_0 *x = vx;
-    const uint8_t *p = panel;
-    GR_PANEL_ACC8;
-    float dp[8] __attribute__((aligned(32)));
-    for (int64_t i = 0; i < n / GR_QK; i++, p += GR_PANEL_Q8) {
-        gr_panel_scales(GR_F16(x[i].d), p, dp);
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-#define Q8_INT(j) gr_dot_i8(qx, _mm256_loadu_si256((const __m256i *)(p + 32 + 32 * (j))))
-#define Q8_FLT(j, v) _mm256_cvtepi32_ps(v)
-        GR_PANEL_STAGED(Q8_INT, Q8_FLT)
-    }
-    GR_PANEL_STORE8;
-}
-
-/* Q4_K: the min term goes to a 4-lane accumulator (pairs of sub-blocks), the
- * scale term to an 8-lane one, as in ggml's AVX2 kernel */
-GR_AVX2 static void vec_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q4_K */,
-                                           const void *vy /* (n/256,) q8_K */) {
-    const block_q4_K *x = vx;
-    const block_q8_K *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc = _mm256_setzero_ps();
-    __m128 acc_m = _mm_setzero_ps();
-    uint8_t sc[8], mn[8];
-    for (int64_t i = 0; i < n / GR_QK_K; i++) {
-        const float d = y[i].d * _cvtsh_ss(x[i].d);
-        const float dmin = -y[i].d * _cvtsh_ss(x[i].dmin);
-        gr_k4_scales(x[i].scales, sc, mn);
-
-        /* sums of 32 q8 per sub-block, times the mins, two sub-blocks a lane */
-        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
-        const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins, q8s)), acc_m);
-
-        const uint8_t *q4 = x[i].qs;
-        const int8_t *q8 = y[i].qs;
-        __m256i sumi = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++, q4 += 32, q8 += 64) {
-            const __m256i bits = _mm256_loadu_si256((const __m256i *)q4);
-            const __m256i lo = _mm256_and_si256(bits, m4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-            const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q8));
-            const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j]), pl));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1]), ph));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-    acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
-    *s = gr_hsum_ps8(acc) + _mm_cvtss_f32(acc_m);
-}
-
-GR_AVX2 static void vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q5_K */,
-                                           const void *vy /* (n/256,) q8_K */) {
-    const block_q5_K *x = vx;
-    const block_q8_K *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc = _mm256_setzero_ps();
-    float acc_m = 0.0f;
-    uint8_t sc[8], mn[8];
-    for (int64_t i = 0; i < n / GR_QK_K; i++) {
-        const float d = y[i].d * _cvtsh_ss(x[i].d);
-        const float dmin = -y[i].d * _cvtsh_ss(x[i].dmin);
-        gr_k4_scales(x[i].scales, sc, mn);
-        /* fused, as ggml's `summs += dmin * isum` compiles for x86 (contracted) */
-        acc_m = fmaf(dmin, (float)gr_k4_minsum(mn, y[i].bsums), acc_m);
-
-        const uint8_t *q5 = x[i].qs;
-        const int8_t *q8 = y[i].qs;
-        const __m256i hbits = _mm256_loadu_si256((const __m256i *)x[i].qh);
-        __m256i sumi = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++, q5 += 32, q8 += 64) {
-            const __m256i bits = _mm256_loadu_si256((const __m256i *)q5);
-            /* bit 2j of qh[l] is the 5th bit of the low nibble, bit 2j+1 of the high */
-            const __m256i hl = _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), _mm256_set1_epi8(1));
-            const __m256i hh = _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), _mm256_set1_epi8(1));
-            const __m256i lo = _mm256_or_si256(_mm256_and_si256(bits, m4), _mm256_slli_epi16(hl, 4));
-            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
-                                               _mm256_slli_epi16(hh, 4));
-            const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q8));
-            const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j]), pl));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1]), ph));
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    *s = gr_hsum_ps8(acc) + acc_m;
-}
-
-/* Q6_K: the unsigned codes 0..63 go through PMADDUBSW; the bias of 32 comes
- * off at the end as 32 * sum(scale * bsum) */
-GR_AVX2 static void vec_dot_q6_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q6_K */,
-                                           const void *vy /* (n/256,) q8_K */) {
-    const block_q6_K *x = vx;
-    const block_q8_K *y = vy;
-    const __m256i m3 = _mm256_set1_epi8(3);
-    const __m256i m15 = _mm256_set1_epi8(15);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / GR_QK_K; i++) {
-        const float d = y[i].d * _cvtsh_ss(x[i].d);
-        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-        const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
-
-        const uint8_t *ql = x[i].ql;
-        const uint8_t *qh = x[i].qh;
-        const int8_t *q8 = y[i].qs;
-        const int8_t *sc = x[i].scales;
-        __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++, ql += 64, qh += 32, q8 += 128, sc += 8) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
-            __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m15),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m15),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
-            for (int k = 0; k < 4; k++) {
-                const __m256i p16 = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(q8 + 32 * k)));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(gr_scales16(sc[2 * k], sc[2 * k + 1]), p16));
-            }
-        }
-        sumi = _mm256_sub_epi32(sumi, bias);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    *s = gr_hsum_ps8(acc);
-}
-
-/* 32 bits -> 32 bytes, 0xff where the bit is set (bit j -> byte j) */
-GR_AVX2 static inline __m256i gr_bits_to_bytes32(const uint8_t *p /* (4,) */) {
-    uint32_t b;
-    memcpy(&b, p, sizeof b);
-    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)b), pick);
-    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-}
-
-/* unsigned codes x signed q8 -> 8 int32 lanes as float */
-GR_AVX2 static inline __m256 gr_dot_u8_ps(__m256i qx, __m256i qy) {
-    const __m256i p16 = _mm256_maddubs_epi16(qx, qy);
-    return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-}
-
-/* Q5_0/Q5_1 codes 0..31: nibbles with bit 4 from qh */
-GR_AVX2 static inline __m256i gr_q5_codes32(const uint8_t *qh /* (4,) */, const uint8_t *qs /* (16,) */) {
-    const __m256i hi = _mm256_and_si256(gr_bits_to_bytes32(qh), _mm256_set1_epi8(0x10));
-    return _mm256_or_si256(gr_nibbles32(qs), hi);
-}
-
-/* Q4_0 and Q5_0: unsigned codes c (nibbles, or nibbles and the fifth bit) and
- * the weight is c - off; maddubs(c, qs) - t (t = off * lane sums, kept in the
- * panel for off = 8 and doubled for 16, exactly) replaces the sign trick on
- * c - off, which blocks holding -128 still take (the panel marks them) */
-GR_AVX2 static inline __attribute__((always_inline)) void gr_panel_dot_off(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) blocks */,
-                                                                           const void *panel /* (n/32,) */, int q5) {
-    const uint8_t *x = vx;
-    const size_t bsize = q5 ? sizeof(block_q5_0) : sizeof(block_q4_0);
-    const uint8_t *p = panel;
-    GR_PANEL_ACC8;
-    float dp[8] __attribute__((aligned(32)));
-    for (int64_t i = 0; i < n / GR_QK; i++, p += GR_PANEL_Q4, x += bsize) {
-        gr_fp16_t dx;
-        memcpy(&dx, x, 2);
-        gr_panel_scales(GR_F16(dx), p, dp);
-        const __m256i qx = q5 ? gr_q5_codes32(((const block_q5_0 *)x)->qh, ((const block_q5_0 *)x)->qs)
-                              : gr_nibbles32(((const block_q4_0 *)x)->qs);
-        uint64_t marks;
-        memcpy(&marks, p + GR_PANEL_Q8 + 8 * 32, 8);
-        if (__builtin_expect(marks == 0, 1)) {
-#define OFF_T(j) _mm256_loadu_ps((const float *)(p + GR_PANEL_Q8 + 32 * (j)))
-#define OFF_FLT(j, v) _mm256_sub_ps(_mm256_cvtepi32_ps(v), q5 ? _mm256_add_ps(OFF_T(j), OFF_T(j)) : OFF_T(j))
-            GR_PANEL_STAGED(GR_PANEL_U8_INT, OFF_FLT)
-#undef OFF_T
-#undef OFF_FLT
-        } else {
-            const __m256i qs = _mm256_sub_epi8(qx, _mm256_set1_epi8(q5 ? 16 : 8));
-#define OFF_SIGN_STEP(j) GR_PANEL_FMA(j, gr_panel_sign_lane(qs, p, j));
-            GR_PANEL_EACH(OFF_SIGN_STEP)
-#undef OFF_SIGN_STEP
-        }
-    }
-    GR_PANEL_STORE8;
-}
-
-GR_AVX2 static void panel_dot_q4_0_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q4_0 */,
-                                        const void *panel /* (n/32,) panel blocks */) {
-    gr_panel_dot_off(n, s, vx, panel, 0);
-}
-
-GR_AVX2 static void panel_dot_q5_0_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q5_0 */,
-                                        const void *panel /* (n/32,) panel blocks */) {
-    gr_panel_dot_off(n, s, vx, panel, 1);
-}
-
-
-/* Q4_1/Q5_1: the min term m * s (s = the activation's d*sum(q)) is summed
- * apart in float, as ggml's AVX2 kernels do */
-GR_AVX2 static void vec_dot_q4_1_q8_1_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_1 */,
-                                           const void *vy /* (n/32,) q8_1 */) {
-    const block_q4_1 *x = vx;
-    const block_q8_1 *y = vy;
-    __m256 acc = _mm256_setzero_ps();
-    float summs = 0.0f;
-    for (int64_t i = 0; i < n / GR_QK; i++) {
-        summs += GR_F16(x[i].m) * GR_F16(y[i].s);
-        const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * GR_F16(y[i].d));
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        acc = _mm256_fmadd_ps(d, gr_dot_u8_ps(gr_nibbles32(x[i].qs), qy), acc);
-    }
-    *s = gr_hsum_ps8(acc) + summs;
-}
-
-/* Q4_1/Q5_1 against eight Q8_1 rows: the vec_dot steps per output, the minimum
- * terms (summs += m * s, rounded product then sum) eight at a time */
-GR_AVX2 static inline __attribute__((always_inline)) void gr_panel_dot_min(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) blocks */,
-                                                                           const void *panel /* (n/32,) */, int q5) {
-    const uint8_t *x = vx;
-    const size_t bsize = q5 ? sizeof(block_q5_1) : sizeof(block_q4_1);
-    const uint8_t *p = panel;
-    GR_PANEL_ACC8;
-    __m256 summs = _mm256_setzero_ps();
-    float dp[8] __attribute__((aligned(32)));
-    for (int64_t i = 0; i < n / GR_QK; i++, p += GR_PANEL_Q81, x += bsize) {
-        gr_fp16_t dx, mx;
-        memcpy(&dx, x, 2);
-        memcpy(&mx, x + 2, 2);
-        summs = _mm256_add_ps(summs, _mm256_mul_ps(_mm256_set1_ps(GR_F16(mx)),
-                                                   _mm256_loadu_ps((const float *)(p + GR_PANEL_Q8))));
-        gr_panel_scales(GR_F16(dx), p, dp);
-        const __m256i qx = q5 ? gr_q5_codes32(((const block_q5_1 *)x)->qh, ((const block_q5_1 *)x)->qs)
-                              : gr_nibbles32(((const block_q4_1 *)x)->qs);
-#define MIN_FLT(j, v) _mm256_cvtepi32_ps(v)
-        GR_PANEL_STAGED(GR_PANEL_U8_INT, MIN_FLT)
-#undef MIN_FLT
-    }
-    GR_PANEL_STORE8;
-    _mm256_storeu_ps(s, _mm256_add_ps(_mm256_loadu_ps(s), summs));   /* hsum(acc) + summs */
-}
-
-GR_AVX2 static void panel_dot_q4_1_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q4_1 */,
-                                        const void *panel /* (n/32,) panel blocks */) {
-    gr_panel_dot_min(n, s, vx, panel, 0);
-}
-
-GR_AVX2 static void panel_dot_q5_1_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q5_1 */,
-                                        const void *panel /* (n/32,) panel blocks */) {
-    gr_panel_dot_min(n, s, vx, panel, 1);
-}
-
-GR_AVX2 static void vec_dot_q5_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q5_0 */,
-                                           const void *vy /* (n/32,) q8_0 */) {
-    const block_q5_0 *x = vx;
-    const block_q8_0 *y = vy;
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / GR_QK; i++) {
-        const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * GR_F16(y[i].d));
-        const __m256i qx = _mm256_sub_epi8(gr_q5_codes32(x[i].qh, x[i].qs), _mm256_set1_epi8(16));
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc);
-    }
-    *s = gr_hsum_ps8(acc);
-}
-
-GR_AVX2 static void vec_dot_q5_1_q8_1_avx2(int64_t n, float *s, const void *vx /* (n/32,) q5_1 */,
-                                           const void *vy /* (n/32,) q8_1 */) {
-    const block_q5_1 *x = vx;
-    const block_q8_1 *y = vy;
-    __m256 acc = _mm256_setzero_ps();
-    float summs = 0.0f;
-    for (int64_t i = 0; i < n / GR_QK; i++) {
-        summs += GR_F16(x[i].m) * GR_F16(y[i].s);
-        const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * GR_F16(y[i].d));
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        acc = _mm256_fmadd_ps(d, gr_dot_u8_ps(gr_q5_codes32(x[i].qh, x[i].qs), qy), acc);
-    }
-    *s = gr_hsum_ps8(acc) + summs;
-}
-
-/* Q2_K/Q3_K: pass p of half h is the 2-bit field p of 32 bytes; its 32
- * elements are groups 8h+2p and 8h+2p+1 (one per 128-bit half). Q2_K's min
- * term goes into the same accumulator first, as in ggml's AVX2 kernel. */
-GR_AVX2 static void vec_dot_q2_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q2_K */,
-                                           const void *vy /* (n/256,) q8_K */) {
-    const block_q2_K *x = vx;
-    const block_q8_K *y = vy;
-    const __m256i m3 = _mm256_set1_epi8(3);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / GR_QK_K; i++) {
-        const uint8_t *sc = x[i].scales;
-        const float d = y[i].d * _cvtsh_ss(x[i].d);
-        const float dmin = -y[i].d * _cvtsh_ss(x[i].dmin);
-        const __m128i packed = _mm_loadu_si128((const __m128i *)sc);
-        const __m256i mins = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(packed, 4), _mm_set1_epi8(0xf)));
-        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(_mm256_madd_epi16(mins, bsums)), acc);
-
-        __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
-            for (int p = 0; p < 4; p++) {
-                const int g = 8 * h + 2 * p;
-                const __m256i q = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * p), m3);
-                const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * p));
-                const __m256i p16 = _mm256_maddubs_epi16(q, q8);
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(gr_scales16(sc[g] & 0xf, sc[g + 1] & 0xf), p16));
-            }
-        }
-        acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
-    }
-    *s = gr_hsum_ps8(acc);
-}
-
-GR_AVX2 static void vec_dot_q3_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q3_K */,
-                                           const void *vy /* (n/256,) q8_K */) {
-    const block_q3_K *x = vx;
-    const block_q8_K *y = vy;
-    const __m256i m3 = _mm256_set1_epi8(3);
-    const __m256i one = _mm256_set1_epi8(1);
-    int8_t sc[16];
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / GR_QK_K; i++) {
-        gr_k3_scales(x[i].scales, sc);
-        const __m256i hm = _mm256_loadu_si256((const __m256i *)x[i].hmask);
-        __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++) {
-            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * h));
-            for (int p = 0; p < 4; p++) {
-                const int g = 8 * h + 2 * p;
-                const __m256i lo = _mm256_and_si256(_mm256_srli_epi16(bits, 2 * p), m3);
-                /* 4 off where the high bit (bit 4h+p of hmask[l]) is clear */
-                const __m256i hb = _mm256_and_si256(_mm256_srli_epi16(hm, 4 * h + p), one);
-                const __m256i q = _mm256_sub_epi8(lo, _mm256_slli_epi16(_mm256_xor_si256(hb, one), 2));
-                const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[i].qs + 128 * h + 32 * p));
-                const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(q, q), _mm256_sign_epi8(q8, q));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(gr_scales16(sc[g], sc[g + 1]), p16));
-            }
-        }
-        const __m256 d = _mm256_set1_ps(_cvtsh_ss(x[i].d) * y[i].d);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
-    }
-    *s = gr_hsum_ps8(acc);
-}
-
-/* 16-level formats: PSHUFB looks the 4-bit codes up in the level table */
-GR_AVX2 static inline __m256i gr_lut_nibbles32(const uint8_t *qs /* (16,) */, __m256i lut) {
-    return _mm256_shuffle_epi8(lut, gr_nibbles32(qs));
-}
-
-GR_AVX2 static inline __m256i gr_lut_load(const int8_t *levels /* (16,) */) {
-    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels));
-}
-
-/* gr_lut_block_scale with the F16 scale through the table (same values) */
-static inline float gr_lut_block_scale_tab(const uint8_t *b /* block */, int e8m0) {
-    if (e8m0) return gr_e8m0_half(b[0]);
-    uint16_t h;
-    memcpy(&h, b, sizeof h);
-    return GR_F16(h);
-}
-
-/* IQ4_NL/MXFP4 like ggml's AVX2 kernels: even and odd blocks go to two
- * accumulators; an odd last block is added in scalar float */
-GR_AVX2 static inline float gr_dot_lut_row(int64_t nb, const uint8_t *x /* (nb,) blocks */, int e8m0,
-                                           const block_q8_0 *y /* (nb,) */, const int8_t *levels /* (16,) */) {
-    const size_t stride = e8m0 ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
-    const size_t qoff = e8m0 ? 1 : 2;
-    const __m256i lut = gr_lut_load(levels);
-    __m256 acc[2] = {_mm256_setzero_ps(), _mm256_setzero_ps()};
-    int64_t i = 0;
-    for (; i + 1 < nb; i += 2) {
-        for (int k = 0; k < 2; k++) {
-            const uint8_t *b = x + (size_t)(i + k) * stride;
-            const __m256i qx = gr_lut_nibbles32(b + qoff, lut);
-            const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i + k].qs);
-            const __m256 d = _mm256_set1_ps(GR_F16(y[i + k].d) * gr_lut_block_scale_tab(b, e8m0));
-            acc[k] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[k]);
-        }
-    }
-    float sum = gr_hsum_ps8(_mm256_add_ps(acc[0], acc[1]));
-    if (i < nb) {
-        const uint8_t *b = x + (size_t)i * stride;
-        sum += (GR_F16(y[i].d) * gr_lut_block_scale_tab(b, e8m0)) * (float)gr_dot_lut32(b + qoff, levels, y[i].qs);
-    }
-    return sum;
-}
-
-GR_AVX2 static void vec_dot_iq4_nl_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) iq4_nl */,
-                                             const void *vy /* (n/32,) q8_0 */) {
-    *s = gr_dot_lut_row(n / GR_QK, vx, 0, vy, kvalues_iq4nl);
-}
-
-/* IQ4_NL the way llamafile's tinyBLAS_Q0_AVX sums a product (what ggml's CPU
- * backend runs for 2+ activation rows): one accumulator, blocks in order */
-GR_AVX2 static void vec_dot_iq4_nl_q8_0_seq_avx2(int64_t n, float *s, const void *vx /* (n/32,) iq4_nl */,
-                                                 const void *vy /* (n/32,) q8_0 */) {
-    const block_iq4_nl *x = vx;
-    const block_q8_0 *y = vy;
-    const __m256i lut = gr_lut_load(kvalues_iq4nl);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / GR_QK; i++) {
-        const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * GR_F16(y[i].d));
-        const __m256i qx = gr_lut_nibbles32(x[i].qs, lut);
-        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc);
-    }
-    *s = gr_hsum_ps8(acc);
-}
-
-GR_AVX2 static void panel_dot_iq4_nl_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) iq4_nl */,
-                                          const void *panel /* (n/32,) panel blocks */) {
-    const block_iq4_nl *x = vx;
-    const uint8_t *p = panel;
-    const __m256i lut = gr_lut_load(kvalues_iq4nl);
-    GR_PANEL_ACC8;
-    float dp[8] __attribute__((aligned(32)));
-    for (int64_t i = 0; i < n / GR_QK; i++, p += GR_PANEL_Q8) {
-        gr_panel_scales(GR_F16(x[i].d), p, dp);
-        const __m256i qx = gr_lut_nibbles32(x[i].qs, lut);
-        GR_PANEL_STAGED(Q8_INT, Q8_FLT)   /* the Q8_0 kernel's steps on the looked-up levels */
-#undef Q8_INT
-#undef Q8_FLT
-    }
-    GR_PANEL_STORE8;
-}
-
-GR_AVX2 static void vec_dot_mxfp4_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) mxfp4 */,
-                                            const void *vy /* (n/32,) q8_0 */) {
-    *s = gr_dot_lut_row(n / GR_QK, vx, 1, vy, kvalues_fp4);
-}
-
-GR_AVX2 static void vec_dot_iq4_xs_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) iq4_xs */,
-                                             const void *vy /* (n/256,) q8_K */) {
-    const block_iq4_xs *x = vx;
-    const block_q8_K *y = vy;
-    const __m256i lut = gr_lut_load(kvalues_iq4nl);
-    __m256 acc = _mm256_setzero_ps();
-    for (int64_t i = 0; i < n / GR_QK_K; i++) {
-        __m256i sumi = _mm256_setzero_si256();
-        for (int ib = 0; ib < 8; ib++) {
-            const __m256i qx = gr_lut_nibbles32(x[i].qs + 16 * ib, lut);
-            const __m256i qy = _mm256_loadu_si256((const __m256i *)(y[i].qs + 32 * ib));
-            /* the sub-block scale goes into the pair sums' PMADDWD (the same exact
-             * integers as multiplying the lane sums, without the slow VPMULLD) */
-            const __m256i p16 = _mm256_maddubs_epi16(_mm256_sign_epi8(qx, qx), _mm256_sign_epi8(qy, qx));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(p16, _mm256_set1_epi16((short)gr_iq4xs_scale(&x[i], ib))));
-        }
-        const __m256 d = _mm256_set1_ps(GR_F16(x[i].d) * y[i].d);
-        acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
-    }
-    *s = gr_hsum_ps8(acc);
-}
-
-#endif /* GR_HAVE_X86 */
-
 /* ------------------------------------------------------------------------- */
 /* dispatch                                                                   */
 /* ------------------------------------------------------------------------- */
@@ -2336,7 +1297,7 @@ static const gr_qtraits gr_traits[GR_NTYPES] = {
     [GR_TYPE_Q2_0] = {64, GR_TYPE_Q8_0, dequantize_row_q2_0, quantize_row_q2_0, NULL, vec_dot_q2_0_q8_0},
 };
 
-#if GR_HAVE_X86
+#if GR_X86
 /* the AVX2 replacements; NULL entries keep the portable kernel */
 typedef struct {
     ggmlrpc_to_float_fn to_float;
@@ -2369,13 +1330,7 @@ static const gr_simd_kernels gr_avx2[GR_NTYPES] = {
 static int gr_level = -1;
 
 static int gr_cpu_level(void) {
-#if GR_HAVE_X86
-    __builtin_cpu_init();
-    if (__builtin_cpu_supports("avx2") && __builtin_cpu_supports("fma") && __builtin_cpu_supports("f16c")) {
-        return 1;
-    }
-#endif
-    return 0;
+    return (gr_cpu_features() & GR_CPU_AVX2) ? 1 : 0;
 }
 
 static int gr_simd_level(void) {
@@ -2407,7 +1362,7 @@ static bool gr_resolve(uint32_t type, gr_qtraits *k) {
     const gr_qtraits *t = gr_find(type);
     if (t == NULL) return false;
     *k = *t;
-#if GR_HAVE_X86
+#if GR_X86
     if (gr_simd_level() >= 1) {
         const gr_simd_kernels *v = &gr_avx2[type];
         if (v->to_float) k->to_float = v->to_float;
@@ -2429,7 +1384,7 @@ ggmlrpc_from_float_fn ggmlrpc_get_from_float(uint32_t type) {
 }
 
 int ggmlrpc_q4_0_act_sums(const void *act_blocks, int32_t *sums, int64_t nb) {
-#if GR_HAVE_X86
+#if GR_X86
     if (gr_simd_level() >= 1) {
         q4_0_act_sums_avx2(act_blocks, sums, nb);
         return 0;
@@ -2440,14 +1395,14 @@ int ggmlrpc_q4_0_act_sums(const void *act_blocks, int32_t *sums, int64_t nb) {
 }
 
 ggmlrpc_vec_dot_sums_fn ggmlrpc_get_vec_dot_q4_0_sums(void) {
-#if GR_HAVE_X86
+#if GR_X86
     if (gr_simd_level() >= 1) return vec_dot_q4_0_q8_0_sums_avx2;
 #endif
     return NULL;
 }
 
 ggmlrpc_vec_dot_x4_fn ggmlrpc_get_vec_dot_x4(uint32_t weight_type) {
-#if GR_HAVE_X86
+#if GR_X86
     if (gr_simd_level() >= 1) {
         if (weight_type == GR_TYPE_Q4_0) return vec_dot_x4_q4_0_q8_0_avx2;
         if (weight_type == GR_TYPE_Q8_0) return vec_dot_x4_q8_0_q8_0_avx2;
@@ -2458,7 +1413,7 @@ ggmlrpc_vec_dot_x4_fn ggmlrpc_get_vec_dot_x4(uint32_t weight_type) {
 }
 
 size_t ggmlrpc_panel_bytes(uint32_t weight_type) {
-#if GR_HAVE_X86
+#if GR_X86
     if (gr_simd_level() >= 1) {
         if (weight_type == GR_TYPE_Q8_0 || weight_type == GR_TYPE_IQ4_NL) return GR_PANEL_Q8;
         if (weight_type == GR_TYPE_Q4_0 || weight_type == GR_TYPE_Q5_0) return GR_PANEL_Q4;
@@ -2506,7 +1461,7 @@ void ggmlrpc_panel_put(uint32_t weight_type, const void *act /* (nb,) q8_0 or q8
 }
 
 ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type) {
-#if GR_HAVE_X86
+#if GR_X86
     if (gr_simd_level() >= 1) {
         if (weight_type == GR_TYPE_Q4_0) return panel_dot_q4_0_avx2;
         if (weight_type == GR_TYPE_Q8_0) return panel_dot_q8_0_avx2;
@@ -2521,7 +1476,7 @@ ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type) {
 }
 
 ggmlrpc_vec_dot_fn ggmlrpc_get_vec_dot_gemm(uint32_t weight_type) {
-#if GR_HAVE_X86
+#if GR_X86
     if (gr_simd_level() >= 1 && weight_type == GR_TYPE_IQ4_NL) return vec_dot_iq4_nl_q8_0_seq_avx2;
 #endif
     return ggmlrpc_get_vec_dot(weight_type);

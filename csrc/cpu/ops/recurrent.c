@@ -1,27 +1,22 @@
 /* Recurrent kernels: state-space models (SSM_CONV, SSM_SCAN for Mamba 1/2) and
  * linear attention (RWKV 6/7, gated linear attention, the gated delta rule) with
  * the triangular solve their chunked forms use. Same conventions as
- * ops_basic.c: the planner checked types and shapes, sums follow ggml's CPU
+ * every ops file: the planner checked types and shapes, sums follow ggml's CPU
  * backend, fused where its x86 build fuses.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "exec_impl.h"
-
-static inline float param_f32(const gr_node *n, int i) {
-    float f;
-    memcpy(&f, &n->op_params[i], 4);
-    return f;
-}
+#include "cpu/job.h"
+#include "cpu/kernels.h"
 
 /* ---- state-space models ------------------------------------------------------------ */
 
 /* Depthwise causal convolution over a sliding window (Mamba's conv1d, LFM2's
  * short conv): dst[i1, t, s] = sum over k of src0[t + k, i1, s] * src1[k, i1].
  *   src0: (d_conv - 1 + n_t, d_inner, n_s) F32 rows contiguous; src1: (d_conv, d_inner) F32 */
-static void k_ssm_conv(gr_job *job, int phase) {
+void gr_k_ssm_conv(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
     const gr_tensor *sx = &n->src[0], *c = &n->src[1], *d = &n->dst;
@@ -45,7 +40,7 @@ static inline float softplus(float x) { return x > 20.0f ? x : logf(1 + expf(x))
  *   src0 s: (d_state, dim, n_head, >= n_s) initial states, ids[i] picks sequence i's
  *   src1 x: (dim, n_head, n_t, n_s); src2 dt: (n_head, n_t, n_s); src3 A: (1 | d_state, n_head)
  *   src4 B, src5 C: (d_state, n_group, n_t, n_s); src6 ids: (n_s) I32 */
-static void k_ssm_scan(gr_job *job, int phase) {
+void gr_k_ssm_scan(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
     const gr_tensor *S = &n->src[0], *X = &n->src[1], *DT = &n->src[2], *A = &n->src[3];
@@ -132,17 +127,17 @@ static void k_ssm_scan(gr_job *job, int phase) {
  * them. All sources contiguous F32, T a multiple of n_seqs (checked by the planner).
  *   sub 0 RWKV_WKV6: k, v, r, time_first (S, H), time_decay, state
  *   sub 1 GATED_LINEAR_ATTN: k, v, q, g, state; op_params[0] = scale */
-static void k_rwkv_wkv6(gr_job *job, int phase) {
+void gr_k_rwkv_wkv6(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
-    const int gla = n->sub == 1;
+    const int gla = n->sub == GR_V_RWKV_WKV6_GATED_LINEAR_ATTN;
     const int64_t S = n->src[0].ne[0], H = n->src[0].ne[1], T = n->src[0].ne[2], C = S * H;
     const gr_tensor *st = &n->src[gla ? 4 : 5];
     const int64_t per_seq = T / st->ne[1];
     const float *k = (const float *)n->src[0].data, *v = (const float *)n->src[1].data;
     const float *r = (const float *)n->src[2].data, *tf = (const float *)n->src[3].data;
     const float *td = gla ? NULL : (const float *)n->src[4].data;
-    const float scale = gla ? param_f32(n, 0) : 0.0f;
+    const float scale = gla ? gr_param_f32(n, 0) : 0.0f;
     float *out = (float *)n->dst.data, *state = out + C * T;
     int64_t h0, h1;
     gr_range(H, job->ith, job->nth, &h0, &h1);
@@ -181,7 +176,7 @@ static void k_rwkv_wkv6(gr_job *job, int phase) {
 /* RWKV 7: per state row i, sa = a . row (ggml's dot order), then
  * row = row*w + v_i*k + sa*b (two fused steps) and out_i = row . r.
  *   sources r, w, k, v, a, b: (S, H, T); state (S, S, H, n_seqs) */
-static void k_rwkv_wkv7(gr_job *job, int phase) {
+void gr_k_rwkv_wkv7(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
     const int64_t S = n->src[0].ne[0], H = n->src[0].ne[1], T = n->src[0].ne[2], C = S * H;
@@ -213,7 +208,7 @@ static void k_rwkv_wkv7(gr_job *job, int phase) {
 
 /* Forward substitution A X = B with A lower triangular (n, n), B and X (k, n):
  * threads split the columns of all batches. All contiguous F32. */
-static void k_solve_tri(gr_job *job, int phase) {
+void gr_k_solve_tri(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
     const gr_tensor *A = &n->src[0], *B = &n->src[1], *d = &n->dst;
@@ -250,7 +245,7 @@ static void k_solve_tri(gr_job *job, int phase) {
  *   shared by ratio; v: (S, H, T, n_seqs) rows contiguous; g: (1|S, H, T, n_seqs),
  *   beta (1, H, T, n_seqs), state (S, S, H, n_seqs) contiguous.
  * Scratch: per thread S floats (+ S*S for the working state when K > 1). */
-static void k_gated_delta_net(gr_job *job, int phase) {
+void gr_k_gated_delta_net(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
     const gr_tensor *Q = &n->src[0], *Kt = &n->src[1], *V = &n->src[2], *G = &n->src[3], *Bt = &n->src[4];
@@ -297,11 +292,9 @@ static void k_gated_delta_net(gr_job *job, int phase) {
     }
 }
 
-void gr_register_recurrent_kernels(void (*set)(int, gr_kernel_fn, int)) {
-    set(GR_K_SSM_CONV, k_ssm_conv, 1);
-    set(GR_K_SSM_SCAN, k_ssm_scan, 1);
-    set(GR_K_RWKV_WKV6, k_rwkv_wkv6, 1);
-    set(GR_K_RWKV_WKV7, k_rwkv_wkv7, 1);
-    set(GR_K_SOLVE_TRI, k_solve_tri, 1);
-    set(GR_K_GATED_DELTA_NET, k_gated_delta_net, 1);
+/* per thread: a row of S floats, and an S x S state when snapshots are kept (op_params[0] > 1) */
+size_t gr_ws_gated_delta_net(const gr_node *n, int nth) {
+    const int64_t S = n->src[2].ne[0];
+    const int64_t per = S + (n->op_params[0] > 1 ? S * S : 0);
+    return (size_t)nth * (size_t)(per + 16) * sizeof(float);
 }

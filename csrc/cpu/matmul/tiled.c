@@ -17,14 +17,10 @@
 #include <stdint.h>
 #include <string.h>
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
-#define GR_TILED_X86 1
-#else
-#define GR_TILED_X86 0
-#endif
-
-#include "exec_impl.h"
+#include "cpu/job.h"
+#include "cpu/kernels.h"
+#include "cpu/matmul/matmul.h"
+#include "cpu/simd.h"
 
 static const int8_t IQ4NL_VALUES[16] = { -127, -104, -83, -65, -49, -35, -22, -10,
                                          1, 13, 25, 38, 53, 69, 89, 113 };
@@ -224,7 +220,7 @@ static void block_sums_c(const int8_t *w, const int8_t *q, const int16_t *sc, co
     *s2 = b;
 }
 
-#if GR_TILED_X86
+#if GR_X86
 __attribute__((target("avx2"))) static inline int32_t hsum_i32x8(__m256i v) {
     __m128i s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
@@ -256,7 +252,7 @@ static void (*block_sums)(const int8_t *, const int8_t *, const int16_t *, const
 void gr_tiled_init(int use_simd) {
     block_sums = block_sums_c;
     kpanel_simd = 0;
-#if GR_TILED_X86
+#if GR_X86
     if (use_simd) block_sums = block_sums_avx2;
     kpanel_simd = use_simd;
 #else
@@ -276,7 +272,7 @@ void gr_tiled_init(int use_simd) {
     }                                                                                            \
     return acc;
 
-#if GR_TILED_X86
+#if GR_X86
 /* the same steps with the AVX2 sums inlined and fmaf one instruction */
 __attribute__((target("avx2,fma"))) static float tiled_dot_row_avx2(const gr_tiled_row *r, const void *act) {
     GR_TILED_DOT_BODY(block_sums_avx2)
@@ -285,7 +281,7 @@ __attribute__((target("avx2,fma"))) static float tiled_dot_row_avx2(const gr_til
 
 /*   act: K / 256 Q8_K blocks */
 float gr_tiled_dot_row(const gr_tiled_row *r, const void *act) {
-#if GR_TILED_X86
+#if GR_X86
     if (kpanel_simd) return tiled_dot_row_avx2(r, act);
 #endif
     GR_TILED_DOT_BODY(block_sums)
@@ -340,7 +336,7 @@ void gr_kpanel_put(const void *q8k_row /* (nb,) q8_K */, int64_t nb, void *panel
     }
 }
 
-#if GR_TILED_X86
+#if GR_X86
 /* the 256 codes of one block (w + bias, the same values the dec_* functions
  * give minus their bias) with AVX2, 32 at a time */
 #define KP_LOAD(p) _mm256_loadu_si256((const __m256i *)(p))
@@ -452,7 +448,7 @@ static void kp_codes_signed(int32_t type, const void *blk, int8_t *w) { (void)ty
 
 void gr_kpanel_decode(int32_t type, int64_t nb, const void *w_row /* (nb,) blocks */,
                       void *krow /* (nb, GR_KROW_BYTES) */, float *d /* (nb,) */, float *dmin /* (nb,) */) {
-#if GR_TILED_X86
+#if GR_X86
     size_t bsize;
     int has_min;
     const kdec_fn fn = decoder_for(type, &bsize, &has_min);
@@ -470,7 +466,7 @@ void gr_kpanel_decode(int32_t type, int64_t nb, const void *w_row /* (nb,) block
 #endif
 }
 
-#if GR_TILED_X86
+#if GR_X86
 /* the eight int32 vectors' sums, one per lane (integer: any order is exact) */
 __attribute__((target("avx2"))) static inline __m256i kp_reduce8(__m256i a0, __m256i a1, __m256i a2, __m256i a3,
                                                                  __m256i a4, __m256i a5, __m256i a6, __m256i a7) {
@@ -538,7 +534,7 @@ __attribute__((target("avx2,fma"))) static void kpanel_dot_avx2(int32_t type, in
 }
 #endif
 
-#if GR_TILED_X86
+#if GR_X86
 __attribute__((target("avx2,fma"))) static void kpanel_dot_rows_avx2(int32_t type, int64_t nb, const void *krow,
                                                                      const float *d, const float *dmin,
                                                                      const void *const act[8], float out[8]) {
@@ -583,7 +579,7 @@ __attribute__((target("avx2,fma"))) static void kpanel_dot_rows_avx2(int32_t typ
 void gr_kpanel_dot_rows(int32_t type, int64_t nb, const void *krow /* (nb, GR_KROW_BYTES) */,
                         const float *d /* (nb,) */, const float *dmin /* (nb,) */,
                         const void *const act[8] /* (nb,) q8_K each */, float out[8]) {
-#if GR_TILED_X86
+#if GR_X86
     kpanel_dot_rows_avx2(type, nb, krow, d, dmin, act, out);
 #else
     (void)type; (void)nb; (void)krow; (void)d; (void)dmin; (void)act; (void)out;
@@ -593,7 +589,7 @@ void gr_kpanel_dot_rows(int32_t type, int64_t nb, const void *krow /* (nb, GR_KR
 void gr_kpanel_dot(int32_t type, int64_t nb, const void *krow /* (nb, GR_KROW_BYTES) */,
                    const float *d /* (nb,) */, const float *dmin /* (nb,) */,
                    const void *panel /* (nb, GR_KPANEL_BYTES) */, float out[8]) {
-#if GR_TILED_X86
+#if GR_X86
     kpanel_dot_avx2(type, nb, krow, d, dmin, panel, out);
 #else
     (void)type; (void)nb; (void)krow; (void)d; (void)dmin; (void)panel; (void)out;

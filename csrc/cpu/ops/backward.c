@@ -1,25 +1,20 @@
 /* Training kernels: the backward ops ggml's optimizer graphs use (GET_ROWS_BACK,
  * SOFT_MAX_BACK, RMS_NORM_BACK, CROSS_ENTROPY_LOSS and its gradient) and the
  * optimizer steps (OPT_STEP_ADAMW, OPT_STEP_SGD). Same conventions as
- * ops_basic.c: the planner checked types and shapes, arithmetic follows ggml's
+ * every ops file: the planner checked types and shapes, arithmetic follows ggml's
  * CPU backend, fused where its x86 build fuses.
  */
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
 
-#include "exec_impl.h"
-
-static inline float param_f32(const gr_node *n, int i) {
-    float f;
-    memcpy(&f, &n->op_params[i], 4);
-    return f;
-}
+#include "cpu/job.h"
+#include "cpu/kernels.h"
 
 /* Gradient of GET_ROWS: dst (nc, n_rows) zeroed, then row ids[i] += src0 row i, in
  * order of i. Threads split the columns; every thread checks every id.
  *   src0: (nc, >= n_ids) F32/F16; src1: ids I32 contiguous; dst contiguous F32 */
-static void k_get_rows_back(gr_job *job, int phase) {
+void gr_k_get_rows_back(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
     const gr_tensor *g = &n->src[0], *ids = &n->src[1], *d = &n->dst;
@@ -52,12 +47,12 @@ static void k_get_rows_back(gr_job *job, int phase) {
 
 /* dx = (dy - y.dy) * y * scale per row (ggml's dot order).
  *   src0 dy, src1 y, dst: same shape, contiguous F32; op_params[0] scale */
-static void k_soft_max_back(gr_job *job, int phase) {
+void gr_k_soft_max_back(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
     const gr_tensor *dy = &n->src[0], *y = &n->src[1], *d = &n->dst;
     const int64_t nc = d->ne[0];
-    const float scale = param_f32(n, 0);
+    const float scale = gr_param_f32(n, 0);
     int64_t r0, r1;
     gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
     for (int64_t ir = r0; ir < r1; ir++) {
@@ -71,12 +66,12 @@ static void k_soft_max_back(gr_job *job, int phase) {
 /* Gradient of RMS_NORM: with sums of x*x and x*dz in double,
  * dx = (dz + x * (-sum_xdz / (sum_xx + eps*n))) / sqrt(sum_xx/n + eps).
  *   src0 dz, src1 x, dst: same shape, rows contiguous F32; op_params[0] eps */
-static void k_rms_norm_back(gr_job *job, int phase) {
+void gr_k_rms_norm_back(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
     const gr_tensor *dz = &n->src[0], *x = &n->src[1], *d = &n->dst;
     const int64_t nc = d->ne[0];
-    const float eps = param_f32(n, 0);
+    const float eps = gr_param_f32(n, 0);
     int64_t r0, r1;
     gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
     for (int64_t ir = r0; ir < r1; ir++) {
@@ -107,10 +102,10 @@ static inline float row_max(int64_t n, const float *x) {
  *   src0 logits, src1 labels: same shape, rows contiguous F32.
  * sub 1 CROSS_ENTROPY_LOSS_BACK: dst = (softmax(a) - b) * grad[0] / rows.
  *   src0 grad (scalar), src1 logits, src2 labels, dst: contiguous F32 */
-static void k_cross_entropy(gr_job *job, int phase) {
+void gr_k_cross_entropy(gr_job *job, int phase) {
     const gr_node *n = job->node;
     const gr_tensor *d = &n->dst;
-    const int back = n->sub == 1;
+    const int back = n->sub == GR_V_CROSS_ENTROPY_CROSS_ENTROPY_LOSS_BACK;
     const gr_tensor *a = &n->src[back ? 1 : 0], *b = &n->src[back ? 2 : 1];
     const int64_t nc = a->ne[0], nr = gr_nrows(a);
     float *sums = (float *)job->wdata;
@@ -157,10 +152,10 @@ static void k_cross_entropy(gr_job *job, int phase) {
  * sub 0 OPT_STEP_ADAMW: src0 w, src1 grad, src2 m, src3 v (same shape, rows
  *   contiguous F32), src4 params (alpha, beta1, beta2, eps, wd, beta1h, beta2h)
  * sub 1 OPT_STEP_SGD: src0 w, src1 grad, src2 params (alpha, wd) */
-static void k_opt_step(gr_job *job, int phase) {
+void gr_k_opt_step(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
-    const int sgd = n->sub == 1;
+    const int sgd = n->sub == GR_V_OPT_STEP_OPT_STEP_SGD;
     const gr_tensor *W = &n->src[0], *G = &n->src[1];
     float p[7];
     memcpy(p, n->src[sgd ? 2 : 4].data, (sgd ? 2 : 7) * 4);
@@ -188,10 +183,8 @@ static void k_opt_step(gr_job *job, int phase) {
     }
 }
 
-void gr_register_backward_kernels(void (*set)(int, gr_kernel_fn, int)) {
-    set(GR_K_GET_ROWS_BACK, k_get_rows_back, 1);
-    set(GR_K_SOFT_MAX_BACK, k_soft_max_back, 1);
-    set(GR_K_RMS_NORM_BACK, k_rms_norm_back, 1);
-    set(GR_K_CROSS_ENTROPY, k_cross_entropy, 2);
-    set(GR_K_OPT_STEP, k_opt_step, 1);
+/* per-thread sums, then a row of floats per thread */
+size_t gr_ws_cross_entropy(const gr_node *n, int nth) {
+    const int64_t ne00 = n->src[0].ne[0];
+    return (size_t)(nth + 16) * sizeof(float) + (size_t)nth * (size_t)(ne00 + 16) * sizeof(float);
 }

@@ -1,17 +1,20 @@
-/* Thread pool, barrier and the node loop of the CPU executor (see exec.h). */
+/* Thread pool, barrier and the node loop of the CPU executor (see exec.h): the top
+ * of csrc/cpu/, which dispatches every node through the kernel table (kernels.def)
+ * and is called by nothing below it. */
 #include <errno.h>
 #include <pthread.h>
 #include <sched.h>
-#include <stdarg.h>
 #include <stdatomic.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <time.h>
 
-#include "exec_impl.h"
+#include "cpu/job.h"
+#include "cpu/kernels.h"
+#include "cpu/matmul/matmul.h"
+#include "cpu/simd.h"
 
-#if defined(__x86_64__) || defined(__i386__)
-#include <immintrin.h>
+#if GR_X86
 #define GR_PAUSE() _mm_pause()
 #else
 #define GR_PAUSE() ((void)0)
@@ -20,54 +23,37 @@
 /* ---- kernel table ------------------------------------------------------ */
 
 /* Every kernel runs `phases` passes over the node with a barrier after each
- * pass: a matmul converts src1 in pass 0 and multiplies in pass 1. */
-typedef struct { gr_kernel_fn fn; int phases; } gr_kernel_entry;
+ * pass (a matmul converts src1 in pass 0 and multiplies in pass 1); `wsize` says
+ * how much scratch the node needs. One row of kernels.def each. */
+typedef struct {
+    gr_kernel_fn fn;
+    int phases;
+    size_t (*wsize)(const gr_node *n, int nth);
+} gr_kernel_entry;
 
-/* filled in by the ops files through gr_register_kernels() */
-static gr_kernel_entry KERNELS[GR_K_COUNT];
-
-void gr_register_more_kernels(void (*set)(int, gr_kernel_fn, int));
-void gr_register_backward_kernels(void (*set)(int, gr_kernel_fn, int));
-void gr_register_conv_kernels(void (*set)(int, gr_kernel_fn, int));
-void gr_register_recurrent_kernels(void (*set)(int, gr_kernel_fn, int));
-
-static void set_kernel(int id, gr_kernel_fn fn, int phases) {
-    if (id > 0 && id < GR_K_COUNT) {
-        KERNELS[id].fn = fn;
-        KERNELS[id].phases = phases;
-    }
-}
+static const gr_kernel_entry KERNELS[GR_K_COUNT] = {
+#define GR_KERNEL(NAME, fn, phases, wsize) [GR_K_##NAME] = { fn, phases, wsize },
+#include "cpu/kernels.def"
+};
 
 static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static int simd_wanted = 1;   /* SIMD kernels unless set_simd(0) */
 static int simd_enabled;      /* ... and the CPU has them for the family */
 static int family;            /* the ggml build whose orders the primitives follow */
 
+/* the one SIMD switch (simd.h): every table the family decides */
+int gr_simd_select(int fam, int use_simd) {
+    const int simd = gr_vec_init(fam, use_simd);
+    gr_tiled_init(simd);
+    return simd;
+}
+
 static void select_kernels(void) {
-    simd_enabled = gr_vec_init(family, simd_wanted);
-    gr_tiled_init(simd_enabled);
+    simd_enabled = gr_simd_select(family, simd_wanted);
 }
 
 static void exec_init(void) {
-    set_kernel(GR_K_DUP, gr_k_dup, 1);
-    set_kernel(GR_K_BINARY, gr_k_binary, 1);
-    set_kernel(GR_K_UNARY, gr_k_unary, 1);
-    set_kernel(GR_K_GLU, gr_k_glu, 1);
-    set_kernel(GR_K_SCALE, gr_k_scale, 1);
-    set_kernel(GR_K_GET_ROWS, gr_k_get_rows, 1);
-    set_kernel(GR_K_SET_ROWS, gr_k_set_rows, 1);
-    set_kernel(GR_K_RMS_NORM, gr_k_rms_norm, 1);
-    set_kernel(GR_K_NORM, gr_k_norm, 1);
-    set_kernel(GR_K_GROUP_NORM, gr_k_group_norm, 1);
-    set_kernel(GR_K_SOFT_MAX, gr_k_soft_max, 1);
-    set_kernel(GR_K_ROPE, gr_k_rope, 1);
-    set_kernel(GR_K_MUL_MAT, gr_k_mul_mat, 2);
-    set_kernel(GR_K_FLASH_ATTN, gr_k_flash_attn, 2);
-    gr_register_more_kernels(set_kernel);
-    gr_register_backward_kernels(set_kernel);
-    gr_register_conv_kernels(set_kernel);
-    gr_register_recurrent_kernels(set_kernel);
-    family = gr_vec_native_family();
+    family = gr_cpu_native_family();
     select_kernels();
 }
 
@@ -92,7 +78,7 @@ int ggmlrpc_exec_family(void) {
 int ggmlrpc_exec_set_family(int f) {
     pthread_once(&init_once, exec_init);
     const int old = family;
-    family = f ? f : gr_vec_native_family();
+    family = f ? f : gr_cpu_native_family();
     select_kernels();
     return old;
 }
@@ -104,55 +90,8 @@ int ggmlrpc_exec_vec_lanes(void) {
 
 size_t ggmlrpc_exec_wsize(const gr_node *node, int nth) {
     pthread_once(&init_once, exec_init);
-    const int64_t ne00 = node->src[0].ne[0];
-    switch (node->kernel) {
-    case GR_K_MUL_MAT:
-    case GR_K_MUL_MAT_ID:
-        return gr_wsize_mul_mat(node, nth);
-    case GR_K_FLASH_ATTN:
-        return gr_wsize_flash_attn(node, nth);
-    case GR_K_SOFT_MAX:
-    case GR_K_DUP:
-    case GR_K_BINARY:
-    case GR_K_UNARY:
-    case GR_K_GLU:
-    case GR_K_SET_ROWS:
-    case GR_K_GET_ROWS:
-    case GR_K_ARGSORT:
-    case GR_K_CONCAT:
-    case GR_K_ADD_ID:
-    case GR_K_OUT_PROD:
-    case GR_K_ACC:
-    case GR_K_SET:
-        /* per-thread rows of floats: the widest row among dst and the sources */
-        {
-            int64_t w = node->dst.ne[0] > ne00 ? node->dst.ne[0] : ne00;
-            for (int i = 1; i < node->n_src; i++)
-                if (node->src[i].ne[0] > w) w = node->src[i].ne[0];
-            return (size_t)nth * (size_t)(3 * w + 48) * sizeof(float);
-        }
-    case GR_K_ROPE:
-        return (size_t)nth * (size_t)(node->dst.ne[0] + 16) * sizeof(float);
-    case GR_K_COUNT_EQUAL:
-        return (size_t)nth * 64;
-    case GR_K_CONV:
-        return gr_wsize_conv(node, nth);
-    case GR_K_ADD_Q:
-    case GR_K_LIGHTNING_INDEXER:   /* a row as floats per thread */
-        return (size_t)nth * (size_t)(ne00 + 16) * sizeof(float);
-    case GR_K_CONV_TRANSPOSE:
-        return gr_wsize_conv_transpose(node);
-    case GR_K_CROSS_ENTROPY:   /* per-thread sums, then a row of floats per thread */
-        return (size_t)(nth + 16) * sizeof(float) + (size_t)nth * (size_t)(ne00 + 16) * sizeof(float);
-    case GR_K_GATED_DELTA_NET:
-        {
-            const int64_t S = node->src[2].ne[0];
-            const int64_t per = S + (node->op_params[0] > 1 ? S * S : 0);
-            return (size_t)nth * (size_t)(per + 16) * sizeof(float);
-        }
-    default:
-        return 0;
-    }
+    if (node->kernel < 0 || node->kernel >= GR_K_COUNT) return 0;
+    return KERNELS[node->kernel].wsize(node, nth);
 }
 
 /* ---- barrier ------------------------------------------------------------ */
@@ -231,46 +170,11 @@ static void barrier_wait(gr_barrier *b) {
 
 /* ---- runs --------------------------------------------------------------- */
 
-/* A failure stops the run at the barrier that ends the failing phase, and only
- * there: `failed` holds that barrier's number + 1, so a slow thread still
- * checking after an earlier barrier carries on to it (stopping on sight would
- * leave the others waiting at a barrier it never reaches). */
-struct gr_run {
-    const gr_node *nodes;
-    int n_nodes;
-    char *wdata;
-    size_t wsize;
-    atomic_int failed;          /* 0, or 1 + the barrier number where every thread stops */
-    gr_exec_status *status;
-    const volatile int *cancel; /* stop at the next barrier once nonzero (may be NULL) */
-    _Alignas(64) atomic_int chunk;   /* next work chunk of the current node (own cache line) */
-};
-
-void gr_chunk_set(gr_job *job, int value) {
-    atomic_store_explicit(&job->run->chunk, value, memory_order_relaxed);
-}
-
-int gr_chunk_next(gr_job *job) {
-    return atomic_fetch_add_explicit(&job->run->chunk, 1, memory_order_relaxed);
-}
-
 /* thread 0, before a barrier: a cancel request becomes a failure at that barrier
  * (one thread decides, so every thread stops at the same one) */
 static void check_cancel(gr_job *job) {
     if (job->ith == 0 && job->run->cancel && *job->run->cancel)
         gr_fail(job, GR_EXEC_ECANCELED, "canceled");
-}
-
-void gr_fail(gr_job *job, int code, const char *fmt, ...) {
-    int expected = 0;
-    if (!atomic_compare_exchange_strong(&job->run->failed, &expected, job->epoch + 1)) return;
-    gr_exec_status *st = job->run->status;
-    st->code = code;
-    st->node = job->node->index;
-    va_list ap;
-    va_start(ap, fmt);
-    vsnprintf(st->msg, sizeof st->msg, fmt, ap);
-    va_end(ap);
 }
 
 struct gr_pool {

@@ -1,6 +1,6 @@
 /* Wire checks, hashing and socket loops for ggmlrpc. */
 #define _GNU_SOURCE
-#include "rpc.h"
+#include "common/rpc.h"
 
 #include <errno.h>
 #include <poll.h>

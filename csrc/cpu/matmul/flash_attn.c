@@ -1,0 +1,370 @@
+/* FLASH_ATTN_EXT.
+ *
+ * FLASH_ATTN_EXT has ggml's two numerics: per query row with Q rounded to the
+ * K type's vec_dot type and an F16 accumulator for F16 V (the "one chunk"
+ * path), and, for 64 query rows or more with F32/F16 K and V, tiles of 64x64
+ * computed in F32 (the "tiled" path). Rows are independent in both, so the
+ * split between threads does not change any result.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu/job.h"
+#include "cpu/kernels.h"
+
+/* ---- FLASH_ATTN_EXT ---------------------------------------------------------- */
+
+#define FA_TQ 64   /* query rows per tile */
+#define FA_TK 64   /* keys per tile */
+
+/* node iparams: [0] vec_dot type of K, [1] path: GR_FA_ROWS, GR_FA_TILED or GR_FA_SPLIT */
+
+/* per-thread floats of the row path: VKQ (DV), V or the F16 VKQ (DV), Q converted */
+static inline int64_t fa_row_floats(int64_t DK, int64_t DV) { return DK + 2 * DV + 16 + DK / 4; }
+
+size_t gr_ws_flash_attn(const gr_node *n, int nth) {
+    const int64_t DK = n->src[1].ne[0], DV = n->src[2].ne[0];
+    int64_t per;
+    if (n->iparams[1] == GR_FA_TILED) per = FA_TQ * DK + 2 * FA_TQ * FA_TK + FA_TQ * DV + FA_TK * DV + FA_TK * DK + DK;
+    else per = fa_row_floats(DK, DV);
+    size_t total = (size_t)nth * (size_t)(per + 16) * sizeof(float);
+    if (n->iparams[1] == GR_FA_SPLIT)   /* (M, S, VKQ) per head and chunk */
+        total += (size_t)n->src[0].ne[2] * (size_t)nth * (size_t)(2 + DV) * sizeof(float);
+    return total;
+}
+
+typedef struct {
+    const gr_tensor *q, *k, *v, *mask, *sinks, *dst;
+    int64_t DK, DV, rk2, rk3, rv2, rv3;
+    float scale, max_bias, softcap;
+} fa_ctx;
+
+static void fa_setup(const gr_node *n, fa_ctx *c) {
+    c->q = &n->src[0];
+    c->k = &n->src[1];
+    c->v = &n->src[2];
+    c->mask = n->n_src > 3 && n->src[3].data ? &n->src[3] : NULL;
+    c->sinks = n->n_src > 4 && n->src[4].data ? &n->src[4] : NULL;
+    c->dst = &n->dst;
+    c->DK = c->k->ne[0];
+    c->DV = c->v->ne[0];
+    c->rk2 = c->q->ne[2] / c->k->ne[2];
+    c->rk3 = c->q->ne[3] / c->k->ne[3];
+    c->rv2 = c->q->ne[2] / c->v->ne[2];
+    c->rv3 = c->q->ne[3] / c->v->ne[3];
+    memcpy(&c->scale, &n->op_params[0], 4);
+    memcpy(&c->max_bias, &n->op_params[1], 4);
+    memcpy(&c->softcap, &n->op_params[2], 4);
+    if (c->softcap != 0.0f) c->scale /= c->softcap;
+}
+
+static inline float fa_slope(const fa_ctx *c, uint32_t h) {
+    if (!(c->max_bias > 0.0f)) return 1.0f;
+    const uint32_t n_head = (uint32_t)c->q->ne[2];
+    const uint32_t n_head_log2 = 1u << (uint32_t)floor(log2((double)n_head));
+    const float m0 = powf(2.0f, -(c->max_bias) / n_head_log2);
+    const float m1 = powf(2.0f, -(c->max_bias / 2.0f) / n_head_log2);
+    return h < n_head_log2 ? powf(m0, (float)(h + 1)) : powf(m1, (float)(2 * (h - n_head_log2) + 1));
+}
+
+static inline const uint16_t *fa_mask_row(const fa_ctx *c, int64_t iq1, int64_t iq2, int64_t iq3) {
+    if (!c->mask) return NULL;
+    const gr_tensor *m = c->mask;
+    return (const uint16_t *)(m->data + iq1 * m->nb[1] + (iq2 % m->ne[2]) * m->nb[2] + (iq3 % m->ne[3]) * m->nb[3]);
+}
+
+/* output row for query (iq1, head iq2, iq3): dst is (DV, heads, queries, ne3) */
+static inline float *fa_out(const fa_ctx *c, int64_t iq1, int64_t iq2, int64_t iq3) {
+    const gr_tensor *d = c->dst;
+    return (float *)(d->data + iq2 * d->nb[1] + iq1 * d->nb[2] + iq3 * d->nb[3]);
+}
+
+/* fold head h's sink into the running (M, S, vkq) */
+static void fa_sink(const fa_ctx *c, float *vkq, float *M, float *S, int64_t h) {
+    float s;
+    memcpy(&s, c->sinks->data + h * c->sinks->nb[0], 4);
+    float ms = 1.0f, vs = 1.0f;
+    if (s > *M) {
+        ms = expf(*M - s);
+        *M = s;
+        for (int64_t d = 0; d < c->DV; d++) vkq[d] *= ms;
+    } else {
+        vs = expf(s - *M);
+    }
+    *S = fmaf(*S, ms, vs);
+}
+
+static void fa_finish(const fa_ctx *c, float *vkq, float M, float S, int64_t h, float *out) {
+    if (c->sinks) fa_sink(c, vkq, &M, &S, h);
+    const float S_inv = S == 0.0f ? 0.0f : 1.0f / S;
+    for (int64_t d = 0; d < c->DV; d++) out[d] = vkq[d] * S_inv;
+}
+
+/* One query row ir over keys [ic0, ic1) with an online softmax. With `partial`
+ * the unnormalized (M, S, VKQ) go there (the split path), else the output row. */
+static void fa_row(const gr_node *n, gr_job *job, const fa_ctx *c, int64_t ir, int64_t ic0, int64_t ic1,
+                   float *partial) {
+    const int64_t DK = c->DK, DV = c->DV;
+    const int64_t neq1 = c->q->ne[1], neq2 = c->q->ne[2];
+    const int32_t vdt = (int32_t)n->iparams[0];
+    const int32_t kt = c->k->type, vt = c->v->type;
+    float *VKQ32 = gr_thread_f32(job, fa_row_floats(DK, DV));
+    float *V32 = VKQ32 + DV;
+    uint16_t *VKQ16 = (uint16_t *)(VKQ32 + DV);
+    void *Q_q = VKQ32 + 2 * DV;
+    ggmlrpc_vec_dot_fn qdot = NULL;
+    ggmlrpc_from_float_fn q_from = NULL;
+    ggmlrpc_to_float_fn v_to_float = NULL;
+    if (kt != GR_TYPE_F32 && kt != GR_TYPE_F16) {
+        qdot = ggmlrpc_get_vec_dot((uint32_t)kt);
+        q_from = ggmlrpc_get_from_float((uint32_t)vdt);
+    }
+    if (vt != GR_TYPE_F32 && vt != GR_TYPE_F16) v_to_float = ggmlrpc_get_to_float((uint32_t)vt);
+
+    const int64_t iq3 = ir / (neq2 * neq1);
+    const int64_t iq2 = (ir - iq3 * neq2 * neq1) / neq1;
+    const int64_t iq1 = ir - iq3 * neq2 * neq1 - iq2 * neq1;
+    const float slope = fa_slope(c, (uint32_t)iq2);
+    float S = 0.0f, M = -INFINITY;
+    if (vt == GR_TYPE_F16) memset(VKQ16, 0, (size_t)DV * 2);
+    else memset(VKQ32, 0, (size_t)DV * 4);
+    const uint16_t *mp = fa_mask_row(c, iq1, iq2, iq3);
+    const int64_t ik2 = iq2 / c->rk2, ik3 = iq3 / c->rk3;
+    const int64_t iv2 = iq2 / c->rv2, iv3 = iq3 / c->rv3;
+    const float *pq = (const float *)(c->q->data + iq1 * c->q->nb[1] + iq2 * c->q->nb[2] + iq3 * c->q->nb[3]);
+    if (vdt == GR_TYPE_F32) memcpy(Q_q, pq, (size_t)DK * 4);
+    else if (vdt == GR_TYPE_F16) gr_vec.fp32_to_fp16(DK, pq, (uint16_t *)Q_q);
+    else q_from(pq, Q_q, DK);
+
+    for (int64_t ic = ic0; ic < ic1; ic++) {
+        const float mv = mp ? slope * gr_fp16_to_fp32(mp[ic]) : 0.0f;
+        if (mv == -INFINITY) continue;
+        const char *kd = c->k->data + ic * c->k->nb[1] + ik2 * c->k->nb[2] + ik3 * c->k->nb[3];
+        float s;
+        if (kt == GR_TYPE_F16) s = gr_vec.dot_f16(DK, (const uint16_t *)kd, (const uint16_t *)Q_q);
+        else if (kt == GR_TYPE_F32) s = gr_vec.dot_f32(DK, (const float *)kd, (const float *)Q_q);
+        else qdot(DK, &s, kd, Q_q);
+        s = s * c->scale;
+        if (c->softcap != 0.0f) s = c->softcap * tanhf(s);
+        s += mv;
+        const float Mold = M;
+        float ms = 1.0f, vs = 1.0f;
+        const char *vd = c->v->data + ic * c->v->nb[1] + iv2 * c->v->nb[2] + iv3 * c->v->nb[3];
+        if (vt == GR_TYPE_F16) {
+            if (s > M) {
+                M = s;
+                ms = expf(Mold - M);
+                gr_vec.scale_f16(DV, VKQ16, ms);
+            } else {
+                vs = expf(s - M);
+            }
+            gr_vec.mad_f16(DV, VKQ16, (const uint16_t *)vd, vs);
+        } else {
+            if (s > M) {
+                M = s;
+                ms = expf(Mold - M);
+                for (int64_t d = 0; d < DV; d++) VKQ32[d] *= ms;
+            } else {
+                vs = expf(s - M);
+            }
+            if (vt == GR_TYPE_F32) {
+                gr_vec.mad_f32(DV, VKQ32, (const float *)vd, vs);
+            } else {
+                v_to_float(vd, V32, DV);
+                gr_vec.mad_f32(DV, VKQ32, V32, vs);
+            }
+        }
+        S = fmaf(S, ms, vs);
+    }
+    if (vt == GR_TYPE_F16) gr_vec.fp16_to_fp32(DV, VKQ16, VKQ32);
+    if (!partial) {
+        fa_finish(c, VKQ32, M, S, iq2, fa_out(c, iq1, iq2, iq3));
+        return;
+    }
+    if (c->sinks && ic0 == 0) fa_sink(c, VKQ32, &M, &S, iq2);
+    partial[0] = M;
+    partial[1] = S;
+    memcpy(partial + 2, VKQ32, (size_t)DV * 4);
+}
+
+/* Decode with a long cache (one query, 512 keys or more): the keys are cut into
+ * one chunk per thread, every head gets partial (M, S, VKQ) per chunk, and after
+ * a barrier the partials are merged per head. The cut follows the thread count,
+ * as in ggml, so results match a ggml backend run with as many threads. */
+static void fa_split(const gr_node *n, gr_job *job, const fa_ctx *c, int phase) {
+    const int64_t DK = c->DK, DV = c->DV, nek1 = c->k->ne[1], heads = c->q->ne[2];
+    const int nth = job->nth;
+    const int64_t chunk = (nek1 + nth - 1) / nth;
+    const int64_t psize = 2 + DV;
+    float *partials = (float *)job->wdata + (size_t)nth * (size_t)(fa_row_floats(DK, DV) + 16);
+    if (phase == 0) {
+        const int64_t ic0 = job->ith * chunk;
+        const int64_t ic1 = ic0 + chunk < nek1 ? ic0 + chunk : nek1;
+        for (int64_t h = 0; h < heads; h++) {
+            float *p = partials + (h * nth + job->ith) * psize;
+            if (ic0 < nek1) {
+                fa_row(n, job, c, h, ic0, ic1, p);
+            } else {
+                p[0] = -INFINITY;
+                p[1] = 0.0f;
+            }
+        }
+        return;
+    }
+    float *vkq = gr_thread_f32(job, fa_row_floats(DK, DV));
+    for (int64_t h = job->ith; h < heads; h += nth) {
+        float M = -INFINITY, S = 0.0f;
+        memset(vkq, 0, (size_t)DV * 4);
+        for (int64_t k = 0; k < nth; k++) {
+            if (k * chunk >= nek1) continue;
+            const float *p = partials + (h * nth + k) * psize;
+            if (p[1] == 0.0f) continue;
+            const float Mn = fmaxf(M, p[0]);
+            const float so = expf(M - Mn), sn = expf(p[0] - Mn);
+            for (int64_t d = 0; d < DV; d++) vkq[d] = fmaf(vkq[d], so, p[2 + d] * sn);
+            S = fmaf(S, so, p[1] * sn);
+            M = Mn;
+        }
+        if (S != 0.0f) {
+            const float inv = 1.0f / S;
+            for (int64_t d = 0; d < DV; d++) vkq[d] *= inv;
+        }
+        memcpy(fa_out(c, 0, h, 0), vkq, (size_t)DV * 4);
+    }
+}
+
+/* Query rows in tiles of up to 64 (never crossing a head), keys in tiles of 64,
+ * everything in F32 with sequential fused sums, as ggml's tiled path. */
+static void fa_tiled(gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
+    const int64_t DK = c->DK, DV = c->DV;
+    const int64_t neq1 = c->q->ne[1], neq2 = c->q->ne[2];
+    const int64_t nek1 = c->k->ne[1];
+    const int32_t kvt = c->k->type;
+    float *base = gr_thread_f32(job, FA_TQ * DK + 2 * FA_TQ * FA_TK + FA_TQ * DV + FA_TK * DV + FA_TK * DK + DK);
+    float *Qf = base;                     /* (FA_TQ, DK) */
+    float *KQ = Qf + FA_TQ * DK;          /* (FA_TQ, FA_TK) */
+    float *mask32 = KQ + FA_TQ * FA_TK;   /* (FA_TQ, FA_TK) */
+    float *VKQ = mask32 + FA_TQ * FA_TK;  /* (FA_TQ, DV) */
+    float *V32 = VKQ + FA_TQ * DV;        /* (FA_TK, DV) */
+    float *K32 = V32 + FA_TK * DV;        /* (DK, FA_TK): K transposed */
+    float *Krow = K32 + FA_TK * DK;       /* (DK) */
+    float S[FA_TQ], M[FA_TQ];
+    int skip[FA_TQ];
+
+    int64_t ir = r0;
+    while (ir < r1) {
+        const int64_t iq3 = ir / (neq2 * neq1);
+        const int64_t iq2 = (ir - iq3 * neq2 * neq1) / neq1;
+        const int64_t iq1 = ir - iq3 * neq2 * neq1 - iq2 * neq1;
+        int64_t rows = FA_TQ;
+        if (r1 - ir < rows) rows = r1 - ir;
+        if (neq1 - iq1 < rows) rows = neq1 - iq1;
+        const float slope = fa_slope(c, (uint32_t)iq2);
+        const int64_t ik2 = iq2 / c->rk2, ik3 = iq3 / c->rk3;
+        const int64_t iv2 = iq2 / c->rv2, iv3 = iq3 / c->rv3;
+        for (int t = 0; t < FA_TQ; t++) {
+            S[t] = 0.0f;
+            M[t] = -INFINITY;
+        }
+        memset(VKQ, 0, sizeof(float) * FA_TQ * DV);
+        memset(mask32, 0, sizeof(float) * FA_TQ * FA_TK);
+        for (int64_t t = 0; t < FA_TQ; t++) {
+            if (t < rows) {
+                const char *pq = c->q->data + (iq1 + t) * c->q->nb[1] + iq2 * c->q->nb[2] + iq3 * c->q->nb[3];
+                memcpy(Qf + t * DK, pq, (size_t)DK * 4);
+            } else {
+                memset(Qf + t * DK, 0, (size_t)DK * 4);
+            }
+        }
+        for (int64_t ic = 0; ic < nek1; ic += FA_TK) {
+            const int64_t kv = nek1 - ic < FA_TK ? nek1 - ic : FA_TK;
+            if (c->mask) {
+                int live = 0;   /* any entry not -inf: a tile of -inf only is skipped */
+                for (int64_t t = 0; t < rows; t++) {
+                    float *m = mask32 + t * FA_TK;
+                    gr_vec.fp16_to_fp32(kv, fa_mask_row(c, iq1 + t, iq2, iq3) + ic, m);
+                    for (int64_t k = 0; k < kv; k++) {
+                        m[k] *= slope;
+                        live |= m[k] != -INFINITY;
+                    }
+                    for (int64_t k = kv; k < FA_TK; k++) m[k] = -INFINITY;
+                }
+                if (!live) continue;
+            }
+            /* keys past kv are zero columns */
+            for (int64_t k = 0; k < FA_TK; k++) {
+                if (k < kv) {
+                    const char *kd = c->k->data + (ic + k) * c->k->nb[1] + ik2 * c->k->nb[2] + ik3 * c->k->nb[3];
+                    gr_load_f32(kvt, kd, c->k->nb[0], Krow, DK);
+                    for (int64_t e = 0; e < DK; e++) K32[e * FA_TK + k] = Krow[e];
+                } else {
+                    for (int64_t e = 0; e < DK; e++) K32[e * FA_TK + k] = 0.0f;
+                }
+            }
+            /* KQ = Q K^T, each entry one sequential fused sum over DK (rows past
+             * `rows` are padding: ggml computes them, nothing reads them) */
+            memset(KQ, 0, sizeof(float) * (size_t)rows * FA_TK);
+            gr_vec.gemm_f32(rows, DK, FA_TK, KQ, Qf, K32);
+            for (int64_t i = 0; i < rows * FA_TK; i++) KQ[i] *= c->scale;
+            if (c->softcap != 0.0f)
+                for (int64_t i = 0; i < rows * FA_TK; i++) KQ[i] = tanhf(KQ[i]) * c->softcap;
+            if (kv < FA_TK)
+                for (int64_t t = 0; t < rows; t++)
+                    for (int64_t k = kv; k < FA_TK; k++) KQ[t * FA_TK + k] = -INFINITY;
+            if (c->mask)
+                for (int64_t i = 0; i < rows * FA_TK; i++) KQ[i] += mask32[i];
+            for (int64_t t = 0; t < rows; t++) {
+                float *row = KQ + t * FA_TK;
+                float tmax = -INFINITY;
+                for (int64_t k = 0; k < FA_TK; k++) tmax = tmax > row[k] ? tmax : row[k];
+                skip[t] = tmax == -INFINITY;
+                if (skip[t]) continue;
+                const float Mold = M[t];
+                const float Mnew = fmaxf(Mold, tmax);
+                if (Mnew > Mold) {
+                    const float ms = expf(Mold - Mnew);
+                    for (int64_t d = 0; d < DV; d++) VKQ[t * DV + d] *= ms;
+                    S[t] *= ms;
+                }
+                M[t] = Mnew;
+                S[t] = (float)((double)S[t] + gr_vec.soft_max(FA_TK, row, row, Mnew));
+            }
+            for (int64_t k = 0; k < FA_TK; k++) {
+                if (k < kv) {
+                    const char *vd = c->v->data + (ic + k) * c->v->nb[1] + iv2 * c->v->nb[2] + iv3 * c->v->nb[3];
+                    gr_load_f32(kvt, vd, c->v->nb[0], V32 + k * DV, DV);
+                } else {
+                    memset(V32 + k * DV, 0, (size_t)DV * 4);
+                }
+            }
+            for (int64_t t = 0; t < rows; t++)
+                if (skip[t]) memset(KQ + t * FA_TK, 0, sizeof(float) * FA_TK);
+            /* VKQ += softmax(KQ) V, sequential fused sums over the keys */
+            gr_vec.gemm_f32(rows, FA_TK, DV, VKQ, KQ, V32);
+        }
+        for (int64_t t = 0; t < rows; t++)
+            fa_finish(c, VKQ + t * DV, M[t], S[t], iq2, fa_out(c, iq1 + t, iq2, iq3));
+        ir += rows;
+    }
+}
+
+/*   q: (DK, queries, heads, ne3) F32; k: (DK, keys, kv_heads, ne3k); v: (DV, keys, kv_heads, ne3v)
+ *   mask: (keys, >= queries, 1 | heads, 1 | ne3) F16 or absent; sinks: (heads) F32 or absent
+ *   dst: (DV, heads, queries, ne3) F32. Two phases: the split path merges in the second. */
+void gr_k_flash_attn(gr_job *job, int phase) {
+    const gr_node *n = job->node;
+    fa_ctx c;
+    fa_setup(n, &c);
+    if (n->iparams[1] == GR_FA_SPLIT) {
+        fa_split(n, job, &c, phase);
+        return;
+    }
+    if (phase) return;
+    const int64_t nr = c.q->ne[1] * c.q->ne[2] * c.q->ne[3];
+    int64_t r0, r1;
+    gr_range(nr, job->ith, job->nth, &r0, &r1);
+    if (r0 >= r1) return;
+    if (n->iparams[1] == GR_FA_TILED) fa_tiled(job, &c, r0, r1);
+    else for (int64_t ir = r0; ir < r1; ir++) fa_row(n, job, &c, ir, 0, c.k->ne[1], NULL);
+}

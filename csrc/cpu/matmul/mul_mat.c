@@ -1,0 +1,358 @@
+/* MUL_MAT.
+ *
+ * MUL_MAT follows ggml's CPU backend: activations (src1) are converted to the
+ * weight type's vec_dot type first (F32 -> F16 for F16 weights, -> Q8_0 for
+ * Q4_0/Q8_0 weights...), then every output is one dot product of a weight row
+ * with an activation row. F32/F16 dot products use one of two summation orders,
+ * picked by the compiler exactly where ggml picks them: its prompt-time GEMM
+ * (one 8-lane accumulator) or its vec_dot (four 8-lane accumulators). Quantized
+ * products sum as vec_dot does, except IQ4_NL from 2 columns on (tinyBLAS's one
+ * accumulator) and the K-quants from 8 columns on (ggml's tiled order).
+ *
+ * Speed comes from doing each output's steps for several columns at once:
+ * runs of eight columns are also written as panels (ggmlrpc_panel_* for the
+ * Q4/Q5/Q8 and IQ4_NL formats, gr_kpanel_* for the K-quants), so that a weight
+ * row is unpacked once for the eight; every output stays bit-equal to its
+ * one-column kernel. Weight rows go to threads in chunks handed out one at a
+ * time.
+ */
+#include <math.h>
+#include <stdint.h>
+#include <string.h>
+
+#include "cpu/job.h"
+#include "cpu/kernels.h"
+#include "cpu/matmul/matmul.h"
+#include "common/rpc.h"   /* ggmlrpc_blck_size */
+
+/* node iparams: [0] vec_dot type, [1] summation order (GR_MM_* of names.def:
+ * vec_dot, prompt-time GEMM, tiled K-quant, IQ4_NL's one-accumulator GEMM through
+ * ggmlrpc_get_vec_dot_gemm), [2] bytes of one converted src1 row.
+ * Scratch: gr_mm_scratch (matmul.h). */
+
+/* What every strategy of one node's phase 1 needs. */
+typedef struct {
+    const gr_node *n;
+    const gr_tensor *s0, *s1, *d;   /* weights (K, M, ne02, ne03), activations (K, N, ne12, ne13), dst */
+    gr_mm_scratch L;
+    int64_t K, M, N, ne12, ne13;
+    int64_t r2, r3;                 /* src1 batches per src0 batch */
+    int64_t nr0, nr1;               /* weight rows, activation columns over all batches */
+    size_t row_size;                /* bytes of one converted src1 row */
+    int conv;                       /* src1 was converted into scratch */
+    ggmlrpc_vec_dot_fn qdot;
+    float (*dot32)(int64_t, const float *, const float *);
+    float (*dot16)(int64_t, const uint16_t *, const uint16_t *);
+} mm_ctx;
+
+/* activation column c (over all batches): converted in scratch or read in place */
+static inline const char *mm_act(const gr_job *job, const mm_ctx *c, int64_t col) {
+    const int64_t i11 = col % c->N, i12 = (col / c->N) % c->ne12, i13 = col / (c->N * c->ne12);
+    return c->conv ? job->wdata + (size_t)col * c->row_size
+                   : c->s1->data + i11 * c->s1->nb[1] + i12 * c->s1->nb[2] + i13 * c->s1->nb[3];
+}
+
+/* ---- phase 0: src1 into the vec_dot type, sums and panels ------------------- */
+
+static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
+    const gr_node *n = job->node;
+    const gr_tensor *s0 = &n->src[0], *s1 = &n->src[1];
+    const int32_t vdt = (int32_t)n->iparams[0];
+    const size_t row_size = (size_t)n->iparams[2];
+    const int64_t K = s0->ne[0], N = s1->ne[1];
+    if (job->ith == 0) gr_chunk_set(job, job->nth);   /* chunks 0..nth-1 go to threads 0..nth-1 */
+    if (s1->type == vdt) return;
+    int32_t *sums = L->q4_sums && ggmlrpc_get_vec_dot_q4_0_sums() ? (int32_t *)(job->wdata + L->sums) : NULL;
+    int64_t r0, r1;
+    gr_range(gr_nrows(s1), job->ith, job->nth, &r0, &r1);
+    ggmlrpc_from_float_fn from_float = NULL;
+    if (vdt != GR_TYPE_F32 && vdt != GR_TYPE_F16) from_float = ggmlrpc_get_from_float((uint32_t)vdt);
+    if (from_float && gr_nrows(s1) < job->nth) {
+        /* fewer rows than threads (decode): every thread quantizes a run of
+         * whole blocks of each row; blocks are quantized independently */
+        const int64_t bs = ggmlrpc_blck_size((uint32_t)vdt), nb = K / bs;
+        const size_t bb = row_size / (size_t)nb;
+        int64_t k0, k1;
+        gr_range(nb, job->ith, job->nth, &k0, &k1);
+        for (int64_t ir = 0; ir < gr_nrows(s1) && k0 < k1; ir++) {
+            char *q = job->wdata + (size_t)ir * row_size + (size_t)k0 * bb;
+            from_float((const float *)gr_row(s1, ir) + k0 * bs, q, (k1 - k0) * bs);
+            if (sums) ggmlrpc_q4_0_act_sums(q, sums + (ir * nb + k0) * 8, k1 - k0);
+        }
+        return;
+    }
+    /* panels only where the plan made room for them (the SIMD level can be
+     * switched between planning and running) */
+    const size_t pb = !L->kpanel && L->panel_block && gr_mm_scratch_has(n, L->panels_end) ? L->panel_block : 0;
+    const int kp = L->kpanel && gr_mm_scratch_has(n, L->threads + (size_t)job->nth * L->per_thread);
+    for (int64_t ir = r0; ir < r1; ir++) {
+        const char *src = gr_row(s1, ir);
+        char *dst = job->wdata + (size_t)ir * row_size;
+        gr_mm_convert_row(vdt, s1, src, dst, K, from_float);
+        if (sums) ggmlrpc_q4_0_act_sums(dst, sums + ir * (K / 32) * 8, K / 32);
+        const int64_t i11 = ir % N, G = N / 8;
+        if ((pb || kp) && i11 < G * 8) {   /* lane i11 % 8 of its batch's panel i11 / 8 */
+            const size_t group = (size_t)((ir / N) * G + i11 / 8);
+            if (pb)
+                ggmlrpc_panel_put((uint32_t)s0->type, dst, K / 32,
+                                  job->wdata + L->panels + group * (size_t)(K / 32) * pb, (int)(i11 % 8));
+            else
+                gr_kpanel_put(dst, K / 256, job->wdata + L->panels + group * (size_t)(K / 256) * GR_KPANEL_BYTES,
+                              (int)(i11 % 8));
+        }
+    }
+}
+
+/* ---- phase 1 strategies ---------------------------------------------------- */
+
+/* outputs [a0, a1) x columns [b0, b1), one dot product each (vec_dot's order, or
+ * the GEMM's for F32/F16 with dot32/dot16 set so); a weight row against four
+ * converted columns of one batch at a time where the type has such a kernel */
+static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
+    const gr_tensor *s0 = cx->s0, *s1 = cx->s1, *d = cx->d;
+    const size_t row_size = cx->row_size;
+    const int64_t K = cx->K, N = cx->N, ne12 = cx->ne12, r2 = cx->r2, r3 = cx->r3;
+    const int conv = cx->conv;
+    const ggmlrpc_vec_dot_fn qdot = cx->qdot;
+    const ggmlrpc_vec_dot_sums_fn qdots = cx->L.q4_sums ? ggmlrpc_get_vec_dot_q4_0_sums() : NULL;
+    const int32_t *sums = qdots ? (const int32_t *)(job->wdata + cx->L.sums) : NULL;
+    const ggmlrpc_vec_dot_x4_fn qdot4 = conv && b1 - b0 >= 4 ? ggmlrpc_get_vec_dot_x4((uint32_t)s0->type) : NULL;
+    const int64_t BLK = 16;
+    for (int64_t ib = a0; ib < a1; ib += BLK) {
+        const int64_t ie = ib + BLK < a1 ? ib + BLK : a1;
+        int64_t c = b0;
+        for (; qdot4 && c + 4 <= b1; c += 4) {
+            if (c / N != (c + 3) / N) break;   /* a batch boundary: the rest one by one */
+            const int64_t i11 = c % N, i12 = (c / N) % ne12, i13 = c / (N * ne12);
+            const void *act[4];
+            float *out[4];
+            for (int j = 0; j < 4; j++) {
+                act[j] = job->wdata + (size_t)(c + j) * row_size;
+                out[j] = (float *)(d->data + (i11 + j) * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
+            }
+            const char *w = s0->data + (i12 / r2) * s0->nb[2] + (i13 / r3) * s0->nb[3];
+            for (int64_t i01 = ib; i01 < ie; i01++) {
+                float v[4];
+                qdot4(K, v, w + i01 * s0->nb[1], act);
+                for (int j = 0; j < 4; j++) out[j][i01] = v[j];
+            }
+        }
+        for (; c < b1; c++) {
+            const int64_t i11 = c % N;
+            const int64_t i12 = (c / N) % ne12;
+            const int64_t i13 = c / (N * ne12);
+            const char *act = conv ? job->wdata + (size_t)c * row_size
+                                   : s1->data + i11 * s1->nb[1] + i12 * s1->nb[2] + i13 * s1->nb[3];
+            const char *w = s0->data + (i12 / r2) * s0->nb[2] + (i13 / r3) * s0->nb[3];
+            float *out = (float *)(d->data + i11 * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
+            for (int64_t i01 = ib; i01 < ie; i01++) {
+                const char *wr = w + i01 * s0->nb[1];
+                float v;
+                if (s0->type == GR_TYPE_F32) v = cx->dot32(K, (const float *)wr, (const float *)act);
+                else if (s0->type == GR_TYPE_F16) v = cx->dot16(K, (const uint16_t *)wr, (const uint16_t *)act);
+                else if (qdots) qdots(K, &v, wr, act, sums + c * (K / 32) * 8);
+                else qdot(K, &v, wr, act);
+                out[i01] = v;
+            }
+        }
+    }
+}
+
+/* K-quants, 8+ columns, K panels in scratch: chunks of GR_MM_CHUNK_ROWS weight
+ * rows handed out one at a time, decoded once per src1 batch, each row against
+ * every panel of eight columns and the columns left over */
+static void mm_kpanel_gemm(gr_job *job, const mm_ctx *cx) {
+    const gr_tensor *s0 = cx->s0, *d = cx->d;
+    const int64_t K = cx->K, N = cx->N, ne12 = cx->ne12, ne13 = cx->ne13, nr0 = cx->nr0;
+    const int64_t nb = K / 256, G = N / 8, CH = GR_MM_CHUNK_ROWS;
+    const char *panels = job->wdata + cx->L.panels;
+    char *krows = job->wdata + cx->L.threads + (size_t)job->ith * cx->L.per_thread;
+    float *dd = (float *)(krows + (size_t)CH * (size_t)nb * GR_KROW_BYTES), *dm = dd + CH * nb;
+    const int nch = (int)((nr0 + CH - 1) / CH);
+    for (int ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+        const int64_t ib = ch * CH, ie = ib + CH < nr0 ? ib + CH : nr0;
+        for (int64_t sl = 0; sl < ne12 * ne13; sl++) {
+            const int64_t i12 = sl % ne12, i13 = sl / ne12;
+            const char *w = s0->data + (i12 / cx->r2) * s0->nb[2] + (i13 / cx->r3) * s0->nb[3];
+            for (int64_t i01 = ib; i01 < ie; i01++)
+                gr_kpanel_decode(s0->type, nb, w + i01 * s0->nb[1], krows + (size_t)(i01 - ib) * nb * GR_KROW_BYTES,
+                                 dd + (i01 - ib) * nb, dm + (i01 - ib) * nb);
+            for (int64_t g = 0; g < G; g++) {
+                const char *pan = panels + (size_t)(sl * G + g) * (size_t)nb * GR_KPANEL_BYTES;
+                float *out[8];
+                for (int j = 0; j < 8; j++)
+                    out[j] = (float *)(d->data + (8 * g + j) * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
+                for (int64_t i01 = ib; i01 < ie; i01++) {
+                    float v[8];
+                    gr_kpanel_dot(s0->type, nb, krows + (size_t)(i01 - ib) * nb * GR_KROW_BYTES, dd + (i01 - ib) * nb,
+                                  dm + (i01 - ib) * nb, pan, v);
+                    for (int j = 0; j < 8; j++) out[j][i01] = v[j];
+                }
+            }
+            if (G * 8 < N) {   /* the columns left over, read in place, the last repeated */
+                const void *act[8];
+                float *out[8];
+                for (int j = 0; j < 8; j++) {
+                    const int64_t i11 = G * 8 + j < N ? G * 8 + j : N - 1;
+                    act[j] = job->wdata + (size_t)(sl * N + i11) * cx->row_size;
+                    out[j] = (float *)(d->data + i11 * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
+                }
+                for (int64_t i01 = ib; i01 < ie; i01++) {
+                    float v[8];
+                    gr_kpanel_dot_rows(s0->type, nb, krows + (size_t)(i01 - ib) * nb * GR_KROW_BYTES, dd + (i01 - ib) * nb,
+                                       dm + (i01 - ib) * nb, act, v);
+                    for (int64_t j = 0; j < N - G * 8; j++) out[j][i01] = v[j];
+                }
+            }
+        }
+    }
+}
+
+/* K-quants in ggml's tiled order without panels: each weight row of [a0, a1)
+ * decoded once per src0 batch, then dotted with every column of [b0, b1) */
+static void mm_tiled(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
+    const gr_tensor *s0 = cx->s0, *d = cx->d;
+    const int64_t N = cx->N, ne12 = cx->ne12;
+    void *mem = job->wdata + cx->L.tiled + (size_t)job->ith * cx->L.tiled_bytes;
+    for (int64_t i01 = a0; i01 < a1; i01++) {
+        int64_t cur = -1;
+        gr_tiled_row row;
+        for (int64_t c = b0; c < b1; c++) {
+            const int64_t i11 = c % N, i12 = (c / N) % ne12, i13 = c / (N * ne12);
+            const int64_t i02 = i12 / cx->r2, i03 = i13 / cx->r3, key = i03 * s0->ne[2] + i02;
+            if (key != cur) {
+                row = gr_tiled_decode(s0->type, cx->K, s0->data + i01 * s0->nb[1] + i02 * s0->nb[2] + i03 * s0->nb[3], mem);
+                cur = key;
+            }
+            float *out = (float *)(d->data + i11 * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
+            out[i01] = gr_tiled_dot_row(&row, mm_act(job, cx, c));
+        }
+    }
+}
+
+/* F32/F16 weights in the prompt-time GEMM's order: tiles of 4 weight rows x
+ * tile_cols activation columns of the same src0 batch (a short tile repeats its
+ * first column), weight rows in blocks kept in cache while every column passes */
+static void mm_gemm_tiles(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
+    const gr_tensor *s0 = cx->s0, *d = cx->d;
+    const int64_t K = cx->K, N = cx->N, ne12 = cx->ne12;
+    const int f16 = s0->type == GR_TYPE_F16;
+    const int TC = gr_vec.tile_cols;
+    const int64_t RB = 64;
+    for (int64_t rb = a0; rb < a1; rb += RB) {
+        const int64_t re = rb + RB < a1 ? rb + RB : a1;
+        for (int64_t c = b0; c < b1;) {
+            const int64_t i12 = (c / N) % ne12, i13 = c / (N * ne12);
+            const int64_t batch_end = (c / N + 1) * N;     /* the tile's columns in one batch */
+            int64_t ce = c + TC < b1 ? c + TC : b1;
+            if (ce > batch_end) ce = batch_end;
+            const char *wb = s0->data + (i12 / cx->r2) * s0->nb[2] + (i13 / cx->r3) * s0->nb[3];
+            const char *act[GR_TILE_COLS_MAX];
+            float *out[GR_TILE_COLS_MAX];
+            for (int64_t j = 0; j < TC; j++) {
+                const int64_t cc = c + j < ce ? c + j : c, i11 = cc % N;
+                act[j] = mm_act(job, cx, cc);
+                out[j] = (float *)(d->data + i11 * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
+            }
+            for (int64_t i01 = rb; i01 < re; i01 += 4) {
+                const char *w[4];
+                for (int i = 0; i < 4; i++) w[i] = wb + (i01 + i < re ? i01 + i : i01) * s0->nb[1];
+                float t[4 * GR_TILE_COLS_MAX];
+                if (f16) gr_vec.tile_f16_gemm(K, (const uint16_t *const *)w, (const uint16_t *const *)act, t);
+                else gr_vec.tile_f32_gemm(K, (const float *const *)w, (const float *const *)act, t);
+                for (int64_t j = 0; j < ce - c; j++)
+                    for (int i = 0; i < 4 && i01 + i < re; i++) out[j][i01 + i] = t[j * 4 + i];
+            }
+            c = ce;
+        }
+    }
+}
+
+/* Q4/Q5/Q8/IQ4_NL prompts with panels of pb bytes a block: chunks of 16 weight
+ * rows handed out one at a time, each against every panel of eight columns, the
+ * columns left over one by one */
+static void mm_panel_gemm(gr_job *job, const mm_ctx *cx, size_t pb) {
+    const gr_tensor *s0 = cx->s0, *d = cx->d;
+    const int64_t K = cx->K, N = cx->N, ne12 = cx->ne12, ne13 = cx->ne13, nr0 = cx->nr0;
+    const int64_t nb = K / 32, G = N / 8, CH = 16;
+    const ggmlrpc_panel_dot_fn pdot = ggmlrpc_get_panel_dot((uint32_t)s0->type);
+    const char *panels = job->wdata + cx->L.panels;
+    const int nch = (int)((nr0 + CH - 1) / CH);
+    for (int ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+        const int64_t ib = ch * CH, ie = ib + CH < nr0 ? ib + CH : nr0;
+        for (int64_t sl = 0; sl < ne12 * ne13; sl++) {
+            const int64_t i12 = sl % ne12, i13 = sl / ne12;
+            const char *w = s0->data + (i12 / cx->r2) * s0->nb[2] + (i13 / cx->r3) * s0->nb[3];
+            for (int64_t g = 0; g < G; g++) {
+                const char *pan = panels + (size_t)(sl * G + g) * (size_t)nb * pb;
+                float *out[8];
+                for (int j = 0; j < 8; j++)
+                    out[j] = (float *)(d->data + (8 * g + j) * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
+                for (int64_t i01 = ib; i01 < ie; i01++) {
+                    float v[8];
+                    pdot(K, v, w + i01 * s0->nb[1], pan);
+                    for (int j = 0; j < 8; j++) out[j][i01] = v[j];
+                }
+            }
+            if (G * 8 < N) mm_rows(job, cx, ib, ie, sl * N + G * 8, (sl + 1) * N);
+        }
+    }
+}
+
+/* few activation columns (decode): weight rows in chunks of 64 (16 with 2+
+ * columns) handed out one at a time, so that a thread slowed down (by another
+ * process on its core) leaves its share to the others instead of holding every
+ * thread at the barrier; as ggml's mul_mat chunks */
+static void mm_matvec(gr_job *job, const mm_ctx *cx, int64_t CH) {
+    const int nch = (int)((cx->nr0 + CH - 1) / CH);
+    for (int ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+        const int64_t a0 = ch * CH, a1 = a0 + CH < cx->nr0 ? a0 + CH : cx->nr0;
+        mm_rows(job, cx, a0, a1, 0, cx->nr1);
+    }
+}
+
+/* ---- the kernel ------------------------------------------------------------- */
+
+/* Convert src1 rows into wdata (phase 0), then dot products (phase 1) by the
+ * strategy the order, the types and the scratch allow.
+ *   src0: (K, M, ne02, ne03) weights, rows contiguous
+ *   src1: (K, N, ne12, ne13), ne12 % ne02 == 0, ne13 % ne03 == 0
+ *   dst:  (M, N, ne12, ne13) F32 */
+void gr_k_mul_mat(gr_job *job, int phase) {
+    const gr_node *n = job->node;
+    const gr_mm_scratch L = gr_mm_scratch_layout(n, job->nth);
+    if (phase == 0) {
+        mm_convert(job, &L);
+        return;
+    }
+    const gr_tensor *s0 = &n->src[0], *s1 = &n->src[1];
+    const int order = (int)n->iparams[1];
+    mm_ctx cx = {
+        .n = n, .s0 = s0, .s1 = s1, .d = &n->dst, .L = L,
+        .K = s0->ne[0], .M = s0->ne[1], .N = s1->ne[1], .ne12 = s1->ne[2], .ne13 = s1->ne[3],
+        .r2 = s1->ne[2] / s0->ne[2], .r3 = s1->ne[3] / s0->ne[3],
+        .nr0 = s0->ne[1], .nr1 = s1->ne[1] * s1->ne[2] * s1->ne[3],
+        .row_size = (size_t)n->iparams[2], .conv = s1->type != (int32_t)n->iparams[0],
+        .dot32 = order == GR_MM_GEMM ? gr_vec.dot_f32_gemm : gr_vec.dot_f32,
+        .dot16 = order == GR_MM_GEMM ? gr_vec.dot_f16_gemm : gr_vec.dot_f16,
+    };
+    if (s0->type != GR_TYPE_F32 && s0->type != GR_TYPE_F16)
+        cx.qdot = order == GR_MM_Q0_GEMM ? ggmlrpc_get_vec_dot_gemm((uint32_t)s0->type) : ggmlrpc_get_vec_dot((uint32_t)s0->type);
+    if (s0->type == GR_TYPE_BF16 && gr_vec.dot_bf16)   /* an AVX512-BF16 build's products */
+        cx.qdot = order == GR_MM_GEMM ? gr_vec.dot_bf16_gemm : gr_vec.dot_bf16;
+
+    /* the larger side split between threads */
+    int64_t a0 = 0, a1 = cx.nr0, b0 = 0, b1 = cx.nr1;
+    if (cx.nr0 >= cx.nr1) gr_range(cx.nr0, job->ith, job->nth, &a0, &a1);
+    else gr_range(cx.nr1, job->ith, job->nth, &b0, &b1);
+
+    const int kp = L.kpanel && gr_mm_scratch_has(n, L.threads + (size_t)job->nth * L.per_thread);
+    const size_t pb = !L.kpanel && L.panel_block && gr_mm_scratch_has(n, L.panels_end) ? L.panel_block : 0;
+    const int64_t CH = cx.nr1 == 1 ? 64 : 16;
+    if (order == GR_MM_TILED && kp) mm_kpanel_gemm(job, &cx);
+    else if (order == GR_MM_TILED) mm_tiled(job, &cx, a0, a1, b0, b1);
+    else if (order == GR_MM_GEMM && (s0->type == GR_TYPE_F32 || s0->type == GR_TYPE_F16)) mm_gemm_tiles(job, &cx, a0, a1, b0, b1);
+    else if (pb) mm_panel_gemm(job, &cx, pb);
+    else if (cx.nr1 < 8 && cx.nr0 >= 4 * job->nth * CH) mm_matvec(job, &cx, CH);
+    else mm_rows(job, &cx, a0, a1, b0, b1);
+}

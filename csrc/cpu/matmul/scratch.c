@@ -1,0 +1,93 @@
+/* The scratch layout of MUL_MAT and MUL_MAT_ID (matmul.h): computed here once,
+ * for the planner's wsize and for the kernels' offsets alike. */
+#include "cpu/job.h"
+#include "cpu/kernels.h"
+#include "cpu/matmul/matmul.h"
+
+static inline size_t r64(size_t x) { return (x + 63) & ~(size_t)63; }
+
+/* Q4_0 weights, activations converted here to Q8_0 (so never holding -128 unless
+ * the input is not finite), one dot product per output: the activation rows'
+ * per-block lane sums are kept (ggmlrpc_q4_0_act_sums) */
+static int q4_sums_kind(const gr_node *n) {
+    return n->kernel == GR_K_MUL_MAT && n->src[0].type == GR_TYPE_Q4_0 && n->iparams[0] == GR_TYPE_Q8_0 &&
+           n->src[1].type != GR_TYPE_Q8_0 && n->iparams[1] == GR_MM_VEC_DOT;
+}
+
+/* Prompt-sized Q8_0/Q4_0 products: every run of eight columns of one src1 batch
+ * is also written as a panel (ggmlrpc_panel_*); bytes of one panel block, or 0
+ * where the node takes no panels */
+static size_t panel_kind(const gr_node *n) {
+    const int32_t vdt = (int32_t)n->iparams[0];
+    if (n->kernel != GR_K_MUL_MAT || (vdt != GR_TYPE_Q8_0 && vdt != GR_TYPE_Q8_1) || n->src[1].type == vdt ||
+        n->src[1].ne[1] < 8)
+        return 0;
+    /* panels sum in one accumulator: vec_dot's order for Q4_0/Q8_0, only the
+     * GEMM order for IQ4_NL */
+    if (n->iparams[1] != (n->src[0].type == GR_TYPE_IQ4_NL ? GR_MM_Q0_GEMM : GR_MM_VEC_DOT)) return 0;
+    return ggmlrpc_panel_bytes((uint32_t)n->src[0].type);
+}
+
+/* K-quant weights (ggml's tiled order), 8+ columns converted here to Q8_K: the
+ * same panels (gr_kpanel_*), then per thread a chunk of weight rows in kernel
+ * layout */
+static int kpanel_kind(const gr_node *n) {
+    return n->kernel == GR_K_MUL_MAT && n->iparams[1] == GR_MM_TILED && n->iparams[0] == GR_TYPE_Q8_K &&
+           n->src[1].type != GR_TYPE_Q8_K && n->src[1].ne[1] >= 8 && gr_kpanel_available(n->src[0].type);
+}
+
+/* MUL_MAT_ID, K-quant experts: chunks of an expert's rows in K-panel layout */
+static int mmid_kpanel_kind(const gr_node *n) {
+    return n->iparams[1] && gr_kpanel_available(n->src[0].type) && n->iparams[0] == GR_TYPE_Q8_K;
+}
+
+gr_mm_scratch gr_mm_scratch_layout(const gr_node *n, int nth) {
+    gr_mm_scratch L = {0};
+    const gr_tensor *s0 = &n->src[0], *s1 = &n->src[1];
+    const int64_t K = s0->ne[0];
+    /* runs of eight columns of one src1 batch: the panels a node writes */
+    const size_t groups = (size_t)(s1->ne[1] / 8) * (size_t)(s1->ne[2] * s1->ne[3]);
+    const size_t conv_rows = s1->type == n->iparams[0] ? 0 : (size_t)n->iparams[2] * (size_t)gr_nrows(s1);
+    L.conv = r64(conv_rows);
+    L.q4_sums = q4_sums_kind(n);
+    L.sums = L.conv;
+    L.sums_bytes = L.q4_sums ? (size_t)gr_nrows(s1) * (size_t)(K / 32) * 32 : 0;
+    size_t end = L.conv + L.sums_bytes;
+    if (n->kernel == GR_K_MUL_MAT_ID) {
+        const size_t n_as = (size_t)s0->ne[2], pairs = (size_t)(n->src[2].ne[0] * n->src[2].ne[1]);
+        L.index = end;
+        L.pairs = L.index + r64(2 * n_as * sizeof(int64_t));
+        L.index_bytes = r64(2 * n_as * sizeof(int64_t)) + r64(pairs * sizeof(int64_t));
+        L.kpanel = mmid_kpanel_kind(n);
+        L.threads = r64(L.index + L.index_bytes);
+        L.krows = r64(gr_tiled_row_bytes(K));
+        L.per_thread = r64(L.krows + (L.kpanel ? (size_t)GR_MM_CHUNK_ROWS * (size_t)(K / 256) * (GR_KROW_BYTES + 8) : 0));
+        end = L.index + L.index_bytes;
+        if (n->iparams[1] == GR_MM_TILED) end = L.threads + (size_t)nth * L.per_thread;
+    } else if (kpanel_kind(n)) {
+        L.kpanel = 1;
+        L.panel_block = GR_KPANEL_BYTES;
+        L.panels = L.conv;
+        L.panels_end = L.panels + groups * (size_t)(K / 256) * GR_KPANEL_BYTES;
+        L.threads = r64(L.panels_end);
+        L.per_thread = r64((size_t)GR_MM_CHUNK_ROWS * (size_t)(K / 256) * (GR_KROW_BYTES + 8));
+        end = L.threads + (size_t)nth * L.per_thread;
+    } else {
+        L.panel_block = panel_kind(n);
+        if (L.panel_block) {
+            L.panels = r64(end);
+            L.panels_end = L.panels + groups * (size_t)(K / 32) * L.panel_block;
+            end = L.panels_end;
+        }
+        if (n->iparams[1] == GR_MM_TILED) end += (size_t)nth * gr_tiled_row_bytes(K);   /* no sums, no panels here */
+    }
+    if (n->kernel == GR_K_MUL_MAT && n->iparams[1] == GR_MM_TILED) {
+        /* also where K panels were planned but the run has no room for them */
+        L.tiled = L.conv;
+        L.tiled_bytes = gr_tiled_row_bytes(K);
+    }
+    L.total = end + 64;
+    return L;
+}
+
+size_t gr_ws_mul_mat(const gr_node *n, int nth) { return gr_mm_scratch_layout(n, nth).total; }

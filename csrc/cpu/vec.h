@@ -1,0 +1,71 @@
+/* The vector primitives of a kernel family (vec.c): ggml's summation orders at
+ * its register width, SIMD where the CPU has it, portable twins with the same bits
+ * everywhere. gr_vec holds the set in use (simd.h's switch fills it in). */
+#ifndef GGMLRPC_CPU_VEC_H
+#define GGMLRPC_CPU_VEC_H
+
+#include <math.h>
+#include <stdint.h>
+
+#define GR_TILE_COLS_MAX 6
+
+typedef struct gr_vec_ops {
+    int lanes;     /* 8 or 16: the family's vector width in floats */
+    /* ggml_vec_dot_f32's order: four accumulators of `lanes` over blocks of 4*lanes */
+    float (*dot_f32)(int64_t n, const float *x, const float *y);
+    /* the prompt-time GEMM's (tinyBLAS's) order: one accumulator of `lanes` (n % lanes == 0) */
+    float (*dot_f32_gemm)(int64_t n, const float *x, const float *y);
+    float (*dot_f16)(int64_t n, const uint16_t *x, const uint16_t *y);
+    float (*dot_f16_gemm)(int64_t n, const uint16_t *x, const uint16_t *y);
+    void (*fp16_to_fp32)(int64_t n, const uint16_t *x, float *y);
+    void (*fp32_to_fp16)(int64_t n, const float *x, uint16_t *y);
+    /* y = exp(x - max) with ggml's vector exp; returns the sum (as ggml adds it) */
+    double (*soft_max)(int64_t n, float *y, const float *x, float max);
+    void (*silu)(int64_t n, float *y, const float *x);
+    void (*swiglu)(int64_t n, float *y, const float *x, const float *g);
+    void (*mad_f32)(int64_t n, float *y, const float *x, float v);   /* y += x*v (fused) */
+    void (*mad_f16)(int64_t n, uint16_t *y, const uint16_t *x, float v);
+    void (*scale_f16)(int64_t n, uint16_t *y, float v);                /* y *= v */
+    /* out[j*4 + i] = dot_*_gemm(w[i], x[j]) for i < 4, j < tile_cols at once (K % lanes
+     * == 0): 4 x 2 tiles on AVX2's 16 registers, 4 x 6 on AVX-512's 32 (tinyBLAS's) */
+    int tile_cols;
+    void (*tile_f32_gemm)(int64_t K, const float *const w[4], const float *const *x, float *out);
+    void (*tile_f16_gemm)(int64_t K, const uint16_t *const w[4], const uint16_t *const *x, float *out);
+    /* C (M x N) += A (M x K) B (K x N), rows packed: every entry of C one
+     * sequential fused sum over k from its old value (ggml's simd_gemm) */
+    void (*gemm_f32)(int64_t M, int64_t K, int64_t N, float *C, const float *A, const float *B);
+    /* BF16 products of the AVX512-BF16 families (NULL elsewhere: the vec_dot of the
+     * type table serves), with the signature of a vec_dot: ggml_vec_dot_bf16's order
+     * (two VDPBF16PS accumulators over blocks of 64) and tinyBLAS's (one, n % 32 == 0) */
+    void (*dot_bf16)(int64_t n, float *s, const void *x, const void *y);
+    void (*dot_bf16_gemm)(int64_t n, float *s, const void *x, const void *y);
+    /* ROPE's rotation of np pairs (x[p*istep], x[p*istep + joff]) of an F32 or F16
+     * row by (cos, sin) = (cs[2p], cs[2p+1]), fused as ggml's x86 build computes it */
+    void (*rope_rotate)(int32_t type, char *dst, const char *src, int64_t np, int64_t istep, int64_t joff,
+                        const float *cs);
+} gr_vec_ops;
+
+extern gr_vec_ops gr_vec;
+/* the primitives of `family` (enum gr_family), SIMD where the CPU has it and use_simd
+ * is set, else the portable twins; returns whether SIMD kernels were chosen (called by
+ * the switch of simd.h only) */
+int gr_vec_init(int family, int use_simd);
+/* sum + a*b in a scalar loop of ggml's that GCC leaves unfused in its AVX2 build and
+ * fuses in its AVX-512 one (compiled code, read off each build) */
+static inline float gr_family_madd(float sum, float a, float b) {
+    return gr_vec.lanes == 16 ? fmaf(a, b, sum) : sum + a * b;
+}
+
+/* ggml_vec_dot_f32's reduction of four partial sums of the family's width
+ * (acc[j][l], l < gr_vec.lanes): pairwise, then across the lanes */
+float gr_vec_reduce4(float acc[4][16]);
+
+/* ggml's vector exp (max error ~1.5 ulp) for one float, the exact twin of the
+ * 8-lane version, so that scalar and SIMD paths agree bit for bit. */
+float gr_expf_vec1(float x);
+
+/* A short dot product as GCC compiles ggml's plain loop `sum += x[i]*y[i]` for
+ * x86: groups of four rounded products added in order, the rest fused. */
+float gr_dot_seq(int64_t n, const float *x, const float *y);
+
+#endif

@@ -1,0 +1,52 @@
+"""csrc/ has no include or call cycles (scripts/check_layout.py), and the check
+itself finds the cycles it is meant to find."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parents[2]
+
+
+def _checker():
+    spec = importlib.util.spec_from_file_location("check_layout", REPO / "scripts" / "check_layout.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+def test_csrc_has_no_cycles(capsys):
+    assert _checker().main([]) == 0, capsys.readouterr().out
+
+
+def test_the_run_loop_is_above_the_kernels():
+    includes, calls = _checker().graphs(REPO / "csrc")
+    assert "cpu/matmul/mul_mat.c" in calls["cpu/exec.c"]        # through the kernel table
+    assert "cpu/job.c" in calls["cpu/ops/copy.c"]               # gr_fail
+    for src, deps in calls.items():
+        assert "cpu/exec.c" not in deps, src
+
+
+def test_a_call_cycle_is_found(tmp_path, capsys):
+    (tmp_path / "a.c").write_text('#include "a.h"\nint a_one(void) { return b_two(); }\n')
+    (tmp_path / "a.h").write_text("int a_one(void);\n")
+    (tmp_path / "b.c").write_text("static int helper(void) { return 1; }\n"
+                                  "int b_two(void) { return helper() + a_one(); }\n")
+    assert _checker().main(["--root", str(tmp_path)]) == 1
+    assert "call cycle: a.c -> b.c -> a.c" in capsys.readouterr().out
+
+
+def test_an_include_cycle_is_found(tmp_path, capsys):
+    (tmp_path / "x.h").write_text('#include "y.h"\n')
+    (tmp_path / "y.h").write_text('#include "x.h"\n')
+    (tmp_path / "z.c").write_text('#include "x.h"\nint g_table[4] = {0};\n')
+    assert _checker().main(["--root", str(tmp_path)]) == 1
+    assert "include cycle: x.h -> y.h -> x.h" in capsys.readouterr().out
+
+
+def test_static_names_and_prototypes_make_no_edges(tmp_path, capsys):
+    (tmp_path / "a.c").write_text("static int shared(void) { return 1; }\nint b_two(void);\n"
+                                  "int a_one(void) { return shared(); }\n")
+    (tmp_path / "b.c").write_text("static int shared(void) { return 2; }\n"
+                                  "int b_two(void) { return shared() + a_one(); }\n")
+    assert _checker().main(["--root", str(tmp_path)]) == 0, capsys.readouterr().out
