@@ -64,22 +64,23 @@ def test_cpu_families_mirror_the_neutral_ones(family):
 
 
 def test_named_kernel_numbers_exist():
-    """Every kernel a variant or path names is a kernel of the C table; where the
-    executor exports its own tables, the fallbacks agree with them."""
+    """Every kernel a variant or a path names is a kernel of the C table, and every
+    variant or path name a rule uses is exported by it."""
+    import ast
+    import pathlib
     ex = kernels.executor()
-    for table in (kernels._VARIANT_FALLBACK, kernels._PATH_FALLBACK):
-        for kernel in table:
-            assert kernel in ex.KERNEL, kernel
-    binop = getattr(ex, "BINOP", None)
-    if binop is not None:
-        assert binop == kernels._BINOP_FALLBACK
-    for exported, fallback in ((getattr(ex, "VARIANT", None), kernels._VARIANT_FALLBACK),
-                               (getattr(ex, "PATH", None), kernels._PATH_FALLBACK)):
-        for kernel, names in fallback.items():
-            if exported is not None and kernel in exported:
-                for name, value in names.items():
-                    assert exported[kernel].get(name) == value, (kernel, name)
-
+    for kernel in list(kernels.ids.VARIANT) + list(kernels.ids.PATH):
+        assert kernel in ex.KERNEL, kernel
+    used = set()
+    for path in pathlib.Path(kernels.__file__).parent.glob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if (isinstance(node, ast.Call) and getattr(node.func, "id", None) in ("variant", "path")
+                    and all(isinstance(a, ast.Constant) for a in node.args)):
+                used.add((node.func.id, *(a.value for a in node.args)))
+    assert used, "no variant()/path() calls found"
+    for what, kernel, name in used:
+        table = kernels.ids.VARIANT if what == "variant" else kernels.ids.PATH
+        assert name in table.get(kernel, {}), (what, kernel, name)
 
 
 class _T:

@@ -195,7 +195,7 @@ void gr_k_glu(gr_job *job, int phase) {
             else if (f16) for (int64_t i = 0; i < nc; i++) y[i] = round_f16(gelu_quick_f32(xa[i])) * xb[i];
             else for (int64_t i = 0; i < nc; i++) y[i] = gelu_quick_tab(xa[i]) * xb[i];
             break;
-        case 7: /* SILU_BACK (not a GLU op in ggml): src0 the gradient, src1 x */
+        case GR_V_GLU_SILU_BACK: /* not a GLU op in ggml: src0 the gradient, src1 x */
             for (int64_t i = 0; i < nc; i++) {
                 const float s = 1.0f / (1.0f + expf(-xb[i]));
                 y[i] = (xa[i] * s) * fmaf(xb[i], 1.0f - s, 1.0f);
