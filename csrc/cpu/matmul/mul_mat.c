@@ -117,6 +117,10 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
     const ggmlrpc_vec_dot_sums_fn qdots = cx->L.q4_sums ? ggmlrpc_get_vec_dot_q4_0_sums() : NULL;
     const int32_t *sums = qdots ? (const int32_t *)(job->wdata + cx->L.sums) : NULL;
     const ggmlrpc_vec_dot_x4_fn qdot4 = conv && b1 - b0 >= 4 ? ggmlrpc_get_vec_dot_x4((uint32_t)s0->type) : NULL;
+    /* four weight rows at a time where qdot is the type's vec_dot (not a GEMM order) */
+    const ggmlrpc_vec_dot_rows4_fn qrows4 = qdots || cx->qdot == NULL ||
+                                                    cx->qdot != ggmlrpc_get_vec_dot((uint32_t)s0->type)
+                                                ? NULL : ggmlrpc_get_vec_dot_rows4((uint32_t)s0->type);
     const int64_t BLK = 16;
     for (int64_t ib = a0; ib < a1; ib += BLK) {
         const int64_t ie = ib + BLK < a1 ? ib + BLK : a1;
@@ -145,7 +149,13 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
                                    : s1->data + i11 * s1->nb[1] + i12 * s1->nb[2] + i13 * s1->nb[3];
             const char *w = s0->data + (i12 / r2) * s0->nb[2] + (i13 / r3) * s0->nb[3];
             float *out = (float *)(d->data + i11 * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
-            for (int64_t i01 = ib; i01 < ie; i01++) {
+            int64_t i01 = ib;
+            for (; qrows4 && conv && i01 + 4 <= ie; i01 += 4) {   /* four weight rows at a time */
+                const void *wr[4] = {w + i01 * s0->nb[1], w + (i01 + 1) * s0->nb[1],
+                                     w + (i01 + 2) * s0->nb[1], w + (i01 + 3) * s0->nb[1]};
+                qrows4(K, out + i01, wr, act);
+            }
+            for (; i01 < ie; i01++) {
                 const char *wr = w + i01 * s0->nb[1];
                 float v;
                 if (s0->type == GR_TYPE_F32) v = cx->dot32(K, (const float *)wr, (const float *)act);

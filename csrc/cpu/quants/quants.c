@@ -1412,6 +1412,18 @@ ggmlrpc_vec_dot_x4_fn ggmlrpc_get_vec_dot_x4(uint32_t weight_type) {
     return NULL;
 }
 
+ggmlrpc_vec_dot_rows4_fn ggmlrpc_get_vec_dot_rows4(uint32_t weight_type) {
+#if GR_X86
+    /* only beside the very vec_dot whose order they repeat */
+    const ggmlrpc_vec_dot_fn one = ggmlrpc_get_vec_dot(weight_type);
+    if (one == vec_dot_q8_0_q8_0_avx2) return vec_dot_rows4_q8_0_q8_0_avx2;
+    if (one == vec_dot_q4_K_q8_K_avx2) return vec_dot_rows4_q4_K_q8_K_avx2;
+    if (one == vec_dot_q6_K_q8_K_avx2) return vec_dot_rows4_q6_K_q8_K_avx2;
+#endif
+    (void)weight_type;
+    return NULL;
+}
+
 size_t ggmlrpc_panel_bytes(uint32_t weight_type) {
 #if GR_X86
     if (gr_simd_level() >= 1) {

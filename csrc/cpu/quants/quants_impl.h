@@ -258,6 +258,9 @@ GR_AVX2 void vec_dot_q4_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32
 GR_AVX2 void vec_dot_q4_0_q8_0_sums_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_0 */, const void *vy /* (n/32,) q8_0 */, const int32_t *sums);
 GR_AVX2 void vec_dot_q4_1_q8_1_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_1 */, const void *vy /* (n/32,) q8_1 */);
 GR_AVX2 void vec_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q4_K */, const void *vy /* (n/256,) q8_K */);
+GR_AVX2 void vec_dot_rows4_q4_K_q8_K_avx2(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
+GR_AVX2 void vec_dot_rows4_q6_K_q8_K_avx2(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
+GR_AVX2 void vec_dot_rows4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
 GR_AVX2 void vec_dot_q5_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q5_0 */, const void *vy /* (n/32,) q8_0 */);
 GR_AVX2 void vec_dot_q5_1_q8_1_avx2(int64_t n, float *s, const void *vx /* (n/32,) q5_1 */, const void *vy /* (n/32,) q8_1 */);
 GR_AVX2 void vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q5_K */, const void *vy /* (n/256,) q8_K */);

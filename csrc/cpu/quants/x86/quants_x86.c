@@ -5,6 +5,8 @@
  */
 #include "cpu/quants/quants_impl.h"
 
+#include <string.h>
+
 #if GR_X86
 
 GR_AVX2 static inline float gr_hsum_ps8(__m256 v) {
@@ -370,43 +372,118 @@ GR_AVX2 void panel_dot_q8_0_avx2(int64_t n, float *s /* (8,) */, const void *vx 
 }
 
 /* Q4_K: the min term goes to a 4-lane accumulator (pairs of sub-blocks), the
- * scale term to an 8-lane one, as in ggml's AVX2 kernel */
+ * scale term to an 8-lane one, as in ggml's AVX2 kernel. The 6-bit scales and
+ * mins are unpacked with word masks into one vector (scales in the low half,
+ * mins in the high half, as int16) and each sub-block's scale is broadcast with
+ * a byte shuffle: integer work only, so the sums are those of the scalar unpack. */
+GR_AVX2 static inline __m256i gr_q4K_scales_mins(const uint8_t *q /* (12,) */) {
+    uint32_t w[3];
+    memcpy(w, q, 12);
+    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
+    const uint32_t sc_lo = w[0] & m6, mn_lo = w[1] & m6;
+    const uint32_t sc_hi = (w[2] & m4) | (((w[0] >> 6) & m2) << 4);
+    const uint32_t mn_hi = ((w[2] >> 4) & m4) | (((w[1] >> 6) & m2) << 4);
+    return _mm256_cvtepu8_epi16(_mm_set_epi32((int)mn_hi, (int)mn_lo, (int)sc_hi, (int)sc_lo));
+}
+
+/* int16 element k of each 128-bit half broadcast over that half */
+#define GR_BCAST16(k) _mm256_set1_epi16((short)(((2 * (k) + 1) << 8) | (2 * (k))))
+
+/* one block: the scale term's int32 lanes; *mins the min term's four int32 lanes */
+GR_AVX2 static inline __attribute__((always_inline)) __m256i
+gr_q4K_block(const block_q4_K *x, const block_q8_K *y, __m128i q8s, __m128i *mins) {
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    const __m256i ms = gr_q4K_scales_mins(x->scales);
+    *mins = _mm_madd_epi16(_mm256_extracti128_si256(ms, 1), q8s);
+    const __m256i sc = _mm256_permute2x128_si256(ms, ms, 0x00);   /* the scales in both halves */
+    const uint8_t *q4 = x->qs;
+    const int8_t *q8 = y->qs;
+    __m256i sumi = _mm256_setzero_si256();
+    for (int j = 0; j < 4; j++, q4 += 32, q8 += 64) {
+        const __m256i bits = _mm256_loadu_si256((const __m256i *)q4);
+        const __m256i lo = _mm256_and_si256(bits, m4);
+        const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+        const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q8));
+        const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_shuffle_epi8(sc, GR_BCAST16(2 * j)), pl));
+        sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_shuffle_epi8(sc, GR_BCAST16(2 * j + 1)), ph));
+    }
+    return sumi;
+}
+
+/* sums of 32 q8 per sub-block, two sub-blocks a lane */
+GR_AVX2 static inline __m128i gr_q8K_pair_sums(const block_q8_K *y) {
+    const __m256i bsums = _mm256_loadu_si256((const __m256i *)y->bsums);
+    return _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
+}
+
+GR_AVX2 static inline float gr_q4K_finish(__m256 acc, __m128 acc_m) {
+    acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
+    acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
+    return gr_hsum_ps8(acc) + _mm_cvtss_f32(acc_m);
+}
+
 GR_AVX2 void vec_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q4_K */,
                                            const void *vy /* (n/256,) q8_K */) {
     const block_q4_K *x = vx;
     const block_q8_K *y = vy;
-    const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc = _mm256_setzero_ps();
     __m128 acc_m = _mm_setzero_ps();
-    uint8_t sc[8], mn[8];
     for (int64_t i = 0; i < n / GR_QK_K; i++) {
         const float d = y[i].d * _cvtsh_ss(x[i].d);
         const float dmin = -y[i].d * _cvtsh_ss(x[i].dmin);
-        gr_k4_scales(x[i].scales, sc, mn);
-
-        /* sums of 32 q8 per sub-block, times the mins, two sub-blocks a lane */
-        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
-        const __m128i q8s = _mm_hadd_epi16(_mm256_castsi256_si128(bsums), _mm256_extracti128_si256(bsums, 1));
-        const __m128i mins = _mm_cvtepu8_epi16(_mm_loadl_epi64((const __m128i *)mn));
-        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(_mm_madd_epi16(mins, q8s)), acc_m);
-
-        const uint8_t *q4 = x[i].qs;
-        const int8_t *q8 = y[i].qs;
-        __m256i sumi = _mm256_setzero_si256();
-        for (int j = 0; j < 4; j++, q4 += 32, q8 += 64) {
-            const __m256i bits = _mm256_loadu_si256((const __m256i *)q4);
-            const __m256i lo = _mm256_and_si256(bits, m4);
-            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
-            const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q8));
-            const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j]), pl));
-            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_set1_epi16(sc[2 * j + 1]), ph));
-        }
+        __m128i mins;
+        const __m256i sumi = gr_q4K_block(&x[i], &y[i], gr_q8K_pair_sums(&y[i]), &mins);
+        acc_m = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
-    acc_m = _mm_add_ps(acc_m, _mm_movehl_ps(acc_m, acc_m));
-    acc_m = _mm_add_ss(acc_m, _mm_movehdup_ps(acc_m));
-    *s = gr_hsum_ps8(acc) + _mm_cvtss_f32(acc_m);
+    *s = gr_q4K_finish(acc, acc_m);
+}
+
+/* Four weight rows against one activation row (decode): each output summed
+ * exactly as vec_dot_q4_K_q8_K_avx2 sums it, the four chains interleaved */
+GR_AVX2 void vec_dot_rows4_q4_K_q8_K_avx2(int64_t n, float *s /* (4,) */, const void *const vx[4],
+                                          const void *vy /* (n/256,) q8_K */) {
+    const block_q4_K *x[4] = {vx[0], vx[1], vx[2], vx[3]};
+    const block_q8_K *y = vy;
+    __m256 acc[4];
+    __m128 acc_m[4];
+    for (int r = 0; r < 4; r++) {
+        acc[r] = _mm256_setzero_ps();
+        acc_m[r] = _mm_setzero_ps();
+    }
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        const __m128i q8s = gr_q8K_pair_sums(&y[i]);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const float d = y[i].d * _cvtsh_ss(x[r][i].d);
+            const float dmin = -y[i].d * _cvtsh_ss(x[r][i].dmin);
+            __m128i mins;
+            const __m256i sumi = gr_q4K_block(&x[r][i], &y[i], q8s, &mins);
+            acc_m[r] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m[r]);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) s[r] = gr_q4K_finish(acc[r], acc_m[r]);
+}
+
+/* Q8_0, four weight rows against one activation row, as vec_dot_q8_0_q8_0_avx2 */
+GR_AVX2 void vec_dot_rows4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *const vx[4],
+                                          const void *vy /* (n/32,) q8_0 */) {
+    const block_q8_0 *x[4] = {vx[0], vx[1], vx[2], vx[3]};
+    const block_q8_0 *y = vy;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        const float dy = GR_F16(y[i].d);
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const __m256 d = _mm256_set1_ps(GR_F16(x[r][i].d) * dy);
+            const __m256i qx = _mm256_loadu_si256((const __m256i *)x[r][i].qs);
+            acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) s[r] = gr_hsum_ps8(acc[r]);
 }
 
 GR_AVX2 void vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q5_K */,
@@ -447,46 +524,73 @@ GR_AVX2 void vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/25
 }
 
 /* Q6_K: the unsigned codes 0..63 go through PMADDUBSW; the bias of 32 comes
- * off at the end as 32 * sum(scale * bsum) */
+ * off at the end as 32 * sum(scale * bsum). One block's int32 lanes: */
+GR_AVX2 static inline __attribute__((always_inline)) __m256i
+gr_q6K_block(const block_q6_K *x, const block_q8_K *y, __m256i bsums) {
+    const __m256i m3 = _mm256_set1_epi8(3);
+    const __m256i m15 = _mm256_set1_epi8(15);
+    const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
+    const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
+    const uint8_t *ql = x->ql;
+    const uint8_t *qh = x->qh;
+    const int8_t *q8 = y->qs;
+    __m256i sumi = _mm256_setzero_si256();
+    for (int h = 0; h < 2; h++, ql += 64, qh += 32, q8 += 128) {
+        /* this half's eight scales in both 128-bit lanes; pair k is picked with a shuffle */
+        const __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                              : _mm256_permute2x128_si256(sc16, sc16, 0x00);
+        const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+        const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+        __m256i q[4];
+        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
+        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m15),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
+        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m15),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
+        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
+                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
+        for (int k = 0; k < 4; k++) {
+            const __m256i p16 = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(q8 + 32 * k)));
+            const __m256i pick = _mm256_inserti128_si256(
+                _mm256_castsi128_si256(_mm_set1_epi16((short)(((4 * k + 1) << 8) | (4 * k)))),
+                _mm_set1_epi16((short)(((4 * k + 3) << 8) | (4 * k + 2))), 1);
+            sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(_mm256_shuffle_epi8(sch, pick), p16));
+        }
+    }
+    return _mm256_sub_epi32(sumi, bias);
+}
+
 GR_AVX2 void vec_dot_q6_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q6_K */,
                                            const void *vy /* (n/256,) q8_K */) {
     const block_q6_K *x = vx;
     const block_q8_K *y = vy;
-    const __m256i m3 = _mm256_set1_epi8(3);
-    const __m256i m15 = _mm256_set1_epi8(15);
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / GR_QK_K; i++) {
         const float d = y[i].d * _cvtsh_ss(x[i].d);
         const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
-        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-        const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
-
-        const uint8_t *ql = x[i].ql;
-        const uint8_t *qh = x[i].qh;
-        const int8_t *q8 = y[i].qs;
-        const int8_t *sc = x[i].scales;
-        __m256i sumi = _mm256_setzero_si256();
-        for (int h = 0; h < 2; h++, ql += 64, qh += 32, q8 += 128, sc += 8) {
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
-            __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m15),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m15),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
-            for (int k = 0; k < 4; k++) {
-                const __m256i p16 = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(q8 + 32 * k)));
-                sumi = _mm256_add_epi32(sumi, _mm256_madd_epi16(gr_scales16(sc[2 * k], sc[2 * k + 1]), p16));
-            }
-        }
-        sumi = _mm256_sub_epi32(sumi, bias);
+        const __m256i sumi = gr_q6K_block(&x[i], &y[i], bsums);
         acc = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc);
     }
     *s = gr_hsum_ps8(acc);
+}
+
+/* Four weight rows against one activation row, each as vec_dot_q6_K_q8_K_avx2 */
+GR_AVX2 void vec_dot_rows4_q6_K_q8_K_avx2(int64_t n, float *s /* (4,) */, const void *const vx[4],
+                                          const void *vy /* (n/256,) q8_K */) {
+    const block_q6_K *x[4] = {vx[0], vx[1], vx[2], vx[3]};
+    const block_q8_K *y = vy;
+    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
+#pragma GCC unroll 4
+        for (int r = 0; r < 4; r++) {
+            const float d = y[i].d * _cvtsh_ss(x[r][i].d);
+            const __m256i sumi = gr_q6K_block(&x[r][i], &y[i], bsums);
+            acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
+        }
+    }
+    for (int r = 0; r < 4; r++) s[r] = gr_hsum_ps8(acc[r]);
 }
 
 /* 32 bits -> 32 bytes, 0xff where the bit is set (bit j -> byte j) */
