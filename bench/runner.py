@@ -18,6 +18,7 @@ ratio ours / llama.cpp. Asserts nothing.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import shutil
@@ -48,47 +49,91 @@ def rows(out: str) -> dict:
     return res
 
 
+@contextlib.contextmanager
+def our_servers(n: int, threads: int, rtt_ms: float = 0.0, count: bool = False):
+    """`n` fresh servers of ours, each behind a proxy when `rtt_ms` or `count` asks
+    for one; yields (endpoints, proxies)."""
+    procs, proxies, eps = [], [], []
+    try:
+        for _ in range(n):
+            port = lb.free_port()
+            srv = subprocess.Popen(ours("ggml-rpc-server", "ggmlrpc.cli.server")
+                                   + ["-p", str(port), "-t", str(threads)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            procs.append(srv)
+            lb.wait_listening(port, srv)
+            if rtt_ms or count:
+                proxies.append(netproxy.Proxy(f"127.0.0.1:{port}", rtt_ms, count=count))
+                port = proxies[-1].start()
+            eps.append(f"127.0.0.1:{port}")
+        yield eps, proxies
+    finally:
+        for p in proxies:
+            p.close()
+        for srv in procs:
+            srv.terminate()
+            srv.wait(10)
+
+
+def bench_cmd(ref: Path, who: str, m: Path, threads: int, pp: int, tg: int, reps: int,
+              eps: list[str], extra: tuple = ()) -> list[str]:
+    """One client's benchmark command: over `eps` (all layers offloaded, split evenly
+    over two servers), or in-process when there are none."""
+    if not eps:
+        place = ["-ngl", "0"] if who == "ours" else ["-ngl", "0", "--repack", "0"]
+    else:
+        place = ["-ngl", "99", "--rpc", ",".join(eps)]
+        if len(eps) == 2:
+            place += ["-ts", "1,1" if who == "ours" else "1/1"]
+    common = ["-m", str(m), "-t", str(threads), "-p", str(pp), "-n", str(tg), "-r", str(reps),
+              "-o", "json", *place, *extra]
+    if who == "ours":
+        return ours("ggml-rpc-cli", "ggmlrpc.cli.main") + ["bench", *common]
+    return [str(ref / "llama-bench"), *common]
+
+
+def n_servers(mode: str) -> int:
+    return {"rpc": 1, "rpc2": 2}.get(mode, 0)
+
+
 def run_pair(ref: Path, m: Path, mode: str, rtt_ms: float, args) -> dict:
     """One run of each client; with `rpc`/`rpc2`, against one/two fresh servers of ours,
     reached through a proxy that adds `rtt_ms` of round trip when it is not 0."""
     out = {}
     for who in ("ours", "llama.cpp"):
-        procs, proxies = [], []
-        extra_ref, extra_ours = ["-ngl", "0", "--repack", "0"], ["-ngl", "0"]
-        if mode.startswith("rpc"):
-            eps = []
-            for _ in range(2 if mode == "rpc2" else 1):
-                port = lb.free_port()
-                srv = subprocess.Popen(ours("ggml-rpc-server", "ggmlrpc.cli.server")
-                                       + ["-p", str(port), "-t", str(args.threads)],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                procs.append(srv)
-                lb.wait_listening(port, srv)
-                if rtt_ms:
-                    proxies.append(netproxy.Proxy(f"127.0.0.1:{port}", rtt_ms))
-                    port = proxies[-1].start()
-                eps.append(f"127.0.0.1:{port}")
-            extra_ref = extra_ours = ["-ngl", "99", "--rpc", ",".join(eps)]
-            if mode == "rpc2":
-                extra_ref = extra_ref + ["-ts", "1/1"]
-                extra_ours = extra_ours + ["-ts", "1,1"]
-        try:
-            if who == "ours":
-                cmd = ours("ggml-rpc-cli", "ggmlrpc.cli.main") + [
-                    "bench", "-m", str(m), "-t", str(args.threads), "-p", str(args.pp),
-                    "-n", str(args.tg), "-r", str(args.reps), "-o", "json", *extra_ours]
-            else:
-                cmd = [str(ref / "llama-bench"), "-m", str(m), "-t", str(args.threads),
-                       "-p", str(args.pp), "-n", str(args.tg), "-r", str(args.reps), "-o", "json",
-                       *extra_ref]
+        with our_servers(n_servers(mode), args.threads, rtt_ms) as (eps, _):
+            cmd = bench_cmd(ref, who, m, args.threads, args.pp, args.tg, args.reps, eps)
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             out[who] = rows(r.stdout) if r.returncode == 0 else {"error": r.stderr.strip()[-300:]}
-        finally:
-            for p in proxies:
-                p.close()
-            for srv in procs:
-                srv.terminate()
-                srv.wait(10)
+    return out
+
+
+def round_trips(ref: Path, m: Path, mode: str, args, n1: int = 4, n2: int = 20) -> dict:
+    """Commands per generated token on each server, for each client: runs of n1 and of
+    n2 tokens (no warm-up, one repetition) through counting proxies; the difference
+    over n2 - n1 leaves out the loading. `round_trips` counts the answered commands:
+    each one is a wait of one network round trip."""
+    out = {}
+    for who in ("ours", "llama.cpp"):
+        counts: dict = {}
+        for n in (n1, n2):
+            with our_servers(n_servers(mode), args.threads, count=True) as (eps, proxies):
+                cmd = bench_cmd(ref, who, m, args.threads, 0, n, 1, eps, ("--no-warmup",))
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                if r.returncode:
+                    counts = {"error": r.stderr.strip()[-300:]}
+                    break
+                counts[n] = [p.snapshot() for p in proxies]
+        if "error" in counts:
+            out[who] = counts
+            continue
+        per = []
+        for a, b in zip(counts[n1], counts[n2]):
+            d = {k: (b.get(k, 0) - a.get(k, 0)) / (n2 - n1) for k in set(a) | set(b)}
+            d = {k: v for k, v in sorted(d.items()) if v}
+            per.append({"round_trips": sum(v for k, v in d.items() if k in netproxy.ANSWERED.values()),
+                        "commands": d})
+        out[who] = per
     return out
 
 
@@ -107,6 +152,8 @@ def main(argv=None) -> int:
     ap.add_argument("--embd", type=int, default=1024)
     ap.add_argument("--ff", type=int, default=2816)
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--round-trips", action="store_true",
+                    help="first count the commands per generated token on each server (rpc modes)")
     args = ap.parse_args(argv)
     ref = lb.reference_bin()
     shape = lb.LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64,
@@ -114,6 +161,14 @@ def main(argv=None) -> int:
     table = []
     for qtype in args.types:
         m = lb.model(ref, qtype, shape)
+        if args.round_trips:
+            for mode in [mo for mo in args.modes if mo != "local"]:
+                rt = round_trips(ref, m, mode, args)
+                print(json.dumps({"type": qtype, "mode": mode, "per_token": rt}), flush=True)
+                for who, per in rt.items():
+                    if isinstance(per, list):
+                        print(f"# {qtype} {mode} {who}: round trips per token per server "
+                              f"{[p['round_trips'] for p in per]}", flush=True)
         for mode, rtt in [(mo, r) for mo in args.modes for r in (args.rtt_ms if mo != "local" else [0.0])]:
             runs = [run_pair(ref, m, mode, rtt, args) for _ in range(args.rounds)]
             row = {"type": qtype, "mode": mode, "rtt_ms": rtt, "runs": runs}

@@ -145,7 +145,8 @@ def cmd_bench(a) -> int:
             tests.append(("tg", a.n_gen))
         for kind, n in tests:
             times = []
-            for rep in range(a.repetitions + 1):     # the first run warms up
+            warm = 0 if a.no_warmup else 1
+            for rep in range(a.repetitions + warm):     # the first run warms up
                 toks = [int(t) for t in rng.integers(0, model.hp.n_vocab, n)]
                 model.reset()
                 t0 = time.perf_counter()
@@ -154,7 +155,7 @@ def cmd_bench(a) -> int:
                 else:
                     for t in toks:
                         model.eval([t])
-                if rep:
+                if rep >= warm:
                     times.append(time.perf_counter() - t0)
             ts = [n / t for t in times]
             results.append({"test": f"{kind}{n}", "n": n, "avg_ts": statistics.mean(ts),
@@ -200,4 +201,6 @@ def add_parsers(sub) -> None:
     b.add_argument("-n", "--n-gen", dest="n_gen", type=int, default=128)
     b.add_argument("-r", "--repetitions", type=int, default=5)
     b.add_argument("-o", "--output", choices=["md", "json"], default="md")
+    b.add_argument("--no-warmup", dest="no_warmup", action="store_true",
+                   help="skip the warm-up run before each test")
     b.set_defaults(func=cmd_bench)

@@ -176,6 +176,8 @@ class _Graph:
         # every input of a step goes in one SET_TENSOR over the inputs' whole span
         self.span = buffer.tensor(GGMLType.I8, (max(self.layout.size, 1),), 0, name="inputs")
         self.image = np.zeros(self.layout.size, np.uint8)
+        # the result of each step lands here (read before the next step overwrites it)
+        self.result = bytearray(self.out.nbytes)
 
     def write_inputs(self, backend, values: dict) -> None:
         for name, t in self.inputs.items():
@@ -779,22 +781,25 @@ class Model:
             try:
                 g = self._graph(st, key)
                 values["embd"] = x
-                g.write_inputs(be, values)
-                # a device holds one graph: rerun it when it is this stage's graph of this shape
-                held = (id(be), dev)
-                if self._held.get(held) == (id(st), key):
-                    be.graph_recompute(dev)
-                else:
-                    be.graph_compute(g.graph.nodes, dev)
-                    self._held[held] = (id(st), key)
-                x = be.get_tensor(g.out)
+                # inputs, graph and the read of its result leave in one write: one
+                # round trip per device per step
+                with be.corked():
+                    g.write_inputs(be, values)
+                    # a device holds one graph: rerun it when it is this stage's graph of this shape
+                    held = (id(be), dev)
+                    if self._held.get(held) == (id(st), key):
+                        be.graph_recompute(dev)
+                    else:
+                        be.graph_compute(g.graph.nodes, dev)
+                        self._held[held] = (id(st), key)
+                    x = be.get_tensor(g.out, out=g.result)
             except ConnectionLost as e:
                 e.backend = be
                 raise
         self.n_past += T
         self.tokens += tokens
         self.history.append(list(tokens))
-        return np.frombuffer(x, dtype=np.float32)[-self.hp.n_vocab:]
+        return np.frombuffer(x, dtype=np.float32)[-self.hp.n_vocab:].copy()
 
     def generate(self, prompt: str | bytes | Sequence[int], n_predict: int = -1, *,
                  temp: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
