@@ -170,3 +170,16 @@ def test_prompt_longer_than_a_micro_batch(ref_bin, tmp_path, capfdbinary):
     mine = capfdbinary.readouterr()[0]
     assert len(mine) > len(prompt)
     assert same_text(mine, completion(ref_bin, model, ["-ngl", "0"], prompt, expect=mine))
+
+
+@pytest.mark.parametrize("opts", [["--temp", "0.8", "-s", "42"],                 # llama.cpp's defaults
+                                  ["--temp", "1", "--top-k", "0", "--top-p", "1", "--min-p", "0", "-s", "7"],
+                                  ["--temp", "1.5", "--top-k", "0", "--top-p", "0.9", "--min-p", "0.1", "-s", "3"],
+                                  ["--temp", "1", "--top-k", "0", "--top-p", "1", "--min-p", "0.2", "-s", "5"]])
+def test_sampling_with_a_seed_equals_llama_completion(ref_bin, models, opts, capfdbinary):
+    """The sampler chain (top-k, top-p, min-p, temperature, a draw from the seeded
+    Mersenne Twister) picks llama-completion's tokens for the same seed."""
+    for kind in ("f32", "f16"):
+        mine = ours(models[kind], ["-ngl", "0", "-t", "2", *opts], capfdbinary)
+        assert same_text(mine, completion(ref_bin, models[kind], ["-ngl", "0", "-t", "2", *opts],
+                                          expect=mine)), (kind, opts)
