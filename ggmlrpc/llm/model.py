@@ -91,6 +91,10 @@ class HParams:
     rope_scale_swa: float = 1.0
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
+    rope_ext_factor: float = 0.0   # YaRN: 1 (mix of interpolated and extrapolated frequencies)
+    rope_attn_factor: float = 1.0  # rope's magnitude factor
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
 
     @property
     def n_embd_kv(self) -> int:
@@ -108,7 +112,10 @@ class HParams:
 
         n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
         head_dim = int(key("attention.key_length", n_embd // n_head))
-        scale = f.get(f"{a}.rope.scaling.factor")
+        scale = f.get(f"{a}.rope.scaling.factor") or f.get(f"{a}.rope.scale_linear")
+        kind = str(f.get(f"{a}.rope.scaling.type", "linear"))
+        if kind == "none":
+            scale = None
         return cls(n_vocab=n_vocab, n_ctx_train=int(key("context_length")), n_embd=n_embd,
                    n_layer=int(key("block_count")), n_ff=int(key("feed_forward_length")),
                    n_head=n_head, n_head_kv=int(key("attention.head_count_kv", n_head)),
@@ -119,7 +126,24 @@ class HParams:
                    rope_scale=1.0 / float(scale) if scale else 1.0,
                    n_expert=int(key("expert_count", 0)), n_expert_used=int(key("expert_used_count", 0)),
                    n_ctx_orig=int(key("rope.scaling.original_context_length", 0)),
+                   **_yarn_hparams(kind, 1.0 / float(scale) if scale else 1.0,
+                                   float(f.get(f"{a}.rope.scaling.attn_factor", 1.0))),
                    **_gemma_hparams(f, a))
+
+
+def _yarn_hparams(kind: str, freq_scale: float, attn_factor: float) -> dict:
+    """llama.cpp's rope extension factors: YaRN mixes in extrapolated frequencies
+    (ext_factor 1); ggml's rope then grows the magnitude by 1 + 0.1 ln(factor), which
+    llama.cpp's attention factor cancels again (both in F32, as llama.cpp computes
+    them), times the file's own attention factor."""
+    f32 = np.float32
+    if kind != "yarn":
+        return {"rope_attn_factor": attn_factor}
+    factor = f32(1.0) / f32(freq_scale)
+    lnf = f32(math.log(factor))
+    mscale = f32(1.0) if factor <= 1.0 else f32(0.1) * lnf + f32(1.0)
+    cancel = f32(1.0) / (f32(1.0) + f32(0.1) * lnf)
+    return {"rope_ext_factor": 1.0, "rope_attn_factor": float(f32(mscale * cancel) * f32(attn_factor))}
 
 
 def _gemma_hparams(f: GGUFFile, a: str) -> dict:
@@ -505,7 +529,9 @@ class Model:
             factors = factors or w.get(name)
         rope = dict(n_dims=hp.n_rot, mode=ROPE_MODE[self.file.arch], n_ctx_orig=n_ctx_orig,
                     freq_base=hp.rope_base_swa if swa else hp.rope_base,
-                    freq_scale=hp.rope_scale_swa if swa else hp.rope_scale)
+                    freq_scale=hp.rope_scale_swa if swa else hp.rope_scale,
+                    ext_factor=hp.rope_ext_factor, attn_factor=hp.rope_attn_factor,
+                    beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow)
         cur = cur_in = self._norm(x, w, p + "attn_norm", f"attn_norm-{il}")
         parallel = self.file.arch in PARALLEL
 

@@ -183,3 +183,16 @@ def test_sampling_with_a_seed_equals_llama_completion(ref_bin, models, opts, cap
         mine = ours(models[kind], ["-ngl", "0", "-t", "2", *opts], capfdbinary)
         assert same_text(mine, completion(ref_bin, models[kind], ["-ngl", "0", "-t", "2", *opts],
                                           expect=mine)), (kind, opts)
+
+
+@pytest.mark.parametrize("scaling,factor", [("yarn", 4.0), ("linear", 2.0)])
+def test_rope_scaling_from_the_file(ref_bin, tmp_path, scaling, factor, server_proc, capfdbinary):
+    """rope.scaling.type/factor/original_context_length: YaRN's extrapolation mix and
+    its attention factor, or linear interpolation, as llama.cpp reads them."""
+    shape = synth.LlamaShape(n_layer=3, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_ctx=512,
+                             rope_scaling=scaling, rope_factor=factor, rope_orig_ctx=128)
+    model = synth.write_llama(tmp_path / f"{scaling}.gguf", shape, "f32", seed=4)
+    srv = server_proc("-t", "2")
+    for args in (["-ngl", "0", "-t", "2"], ["--rpc", srv.endpoint, "-ngl", "99"]):
+        mine = ours(model, args, capfdbinary)
+        assert same_text(mine, completion(ref_bin, model, ["-ngl", "0", "-t", "2"], expect=mine)), args
