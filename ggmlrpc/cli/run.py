@@ -37,6 +37,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-t", "--threads", type=int, default=None, help="local CPU threads")
     p.add_argument("-c", "--ctx-size", dest="ctx", type=int, default=0,
                    help="context size (default: 0, the model's)")
+    p.add_argument("-ub", "--ubatch-size", dest="ubatch", type=int, default=512,
+                   help="prompt tokens per graph (default: 512)")
     p.add_argument("-fa", "--flash-attn", dest="fa", type=_flash_attn, default="auto",
                    help="flash attention: on, off or auto (default: auto, which is on)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait on a server")
@@ -84,7 +86,7 @@ def load_model(a, progress=None):
     try:
         model = Model.load(a.model, rpc=rpc, n_gpu_layers=a.ngl, tensor_split=a.ts, n_ctx=a.ctx,
                            n_threads=a.threads, flash_attn=a.fa != "off", timeout=a.timeout,
-                           progress=progress, reconnect=a.reconnect)
+                           progress=progress, reconnect=a.reconnect, n_ubatch=a.ubatch)
     except VersionMismatch as e:
         raise CliError(str(e)) from None
     except ModelError as e:

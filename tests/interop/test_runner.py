@@ -196,3 +196,17 @@ def test_rope_scaling_from_the_file(ref_bin, tmp_path, scaling, factor, server_p
     for args in (["-ngl", "0", "-t", "2"], ["--rpc", srv.endpoint, "-ngl", "99"]):
         mine = ours(model, args, capfdbinary)
         assert same_text(mine, completion(ref_bin, model, ["-ngl", "0", "-t", "2"], expect=mine)), args
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2", "gpt-oss"])
+def test_sliding_window_cache_wraps_like_llama(ref_bin, tmp_path, arch, capfdbinary):
+    """Sliding-window layers keep n_swa + a micro-batch cells (rounded up to 256):
+    with -ub 16 and a window of 8 that is 256 cells, which 300 new tokens wrap
+    around; the cells are reused in llama.cpp's order, with and without flash
+    attention."""
+    model = synth.write_model(tmp_path / f"{arch}.gguf", arch, arch_shape(arch, 128), "f16", seed=4)
+    for fa in ("on", "off"):
+        args = ["-ngl", "0", "-c", "512", "-ub", "16", "-fa", fa, "--ignore-eos", "-n", "300"]
+        mine = ours(model, args, capfdbinary)
+        assert len(mine) > 300 + len(PROMPT)
+        assert same_text(mine, completion(ref_bin, model, args, expect=mine)), fa
