@@ -11,13 +11,18 @@ Placement follows llama.cpp: the token embeddings stay on the local CPU; the las
 `n_gpu_layers` layers go to the servers' devices, in contiguous runs in proportion
 to `tensor_split` (default: each device's free memory); the output layer goes with
 the last layer when every layer is offloaded, else it stays on the CPU. Each
-layer's KV cache (F16) lives beside it. Every device runs one graph per step (its
-layers), built with ggmlrpc.builder exactly as llama.cpp builds it (same ops in
+layer's KV cache (F16) lives beside it; sliding-window layers keep only the window
+and a micro-batch of cells, reused as a ring in llama.cpp's order (SwaCells). Rope
+scaling (linear, YaRN) comes from the file's metadata. Every device runs one graph
+per step (its layers), built with ggmlrpc.builder exactly as llama.cpp builds it (same ops in
 the same order, flash attention, the output rows picked before the last
 feed-forward), so our CPU executor gives llama.cpp's logits bit for bit; the
 residual stream moves between devices with GET_TENSOR / SET_TENSOR. A decode step
 whose graphs have the shapes of the previous one reruns them with
-GRAPH_RECOMPUTE after writing the new inputs.
+GRAPH_RECOMPUTE after writing the new inputs; a device's SET_TENSOR, GRAPH_RECOMPUTE
+and GET_TENSOR leave in one write, so a step costs one round trip per device (the
+least the data flow allows: each device needs the previous one's output, and the
+first needs the token sampled from the last one's logits).
 """
 from __future__ import annotations
 
