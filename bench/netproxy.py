@@ -5,6 +5,11 @@ available everywhere).
     python bench/netproxy.py --listen 50100 --upstream 127.0.0.1:50052 --rtt-ms 5 --mbps 1000
 
 or, from Python, `Proxy(upstream, rtt_ms, mbps).start()` -> the local port.
+
+With `count=True` (`--count`) the proxy also reads the RPC framing of what the
+clients send (`| cmd u8 | size u64 | payload |`) and counts the commands by id
+(`Proxy.counts`); the commands that have a response are the client's round trips,
+since a ggml RPC client waits for each response before it sends more.
 """
 from __future__ import annotations
 
@@ -14,13 +19,55 @@ import socket
 import threading
 import time
 
+# ggml RPC commands that are answered (shared/spec/PROTOCOL.md): each one costs its
+# client a round trip
+ANSWERED = {0: "ALLOC_BUFFER", 1: "GET_ALIGNMENT", 2: "GET_MAX_SIZE", 3: "BUFFER_GET_BASE",
+            7: "SET_TENSOR_HASH", 8: "GET_TENSOR", 9: "COPY_TENSOR", 11: "GET_DEVICE_MEMORY",
+            13: "GET_ALLOC_SIZE", 14: "HELLO", 15: "DEVICE_COUNT"}
+SILENT = {4: "FREE_BUFFER", 5: "BUFFER_CLEAR", 6: "SET_TENSOR", 10: "GRAPH_COMPUTE",
+          12: "INIT_TENSOR", 16: "GRAPH_RECOMPUTE", 17: "MEMSET_TENSOR"}
+
+
+class FrameCounter:
+    """Counts the commands in a client's byte stream as it passes (any chunking)."""
+
+    def __init__(self, counts: dict, lock: threading.Lock):
+        self.counts, self.lock = counts, lock
+        self.head = b""        # a partial 9-byte header
+        self.skip = 0          # payload bytes still to pass
+
+    def feed(self, data: bytes) -> None:
+        i, n = 0, len(data)
+        while i < n:
+            if self.skip:
+                step = min(self.skip, n - i)
+                self.skip -= step
+                i += step
+                continue
+            take = min(9 - len(self.head), n - i)
+            self.head += data[i:i + take]
+            i += take
+            if len(self.head) == 9:
+                cmd, self.skip = self.head[0], int.from_bytes(self.head[1:], "little")
+                self.head = b""
+                name = ANSWERED.get(cmd) or SILENT.get(cmd) or f"CMD{cmd}"
+                with self.lock:
+                    self.counts[name] = self.counts.get(name, 0) + 1
+
+
+def round_trips(counts: dict) -> int:
+    """The answered commands among `counts`."""
+    return sum(v for k, v in counts.items() if k in ANSWERED.values())
+
 
 class _Pipe:
     """One direction: bytes read from `src` reach `dst` after `delay` seconds, no
     faster than `rate` bytes per second (0: unlimited)."""
 
-    def __init__(self, src: socket.socket, dst: socket.socket, delay: float, rate: float):
+    def __init__(self, src: socket.socket, dst: socket.socket, delay: float, rate: float,
+                 counter: FrameCounter | None = None):
         self.src, self.dst, self.delay, self.rate = src, dst, delay, rate
+        self.counter = counter
         self.queue: list[tuple[float, int, bytes]] = []
         self.cv = threading.Condition()
         self.closed = False
@@ -33,6 +80,8 @@ class _Pipe:
                 data = self.src.recv(1 << 20)
                 if not data:
                     break
+                if self.counter is not None:
+                    self.counter.feed(data)
                 now = time.monotonic()
                 start = max(now, self.busy_until)
                 self.busy_until = start + (len(data) / self.rate if self.rate else 0.0)
@@ -70,7 +119,8 @@ class _Pipe:
 
 
 class Proxy:
-    def __init__(self, upstream: str, rtt_ms: float = 0.0, mbps: float = 0.0, port: int = 0):
+    def __init__(self, upstream: str, rtt_ms: float = 0.0, mbps: float = 0.0, port: int = 0,
+                 count: bool = False):
         host, _, p = upstream.rpartition(":")
         self.upstream = (host, int(p))
         self.delay = rtt_ms / 2000.0
@@ -80,6 +130,13 @@ class Proxy:
         self.listener.bind(("127.0.0.1", port))
         self.listener.listen(16)
         self.port = self.listener.getsockname()[1]
+        self.count = count
+        self.counts: dict[str, int] = {}     # command name -> number sent by the clients
+        self._lock = threading.Lock()
+
+    def snapshot(self) -> dict[str, int]:
+        with self._lock:
+            return dict(self.counts)
 
     def start(self) -> int:
         threading.Thread(target=self._accept, daemon=True).start()
@@ -102,7 +159,8 @@ class Proxy:
         for end in (client, server):
             end.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         for a, b in ((client, server), (server, client)):
-            pipe = _Pipe(a, b, self.delay, self.rate)
+            counter = FrameCounter(self.counts, self._lock) if self.count and a is client else None
+            pipe = _Pipe(a, b, self.delay, self.rate, counter)
             threading.Thread(target=pipe.reader, daemon=True).start()
             threading.Thread(target=pipe.writer, daemon=True).start()
 

@@ -10,14 +10,18 @@ Same generated model, same threads, alternating runs in one session:
 - `local`: in-process on the local CPU (`-ngl 0`) against `llama-bench -ngl 0
            --repack 0` (llama.cpp's repacked Q4_0/Q8_0 layouts are another kernel).
 
-Prints JSON rows and a table of prompt (pp) and generation (tg) tokens/s with the
-ratio ours / llama.cpp. Asserts nothing.
+Prints JSON rows and a table of prompt (pp) and generation (tg) tokens/s: the
+medians, the median of each round's ratio ours / llama.cpp with its smallest and
+largest, and the ratio of the best runs. `--round-trips` first counts the commands
+each client sends per generated token to each server (netproxy.py's counter).
+Asserts nothing.
 
     python bench/runner.py --types Q8_0 --pp 64 --tg 32 --rounds 2
 """
 from __future__ import annotations
 
 import argparse
+import contextlib
 import importlib.util
 import json
 import shutil
@@ -48,47 +52,91 @@ def rows(out: str) -> dict:
     return res
 
 
+@contextlib.contextmanager
+def our_servers(n: int, threads: int, rtt_ms: float = 0.0, count: bool = False):
+    """`n` fresh servers of ours, each behind a proxy when `rtt_ms` or `count` asks
+    for one; yields (endpoints, proxies)."""
+    procs, proxies, eps = [], [], []
+    try:
+        for _ in range(n):
+            port = lb.free_port()
+            srv = subprocess.Popen(ours("ggml-rpc-server", "ggmlrpc.cli.server")
+                                   + ["-p", str(port), "-t", str(threads)],
+                                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            procs.append(srv)
+            lb.wait_listening(port, srv)
+            if rtt_ms or count:
+                proxies.append(netproxy.Proxy(f"127.0.0.1:{port}", rtt_ms, count=count))
+                port = proxies[-1].start()
+            eps.append(f"127.0.0.1:{port}")
+        yield eps, proxies
+    finally:
+        for p in proxies:
+            p.close()
+        for srv in procs:
+            srv.terminate()
+            srv.wait(10)
+
+
+def bench_cmd(ref: Path, who: str, m: Path, threads: int, pp: int, tg: int, reps: int,
+              eps: list[str], extra: tuple = ()) -> list[str]:
+    """One client's benchmark command: over `eps` (all layers offloaded, split evenly
+    over two servers), or in-process when there are none."""
+    if not eps:
+        place = ["-ngl", "0"] if who == "ours" else ["-ngl", "0", "--repack", "0"]
+    else:
+        place = ["-ngl", "99", "--rpc", ",".join(eps)]
+        if len(eps) == 2:
+            place += ["-ts", "1,1" if who == "ours" else "1/1"]
+    common = ["-m", str(m), "-t", str(threads), "-p", str(pp), "-n", str(tg), "-r", str(reps),
+              "-o", "json", *place, *extra]
+    if who == "ours":
+        return ours("ggml-rpc-cli", "ggmlrpc.cli.main") + ["bench", *common]
+    return [str(ref / "llama-bench"), *common]
+
+
+def n_servers(mode: str) -> int:
+    return {"rpc": 1, "rpc2": 2}.get(mode, 0)
+
+
 def run_pair(ref: Path, m: Path, mode: str, rtt_ms: float, args) -> dict:
     """One run of each client; with `rpc`/`rpc2`, against one/two fresh servers of ours,
     reached through a proxy that adds `rtt_ms` of round trip when it is not 0."""
     out = {}
     for who in ("ours", "llama.cpp"):
-        procs, proxies = [], []
-        extra_ref, extra_ours = ["-ngl", "0", "--repack", "0"], ["-ngl", "0"]
-        if mode.startswith("rpc"):
-            eps = []
-            for _ in range(2 if mode == "rpc2" else 1):
-                port = lb.free_port()
-                srv = subprocess.Popen(ours("ggml-rpc-server", "ggmlrpc.cli.server")
-                                       + ["-p", str(port), "-t", str(args.threads)],
-                                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-                procs.append(srv)
-                lb.wait_listening(port, srv)
-                if rtt_ms:
-                    proxies.append(netproxy.Proxy(f"127.0.0.1:{port}", rtt_ms))
-                    port = proxies[-1].start()
-                eps.append(f"127.0.0.1:{port}")
-            extra_ref = extra_ours = ["-ngl", "99", "--rpc", ",".join(eps)]
-            if mode == "rpc2":
-                extra_ref = extra_ref + ["-ts", "1/1"]
-                extra_ours = extra_ours + ["-ts", "1,1"]
-        try:
-            if who == "ours":
-                cmd = ours("ggml-rpc-cli", "ggmlrpc.cli.main") + [
-                    "bench", "-m", str(m), "-t", str(args.threads), "-p", str(args.pp),
-                    "-n", str(args.tg), "-r", str(args.reps), "-o", "json", *extra_ours]
-            else:
-                cmd = [str(ref / "llama-bench"), "-m", str(m), "-t", str(args.threads),
-                       "-p", str(args.pp), "-n", str(args.tg), "-r", str(args.reps), "-o", "json",
-                       *extra_ref]
+        with our_servers(n_servers(mode), args.threads, rtt_ms) as (eps, _):
+            cmd = bench_cmd(ref, who, m, args.threads, args.pp, args.tg, args.reps, eps)
             r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
             out[who] = rows(r.stdout) if r.returncode == 0 else {"error": r.stderr.strip()[-300:]}
-        finally:
-            for p in proxies:
-                p.close()
-            for srv in procs:
-                srv.terminate()
-                srv.wait(10)
+    return out
+
+
+def round_trips(ref: Path, m: Path, mode: str, args, n1: int = 4, n2: int = 20) -> dict:
+    """Commands per generated token on each server, for each client: runs of n1 and of
+    n2 tokens (no warm-up, one repetition) through counting proxies; the difference
+    over n2 - n1 leaves out the loading. `round_trips` counts the answered commands:
+    each one is a wait of one network round trip."""
+    out = {}
+    for who in ("ours", "llama.cpp"):
+        counts: dict = {}
+        for n in (n1, n2):
+            with our_servers(n_servers(mode), args.threads, count=True) as (eps, proxies):
+                cmd = bench_cmd(ref, who, m, args.threads, 0, n, 1, eps, ("--no-warmup",))
+                r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
+                if r.returncode:
+                    counts = {"error": r.stderr.strip()[-300:]}
+                    break
+                counts[n] = [p.snapshot() for p in proxies]
+        if "error" in counts:
+            out[who] = counts
+            continue
+        per = []
+        for a, b in zip(counts[n1], counts[n2]):
+            d = {k: (b.get(k, 0) - a.get(k, 0)) / (n2 - n1) for k in set(a) | set(b)}
+            d = {k: v for k, v in sorted(d.items()) if v}
+            per.append({"round_trips": sum(v for k, v in d.items() if k in netproxy.ANSWERED.values()),
+                        "commands": d})
+        out[who] = per
     return out
 
 
@@ -107,6 +155,8 @@ def main(argv=None) -> int:
     ap.add_argument("--embd", type=int, default=1024)
     ap.add_argument("--ff", type=int, default=2816)
     ap.add_argument("--timeout", type=float, default=900)
+    ap.add_argument("--round-trips", action="store_true",
+                    help="first count the commands per generated token on each server (rpc modes)")
     args = ap.parse_args(argv)
     ref = lb.reference_bin()
     shape = lb.LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64,
@@ -114,25 +164,42 @@ def main(argv=None) -> int:
     table = []
     for qtype in args.types:
         m = lb.model(ref, qtype, shape)
+        if args.round_trips:
+            for mode in [mo for mo in args.modes if mo != "local"]:
+                rt = round_trips(ref, m, mode, args)
+                print(json.dumps({"type": qtype, "mode": mode, "per_token": rt}), flush=True)
+                for who, per in rt.items():
+                    if isinstance(per, list):
+                        print(f"# {qtype} {mode} {who}: round trips per token per server "
+                              f"{[p['round_trips'] for p in per]}", flush=True)
         for mode, rtt in [(mo, r) for mo in args.modes for r in (args.rtt_ms if mo != "local" else [0.0])]:
             runs = [run_pair(ref, m, mode, rtt, args) for _ in range(args.rounds)]
             row = {"type": qtype, "mode": mode, "rtt_ms": rtt, "runs": runs}
             for k in ("pp", "tg"):
-                o = [r["ours"][k] for r in runs if k in r["ours"]]
-                t = [r["llama.cpp"][k] for r in runs if k in r["llama.cpp"]]
-                if o and t:
+                pairs = [(r["ours"][k], r["llama.cpp"][k]) for r in runs
+                         if k in r["ours"] and k in r["llama.cpp"]]
+                if pairs:
+                    o, t = [p[0] for p in pairs], [p[1] for p in pairs]
+                    # each round's own ratio (both clients ran back to back), and the
+                    # ratio of the best runs: on a shared host the load moves between
+                    # rounds far more than within one
+                    per_round = sorted(a / b for a, b in pairs)
                     row[k] = {"ours": statistics.median(o), "llama.cpp": statistics.median(t),
-                              "ratio": statistics.median(o) / statistics.median(t)}
+                              "ratio": statistics.median(per_round),
+                              "ratio_min": per_round[0], "ratio_max": per_round[-1],
+                              "ratio_best": max(o) / max(t), "rounds": len(pairs)}
             table.append(row)
             print(json.dumps(row), flush=True)
-    print(f"\n| type | mode | rtt ms | test | ours t/s | llama.cpp t/s | ratio |\n|---|---|---:|---|---:|---:|---:|")
+    print("\n| type | mode | rtt ms | test | ours t/s | llama.cpp t/s | ratio | rounds: min..max | best/best |\n"
+          "|---|---|---:|---|---:|---:|---:|---:|---:|")
     for row in table:
         for k in ("pp", "tg"):
             if k in row:
                 v = row[k]
                 n = args.pp if k == "pp" else args.tg
                 print(f"| {row['type']} | {row['mode']} | {row['rtt_ms']:g} | {k}{n} | {v['ours']:.1f} | "
-                      f"{v['llama.cpp']:.1f} | {v['ratio']:.2f} |")
+                      f"{v['llama.cpp']:.1f} | {v['ratio']:.2f} | {v['rounds']}: {v['ratio_min']:.2f}.."
+                      f"{v['ratio_max']:.2f} | {v['ratio_best']:.2f} |")
     return 0
 
 

@@ -12,6 +12,7 @@ raise typed exceptions from ggmlrpc.errors; nothing here aborts the process.
 """
 from __future__ import annotations
 
+import contextlib
 import itertools
 import socket
 import struct
@@ -27,6 +28,7 @@ from .protocol import Cmd, RpcTensor
 from .transport import Conn, local_caps
 
 _ids = itertools.count(1)
+SENDV_MAX = 8      # byte strings per native writev (GR_SENDV_MAX in csrc/rpc.h)
 
 
 class Tensor:
@@ -196,6 +198,8 @@ class RemoteBackend:
         self.version: tuple[int, int, int] | None = None
         self.server_caps = bytes(protocol.CONN_CAPS_SIZE)
         self._lock = threading.RLock()
+        self._corked: list | None = None     # queued frames of unanswered commands
+        self.writes = 0                      # socket writes so far (tests count them)
         if connect:
             self.connect()
 
@@ -223,6 +227,7 @@ class RemoteBackend:
 
     def close(self) -> None:
         with self._lock:
+            self._corked = None
             if self.conn is not None:
                 self.conn.close()
                 self.conn = None
@@ -239,17 +244,68 @@ class RemoteBackend:
 
     def _send(self, cmd: int, *payload) -> None:
         """Send one request; this starts its deadline (`timeout` bounds the request and
-        its response together, however slowly the server sends or reads)."""
+        its response together, however slowly the server sends or reads). Commands
+        queued by `corked()` go first, in the same write."""
         if self.conn is None:
             raise ConnectionLost("not connected")
-        self.conn.arm(self.timeout)
         size = sum(len(p) for p in payload)
         head = protocol.HEADER.pack(cmd, size)
+        parts = (head, *payload)
+        if self._corked:
+            parts = (*self._corked, *parts)
+            self._corked.clear()
+        self.conn.arm(self.timeout)
         try:
-            self.conn.send(head, *payload)
+            self._write(parts)
         except ConnectionLost as e:
             self._lost(e, f"before {Cmd(cmd).name}")
             raise
+
+    def _write(self, parts) -> None:
+        """Byte strings back to back in as few writes as the native writev allows
+        (SENDV_MAX parts each): small neighbours are joined first."""
+        if len(parts) > SENDV_MAX:
+            merged: list = []
+            for p in parts:
+                if merged and len(p) < 4096 and isinstance(merged[-1], bytearray):
+                    merged[-1] += p
+                elif len(p) < 4096:
+                    merged.append(bytearray(p))
+                else:
+                    merged.append(p)
+            parts = merged
+        for i in range(0, len(parts), SENDV_MAX):
+            self.conn.send(*parts[i:i + SENDV_MAX])
+            self.writes += 1
+
+    @contextlib.contextmanager
+    def corked(self):
+        """Hold back the commands that have no response and send them together with
+        the next one that has (or at the end of the block), in one write: a token's
+        SET_TENSOR, GRAPH_RECOMPUTE and GET_TENSOR reach the server as one message,
+        and the server finds them all in one read. The order on the wire is the order
+        of the calls; nothing waits in between except for a response. The payloads
+        are referenced, not copied: they must not change until the block sends them."""
+        with self._lock:
+            if self._corked is not None:       # nested: the outer block sends
+                yield self
+                return
+            self._corked = []
+            try:
+                yield self
+                if self._corked:
+                    parts = self._corked
+                    self._corked = []
+                    if self.conn is None:
+                        raise ConnectionLost("not connected")
+                    self.conn.arm(self.timeout)
+                    try:
+                        self._write(parts)
+                    except ConnectionLost as e:
+                        self._lost(e, "sending queued commands")
+                        raise
+            finally:
+                self._corked = None
 
     def _lost(self, e: ConnectionLost, when: str) -> None:
         """Close after a failed send or receive; raise ServerClosed when the server
@@ -281,8 +337,12 @@ class RemoteBackend:
             return self._recv_rsp(cmd, rsp_size)
 
     def _post(self, cmd: int, *payload) -> None:
-        """A command without a response."""
+        """A command without a response (queued inside `corked()`)."""
         with self._lock:
+            if self._corked is not None:
+                self._corked.append(protocol.HEADER.pack(cmd, sum(len(p) for p in payload)))
+                self._corked.extend(payload)
+                return
             self._send(cmd, *payload)
 
     # -- devices -------------------------------------------------------------
@@ -335,7 +395,7 @@ class RemoteBackend:
                 if self.set_tensor_hash(tensor, protocol.codec().fnv1a(mv), offset):
                     return True
                 cache_flag = 1
-            self._send(Cmd.SET_TENSOR, rt + struct.pack("<BQ", cache_flag, offset), mv)
+            self._post(Cmd.SET_TENSOR, rt + struct.pack("<BQ", cache_flag, offset), mv)
         return False
 
     def set_tensor_hash(self, tensor: Tensor, hash: int, offset: int = 0) -> bool:

@@ -37,6 +37,8 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-t", "--threads", type=int, default=None, help="local CPU threads")
     p.add_argument("-c", "--ctx-size", dest="ctx", type=int, default=0,
                    help="context size (default: 0, the model's)")
+    p.add_argument("-ub", "--ubatch-size", dest="ubatch", type=int, default=512,
+                   help="prompt tokens per graph (default: 512)")
     p.add_argument("-fa", "--flash-attn", dest="fa", type=_flash_attn, default="auto",
                    help="flash attention: on, off or auto (default: auto, which is on)")
     p.add_argument("--timeout", type=float, default=120.0, help="seconds to wait on a server")
@@ -84,7 +86,7 @@ def load_model(a, progress=None):
     try:
         model = Model.load(a.model, rpc=rpc, n_gpu_layers=a.ngl, tensor_split=a.ts, n_ctx=a.ctx,
                            n_threads=a.threads, flash_attn=a.fa != "off", timeout=a.timeout,
-                           progress=progress, reconnect=a.reconnect)
+                           progress=progress, reconnect=a.reconnect, n_ubatch=a.ubatch)
     except VersionMismatch as e:
         raise CliError(str(e)) from None
     except ModelError as e:
@@ -145,7 +147,8 @@ def cmd_bench(a) -> int:
             tests.append(("tg", a.n_gen))
         for kind, n in tests:
             times = []
-            for rep in range(a.repetitions + 1):     # the first run warms up
+            warm = 0 if a.no_warmup else 1
+            for rep in range(a.repetitions + warm):     # the first run warms up
                 toks = [int(t) for t in rng.integers(0, model.hp.n_vocab, n)]
                 model.reset()
                 t0 = time.perf_counter()
@@ -154,7 +157,7 @@ def cmd_bench(a) -> int:
                 else:
                     for t in toks:
                         model.eval([t])
-                if rep:
+                if rep >= warm:
                     times.append(time.perf_counter() - t0)
             ts = [n / t for t in times]
             results.append({"test": f"{kind}{n}", "n": n, "avg_ts": statistics.mean(ts),
@@ -200,4 +203,6 @@ def add_parsers(sub) -> None:
     b.add_argument("-n", "--n-gen", dest="n_gen", type=int, default=128)
     b.add_argument("-r", "--repetitions", type=int, default=5)
     b.add_argument("-o", "--output", choices=["md", "json"], default="md")
+    b.add_argument("--no-warmup", dest="no_warmup", action="store_true",
+                   help="skip the warm-up run before each test")
     b.set_defaults(func=cmd_bench)

@@ -11,13 +11,18 @@ Placement follows llama.cpp: the token embeddings stay on the local CPU; the las
 `n_gpu_layers` layers go to the servers' devices, in contiguous runs in proportion
 to `tensor_split` (default: each device's free memory); the output layer goes with
 the last layer when every layer is offloaded, else it stays on the CPU. Each
-layer's KV cache (F16) lives beside it. Every device runs one graph per step (its
-layers), built with ggmlrpc.builder exactly as llama.cpp builds it (same ops in
+layer's KV cache (F16) lives beside it; sliding-window layers keep only the window
+and a micro-batch of cells, reused as a ring in llama.cpp's order (SwaCells). Rope
+scaling (linear, YaRN) comes from the file's metadata. Every device runs one graph
+per step (its layers), built with ggmlrpc.builder exactly as llama.cpp builds it (same ops in
 the same order, flash attention, the output rows picked before the last
 feed-forward), so our CPU executor gives llama.cpp's logits bit for bit; the
 residual stream moves between devices with GET_TENSOR / SET_TENSOR. A decode step
 whose graphs have the shapes of the previous one reruns them with
-GRAPH_RECOMPUTE after writing the new inputs.
+GRAPH_RECOMPUTE after writing the new inputs; a device's SET_TENSOR, GRAPH_RECOMPUTE
+and GET_TENSOR leave in one write, so a step costs one round trip per device (the
+least the data flow allows: each device needs the previous one's output, and the
+first needs the token sampled from the last one's logits).
 """
 from __future__ import annotations
 
@@ -91,6 +96,10 @@ class HParams:
     rope_scale_swa: float = 1.0
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
+    rope_ext_factor: float = 0.0   # YaRN: 1 (mix of interpolated and extrapolated frequencies)
+    rope_attn_factor: float = 1.0  # rope's magnitude factor
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
 
     @property
     def n_embd_kv(self) -> int:
@@ -108,7 +117,10 @@ class HParams:
 
         n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
         head_dim = int(key("attention.key_length", n_embd // n_head))
-        scale = f.get(f"{a}.rope.scaling.factor")
+        scale = f.get(f"{a}.rope.scaling.factor") or f.get(f"{a}.rope.scale_linear")
+        kind = str(f.get(f"{a}.rope.scaling.type", "linear"))
+        if kind == "none":
+            scale = None
         return cls(n_vocab=n_vocab, n_ctx_train=int(key("context_length")), n_embd=n_embd,
                    n_layer=int(key("block_count")), n_ff=int(key("feed_forward_length")),
                    n_head=n_head, n_head_kv=int(key("attention.head_count_kv", n_head)),
@@ -119,7 +131,24 @@ class HParams:
                    rope_scale=1.0 / float(scale) if scale else 1.0,
                    n_expert=int(key("expert_count", 0)), n_expert_used=int(key("expert_used_count", 0)),
                    n_ctx_orig=int(key("rope.scaling.original_context_length", 0)),
+                   **_yarn_hparams(kind, 1.0 / float(scale) if scale else 1.0,
+                                   float(f.get(f"{a}.rope.scaling.attn_factor", 1.0))),
                    **_gemma_hparams(f, a))
+
+
+def _yarn_hparams(kind: str, freq_scale: float, attn_factor: float) -> dict:
+    """llama.cpp's rope extension factors: YaRN mixes in extrapolated frequencies
+    (ext_factor 1); ggml's rope then grows the magnitude by 1 + 0.1 ln(factor), which
+    llama.cpp's attention factor cancels again (both in F32, as llama.cpp computes
+    them), times the file's own attention factor."""
+    f32 = np.float32
+    if kind != "yarn":
+        return {"rope_attn_factor": attn_factor}
+    factor = f32(1.0) / f32(freq_scale)
+    lnf = f32(math.log(factor))
+    mscale = f32(1.0) if factor <= 1.0 else f32(0.1) * lnf + f32(1.0)
+    cancel = f32(1.0) / (f32(1.0) + f32(0.1) * lnf)
+    return {"rope_ext_factor": 1.0, "rope_attn_factor": float(f32(mscale * cancel) * f32(attn_factor))}
 
 
 def _gemma_hparams(f: GGUFFile, a: str) -> dict:
@@ -176,6 +205,8 @@ class _Graph:
         # every input of a step goes in one SET_TENSOR over the inputs' whole span
         self.span = buffer.tensor(GGMLType.I8, (max(self.layout.size, 1),), 0, name="inputs")
         self.image = np.zeros(self.layout.size, np.uint8)
+        # the result of each step lands here (read before the next step overwrites it)
+        self.result = bytearray(self.out.nbytes)
 
     def write_inputs(self, backend, values: dict) -> None:
         for name, t in self.inputs.items():
@@ -201,6 +232,63 @@ class Stage:
     inputs_buf: RemoteBuffer | None = None
     mapped: bool = False        # weights used in place in the file mapping (local CPU)
     graphs: dict[tuple, _Graph] = field(default_factory=dict)
+
+
+class SwaCells:
+    """The cells of a sliding-window layer's KV cache, filled as llama.cpp fills them
+    for one sequence: `size` cells (n_swa + a micro-batch, rounded up to 256, at most
+    the context) used as a ring. A new token takes the next cell from the head that
+    is empty or holds a position the window has left behind (measured from the
+    newest position before the batch); overwriting a position also drops every
+    older one still in the cache. The attention reads the cells in cell order, so
+    the same layout gives llama.cpp's sums."""
+
+    def __init__(self, size: int, n_swa: int):
+        self.size, self.n_swa = size, n_swa
+        self.pos = np.full(size, -1, np.int64)    # the position in each cell (-1: empty)
+        self.head = 0
+
+    def reset(self) -> None:
+        self.pos[:] = -1
+        self.head = 0
+
+    def place(self, positions: np.ndarray) -> np.ndarray:
+        """The cells of the new tokens (they take them at once)."""
+        pos, n = self.pos, len(positions)
+        full = pos >= 0
+        newest = int(pos.max())
+        head = 0 if self.head > int(full.sum()) + 2 * n else self.head
+        cells: list[int] = []
+        for _ in range(self.size):
+            if head >= self.size:
+                head = 0
+            if pos[head] < 0 or newest + 1 - pos[head] >= self.n_swa:
+                cells.append(head)
+                if len(cells) == n:
+                    break
+            head += 1
+        else:
+            raise ModelError(f"no room for {n} tokens in a sliding-window cache of {self.size} cells")
+        idx = np.asarray(cells, np.int64)
+        dropped = int(pos[idx].max())
+        pos[idx] = positions
+        if dropped >= 0:      # keep the positions in the cache contiguous
+            pos[(pos >= 0) & (pos <= dropped)] = -1
+        self.head = cells[-1] + 1
+        return idx
+
+    def n_kv(self) -> int:
+        """The cells a step attends: up to the last used one, rounded up to KV_PAD."""
+        used = np.nonzero(self.pos >= 0)[0]
+        last = int(used[-1]) + 1 if used.size else 0
+        return min(self.size, max(KV_PAD, -(-last // KV_PAD) * KV_PAD))
+
+    def mask(self, positions: np.ndarray, n_kv: int) -> np.ndarray:
+        """0 where a token may attend a cell, -inf elsewhere: (tokens, n_kv)."""
+        cell = self.pos[:n_kv][None, :]
+        p = positions.astype(np.int64)[:, None]
+        keep = (cell >= 0) & (cell <= p) & (p - cell < self.n_swa)
+        return np.where(keep, 0.0, -np.inf)
 
 
 def _align(n: int, a: int) -> int:
@@ -245,20 +333,24 @@ class Model:
         self.reconnect = 0.0                   # seconds to wait for a lost server
         self.stop_reason: str | None = None
         self._mapped: RemoteBuffer | None = None   # the file mapping as a local buffer
+        self.n_ubatch = N_UBATCH
+        self.swa: SwaCells | None = None
 
     # -- loading ---------------------------------------------------------------
     @classmethod
     def load(cls, path, rpc: Sequence[str] | str | None = None, n_gpu_layers: int = 99,
              tensor_split: Sequence[float] | None = None, n_ctx: int = 0,
              n_threads: int | None = None, flash_attn: bool = True, timeout: float = 120.0,
-             progress=None, reconnect: float = 0.0) -> "Model":
+             progress=None, reconnect: float = 0.0, n_ubatch: int = N_UBATCH) -> "Model":
         """Open `path`, connect to `rpc` servers ("host:port", a list or a comma-separated
         string) and upload the weights (hash first: a server started with -c that has them
         cached is not sent the bytes). `progress(done, total, cached)` is called as
         bytes go. `reconnect`: seconds to wait for a server lost during generation
-        (it gets its layers again and the context is replayed); 0 fails at once."""
+        (it gets its layers again and the context is replayed); 0 fails at once.
+        `n_ubatch`: prompt tokens per graph (llama.cpp's -ub)."""
         m = cls()
         m.reconnect = reconnect
+        m.n_ubatch = n_ubatch
         try:
             m._load(path, rpc, n_gpu_layers, tensor_split, n_ctx, n_threads, flash_attn,
                     timeout, progress)
@@ -276,7 +368,12 @@ class Model:
         hp = self.hp = HParams.from_gguf(f, self.tokenizer.n_vocab)
         self.flash_attn = flash_attn
         self.n_ctx = n_ctx or hp.n_ctx_train
-        self.n_ubatch = min(N_UBATCH, self.n_ctx)
+        if self.n_ubatch < 1:
+            raise ModelError(f"micro-batch size must be at least 1, got {self.n_ubatch}")
+        self.n_ubatch = min(self.n_ubatch, self.n_ctx)
+        # sliding-window layers keep only the window and a micro-batch (llama.cpp's SWA cache)
+        self.swa = (SwaCells(min(self.n_ctx, -(-min(self.n_ctx, hp.n_swa + self.n_ubatch) // KV_PAD) * KV_PAD),
+                             hp.n_swa) if hp.n_swa else None)
         cpu = LocalBackend(n_threads)
         self.backends.append(cpu)
         cpu_dev = Device(cpu, 0, "CPU", cpu.get_device_memory(0)[0])
@@ -350,7 +447,7 @@ class Model:
             done = self._send_weights(st, done, total, progress)
         # reserve the compute and input memory of the largest graph each stage runs
         for st in self.stages:
-            self._graph(st, (self.n_ubatch, self.n_ctx, 1))
+            self._graph(st, (self.n_ubatch, self.n_ctx, 1, self.swa.size if self.swa else 0))
             st.graphs.clear()
 
     def _alloc_stage(self, st: Stage) -> int:
@@ -366,8 +463,7 @@ class Model:
                 raise ModelError(f"{f.path}: missing tensor {n}")
         st.mapped = st.device.local
         size = 0 if st.mapped else sum(_align(f.tensors[n].nbytes, align) for n in names)
-        kv_row = _align(2 * hp.n_embd_kv * self.n_ctx, align)
-        kv_size = 2 * kv_row * len(st.layers)
+        kv_size = sum(2 * _align(2 * hp.n_embd_kv * self._cells(il), align) for il in st.layers)
         st.buffers, st.weights, st.kv = [], {}, {}
         st.compute = st.inputs_buf = None
         st.graphs.clear()
@@ -390,8 +486,9 @@ class Model:
             st.weights[n] = buf.tensor(ti.type, ti.ne, off, name=n)
             off += _align(ti.nbytes, align)
         for il in st.layers:
-            k = buf.tensor(GGMLType.F16, (hp.n_embd_kv, self.n_ctx), off, name=f"cache_k_l{il}")
-            v = buf.tensor(GGMLType.F16, (hp.n_embd_kv, self.n_ctx), off + kv_row, name=f"cache_v_l{il}")
+            kv_row = _align(2 * hp.n_embd_kv * self._cells(il), align)
+            k = buf.tensor(GGMLType.F16, (hp.n_embd_kv, self._cells(il)), off, name=f"cache_k_l{il}")
+            v = buf.tensor(GGMLType.F16, (hp.n_embd_kv, self._cells(il)), off + kv_row, name=f"cache_v_l{il}")
             off += 2 * kv_row
             st.kv[il] = (k, v)
         if kv_size:
@@ -445,9 +542,11 @@ class Model:
         st.graphs[key] = g
         return g
 
-    def _build(self, st: Stage, n_tokens: int, n_kv: int, n_out: int, align: int) -> "_Graph":
+    def _build(self, st: Stage, n_tokens: int, n_kv: int, n_out: int, n_kv_swa: int,
+               align: int) -> "_Graph":
         """llama.cpp's llama graph for the layers of `st`: n_tokens new tokens attending
-        n_kv cache cells, n_out rows of output (the last n_out tokens)."""
+        n_kv cache cells (n_kv_swa in sliding-window layers), n_out rows of output
+        (the last n_out tokens)."""
         hp, w = self.hp, st.weights
         inp = B.Inputs(align)
         g = B.Graph()
@@ -469,13 +568,17 @@ class Model:
             mask_type = GGMLType.F16 if self.flash_attn else GGMLType.F32
             mask = inp.new(mask_type, (n_kv, T), "kq_mask")
             if hp.n_swa and any(self._swa(il) for il in st.layers):
-                mask = (mask, inp.new(mask_type, (n_kv, T), "kq_mask_swa"))
+                # the sliding-window layers' own cells: indices and mask
+                k_idx = (k_idx, inp.new(GGMLType.I64, (T,), "k_idxs_swa"))
+                v_idx = (v_idx, inp.new(GGMLType.I64, v_idx.ne[:1], "v_idxs_swa"))
+                mask = (mask, inp.new(mask_type, (n_kv_swa, T), "kq_mask_swa"))
             out_ids = (inp.new(GGMLType.I32, (n_out,), "out_ids")
                        if last_layer in st.layers and n_out < T else None)
         late = self.file.arch in OSS   # gpt-oss picks the output rows after its last layer
         for il in st.layers:
             x = self._layer(g, st, il, x, pos, k_idx, v_idx, mask,
-                            out_ids if il == last_layer and not late else None, T, n_kv)
+                            out_ids if il == last_layer and not late else None, T,
+                            n_kv_swa if self._swa(il) else n_kv)
         if late and st.layers and st.layers[-1] == last_layer and out_ids is not None:
             x = B.get_rows(x, out_ids)
         if st.output:
@@ -488,7 +591,7 @@ class Model:
                 x = B.scale(B.unary(GGMLUnaryOp.TANH, B.scale(x, 1.0 / hp.final_softcap)),
                             hp.final_softcap, name="result_output")
         g.expand(x, output=True)
-        return _Graph((n_tokens, n_kv, n_out), g, {t.name: t for t in inp.tensors}, x, inp)
+        return _Graph((n_tokens, n_kv, n_out, n_kv_swa), g, {t.name: t for t in inp.tensors}, x, inp)
 
     def _layer(self, g: B.Graph, st: Stage, il: int, x: Tensor, pos, k_idx, v_idx, mask,
                out_ids, T: int, n_kv: int) -> Tensor:
@@ -503,7 +606,9 @@ class Model:
             factors = factors or w.get(name)
         rope = dict(n_dims=hp.n_rot, mode=ROPE_MODE[self.file.arch], n_ctx_orig=n_ctx_orig,
                     freq_base=hp.rope_base_swa if swa else hp.rope_base,
-                    freq_scale=hp.rope_scale_swa if swa else hp.rope_scale)
+                    freq_scale=hp.rope_scale_swa if swa else hp.rope_scale,
+                    ext_factor=hp.rope_ext_factor, attn_factor=hp.rope_attn_factor,
+                    beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow)
         cur = cur_in = self._norm(x, w, p + "attn_norm", f"attn_norm-{il}")
         parallel = self.file.arch in PARALLEL
 
@@ -520,7 +625,8 @@ class Model:
 
         gemma = self.file.arch in GEMMA
         if isinstance(mask, tuple):
-            mask = mask[1] if swa else mask[0]
+            mask, k_idx, v_idx = (t[1] if swa else t[0] for t in (mask, k_idx, v_idx))
+        n_cells = self._cells(il)
         if p + "attn_qkv.weight" in w:   # one matrix: q, k, v are views of its rows
             qkv = B.mul_mat(w[p + "attn_qkv.weight"], cur, name=f"wqkv-{il}")
             if p + "attn_qkv.bias" in w:
@@ -560,11 +666,11 @@ class Model:
             o = B.reshape(o, (hd * hp.n_head, T), name=f"kqv_out-{il}")
         else:
             # V transposed: element (cell, channel) at channel * n_ctx + cell
-            flat = B.reshape(cache_v, (1, hp.n_embd_kv * self.n_ctx))
+            flat = B.reshape(cache_v, (1, hp.n_embd_kv * n_cells))
             v2 = v2 if B.is_contiguous(v2) else B.cont(v2)
             g.expand(B.set_rows(flat, B.reshape(v2, (1, T * hp.n_embd_kv)), v_idx))
             vt = B.view(cache_v, (n_kv, hp.n_head_kv, hd, 1),
-                        (2, 2 * self.n_ctx * hd, 2 * self.n_ctx, 2 * self.n_ctx * hp.n_embd_kv))
+                        (2, 2 * n_cells * hd, 2 * n_cells, 2 * n_cells * hp.n_embd_kv))
             kq = B.mul_mat(kk, qq, name=f"kq-{il}", prec_f32=True)
             if hp.attn_softcap:
                 kq = B.scale(B.unary(GGMLUnaryOp.TANH, B.scale(kq, 1.0 / hp.attn_softcap)),
@@ -614,6 +720,10 @@ class Model:
             y = B.mul(B.norm(x, self.hp.eps), w[name + ".weight"])
             return B.add(y, w[name + ".bias"], name=out) if name + ".bias" in w else y
         return B.mul(B.rms_norm(x, self.hp.eps), w[name + ".weight"], name=out)
+
+    def _cells(self, il: int) -> int:
+        """The KV cache cells of layer il."""
+        return self.swa.size if self.swa is not None and self._swa(il) else self.n_ctx
 
     def _swa(self, il: int) -> bool:
         """Layers that attend a sliding window (gemma2: the even ones; gemma3: all but
@@ -690,6 +800,8 @@ class Model:
         self.n_past = 0
         self.tokens = []
         self.history = []
+        if self.swa is not None:
+            self.swa.reset()
 
     def eval(self, tokens: Sequence[int]) -> np.ndarray:
         """Run `tokens` after the context so far; the logits of the last one (F32, n_vocab)."""
@@ -755,46 +867,69 @@ class Model:
             raise
 
     def _run_step(self, tokens: list[int]) -> np.ndarray:
+        ring = (self.swa.pos.copy(), self.swa.head) if self.swa is not None else None
+        try:
+            return self._run_stages(tokens)
+        except BaseException:
+            if ring is not None:     # the batch did not happen: its cells are free again
+                self.swa.pos[:], self.swa.head = ring
+            raise
+
+    def _inputs(self, tokens: list[int]) -> tuple[tuple, dict]:
+        """A step's graph key and input values: positions, cache cells, masks."""
         T, p0 = len(tokens), self.n_past
         n_kv = min(self.n_ctx, max(KV_PAD, -(-(p0 + T) // KV_PAD) * KV_PAD))
-        n_out = 1
-        key = (T, n_kv, n_out)
         pos = np.arange(p0, p0 + T, dtype=np.int32)
-        mask = np.where(np.arange(n_kv)[None, :] <= pos[:, None], 0.0, -np.inf).astype(np.float16)
-        if self.flash_attn:
-            v_idxs = pos.astype(np.int64)
-        else:   # one index per element of the transposed V cache, token-major
-            chan = np.arange(self.hp.n_embd_kv, dtype=np.int64) * self.n_ctx
-            v_idxs = (chan[None, :] + pos.astype(np.int64)[:, None]).reshape(-1)
-            mask = mask.astype(np.float32)
+        mask_type = np.float16 if self.flash_attn else np.float32
         values = {"inp_tokens": np.asarray(tokens, np.int32), "inp_pos": pos,
-                  "k_idxs": pos.astype(np.int64), "v_idxs": v_idxs,
-                  "kq_mask": mask, "out_ids": np.asarray([T - 1], np.int32)}
-        if self.hp.n_swa:   # cells n_swa or more positions back are out of the window
-            far = pos[:, None] - np.arange(n_kv)[None, :] >= self.hp.n_swa
-            values["kq_mask_swa"] = np.where(far, -np.inf, mask).astype(mask.dtype)
+                  "out_ids": np.asarray([T - 1], np.int32)}
+
+        def cells(prefix: str, idx: np.ndarray, n_cells: int, mask: np.ndarray, suffix: str = ""):
+            values["k_idxs" + suffix] = idx
+            if self.flash_attn:
+                values["v_idxs" + suffix] = idx
+            else:   # one index per element of the transposed V cache, token-major
+                chan = np.arange(self.hp.n_embd_kv, dtype=np.int64) * n_cells
+                values["v_idxs" + suffix] = (chan[None, :] + idx[:, None]).reshape(-1)
+            values[prefix + suffix] = mask.astype(mask_type)
+
+        cells("kq_mask", pos.astype(np.int64), self.n_ctx,
+              np.where(np.arange(n_kv)[None, :] <= pos[:, None], 0.0, -np.inf))
+        n_kv_swa = 0
+        if self.swa is not None:
+            idx = self.swa.place(pos)
+            n_kv_swa = self.swa.n_kv()
+            cells("kq_mask", idx, self.swa.size, self.swa.mask(pos, n_kv_swa), "_swa")
+        return (T, n_kv, 1, n_kv_swa), values
+
+    def _run_stages(self, tokens: list[int]) -> np.ndarray:
+        T = len(tokens)
+        key, values = self._inputs(tokens)
         x = None
         for st in self.stages:
             be, dev = st.device.backend, st.device.index
             try:
                 g = self._graph(st, key)
                 values["embd"] = x
-                g.write_inputs(be, values)
-                # a device holds one graph: rerun it when it is this stage's graph of this shape
-                held = (id(be), dev)
-                if self._held.get(held) == (id(st), key):
-                    be.graph_recompute(dev)
-                else:
-                    be.graph_compute(g.graph.nodes, dev)
-                    self._held[held] = (id(st), key)
-                x = be.get_tensor(g.out)
+                # inputs, graph and the read of its result leave in one write: one
+                # round trip per device per step
+                with be.corked():
+                    g.write_inputs(be, values)
+                    # a device holds one graph: rerun it when it is this stage's graph of this shape
+                    held = (id(be), dev)
+                    if self._held.get(held) == (id(st), key):
+                        be.graph_recompute(dev)
+                    else:
+                        be.graph_compute(g.graph.nodes, dev)
+                        self._held[held] = (id(st), key)
+                    x = be.get_tensor(g.out, out=g.result)
             except ConnectionLost as e:
                 e.backend = be
                 raise
         self.n_past += T
         self.tokens += tokens
         self.history.append(list(tokens))
-        return np.frombuffer(x, dtype=np.float32)[-self.hp.n_vocab:]
+        return np.frombuffer(x, dtype=np.float32)[-self.hp.n_vocab:].copy()
 
     def generate(self, prompt: str | bytes | Sequence[int], n_predict: int = -1, *,
                  temp: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,

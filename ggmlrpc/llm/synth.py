@@ -44,6 +44,9 @@ class LlamaShape:
     rope_base: float = 10000.0
     eps: float = 1e-5
     n_vocab: int = 0       # 0: the built-in vocabulary; more: padded with unused tokens
+    rope_scaling: str = ""     # "linear" or "yarn" with rope_factor (""; none)
+    rope_factor: float = 0.0
+    rope_orig_ctx: int = 0     # the context the rope was trained on (0: not written)
 
 
 def vocab() -> tuple[list[bytes], list[float], list[int]]:
@@ -133,6 +136,11 @@ class _Synth:
             w.add_layer_norm_eps(shape.eps)
         w.add_rope_dimension_count(n_rot or self.head)
         w.add_rope_freq_base(shape.rope_base)
+        if shape.rope_scaling:
+            w.add_rope_scaling_type(gguf.RopeScalingType(shape.rope_scaling))
+            w.add_rope_scaling_factor(shape.rope_factor)
+        if shape.rope_orig_ctx:
+            w.add_rope_scaling_orig_ctx_len(shape.rope_orig_ctx)
         w.add_file_type(ftype)
         if vocab_from is None:
             w.add_tokenizer_model("llama")

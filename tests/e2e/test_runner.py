@@ -256,3 +256,59 @@ def test_local_weights_stay_in_the_file_mapping(model_path):
         with pytest.raises(ValidationError, match="read-only"):
             st.device.backend.set_tensor(w, bytes(w.nbytes))
         assert len(list(m.generate(PROMPT, 4, temp=0))) == 4
+
+
+def test_a_step_is_one_write_and_one_round_trip_per_server(model_path, servers):
+    """Decoding reruns the held graph: per token and server one SET_TENSOR of the
+    inputs, GRAPH_RECOMPUTE and the GET_TENSOR of the result, sent in one write, so
+    the step waits for one response per server."""
+    import importlib.util
+    from pathlib import Path
+
+    spec = importlib.util.spec_from_file_location(
+        "netproxy", Path(__file__).resolve().parents[2] / "bench" / "netproxy.py")
+    netproxy = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(netproxy)
+    proxies = [netproxy.Proxy(f"127.0.0.1:{s.port}", count=True) for s in servers]
+    eps = [f"127.0.0.1:{p.start()}" for p in proxies]
+    try:
+        with Model.load(model_path, rpc=eps, tensor_split=[1, 1]) as m:
+            m.eval(m.tokenize(PROMPT))
+            m.eval([5])
+            writes = [be.writes for be in m.backends[1:]]
+            before = [p.snapshot() for p in proxies]
+            for t in (6, 7, 8):
+                m.eval([t])
+            after = [p.snapshot() for p in proxies]
+            assert [be.writes - n for be, n in zip(m.backends[1:], writes)] == [3, 3]
+        for a, b in zip(before, after):
+            assert {k: b[k] - a.get(k, 0) for k in b if b[k] != a.get(k, 0)} == \
+                {"SET_TENSOR": 3, "GRAPH_RECOMPUTE": 3, "GET_TENSOR": 3}
+    finally:
+        for p in proxies:
+            p.close()
+
+
+def test_corked_commands_keep_their_order(servers):
+    """Commands held back by corked() reach the server in call order, the queue goes
+    with the next answered command or at the end of the block, and blocks nest."""
+    import numpy as np
+
+    from ggmlrpc.client import RemoteBackend
+    from ggmlrpc.ggml import GGMLType
+
+    with RemoteBackend(f"127.0.0.1:{servers[0].port}") as rb:
+        buf = rb.alloc_buffer(4096)
+        x = buf.tensor(GGMLType.F32, (16,))
+        with rb.corked():
+            rb.set_tensor(x, np.full(16, 1, np.float32))
+            rb.set_tensor(x, np.arange(16, dtype=np.float32))
+            with rb.corked():
+                rb.memset_tensor(x, 0, offset=0, size=8)
+            assert np.array_equal(rb.get_array(x), [0, 0] + list(range(2, 16)))
+            rb.set_tensor(x, np.full(16, 7, np.float32))
+        assert np.array_equal(rb.get_array(x), np.full(16, 7))
+        with rb.corked():     # more byte strings than one native writev takes
+            for i in range(12):
+                rb.set_tensor(x, np.full(16, i, np.float32))
+        assert np.array_equal(rb.get_array(x), np.full(16, 11))

@@ -170,3 +170,43 @@ def test_prompt_longer_than_a_micro_batch(ref_bin, tmp_path, capfdbinary):
     mine = capfdbinary.readouterr()[0]
     assert len(mine) > len(prompt)
     assert same_text(mine, completion(ref_bin, model, ["-ngl", "0"], prompt, expect=mine))
+
+
+@pytest.mark.parametrize("opts", [["--temp", "0.8", "-s", "42"],                 # llama.cpp's defaults
+                                  ["--temp", "1", "--top-k", "0", "--top-p", "1", "--min-p", "0", "-s", "7"],
+                                  ["--temp", "1.5", "--top-k", "0", "--top-p", "0.9", "--min-p", "0.1", "-s", "3"],
+                                  ["--temp", "1", "--top-k", "0", "--top-p", "1", "--min-p", "0.2", "-s", "5"]])
+def test_sampling_with_a_seed_equals_llama_completion(ref_bin, models, opts, capfdbinary):
+    """The sampler chain (top-k, top-p, min-p, temperature, a draw from the seeded
+    Mersenne Twister) picks llama-completion's tokens for the same seed."""
+    for kind in ("f32", "f16"):
+        mine = ours(models[kind], ["-ngl", "0", "-t", "2", *opts], capfdbinary)
+        assert same_text(mine, completion(ref_bin, models[kind], ["-ngl", "0", "-t", "2", *opts],
+                                          expect=mine)), (kind, opts)
+
+
+@pytest.mark.parametrize("scaling,factor", [("yarn", 4.0), ("linear", 2.0)])
+def test_rope_scaling_from_the_file(ref_bin, tmp_path, scaling, factor, server_proc, capfdbinary):
+    """rope.scaling.type/factor/original_context_length: YaRN's extrapolation mix and
+    its attention factor, or linear interpolation, as llama.cpp reads them."""
+    shape = synth.LlamaShape(n_layer=3, n_embd=128, n_ff=256, n_head=4, n_head_kv=2, n_ctx=512,
+                             rope_scaling=scaling, rope_factor=factor, rope_orig_ctx=128)
+    model = synth.write_llama(tmp_path / f"{scaling}.gguf", shape, "f32", seed=4)
+    srv = server_proc("-t", "2")
+    for args in (["-ngl", "0", "-t", "2"], ["--rpc", srv.endpoint, "-ngl", "99"]):
+        mine = ours(model, args, capfdbinary)
+        assert same_text(mine, completion(ref_bin, model, ["-ngl", "0", "-t", "2"], expect=mine)), args
+
+
+@pytest.mark.parametrize("arch", ["gemma3", "gemma2", "gpt-oss"])
+def test_sliding_window_cache_wraps_like_llama(ref_bin, tmp_path, arch, capfdbinary):
+    """Sliding-window layers keep n_swa + a micro-batch cells (rounded up to 256):
+    with -ub 16 and a window of 8 that is 256 cells, which 300 new tokens wrap
+    around; the cells are reused in llama.cpp's order, with and without flash
+    attention."""
+    model = synth.write_model(tmp_path / f"{arch}.gguf", arch, arch_shape(arch, 128), "f16", seed=4)
+    for fa in ("on", "off"):
+        args = ["-ngl", "0", "-c", "512", "-ub", "16", "-fa", fa, "--ignore-eos", "-n", "300"]
+        mine = ours(model, args, capfdbinary)
+        assert len(mine) > 300 + len(PROMPT)
+        assert same_text(mine, completion(ref_bin, model, args, expect=mine)), fa
