@@ -15,6 +15,7 @@ unsigned gr_cpu_features(void) {
     f |= GR_CPU_AVX512;
     if (__builtin_cpu_supports("avx512bf16")) f |= GR_CPU_AVX512_BF16;
     if (__builtin_cpu_supports("avx512fp16")) f |= GR_CPU_AVX512_FP16;
+    if (__builtin_cpu_supports("avx512vnni")) f |= GR_CPU_AVX512_VNNI;
 #endif
     return f;
 }

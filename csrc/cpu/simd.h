@@ -29,6 +29,7 @@ enum gr_cpu_feature {
     GR_CPU_AVX512 = 2,        /* AVX-512 F, DQ, BW, VL */
     GR_CPU_AVX512_BF16 = 4,   /* ... and AVX512-BF16 */
     GR_CPU_AVX512_FP16 = 8,   /* ... and AVX512-FP16 (not implied by BF16 in the bits) */
+    GR_CPU_AVX512_VNNI = 16,  /* AVX-512 with VNNI (integer sums only: no family depends on it) */
 };
 
 /* The one probe: GR_CPU_* bits of this CPU (0 off x86). */

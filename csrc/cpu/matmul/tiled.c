@@ -499,6 +499,27 @@ __attribute__((target("avx2"))) static inline __m256i kp_reduce8(__m256i a0, __m
 #define KP_STEP_S(t) \
     a##t = _mm256_add_epi32(a##t, _mm256_madd_epi16(_mm256_maddubs_epi16(av, _mm256_sign_epi8(KP_QLOAD(t, c), v)), sv));
 
+/* The rest of one block for the eight columns of a panel, from the codes' integer
+ * sums s1: the bias term (codes stored with a bias), then the float steps
+ *     r = d * s1;  r = fma(-dmin, s2, r);  acc = fma(r, d8, acc)   per output */
+__attribute__((target("avx2,fma"))) static inline __m256 kp_block_finish(__m256i s1, const char *w, const char *p,
+                                                                         float d, float dmin, int has_min, int bias,
+                                                                         __m256 acc) {
+    if (bias)
+        for (int k = 0; k < 8; k++)
+            s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(p + KP_PAIRS + 32 * k)),
+                                                        _mm256_loadu_si256((const __m256i *)(w + KR_BSP + 32 * k))));
+    __m256 r = _mm256_mul_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(s1));
+    if (has_min) {
+        __m256i s2 = _mm256_setzero_si256();
+        for (int k = 0; k < 8; k++)
+            s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(p + KP_PAIRS + 32 * k)),
+                                                        _mm256_loadu_si256((const __m256i *)(w + KR_MNP + 32 * k))));
+        r = _mm256_fnmadd_ps(_mm256_set1_ps(dmin), _mm256_cvtepi32_ps(s2), r);
+    }
+    return _mm256_fmadd_ps(r, _mm256_loadu_ps((const float *)(p + KP_D)), acc);
+}
+
 __attribute__((target("avx2,fma"))) static void kpanel_dot_avx2(int32_t type, int64_t nb, const void *krow,
                                                                 const float *d, const float *dmin,
                                                                 const void *panel, float out[8]) {
@@ -514,21 +535,47 @@ __attribute__((target("avx2,fma"))) static void kpanel_dot_avx2(int32_t type, in
 #define KP_QLOAD(t, c) _mm256_loadu_si256((const __m256i *)(p + 256 * (t) + 32 * (c)))
         KP_INT_SUMS()
 #undef KP_QLOAD
-        __m256i s1 = kp_reduce8(a0, a1, a2, a3, a4, a5, a6, a7);
-        if (bias)
-            for (int k = 0; k < 8; k++)
-                s1 = _mm256_add_epi32(s1, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(p + KP_PAIRS + 32 * k)),
-                                                            _mm256_loadu_si256((const __m256i *)(w + KR_BSP + 32 * k))));
-        /* r = d * s1; r = fma(-dmin, s2, r); acc = fma(r, d8, acc), per output */
-        __m256 r = _mm256_mul_ps(_mm256_set1_ps(d[b]), _mm256_cvtepi32_ps(s1));
-        if (has_min) {
-            __m256i s2 = _mm256_setzero_si256();
-            for (int k = 0; k < 8; k++)
-                s2 = _mm256_add_epi32(s2, _mm256_madd_epi16(_mm256_loadu_si256((const __m256i *)(p + KP_PAIRS + 32 * k)),
-                                                            _mm256_loadu_si256((const __m256i *)(w + KR_MNP + 32 * k))));
-            r = _mm256_fnmadd_ps(_mm256_set1_ps(dmin[b]), _mm256_cvtepi32_ps(s2), r);
+        acc = kp_block_finish(kp_reduce8(a0, a1, a2, a3, a4, a5, a6, a7), w, p, d[b], dmin[b], has_min, bias, acc);
+    }
+    _mm256_storeu_ps(out, acc);
+}
+#endif
+
+#if GR_X86
+/* kpanel_dot_avx2 with 512-bit integer steps: two 32-value chunks of a column per
+ * PMADDUBSW and the scale step fused into VPDPWSSD. Only the integer sums are
+ * grouped otherwise (exact in any order); the float steps are the same ones, so the
+ * results are the same bits. The shared helpers inline here as AVX2 code. */
+__attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512vnni")))
+static void kpanel_dot_avx512(int32_t type, int64_t nb, const void *krow, const float *d, const float *dmin,
+                              const void *panel, float out[8]) {
+    size_t bs;
+    int has_min;
+    decoder_for(type, &bs, &has_min);
+    const int bias = kpanel_bias(type), sign = type == GR_TYPE_IQ4_XS;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *w = (const char *)krow + (size_t)b * GR_KROW_BYTES;
+        const char *p = (const char *)panel + (size_t)b * GR_KPANEL_BYTES;
+        __m512i z[8];
+        for (int t = 0; t < 8; t++) z[t] = _mm512_setzero_si512();
+        for (int c = 0; c < 8; c += 2) {
+            __m512i u = _mm512_loadu_si512((const void *)(w + 32 * c));
+            const __m512i sv = _mm512_loadu_si512((const void *)(w + KR_SCV + 32 * c));
+            const __mmask64 neg = sign ? _mm512_movepi8_mask(u) : 0;
+            if (sign) u = _mm512_abs_epi8(u);   /* |v| unsigned, v's sign moved onto q */
+#pragma GCC unroll 8
+            for (int t = 0; t < 8; t++) {
+                __m512i q = _mm512_loadu_si512((const void *)(p + 256 * t + 32 * c));
+                if (sign) q = _mm512_mask_sub_epi8(q, neg, _mm512_setzero_si512(), q);
+                z[t] = _mm512_dpwssd_epi32(z[t], _mm512_maddubs_epi16(u, q), sv);
+            }
         }
-        acc = _mm256_fmadd_ps(r, _mm256_loadu_ps((const float *)(p + KP_D)), acc);
+        __m256i a[8];
+        for (int t = 0; t < 8; t++)
+            a[t] = _mm256_add_epi32(_mm512_castsi512_si256(z[t]), _mm512_extracti64x4_epi64(z[t], 1));
+        acc = kp_block_finish(kp_reduce8(a[0], a[1], a[2], a[3], a[4], a[5], a[6], a[7]), w, p, d[b], dmin[b],
+                              has_min, bias, acc);
     }
     _mm256_storeu_ps(out, acc);
 }
@@ -590,7 +637,12 @@ void gr_kpanel_dot(int32_t type, int64_t nb, const void *krow /* (nb, GR_KROW_BY
                    const float *d /* (nb,) */, const float *dmin /* (nb,) */,
                    const void *panel /* (nb, GR_KPANEL_BYTES) */, float out[8]) {
 #if GR_X86
-    kpanel_dot_avx2(type, nb, krow, d, dmin, panel, out);
+    static int vnni = -1;
+    if (vnni < 0) vnni = (gr_cpu_features() & (GR_CPU_AVX512 | GR_CPU_AVX512_VNNI)) == (GR_CPU_AVX512 | GR_CPU_AVX512_VNNI);
+    if (vnni)
+        kpanel_dot_avx512(type, nb, krow, d, dmin, panel, out);
+    else
+        kpanel_dot_avx2(type, nb, krow, d, dmin, panel, out);
 #else
     (void)type; (void)nb; (void)krow; (void)d; (void)dmin; (void)panel; (void)out;
 #endif
