@@ -1,0 +1,95 @@
+"""CUDA kernel tests on the CPU: the package's .cu files run in the SIMT emulator
+(tests/cuda/simt) in forward, reverse and shuffled thread order, checked against
+NumPy / gguf-py references with test-backend-ops' NMSE thresholds."""
+from __future__ import annotations
+
+import functools
+import importlib.util
+import shutil
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ggmlrpc.cuda import Kernels
+
+HERE = Path(__file__).resolve().parent
+
+
+def _load_simt():
+    name = "ggmlrpc_tests_simt"
+    if name in sys.modules:
+        return sys.modules[name]
+    spec = importlib.util.spec_from_file_location(name, HERE / "simt" / "simt.py")
+    mod = importlib.util.module_from_spec(spec)
+    sys.modules[name] = mod
+    spec.loader.exec_module(mod)
+    return mod
+
+
+simt = _load_simt()
+
+
+def have_toolkit() -> bool:
+    try:
+        simt.cuda_include_dir()
+    except FileNotFoundError:
+        return False
+    return shutil.which("g++") is not None
+
+
+def pytest_collection_modifyitems(config, items):
+    if have_toolkit():
+        return
+    skip = pytest.mark.skip(reason="no CUDA toolkit headers (cuda_fp16.h) or no g++ for the emulator")
+    for item in items:
+        if "tests/cuda/" in str(item.fspath).replace("\\", "/") and "needs_toolkit" in item.keywords:
+            item.add_marker(skip)
+
+
+ORDERS = ("forward", "reverse", "shuffled")
+
+
+@pytest.fixture(scope="session", params=ORDERS)
+def k(request):
+    """The package's kernels compiled for the emulator, run in one thread order."""
+    if not have_toolkit():
+        pytest.skip("no CUDA toolkit headers (cuda_fp16.h) or no g++ for the emulator")
+    return Kernels(functools.partial(simt.SourceModule, order=request.param, seed=1234))
+
+
+@pytest.fixture
+def rng(seed):
+    return np.random.default_rng(seed)
+
+
+def dev(a: np.ndarray):
+    return simt.to_device(np.ascontiguousarray(a))
+
+
+def empty(nbytes: int):
+    return simt.mem_alloc(nbytes)
+
+
+def read(buf, shape, dtype=np.float32) -> np.ndarray:
+    out = np.empty(shape, dtype=dtype)
+    simt.memcpy_dtoh(out, buf)
+    return out
+
+
+def nmse(ours, ref) -> float:
+    ours = np.asarray(ours, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    den = float(np.sum(ref * ref))
+    num = float(np.sum((ours - ref) ** 2))
+    return num / den if den else num
+
+
+def assert_close(ours, ref, max_nmse=1e-7):
+    ours = np.asarray(ours)
+    ref = np.asarray(ref).reshape(ours.shape)
+    fo, fr = np.isfinite(ours), np.isfinite(ref)
+    np.testing.assert_array_equal(fo, fr, err_msg="non-finite entries differ")
+    err = nmse(ours[fo], ref[fr])
+    assert err <= max_nmse, f"NMSE {err:.3g} > {max_nmse:g}"
