@@ -79,3 +79,66 @@ def repeat(k, dst, src, dst_ne, src_ne):
     ne, sne = pad4(dst_ne), pad4(src_ne)
     k.function("elementwise", "repeat_f32")(dst, src, *map(i32, ne), *map(i32, sne),
                                            block=(BLOCK, 1, 1), grid=grid_for(math.prod(ne)))
+
+
+# ---- norm, softmax, rope ----
+
+NORM_KINDS = {"rms_norm": 0, "norm": 1, "l2_norm": 2}
+
+
+def row_block(ncols: int) -> int:
+    """Threads per row for the row-wise kernels: a warp for short rows."""
+    return 32 if ncols < 1024 else 256
+
+
+def norm(k, kind: str, dst, x, ncols: int, nrows: int, ldx: int, eps: float, block: int | None = None):
+    k.function("norm", "norm_f32")(i32(NORM_KINDS[kind]), dst, x, i32(ncols), i64(ldx), f32(eps),
+                                  block=(block or row_block(ncols), 1, 1), grid=(nrows, 1, 1))
+
+
+def alibi(max_bias: float, n_head: int) -> tuple[float, float, int]:
+    """(m0, m1, n_head_log2) as ggml derives the ALiBi slopes."""
+    n_head_log2 = 1 << int(math.floor(math.log2(n_head))) if n_head > 0 else 1
+    m0 = 2.0 ** (-max_bias / n_head_log2)
+    m1 = 2.0 ** (-(max_bias / 2.0) / n_head_log2)
+    return m0, m1, n_head_log2
+
+
+NULL = np.intp(0)
+
+
+def soft_max(k, dst, x, ncols: int, ne01: int, ne02: int, ne03: int, ldx: int, *, mask=None,
+             mask_ne=(1, 1, 1), mask_f16=False, sinks=None, scale=1.0, max_bias=0.0, block=None):
+    """x: (ne03, ne02, ne01, ncols) rows at stride ldx; mask_ne: (ne11, ne12, ne13)."""
+    m0, m1, nhl2 = alibi(max_bias, ne02)
+    k.function("softmax", "soft_max_f32")(
+        dst, x, NULL if mask is None else mask, NULL if sinks is None else sinks, i32(ncols), i64(ldx),
+        i32(ne01), i32(ne02), *map(i32, mask_ne), i32(bool(mask_f16)), f32(scale), f32(max_bias), f32(m0),
+        f32(m1), i32(nhl2), block=(block or row_block(ncols), 1, 1), grid=(ne01 * ne02 * ne03, 1, 1))
+
+
+ROPE_MODES = {0: "normal", 2: "neox", 8: "mrope", 40: "imrope"}
+
+
+def yarn_corr_dims(n_dims: int, n_ctx_orig: int, freq_base: float, beta_fast: float, beta_slow: float):
+    def corr_dim(n_rot):
+        return n_dims * math.log(n_ctx_orig / (n_rot * 2 * math.pi)) / (2 * math.log(freq_base))
+    start = math.floor(corr_dim(beta_fast))
+    end = math.ceil(corr_dim(beta_slow))
+    return float(max(0, start)), float(min(n_dims - 1, end))
+
+
+def rope(k, dst, x, pos, ne, nb, n_dims: int, mode: int, *, freq_base=10000.0, freq_scale=1.0,
+         ext_factor=0.0, attn_factor=1.0, n_ctx_orig=0, beta_fast=32.0, beta_slow=1.0, freq_factors=None,
+         sections=(0, 0, 0, 0), max_blocks=MAX_BLOCKS):
+    """x: (ne2 tokens, ne1 heads, ne0) with byte strides nb (nb[0] == 4)."""
+    if mode not in ROPE_MODES:
+        raise ValueError(f"rope mode {mode} is not supported on CUDA yet")
+    corr = yarn_corr_dims(n_dims, n_ctx_orig, freq_base, beta_fast, beta_slow) if ext_factor else (0.0, 0.0)
+    ne0, ne1, ne2 = ne[:3]
+    n = ne0 // 2 * ne1 * ne2
+    k.function("rope", "rope_f32")(
+        dst, x, pos, NULL if freq_factors is None else freq_factors, i32(ne0), i32(ne1), i32(ne2), i64(nb[1]),
+        i64(nb[2]), i32(n_dims), i32(mode), f32(freq_base), f32(freq_scale), f32(ext_factor), f32(attn_factor),
+        f32(corr[0]), f32(corr[1]), *map(i32, sections),
+        block=(BLOCK, 1, 1), grid=grid_for(n, BLOCK, max_blocks))

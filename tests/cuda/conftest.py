@@ -93,3 +93,31 @@ def assert_close(ours, ref, max_nmse=1e-7):
     np.testing.assert_array_equal(fo, fr, err_msg="non-finite entries differ")
     err = nmse(ours[fo], ref[fr])
     assert err <= max_nmse, f"NMSE {err:.3g} > {max_nmse:g}"
+
+
+def cpu_ref(make, *inputs):
+    """The result of `make(*leaves)` on our CPU executor (the reference ggml-equivalent
+    semantics), for inputs given as (GGMLType, ne, array)."""
+    from ggmlrpc import builder as B
+    from ggmlrpc.local import LocalBackend
+
+    with LocalBackend(1) as be:
+        leaves = [B.Tensor(t, tuple(ne) + (1,) * (4 - len(ne)), name=f"in{i}") for i, (t, ne, _) in enumerate(inputs)]
+        offs, size = [], 0
+        for t in leaves:
+            offs.append(size)
+            size += (t.nbytes + 63) // 64 * 64
+        buf = be.alloc_buffer(max(size, 64))
+        placed = []
+        for t, off, (_, _, a) in zip(leaves, offs, inputs):
+            p = buf.tensor(t.type, t.ne, off, t.name)
+            be.set_tensor(p, np.ascontiguousarray(a))
+            placed.append(p)
+        y = make(*placed)
+        g = B.Graph()
+        g.expand(y, output=True)
+        alloc = B.Allocator()
+        comp = be.alloc_buffer(max(alloc.plan(g), 64))
+        alloc.place(comp)
+        be.graph_compute(g.nodes)
+        return be.get_array(y)
