@@ -142,3 +142,77 @@ def rope(k, dst, x, pos, ne, nb, n_dims: int, mode: int, *, freq_base=10000.0, f
         i64(nb[2]), i32(n_dims), i32(mode), f32(freq_base), f32(freq_scale), f32(ext_factor), f32(attn_factor),
         f32(corr[0]), f32(corr[1]), *map(i32, sections),
         block=(BLOCK, 1, 1), grid=grid_for(n, BLOCK, max_blocks))
+
+
+# ---- rows: GET_ROWS, SET_ROWS, CPY ----
+
+# kernel name suffix and (elements, bytes) per block of every type the kernels know
+TYPES = {
+    T.F32: ("f32", 1, 4), T.F16: ("f16", 1, 2), T.BF16: ("bf16", 1, 2),
+    T.Q4_0: ("q4_0", 32, 18), T.Q4_1: ("q4_1", 32, 20), T.Q5_0: ("q5_0", 32, 22), T.Q5_1: ("q5_1", 32, 24),
+    T.Q8_0: ("q8_0", 32, 34), T.Q2_K: ("q2_K", 256, 84), T.Q3_K: ("q3_K", 256, 110),
+    T.Q4_K: ("q4_K", 256, 144), T.Q5_K: ("q5_K", 256, 176), T.Q6_K: ("q6_K", 256, 210),
+    T.IQ4_NL: ("iq4_nl", 32, 18), T.IQ4_XS: ("iq4_xs", 256, 136), T.MXFP4: ("mxfp4", 32, 17),
+}
+STORE_TYPES = (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
+SCALAR_IDS = {T.F32: 0, T.F16: 1, T.BF16: 2}
+
+
+def _suffix(type_: int) -> str:
+    try:
+        return TYPES[type_][0]
+    except KeyError:
+        raise ValueError(f"type {T(type_).name} has no CUDA kernels") from None
+
+
+def row_bytes(type_: int, n: int) -> int:
+    _, qk, bs = TYPES[type_]
+    if n % qk:
+        raise ValueError(f"{n} elements are not whole blocks of {T(type_).name}")
+    return n // qk * bs
+
+
+def get_rows(k, type_: int, dst, src, ids, ne00: int, ids_ne, nb):
+    """src rows of type_ with byte strides nb = (nb0, nb1, nb2, nb3); ids (ne10, ne11, ne12) i32."""
+    ne10, ne11, ne12 = pad4(ids_ne)[:3]
+    block = 32 if ne00 <= 64 else 128
+    k.function("rows", f"get_rows_{_suffix(type_)}")(
+        dst, src, ids, i32(ne00), i32(ne10), i32(ne11), i64(nb[1]), i64(nb[2]), i64(nb[3]),
+        block=(block, 1, 1), grid=(ne10 * ne11 * ne12, 1, 1))
+
+
+def set_rows(k, type_: int, dst, dst_nb, src, src_ne, ids, ids_ne, ids_i32=False, *, max_blocks=MAX_BLOCKS):
+    """src (ne00, ne01, ne02, ne03) f32 contiguous; ids (ne01, ne11, ne12) i64 or i32."""
+    if type_ not in STORE_TYPES:
+        raise ValueError(f"SET_ROWS to {T(type_).name} is not supported on CUDA yet")
+    ne = pad4(src_ne)
+    _, ne11, ne12 = pad4(ids_ne)[:3]
+    row_bytes(type_, ne[0])
+    n = ne[0] // TYPES[type_][1] * ne[1] * ne[2] * ne[3]
+    k.function("rows", f"set_rows_{_suffix(type_)}")(
+        dst, src, ids, i32(bool(ids_i32)), *map(i32, ne), i32(ne11), i32(ne12), *map(i64, pad4(dst_nb, 0)[1:]),
+        block=(BLOCK, 1, 1), grid=grid_for(n, BLOCK, max_blocks))
+
+
+def cpy_scalar(k, dst, dtype: int, dst_nb, src, stype: int, src_nb, ne, *, max_blocks=MAX_BLOCKS):
+    """Between F32/F16/BF16 with any byte strides."""
+    ne = pad4(ne)
+    k.function("rows", "cpy_scalar")(
+        dst, i32(SCALAR_IDS[dtype]), src, i32(SCALAR_IDS[stype]), *map(i32, ne), *map(i64, pad4(src_nb, 0)),
+        *map(i64, pad4(dst_nb, 0)), block=(BLOCK, 1, 1), grid=grid_for(math.prod(ne), BLOCK, max_blocks))
+
+
+def cpy_to_blocks(k, type_: int, dst, src, ne00: int, nrows: int, src_ld: int, dst_ld: int):
+    """F32 rows (byte stride src_ld) into rows of type_ blocks (byte stride dst_ld)."""
+    if type_ not in STORE_TYPES:
+        raise ValueError(f"CPY to {T(type_).name} is not supported on CUDA yet")
+    row_bytes(type_, ne00)
+    n = ne00 // TYPES[type_][1] * nrows
+    k.function("rows", f"quantize_rows_{_suffix(type_)}")(dst, src, i32(ne00), i32(nrows), i64(src_ld), i64(dst_ld),
+                                                   block=(BLOCK, 1, 1), grid=grid_for(n))
+
+
+def cpy_from_blocks(k, type_: int, dst, src, ne00: int, nrows: int, src_ld: int, dst_ld: int):
+    """Rows of type_ (byte stride src_ld) into F32 rows (byte stride dst_ld)."""
+    k.function("rows", f"dequantize_rows_{_suffix(type_)}")(dst, src, i32(ne00), i32(nrows), i64(src_ld), i64(dst_ld),
+                                                   block=(BLOCK, 1, 1), grid=grid_for(ne00 * nrows))

@@ -121,3 +121,35 @@ def cpu_ref(make, *inputs):
         alloc.place(comp)
         be.graph_compute(g.nodes)
         return be.get_array(y)
+
+
+# byte offsets of the f16 scale fields of the types gguf-py cannot quantize
+_SCALE_FIELDS = {"Q2_K": (80, 82), "Q3_K": (108,), "Q4_K": (0, 2), "Q5_K": (0, 2), "Q6_K": (208,),
+                 "IQ4_NL": (0,), "IQ4_XS": (0,)}
+
+
+def random_weights(rng, type_, nrows: int, ncols: int) -> np.ndarray:
+    """(nrows, row bytes) of weights of type_: gguf-py's quantization of normal values,
+    or for the types it cannot quantize, random blocks with moderate f16 scales."""
+    from gguf import GGMLQuantizationType as Q, quants
+
+    qt = Q[type_.name]
+    x = rng.standard_normal((nrows, ncols)).astype(np.float32)
+    if type_.name == "F32":
+        return x.view(np.uint8)
+    if type_.name not in _SCALE_FIELDS:
+        return np.ascontiguousarray(quants.quantize(x, qt)).view(np.uint8).reshape(nrows, -1)
+    qk, bs = quants.GGML_QUANT_SIZES[qt]
+    blocks = rng.integers(0, 256, (nrows, ncols // qk, bs), dtype=np.uint8)
+    for off in _SCALE_FIELDS[type_.name]:
+        d = (rng.random((nrows, ncols // qk)) * 0.02 + 0.002).astype(np.float16)
+        blocks[:, :, off:off + 2] = d.view(np.uint8).reshape(nrows, ncols // qk, 2)
+    return blocks.reshape(nrows, -1)
+
+
+def dequantize(type_, data: np.ndarray) -> np.ndarray:
+    from gguf import GGMLQuantizationType as Q, quants
+
+    if type_.name == "F32":
+        return data.view(np.float32)
+    return quants.dequantize(data, Q[type_.name])

@@ -118,9 +118,10 @@ static __device__ __forceinline__ void scale_min_k4(int j, const uint8_t *q, int
     }
 }
 
-// One element-wise dequantizer per weight type: `qk` elements per block, `get(b, j)`
-// is element j of block b. Generic kernels (get_rows, the dequantizing mat-vec, the
-// tiled GEMM) take a traits struct; the fast paths (MMVQ) have their own dot products.
+// One truth per weight layout. A float type has `get(b, j)`. A quant type says
+// element j of block b is  sm(b, j/16).x * q(b, j) - sm(b, j/16).y : an integer
+// q (fits int8) with a scale and a min per group of 16; `get` follows from that,
+// and the dp4a mat-vec (matmul.cu) uses q and sm directly.
 struct tr_f32 {
     typedef float block;
     static constexpr int qk = 1;
@@ -136,118 +137,112 @@ struct tr_bf16 {
     static constexpr int qk = 1;
     static __device__ __forceinline__ float get(const block *b, int) { return bf16_to_f32(*b); }
 };
-struct tr_q4_0 {
-    typedef block_q4_0 block;
-    static constexpr int qk = 32;
+
+template <class D, class B, int QK> struct quant_type {
+    typedef B block;
+    static constexpr int qk = QK;
     static __device__ __forceinline__ float get(const block *b, int j) {
-        return __half2float(b->d) * (nib32(b->qs, j) - 8);
+        const float2 s = D::sm(b, j / 16);
+        return s.x * D::q(b, j) - s.y;
     }
 };
-struct tr_q4_1 {
-    typedef block_q4_1 block;
-    static constexpr int qk = 32;
-    static __device__ __forceinline__ float get(const block *b, int j) {
-        return __half2float(b->d) * nib32(b->qs, j) + __half2float(b->m);
+
+struct tr_q4_0 : quant_type<tr_q4_0, block_q4_0, 32> {
+    static __device__ __forceinline__ int q(const block *b, int j) { return nib32(b->qs, j) - 8; }
+    static __device__ __forceinline__ float2 sm(const block *b, int) { return make_float2(__half2float(b->d), 0.f); }
+};
+struct tr_q4_1 : quant_type<tr_q4_1, block_q4_1, 32> {
+    static __device__ __forceinline__ int q(const block *b, int j) { return nib32(b->qs, j); }
+    static __device__ __forceinline__ float2 sm(const block *b, int) {
+        return make_float2(__half2float(b->d), -__half2float(b->m));
     }
 };
 static __device__ __forceinline__ int q5_value(const uint8_t *qh4, const uint8_t *qs, int j) {
     return nib32(qs, j) | (((qh4[j / 8] >> (j % 8)) & 1) << 4);
 }
-struct tr_q5_0 {
-    typedef block_q5_0 block;
-    static constexpr int qk = 32;
-    static __device__ __forceinline__ float get(const block *b, int j) {
-        return __half2float(b->d) * (q5_value(b->qh, b->qs, j) - 16);
+struct tr_q5_0 : quant_type<tr_q5_0, block_q5_0, 32> {
+    static __device__ __forceinline__ int q(const block *b, int j) { return q5_value(b->qh, b->qs, j) - 16; }
+    static __device__ __forceinline__ float2 sm(const block *b, int) { return make_float2(__half2float(b->d), 0.f); }
+};
+struct tr_q5_1 : quant_type<tr_q5_1, block_q5_1, 32> {
+    static __device__ __forceinline__ int q(const block *b, int j) { return q5_value(b->qh, b->qs, j); }
+    static __device__ __forceinline__ float2 sm(const block *b, int) {
+        return make_float2(__half2float(b->d), -__half2float(b->m));
     }
 };
-struct tr_q5_1 {
-    typedef block_q5_1 block;
-    static constexpr int qk = 32;
-    static __device__ __forceinline__ float get(const block *b, int j) {
-        return __half2float(b->d) * q5_value(b->qh, b->qs, j) + __half2float(b->m);
+struct tr_q8_0 : quant_type<tr_q8_0, block_q8_0, 32> {
+    static __device__ __forceinline__ int q(const block *b, int j) { return b->qs[j]; }
+    static __device__ __forceinline__ float2 sm(const block *b, int) { return make_float2(__half2float(b->d), 0.f); }
+};
+// K quants: element e = 128*h + 32*j + l; group g = e/16
+struct tr_q2_K : quant_type<tr_q2_K, block_q2_K, QK_K> {
+    static __device__ __forceinline__ int q(const block *b, int e) {
+        return (b->qs[32 * (e / 128) + e % 32] >> (2 * (e % 128 / 32))) & 3;
+    }
+    static __device__ __forceinline__ float2 sm(const block *b, int g) {
+        return make_float2(__half2float(b->d) * (b->scales[g] & 0xf), __half2float(b->dmin) * (b->scales[g] >> 4));
     }
 };
-struct tr_q8_0 {
-    typedef block_q8_0 block;
-    static constexpr int qk = 32;
-    static __device__ __forceinline__ float get(const block *b, int j) { return __half2float(b->d) * b->qs[j]; }
-};
-struct tr_q2_K {
-    typedef block_q2_K block;
-    static constexpr int qk = QK_K;
-    static __device__ __forceinline__ float get(const block *b, int e) {
+struct tr_q3_K : quant_type<tr_q3_K, block_q3_K, QK_K> {
+    static __device__ __forceinline__ int q(const block *b, int e) {
         const int h = e / 128, j = e % 128 / 32, l = e % 32;
-        const int sc = b->scales[8 * h + 2 * j + l / 16];
-        const int q = (b->qs[32 * h + l] >> (2 * j)) & 3;
-        return __half2float(b->d) * (sc & 0xf) * q - __half2float(b->dmin) * (sc >> 4);
+        return ((b->qs[32 * h + l] >> (2 * j)) & 3) - ((b->hmask[l] >> (4 * h + j)) & 1 ? 0 : 4);
+    }
+    static __device__ __forceinline__ float2 sm(const block *b, int g) {  // 16 six-bit scales in 12 bytes
+        const int lo = g < 8 ? b->scales[g] & 0xf : b->scales[g - 8] >> 4;
+        const int hi = (b->scales[8 + g % 4] >> (2 * (g / 4))) & 3;
+        return make_float2(__half2float(b->d) * ((lo | hi << 4) - 32), 0.f);
     }
 };
-struct tr_q3_K {
-    typedef block_q3_K block;
-    static constexpr int qk = QK_K;
-    static __device__ __forceinline__ float get(const block *b, int e) {
-        const int h = e / 128, j = e % 128 / 32, l = e % 32, is = 8 * h + 2 * j + l / 16;
-        const int lo = is < 8 ? b->scales[is] & 0xf : b->scales[is - 8] >> 4;
-        const int hi = (b->scales[8 + is % 4] >> (2 * (is / 4))) & 3;
-        const int q = ((b->qs[32 * h + l] >> (2 * j)) & 3) - ((b->hmask[l] >> (4 * h + j)) & 1 ? 0 : 4);
-        return __half2float(b->d) * ((lo | hi << 4) - 32) * q;
+struct tr_q4_K : quant_type<tr_q4_K, block_q4_K, QK_K> {
+    static __device__ __forceinline__ int q(const block *b, int e) {
+        const uint8_t v = b->qs[32 * (e / 64) + e % 32];
+        return e % 64 < 32 ? v & 0xf : v >> 4;
     }
-};
-struct tr_q4_K {
-    typedef block_q4_K block;
-    static constexpr int qk = QK_K;
-    static __device__ __forceinline__ float get(const block *b, int e) {
-        const int c = e / 64, hi = e % 64 / 32, l = e % 32;
+    static __device__ __forceinline__ float2 sm(const block *b, int g) {
         int sc, m;
-        scale_min_k4(2 * c + hi, b->scales, sc, m);
-        const int q = hi ? b->qs[32 * c + l] >> 4 : b->qs[32 * c + l] & 0xf;
-        return __half2float(b->d) * sc * q - __half2float(b->dmin) * m;
+        scale_min_k4(g / 2, b->scales, sc, m);
+        return make_float2(__half2float(b->d) * sc, __half2float(b->dmin) * m);
     }
 };
-struct tr_q5_K {
-    typedef block_q5_K block;
-    static constexpr int qk = QK_K;
-    static __device__ __forceinline__ float get(const block *b, int e) {
-        const int c = e / 64, hi = e % 64 / 32, l = e % 32;
+struct tr_q5_K : quant_type<tr_q5_K, block_q5_K, QK_K> {
+    static __device__ __forceinline__ int q(const block *b, int e) {
+        const uint8_t v = b->qs[32 * (e / 64) + e % 32];
+        return (e % 64 < 32 ? v & 0xf : v >> 4) | (((b->qh[e % 32] >> (e / 32)) & 1) << 4);
+    }
+    static __device__ __forceinline__ float2 sm(const block *b, int g) {
         int sc, m;
-        scale_min_k4(2 * c + hi, b->scales, sc, m);
-        const int q = (hi ? b->qs[32 * c + l] >> 4 : b->qs[32 * c + l] & 0xf) |
-                      (((b->qh[l] >> (2 * c + hi)) & 1) << 4);
-        return __half2float(b->d) * sc * q - __half2float(b->dmin) * m;
+        scale_min_k4(g / 2, b->scales, sc, m);
+        return make_float2(__half2float(b->d) * sc, __half2float(b->dmin) * m);
     }
 };
-struct tr_q6_K {
-    typedef block_q6_K block;
-    static constexpr int qk = QK_K;
-    static __device__ __forceinline__ float get(const block *b, int e) {
+struct tr_q6_K : quant_type<tr_q6_K, block_q6_K, QK_K> {
+    static __device__ __forceinline__ int q(const block *b, int e) {
         const int h = e / 128, k = e % 128 / 32, l = e % 32;
         const uint8_t ql = b->ql[64 * h + l + 32 * (k & 1)];
-        const int q = ((k < 2 ? ql & 0xf : ql >> 4) | (((b->qh[32 * h + l] >> (2 * k)) & 3) << 4)) - 32;
-        return __half2float(b->d) * b->scales[8 * h + l / 16 + 2 * k] * q;
+        return ((k < 2 ? ql & 0xf : ql >> 4) | (((b->qh[32 * h + l] >> (2 * k)) & 3) << 4)) - 32;
+    }
+    static __device__ __forceinline__ float2 sm(const block *b, int g) {
+        return make_float2(__half2float(b->d) * b->scales[g], 0.f);
     }
 };
-struct tr_iq4_nl {
-    typedef block_iq4_nl block;
-    static constexpr int qk = 32;
-    static __device__ __forceinline__ float get(const block *b, int j) {
-        return __half2float(b->d) * gr_kvalues_iq4nl[nib32(b->qs, j)];
-    }
+struct tr_iq4_nl : quant_type<tr_iq4_nl, block_iq4_nl, 32> {
+    static __device__ __forceinline__ int q(const block *b, int j) { return gr_kvalues_iq4nl[nib32(b->qs, j)]; }
+    static __device__ __forceinline__ float2 sm(const block *b, int) { return make_float2(__half2float(b->d), 0.f); }
 };
-struct tr_iq4_xs {
-    typedef block_iq4_xs block;
-    static constexpr int qk = QK_K;
-    static __device__ __forceinline__ float get(const block *b, int e) {
-        const int ib = e / 32;
+struct tr_iq4_xs : quant_type<tr_iq4_xs, block_iq4_xs, QK_K> {
+    static __device__ __forceinline__ int q(const block *b, int e) {
+        return gr_kvalues_iq4nl[nib32(b->qs + 16 * (e / 32), e % 32)];
+    }
+    static __device__ __forceinline__ float2 sm(const block *b, int g) {
+        const int ib = g / 2;
         const int ls = ((b->scales_l[ib / 2] >> (4 * (ib % 2))) & 0xf) | (((b->scales_h >> (2 * ib)) & 3) << 4);
-        return __half2float(b->d) * (ls - 32) * gr_kvalues_iq4nl[nib32(b->qs + 16 * ib, e % 32)];
+        return make_float2(__half2float(b->d) * (ls - 32), 0.f);
     }
 };
-struct tr_mxfp4 {
-    typedef block_mxfp4 block;
-    static constexpr int qk = 32;
-    static __device__ __forceinline__ float get(const block *b, int j) {
-        return e8m0_half_to_f32(b->e) * gr_kvalues_mxfp4[nib32(b->qs, j)];
-    }
+struct tr_mxfp4 : quant_type<tr_mxfp4, block_mxfp4, 32> {
+    static __device__ __forceinline__ int q(const block *b, int j) { return gr_kvalues_mxfp4[nib32(b->qs, j)]; }
+    static __device__ __forceinline__ float2 sm(const block *b, int) { return make_float2(e8m0_half_to_f32(b->e), 0.f); }
 };
 
 // Element i of a row of type T that starts at `row`.
@@ -260,3 +255,9 @@ template <class T> static __device__ __forceinline__ float row_get(const void *r
     X(f32, tr_f32) X(f16, tr_f16) X(bf16, tr_bf16) X(q4_0, tr_q4_0) X(q4_1, tr_q4_1) X(q5_0, tr_q5_0) \
     X(q5_1, tr_q5_1) X(q8_0, tr_q8_0) X(q2_K, tr_q2_K) X(q3_K, tr_q3_K) X(q4_K, tr_q4_K)              \
     X(q5_K, tr_q5_K) X(q6_K, tr_q6_K) X(iq4_nl, tr_iq4_nl) X(iq4_xs, tr_iq4_xs) X(mxfp4, tr_mxfp4)
+
+// The quant types (the dp4a mat-vec is instantiated for these)
+#define GR_QUANT_TYPES(X)                                                                            \
+    X(q4_0, tr_q4_0) X(q4_1, tr_q4_1) X(q5_0, tr_q5_0) X(q5_1, tr_q5_1) X(q8_0, tr_q8_0)             \
+    X(q2_K, tr_q2_K) X(q3_K, tr_q3_K) X(q4_K, tr_q4_K) X(q5_K, tr_q5_K) X(q6_K, tr_q6_K)             \
+    X(iq4_nl, tr_iq4_nl) X(iq4_xs, tr_iq4_xs) X(mxfp4, tr_mxfp4)

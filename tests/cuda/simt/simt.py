@@ -29,7 +29,8 @@ HERE = Path(__file__).resolve().parent
 ORDERS = {"forward": 0, "reverse": 1, "shuffled": 2}
 GUARD = 64                       # bytes on each side of a device buffer
 GUARD_BYTE = 0xA5
-_KERNEL_RE = re.compile(r'extern\s+"C"\s+__global__\s+(?:__launch_bounds__\([^)]*\)\s*)?void\s+(\w+)\s*\(')
+_MARK = "__simt_kernel_mark__"     # what __global__ becomes in the pass that finds the kernels
+_KERNEL_RE = re.compile(r'extern\s+"C"\s+' + _MARK + r'\s+void\s+(\w+)\s*\(')
 
 
 class SimtError(RuntimeError):
@@ -197,26 +198,30 @@ class SourceModule:
             raise ValueError("kernels are declared extern \"C\" in the source (no_extern_c=True)")
         self.order = order
         self.seed = seed
-        names = _KERNEL_RE.findall(source)
-        wrapper = ('#include "simt.h"\n' + source + "\n" +
-                   "".join(f"SIMT_EXPORT({n})\n" for n in names))
-        flags = ["-std=c++17", "-O1", "-g0", "-fPIC", "-shared", "-w", "-fno-strict-aliasing",
+        flags = ["-std=c++17", "-O1", "-g0", "-fPIC", "-w", "-fno-strict-aliasing",
                  f"-I{HERE}", f"-I{cuda_include_dir()}", *[f"-I{d}" for d in include_dirs], *options]
-        key = hashlib.sha256((wrapper + "\0".join(flags) + (HERE / "simt.h").read_text()
-                              + "".join(_include_texts(include_dirs))).encode()).hexdigest()[:24]
+        key = hashlib.sha256(("\0".join([source, *flags, (HERE / "simt.h").read_text(),
+                                          *_include_texts(include_dirs)])).encode()).hexdigest()[:24]
         so = cache_dir() / f"{key}.so"
+        cxx = os.environ.get("CXX", "g++")
         if not so.exists():
             with tempfile.TemporaryDirectory(dir=cache_dir()) as tmp:
                 src = Path(tmp) / "k.cpp"
-                src.write_text(wrapper)
+                src.write_text('#include "simt.h"\n' + source + "\n")
+                # kernels made by macros have names only after preprocessing
+                pre = subprocess.run([cxx, *flags, f"-D__global__={_MARK}", "-E", str(src)],
+                                     capture_output=True, text=True)
+                if pre.returncode:
+                    raise RuntimeError(f"emulator preprocessing failed:\n{pre.stderr[-4000:]}")
+                names = sorted(set(_KERNEL_RE.findall(pre.stdout)))
+                src.write_text(src.read_text() + "".join(f"SIMT_EXPORT({n})\n" for n in names))
                 out = Path(tmp) / "k.so"
-                r = subprocess.run([os.environ.get("CXX", "g++"), *flags, str(src), "-o", str(out)],
+                r = subprocess.run([cxx, *flags, "-shared", str(src), "-o", str(out)],
                                    capture_output=True, text=True)
                 if r.returncode:
                     raise RuntimeError(f"emulator compile failed:\n{r.stderr[-4000:]}")
                 os.replace(out, so)
         self.lib = ctypes.CDLL(str(so))
-        self.names = names
 
     def get_function(self, name: str) -> Function:
         return Function(self, name)
