@@ -216,3 +216,85 @@ def cpy_from_blocks(k, type_: int, dst, src, ne00: int, nrows: int, src_ld: int,
     """Rows of type_ (byte stride src_ld) into F32 rows (byte stride dst_ld)."""
     k.function("rows", f"dequantize_rows_{_suffix(type_)}")(dst, src, i32(ne00), i32(nrows), i64(src_ld), i64(dst_ld),
                                                    block=(BLOCK, 1, 1), grid=grid_for(ne00 * nrows))
+
+
+# ---- MUL_MAT, MUL_MAT_ID ----
+
+MMV_WARPS = 4              # GR_MMV_WARPS in matmul.cu
+QUANTIZE_WARPS = 8
+TILE, TILE_THREADS = 32, 16
+MMVQ_MAX_COLS = 8          # up to this many activation columns the mat-vec kernels win
+FLOAT_TYPES = (T.F32, T.F16, T.BF16)
+
+
+def q8_1_bytes(ncols: int, ncols_total: int) -> int:
+    """Scratch for activations quantized to q8_1: ncols_total columns of ncols values."""
+    return -(-ncols // 32) * 36 * ncols_total
+
+
+def choose_mul_mat(type_: int, ncols_y: int) -> str:
+    if ncols_y <= MMVQ_MAX_COLS:
+        return "vec" if type_ in FLOAT_TYPES else "mmvq"
+    return "tiled"
+
+
+def _quantize_q8_1(k, q8, x, ncols: int, ncols_y: int, nz: int, x_col: int, x_mat: int):
+    nb = -(-ncols // 32)
+    k.function("matmul", "quantize_q8_1")(q8, x, i32(ncols), i32(32 * nb), i32(ncols_y), i64(x_col), i64(x_mat),
+                                         block=(32, QUANTIZE_WARPS, 1),
+                                         grid=(-(-nb // QUANTIZE_WARPS), ncols_y * nz, 1))
+    return nb
+
+
+def _mat_vec(k, type_, strategy, dst, w, x, ids, ncols, nrows, cols, nz, w_row, w_mat, x_col, x_mat,
+             d_col, d_mat, r2, ne11, ids_ld, q8_scratch):
+    suffix = _suffix(type_)
+    grid = (-(-nrows // MMV_WARPS), cols, nz)
+    tail = (i64(d_col), i64(d_mat), i32(r2), i32(ne11), i32(ids_ld))
+    if strategy == "mmvq":
+        if type_ in FLOAT_TYPES:
+            raise ValueError("the dp4a mat-vec takes quantized weights")
+        if q8_scratch is None:
+            raise ValueError("mmvq needs q8_scratch of q8_1_bytes(ncols, columns) bytes")
+        ycols = ne11 if ids is not None else cols
+        nb = _quantize_q8_1(k, q8_scratch, x, ncols, ycols, nz, x_col, x_mat)
+        k.function("matmul", f"mul_mat_vec_q_{suffix}")(
+            w, q8_scratch, dst, NULL if ids is None else ids, i32(ncols), i32(nrows), i64(w_row), i64(w_mat),
+            i64(nb), i64(nb * ycols), *tail, block=(32, MMV_WARPS, 1), grid=grid)
+    else:
+        k.function("matmul", f"mul_mat_vec_{suffix}")(
+            w, x, dst, NULL if ids is None else ids, i32(ncols), i32(nrows), i64(w_row), i64(w_mat), i64(x_col),
+            i64(x_mat), *tail, block=(32, MMV_WARPS, 1), grid=grid)
+
+
+def mul_mat(k, type_: int, dst, w, x, ncols: int, nrows: int, ncols_y: int, *, nz: int = 1, r2: int = 1,
+            w_row: int | None = None, w_mat: int = 0, x_col: int | None = None, x_mat: int | None = None,
+            d_col: int | None = None, d_mat: int | None = None, strategy: str | None = None, q8_scratch=None):
+    """dst[z][c][r] = W[z / r2][r] . X[z][c]: W rows of ncols type_ values (byte strides w_row,
+    w_mat), X f32 columns (float strides x_col, x_mat), dst f32 (float strides d_col, d_mat)."""
+    w_row = row_bytes(type_, ncols) if w_row is None else w_row
+    x_col = ncols if x_col is None else x_col
+    x_mat = x_col * ncols_y if x_mat is None else x_mat
+    d_col = nrows if d_col is None else d_col
+    d_mat = d_col * ncols_y if d_mat is None else d_mat
+    strategy = strategy or choose_mul_mat(type_, ncols_y)
+    if strategy == "tiled":
+        k.function("matmul", f"mul_mat_tiled_{_suffix(type_)}")(
+            w, x, dst, i32(ncols), i32(nrows), i32(ncols_y), i64(w_row), i64(w_mat), i64(x_col), i64(x_mat),
+            i64(d_col), i64(d_mat), i32(r2), block=(TILE_THREADS, TILE_THREADS, 1),
+            grid=(-(-nrows // TILE), -(-ncols_y // TILE), nz))
+        return
+    _mat_vec(k, type_, strategy, dst, w, x, None, ncols, nrows, ncols_y, nz, w_row, w_mat, x_col, x_mat,
+             d_col, d_mat, r2, 1, 0, q8_scratch)
+
+
+def mul_mat_id(k, type_: int, dst, w, x, ids, ncols: int, nrows: int, n_used: int, n_tokens: int, ne11: int,
+               *, w_row: int | None = None, w_mat: int | None = None, ids_ld: int | None = None,
+               strategy: str | None = None, q8_scratch=None):
+    """dst[t][e] = W[ids[t][e]] . X[t][e % ne11]: W (n_expert, nrows, ncols) type_, X (n_tokens,
+    ne11, ncols) f32, ids (n_tokens, ids_ld) i32, dst (n_tokens, n_used, nrows) f32, all contiguous."""
+    w_row = row_bytes(type_, ncols) if w_row is None else w_row
+    w_mat = w_row * nrows if w_mat is None else w_mat
+    strategy = strategy or ("vec" if type_ in FLOAT_TYPES else "mmvq")
+    _mat_vec(k, type_, strategy, dst, w, x, ids, ncols, nrows, n_used, n_tokens, w_row, w_mat, ncols,
+             ncols * ne11, nrows, nrows * n_used, 1, ne11, n_used if ids_ld is None else ids_ld, q8_scratch)
