@@ -298,3 +298,45 @@ def mul_mat_id(k, type_: int, dst, w, x, ids, ncols: int, nrows: int, n_used: in
     strategy = strategy or ("vec" if type_ in FLOAT_TYPES else "mmvq")
     _mat_vec(k, type_, strategy, dst, w, x, ids, ncols, nrows, n_used, n_tokens, w_row, w_mat, ncols,
              ncols * ne11, nrows, nrows * n_used, 1, ne11, n_used if ids_ld is None else ids_ld, q8_scratch)
+
+
+# ---- FLASH_ATTN_EXT ----
+
+FA_WARPS, FA_MAX_D = 4, 256
+FA_TYPES = {T.F16: "f16", T.BF16: "bf16", T.F32: "f32", T.Q8_0: "q8_0", T.Q4_0: "q4_0"}
+
+
+def flash_attn_ext(k, kv_type: int, dst, q, kk, v, D: int, Dv: int, n_q: int, H: int, n_kv: int, H_kv: int,
+                   *, B: int = 1, q_nb=None, k_nb=None, v_nb=None, mask=None, mask_nb=None, mask_ne=(1, 1),
+                   sinks=None, scale=1.0, max_bias=0.0, softcap=0.0):
+    """q (B, H, n_q, D) f32, k (B, H_kv, n_kv, D) and v (B, H_kv, n_kv, Dv) of kv_type, strides in
+    bytes as ggml's nb (innermost first); mask F16 (.., n_q.., n_kv); dst (B, n_q, H, Dv) f32."""
+    if kv_type not in FA_TYPES:
+        raise ValueError(f"FLASH_ATTN_EXT with {T(kv_type).name} K/V is not supported on CUDA yet")
+    if max(D, Dv) > FA_MAX_D:
+        raise ValueError(f"head size {max(D, Dv)} > {FA_MAX_D}")
+    q_nb = q_nb or (4, 4 * D, 4 * D * n_q, 4 * D * n_q * H)
+    krow = row_bytes(kv_type, D)
+    k_nb = k_nb or (0, krow, krow * n_kv, krow * n_kv * H_kv)
+    vrow = row_bytes(kv_type, Dv)
+    v_nb = v_nb or (0, vrow, vrow * n_kv, vrow * n_kv * H_kv)
+    mask_nb = mask_nb or (2, 2 * n_kv, 2 * n_kv * n_q, 2 * n_kv * n_q)
+    m0, m1, nhl2 = alibi(max_bias, H)
+    k.function("flash_attn", f"flash_attn_vec_{FA_TYPES[kv_type]}")(
+        dst, q, kk, v, NULL if mask is None else mask, NULL if sinks is None else sinks, i32(D), i32(Dv), i32(n_q),
+        i32(H), i32(B), i32(n_kv), i32(H_kv), *(i64(n // 4) for n in q_nb[1:4]), *map(i64, k_nb[1:4]),
+        *map(i64, v_nb[1:4]), *(i64(n // 2) for n in mask_nb[1:4]), *map(i32, mask_ne), f32(scale),
+        f32(max_bias), f32(m0), f32(m1), i32(nhl2), f32(softcap),
+        block=(32, FA_WARPS, 1), grid=(-(-(n_q * H * B) // FA_WARPS), 1, 1))
+
+
+# ---- ARGSORT, TOP_K ----
+
+def argsort(k, dst, x, ncols: int, nrows: int, ldx: int, descending=False, top_k: int | None = None):
+    """dst: (nrows, top_k or ncols) i32 indices of each row in sorted order."""
+    pad = 1 << max(0, (ncols - 1).bit_length())
+    if pad > 1024:
+        raise ValueError(f"ARGSORT of rows of {ncols} > 1024 is not supported on CUDA yet")
+    kk = ncols if top_k is None else top_k
+    k.function("sort", "argsort_f32")(dst, x, i32(ncols), i32(pad), i64(ldx), i32(int(descending)), i32(kk),
+                                      block=(pad, 1, 1), grid=(nrows, 1, 1), shared=4 * pad)
