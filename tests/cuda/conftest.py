@@ -39,43 +39,88 @@ def have_toolkit() -> bool:
     return shutil.which("g++") is not None
 
 
-def pytest_collection_modifyitems(config, items):
-    if have_toolkit():
-        return
-    skip = pytest.mark.skip(reason="no CUDA toolkit headers (cuda_fp16.h) or no g++ for the emulator")
-    for item in items:
-        if "tests/cuda/" in str(item.fspath).replace("\\", "/") and "needs_toolkit" in item.keywords:
-            item.add_marker(skip)
-
-
 ORDERS = ("forward", "reverse", "shuffled")
 
 
-@pytest.fixture(scope="session", params=ORDERS)
+class EmulatedKernels(Kernels):
+    """The package's kernels in the emulator, with the memory helpers the tests use."""
+
+    def __init__(self, order: str):
+        super().__init__(functools.partial(simt.SourceModule, order=order, seed=1234))
+
+    def dev(self, a: np.ndarray):
+        return simt.to_device(np.ascontiguousarray(a))
+
+    def empty(self, nbytes: int):
+        return simt.mem_alloc(nbytes)
+
+    def offset(self, buf, nbytes: int):
+        return simt.Offset(buf, nbytes)
+
+    def read(self, buf, shape, dtype=np.float32) -> np.ndarray:
+        out = np.empty(shape, dtype=dtype)
+        simt.memcpy_dtoh(out, buf)
+        return out
+
+
+class DeviceKernels(Kernels):
+    """The same kernels compiled by PyCUDA on the first CUDA device (GPU-only runs)."""
+
+    def __init__(self):
+        import pycuda.driver as cuda
+
+        from ggmlrpc.cuda import pycuda_kernels
+
+        cuda.init()
+        self.cuda = cuda
+        self.ctx = cuda.Device(0).retain_primary_context()
+        self.ctx.push()
+        k = pycuda_kernels(cuda.Device(0))
+        super().__init__(k._source_module, **k._options)
+
+    def dev(self, a: np.ndarray):
+        return self.cuda.to_device(np.ascontiguousarray(a))
+
+    def empty(self, nbytes: int):
+        return self.cuda.mem_alloc(max(1, nbytes))
+
+    def offset(self, buf, nbytes: int):
+        return np.intp(int(buf) + nbytes)
+
+    def read(self, buf, shape, dtype=np.float32) -> np.ndarray:
+        out = np.empty(shape, dtype=dtype)
+        self.cuda.Context.synchronize()
+        self.cuda.memcpy_dtoh(out, buf)
+        return out
+
+
+def _device_kernels():
+    try:
+        import pycuda.driver as cuda
+        cuda.init()
+        if cuda.Device.count() == 0:
+            return None, "no CUDA device"
+    except Exception as e:  # ImportError, pycuda.driver.Error
+        return None, f"no PyCUDA or driver: {e}"
+    return DeviceKernels(), None
+
+
+@pytest.fixture(scope="session", params=[*ORDERS, pytest.param("device", marks=pytest.mark.cuda)])
 def k(request):
-    """The package's kernels compiled for the emulator, run in one thread order."""
+    """The package's kernels: in the emulator in one thread order, or on a real device."""
+    if request.param == "device":
+        kernels, why = _device_kernels()
+        if kernels is None:
+            pytest.skip(why)
+        return kernels
     if not have_toolkit():
         pytest.skip("no CUDA toolkit headers (cuda_fp16.h) or no g++ for the emulator")
-    return Kernels(functools.partial(simt.SourceModule, order=request.param, seed=1234))
+    return EmulatedKernels(request.param)
 
 
 @pytest.fixture
 def rng(seed):
     return np.random.default_rng(seed)
-
-
-def dev(a: np.ndarray):
-    return simt.to_device(np.ascontiguousarray(a))
-
-
-def empty(nbytes: int):
-    return simt.mem_alloc(nbytes)
-
-
-def read(buf, shape, dtype=np.float32) -> np.ndarray:
-    out = np.empty(shape, dtype=dtype)
-    simt.memcpy_dtoh(out, buf)
-    return out
 
 
 def nmse(ours, ref) -> float:

@@ -8,7 +8,7 @@ from ggmlrpc import builder as B
 from ggmlrpc.cuda import ops
 from ggmlrpc.ggml import GGMLType as T
 
-from .conftest import cpu_ref, assert_close, dev, empty, random_weights, read
+from .conftest import cpu_ref, assert_close, random_weights
 
 
 def _kv(rng, type_, rows, D):
@@ -42,10 +42,10 @@ def test_flash_attn_ext(k, rng, kv_type, D, n_q, n_kv, extras):
         return B.flash_attn_ext(qt, kt, vt, mt, scale, max_bias, softcap, sinks=s[0] if s else None)
 
     ref = cpu_ref(make, *inputs)
-    out = empty(n_q * H * D * 4)
-    ops.flash_attn_ext(k, kv_type, out, dev(q), dev(kd), dev(vd), D, D, n_q, H, n_kv, H_kv, mask=dev(mask),
-                       sinks=dev(sinks) if use_sinks else None, scale=scale, max_bias=max_bias, softcap=softcap)
-    assert_close(read(out, (n_q, H, D)), ref, 5e-4)
+    out = k.empty(n_q * H * D * 4)
+    ops.flash_attn_ext(k, kv_type, out, k.dev(q), k.dev(kd), k.dev(vd), D, D, n_q, H, n_kv, H_kv, mask=k.dev(mask),
+                       sinks=k.dev(sinks) if use_sinks else None, scale=scale, max_bias=max_bias, softcap=softcap)
+    assert_close(k.read(out, (n_q, H, D)), ref, 5e-4)
 
 
 @pytest.mark.parametrize("ncols", [1, 7, 32, 100])
@@ -53,15 +53,15 @@ def test_flash_attn_ext(k, rng, kv_type, D, n_q, n_kv, extras):
 def test_argsort(k, rng, ncols, descending):
     nrows, ld = 3, ncols + 2
     x = rng.standard_normal((nrows, ld)).astype(np.float32)
-    out = empty(nrows * ncols * 4)
-    ops.argsort(k, out, dev(x), ncols, nrows, ld, descending)
+    out = k.empty(nrows * ncols * 4)
+    ops.argsort(k, out, k.dev(x), ncols, nrows, ld, descending)
     xs = x[:, :ncols]
     want = np.argsort(-xs if descending else xs, axis=1, kind="stable")
-    np.testing.assert_array_equal(read(out, (nrows, ncols), np.int32), want)
+    np.testing.assert_array_equal(k.read(out, (nrows, ncols), np.int32), want)
 
 
 def test_top_k(k, rng):
     x = rng.standard_normal((2, 50)).astype(np.float32)
-    out = empty(2 * 5 * 4)
-    ops.argsort(k, out, dev(x), 50, 2, 50, descending=True, top_k=5)
-    np.testing.assert_array_equal(read(out, (2, 5), np.int32), np.argsort(-x, axis=1)[:, :5])
+    out = k.empty(2 * 5 * 4)
+    ops.argsort(k, out, k.dev(x), 50, 2, 50, descending=True, top_k=5)
+    np.testing.assert_array_equal(k.read(out, (2, 5), np.int32), np.argsort(-x, axis=1)[:, :5])

@@ -142,3 +142,27 @@ def test_init_tensor_zeroes_row_padding(gpu):
     assert raw[100:100 + t.nbytes] == b"\xab" * t.nbytes
     assert raw[100 + t.nbytes:100 + t.nbytes + pad] == bytes(pad)
     assert raw[100 + t.nbytes + pad:] == b"\xab" * (4096 - 100 - t.nbytes - pad)
+
+
+@pytest.mark.cuda
+def test_real_device_buffers(monkeypatch, rng):
+    """On a host with a GPU and PyCUDA: the same buffer checks on real device memory."""
+    monkeypatch.setenv(cuda_dev.PREVIEW_ENV, "1")
+    found = cuda_dev.cuda_devices()
+    if not found:
+        pytest.skip("no CUDA device (PyCUDA, driver or GPU missing)")
+    d = found[0]
+    free, total = d.memory()
+    assert 0 < free <= total
+    print(f"\n{device_line(d)}")
+    buf = d.alloc_buffer(3 * cuda_dev.STAGE_BYTES + 5)
+    data = rng.integers(0, 256, buf.size - 3, dtype=np.uint8).tobytes()
+    buf.write(3, data)
+    assert buf.read(3, len(data)) == data
+    assert buf.fnv1a(3, len(data)) == native_codec().fnv1a(data)
+    buf.fill(0, 100, 7)
+    assert buf.read(0, 100) == b"\x07" * 100
+    other = d.alloc_buffer(1000)
+    assert other.copy_from(0, buf, 3, 1000) and other.read(0, 1000) == buf.read(3, 1000)
+    buf.free()
+    other.free()

@@ -7,7 +7,7 @@ import pytest
 from ggmlrpc.cuda import ops
 from ggmlrpc.ggml import GGMLGluOp, GGMLUnaryOp
 
-from .conftest import assert_close, dev, empty, read
+from .conftest import assert_close
 
 NP_BIN = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide}
 
@@ -25,10 +25,10 @@ def test_binary(k, rng, op, a_ne, b_ne):
     nb = [4, (ne0 + 3) * 4]
     for n in a_ne[1:-1]:
         nb.append(nb[-1] * n)
-    out = empty(a.nbytes)
-    ops.binary(k, op, out, dev(padded), a_ne, nb, dev(b), b_ne, [4 * int(np.prod(b_ne[:i])) for i in range(len(b_ne))],
+    out = k.empty(a.nbytes)
+    ops.binary(k, op, out, k.dev(padded), a_ne, nb, k.dev(b), b_ne, [4 * int(np.prod(b_ne[:i])) for i in range(len(b_ne))],
                max_blocks=3)
-    assert_close(read(out, a.shape), NP_BIN[op](a, b))
+    assert_close(k.read(out, a.shape), NP_BIN[op](a, b))
 
 
 def test_add_id(k, rng):
@@ -36,16 +36,16 @@ def test_add_id(k, rng):
     a = rng.standard_normal((n_tok, n_used, ne0)).astype(np.float32)
     b = rng.standard_normal((n_exp, ne0)).astype(np.float32)
     ids = rng.integers(0, n_exp, (n_tok, n_used)).astype(np.int32)
-    out = empty(a.nbytes)
-    ops.add_id(k, out, dev(a), dev(b), dev(ids), ne0, n_used, n_tok)
-    assert_close(read(out, a.shape), a + b[ids])
+    out = k.empty(a.nbytes)
+    ops.add_id(k, out, k.dev(a), k.dev(b), k.dev(ids), ne0, n_used, n_tok)
+    assert_close(k.read(out, a.shape), a + b[ids])
 
 
 def test_scale(k, rng):
     x = rng.standard_normal(1000).astype(np.float32)
-    out = empty(x.nbytes)
-    ops.scale(k, out, dev(x), x.size, 0.7, 0.25, max_blocks=2)
-    assert_close(read(out, x.shape), x * np.float32(0.7) + np.float32(0.25))
+    out = k.empty(x.nbytes)
+    ops.scale(k, out, k.dev(x), x.size, 0.7, 0.25, max_blocks=2)
+    assert_close(k.read(out, x.shape), x * np.float32(0.7) + np.float32(0.25))
 
 
 def _np_unary(op, x):
@@ -67,9 +67,9 @@ def _np_unary(op, x):
 @pytest.mark.parametrize("op", [u.name for u in GGMLUnaryOp if u.name != "XIELU"])
 def test_unary(k, rng, op):
     x = (rng.standard_normal(300) * 3).astype(np.float32)
-    out = empty(x.nbytes)
-    ops.unary(k, GGMLUnaryOp[op], out, dev(x), x.size, max_blocks=1)
-    assert_close(read(out, x.shape), _np_unary(op, x))
+    out = k.empty(x.nbytes)
+    ops.unary(k, GGMLUnaryOp[op], out, k.dev(x), x.size, max_blocks=1)
+    assert_close(k.read(out, x.shape), _np_unary(op, x))
 
 
 @pytest.mark.parametrize("op", ["REGLU", "GEGLU", "SWIGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK"])
@@ -78,10 +78,10 @@ def test_glu_split(k, rng, op, swapped):
     nc, nrows = 37, 5
     x = (rng.standard_normal((nrows, 2 * nc)) * 2).astype(np.float32)
     a, b = (x[:, nc:], x[:, :nc]) if swapped else (x[:, :nc], x[:, nc:])
-    buf = dev(x)
-    out = empty(nrows * nc * 4)
+    buf = k.dev(x)
+    out = k.empty(nrows * nc * 4)
     off_a, off_b = (nc, 0) if swapped else (0, nc)
-    ops.glu(k, GGMLGluOp[op], out, simt_offset(buf, 4 * off_a), simt_offset(buf, 4 * off_b), nc, nrows,
+    ops.glu(k, GGMLGluOp[op], out, k.offset(buf, 4 * off_a), k.offset(buf, 4 * off_b), nc, nrows,
             2 * nc, 2 * nc, alpha=1.702, limit=7.0)
     a64, b64 = a.astype(np.float64), b.astype(np.float64)
     if op == "SWIGLU_OAI":
@@ -91,12 +91,7 @@ def test_glu_split(k, rng, op, swapped):
         act = {"REGLU": "RELU", "GEGLU": "GELU", "SWIGLU": "SILU", "GEGLU_ERF": "GELU_ERF",
                "GEGLU_QUICK": "GELU_QUICK"}[op]
         ref = _np_unary(act, a) * b64
-    assert_close(read(out, (nrows, nc)), ref)
-
-
-def simt_offset(buf, nbytes):
-    from .conftest import simt
-    return simt.Offset(buf, nbytes)
+    assert_close(k.read(out, (nrows, nc)), ref)
 
 
 @pytest.mark.parametrize("dim", [0, 1, 2, 3])
@@ -107,14 +102,14 @@ def test_concat(k, rng, dim):
     a = rng.standard_normal(a_ne[::-1]).astype(np.float32)
     b = rng.standard_normal(b_ne[::-1]).astype(np.float32)
     ref = np.concatenate([a, b], axis=3 - dim)
-    out = empty(ref.nbytes)
-    ops.concat(k, out, dev(a), dev(b), a_ne, b_ne, dim)
-    assert_close(read(out, ref.shape), ref)
+    out = k.empty(ref.nbytes)
+    ops.concat(k, out, k.dev(a), k.dev(b), a_ne, b_ne, dim)
+    assert_close(k.read(out, ref.shape), ref)
 
 
 def test_repeat(k, rng):
     src = rng.standard_normal((1, 2, 1, 3)).astype(np.float32)
     ref = np.tile(src, (2, 3, 4, 5))
-    out = empty(ref.nbytes)
-    ops.repeat(k, out, dev(src), ref.shape[::-1], src.shape[::-1])
-    assert_close(read(out, ref.shape), ref)
+    out = k.empty(ref.nbytes)
+    ops.repeat(k, out, k.dev(src), ref.shape[::-1], src.shape[::-1])
+    assert_close(k.read(out, ref.shape), ref)

@@ -8,7 +8,7 @@ import pytest
 from ggmlrpc.cuda import ops
 from ggmlrpc.ggml import GGMLType as T
 
-from .conftest import assert_close, dequantize, dev, empty, random_weights, read
+from .conftest import assert_close, dequantize, random_weights
 
 ALL = list(ops.TYPES)
 QUANT = [t for t in ALL if t not in ops.FLOAT_TYPES]
@@ -40,12 +40,12 @@ def test_mul_mat(k, rng, type_, strategy, ncols_y):
     ncols, nrows, nz, r2 = _ncols(type_), 37, 2, 2          # one W broadcast over two batches
     w, wf = _weights(rng, type_, 1, nrows, ncols)
     x = rng.standard_normal((nz, ncols_y, ncols)).astype(np.float32)
-    out = empty(nz * ncols_y * nrows * 4)
-    q8 = empty(ops.q8_1_bytes(ncols, ncols_y * nz))
-    ops.mul_mat(k, type_, out, dev(w), dev(x), ncols, nrows, ncols_y, nz=nz, r2=r2, strategy=strategy,
+    out = k.empty(nz * ncols_y * nrows * 4)
+    q8 = k.empty(ops.q8_1_bytes(ncols, ncols_y * nz))
+    ops.mul_mat(k, type_, out, k.dev(w), k.dev(x), ncols, nrows, ncols_y, nz=nz, r2=r2, strategy=strategy,
                 q8_scratch=q8)
     ref = np.einsum("rk,zck->zcr", wf[0], x.astype(np.float64))
-    assert_close(read(out, ref.shape), ref, 5e-4 if strategy == "mmvq" else 1e-6)
+    assert_close(k.read(out, ref.shape), ref, 5e-4 if strategy == "mmvq" else 1e-6)
 
 
 @pytest.mark.parametrize("type_", [T.F16, T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K, T.MXFP4], ids=lambda t: t.name)
@@ -55,11 +55,11 @@ def test_mul_mat_id(k, rng, type_, ne11):
     w, wf = _weights(rng, type_, n_exp, nrows, ncols)
     x = rng.standard_normal((n_tok, ne11, ncols)).astype(np.float32)
     ids = np.stack([rng.permutation(n_exp)[:n_used] for _ in range(n_tok)]).astype(np.int32)
-    out = empty(n_tok * n_used * nrows * 4)
-    q8 = empty(ops.q8_1_bytes(ncols, ne11 * n_tok))
-    ops.mul_mat_id(k, type_, out, dev(w), dev(x), dev(ids), ncols, nrows, n_used, n_tok, ne11, q8_scratch=q8)
+    out = k.empty(n_tok * n_used * nrows * 4)
+    q8 = k.empty(ops.q8_1_bytes(ncols, ne11 * n_tok))
+    ops.mul_mat_id(k, type_, out, k.dev(w), k.dev(x), k.dev(ids), ncols, nrows, n_used, n_tok, ne11, q8_scratch=q8)
     ref = np.stack([np.stack([wf[ids[t, e]] @ x[t, e % ne11] for e in range(n_used)]) for t in range(n_tok)])
-    assert_close(read(out, ref.shape), ref, 1e-6 if type_ == T.F16 else 5e-4)
+    assert_close(k.read(out, ref.shape), ref, 1e-6 if type_ == T.F16 else 5e-4)
 
 
 def test_choose_mul_mat():

@@ -8,7 +8,7 @@ from ggmlrpc import builder as B
 from ggmlrpc.cuda import ops
 from ggmlrpc.ggml import GGMLOp, GGMLType as T
 
-from .conftest import assert_close, cpu_ref, dev, empty, read
+from .conftest import assert_close, cpu_ref
 
 
 @pytest.mark.parametrize("kind", ["rms_norm", "norm", "l2_norm"])
@@ -16,8 +16,8 @@ from .conftest import assert_close, cpu_ref, dev, empty, read
 def test_norm(k, rng, kind, ncols, block):
     nrows, ld = 3, ncols + 5
     x = (rng.standard_normal((nrows, ld)) + 0.5).astype(np.float32)
-    out = empty(nrows * ncols * 4)
-    ops.norm(k, kind, out, dev(x), ncols, nrows, ld, 1e-5, block=block)
+    out = k.empty(nrows * ncols * 4)
+    ops.norm(k, kind, out, k.dev(x), ncols, nrows, ld, 1e-5, block=block)
     xa = x[:, :ncols].astype(np.float64)
     if kind == "rms_norm":
         ref = xa / np.sqrt((xa * xa).mean(-1, keepdims=True) + 1e-5)
@@ -26,7 +26,7 @@ def test_norm(k, rng, kind, ncols, block):
         ref = c / np.sqrt((c * c).mean(-1, keepdims=True) + 1e-5)
     else:
         ref = xa / np.maximum(np.sqrt((xa * xa).sum(-1, keepdims=True)), 1e-5)
-    assert_close(read(out, (nrows, ncols)), ref)
+    assert_close(k.read(out, (nrows, ncols)), ref)
 
 
 @pytest.mark.parametrize("mask_type", [None, T.F16, T.F32])
@@ -54,11 +54,11 @@ def test_soft_max(k, rng, mask_type, max_bias, sinks):
         return B.soft_max_ext(a, m, 0.7, max_bias, sinks=s)
 
     ref = cpu_ref(make, *inputs)
-    out = empty(x.nbytes)
-    ops.soft_max(k, out, dev(x), ncols, ne01, ne02, ne03, ncols, mask=None if mask is None else dev(mask),
-                 mask_ne=(ne01 + 1, 2, 1), mask_f16=mask_type == T.F16, sinks=None if sk is None else dev(sk),
+    out = k.empty(x.nbytes)
+    ops.soft_max(k, out, k.dev(x), ncols, ne01, ne02, ne03, ncols, mask=None if mask is None else k.dev(mask),
+                 mask_ne=(ne01 + 1, 2, 1), mask_f16=mask_type == T.F16, sinks=None if sk is None else k.dev(sk),
                  scale=0.7, max_bias=max_bias)
-    assert_close(read(out, x.shape), ref)
+    assert_close(k.read(out, x.shape), ref)
 
 
 @pytest.mark.parametrize("mode", [0, 2])
@@ -76,10 +76,10 @@ def test_rope(k, rng, mode, yarn, freq_factors):
     if freq_factors:
         inputs.append((T.F32, (n_dims // 2,), ff))
     ref = cpu_ref(lambda a, p, *f: B.rope_ext(a, p, f[0] if f else None, n_dims, mode, 4096, **kw), *inputs)
-    out = empty(xs.nbytes)
-    ops.rope(k, out, dev(x), dev(pos), (ne0, n_head, n_tok), (4, 4 * (ne0 + 4), 4 * (ne0 + 4) * n_head), n_dims,
-             mode, n_ctx_orig=4096, freq_factors=dev(ff) if freq_factors else None, max_blocks=2, **kw)
-    assert_close(read(out, xs.shape), ref)
+    out = k.empty(xs.nbytes)
+    ops.rope(k, out, k.dev(x), k.dev(pos), (ne0, n_head, n_tok), (4, 4 * (ne0 + 4), 4 * (ne0 + 4) * n_head), n_dims,
+             mode, n_ctx_orig=4096, freq_factors=k.dev(ff) if freq_factors else None, max_blocks=2, **kw)
+    assert_close(k.read(out, xs.shape), ref)
 
 
 @pytest.mark.parametrize("mode", [8, 40])
@@ -95,7 +95,7 @@ def test_rope_multi_section(k, rng, mode):
         return B._node(GGMLOp.ROPE, T.F32, a.ne, a, p, None, params=params)
 
     ref = cpu_ref(make, (T.F32, (ne0, n_head, n_tok), x), (T.I32, (4 * n_tok,), pos))
-    out = empty(x.nbytes)
-    ops.rope(k, out, dev(x), dev(pos), (ne0, n_head, n_tok), (4, 4 * ne0, 4 * ne0 * n_head), n_dims, mode,
+    out = k.empty(x.nbytes)
+    ops.rope(k, out, k.dev(x), k.dev(pos), (ne0, n_head, n_tok), (4, 4 * ne0, 4 * ne0 * n_head), n_dims, mode,
              n_ctx_orig=4096, sections=sections)
-    assert_close(read(out, x.shape), ref)
+    assert_close(k.read(out, x.shape), ref)
