@@ -332,11 +332,29 @@ def flash_attn_ext(k, kv_type: int, dst, q, kk, v, D: int, Dv: int, n_q: int, H:
 
 # ---- ARGSORT, TOP_K ----
 
-def argsort(k, dst, x, ncols: int, nrows: int, ldx: int, descending=False, top_k: int | None = None):
+SORT_SHARED_MAX = 1024     # longer rows sort in a global scratch row
+
+
+def sort_pad(ncols: int) -> int:
+    return 1 << max(0, (ncols - 1).bit_length())
+
+
+def argsort_scratch_bytes(ncols: int, nrows: int) -> int:
+    """Scratch the long-row argsort needs (0 for rows that sort in shared memory)."""
+    pad = sort_pad(ncols)
+    return 0 if pad <= SORT_SHARED_MAX else 4 * pad * nrows
+
+
+def argsort(k, dst, x, ncols: int, nrows: int, ldx: int, descending=False, top_k: int | None = None,
+            scratch=None):
     """dst: (nrows, top_k or ncols) i32 indices of each row in sorted order."""
-    pad = 1 << max(0, (ncols - 1).bit_length())
-    if pad > 1024:
-        raise ValueError(f"ARGSORT of rows of {ncols} > 1024 is not supported on CUDA yet")
+    pad = sort_pad(ncols)
     kk = ncols if top_k is None else top_k
-    k.function("sort", "argsort_f32")(dst, x, i32(ncols), i32(pad), i64(ldx), i32(int(descending)), i32(kk),
-                                      block=(pad, 1, 1), grid=(nrows, 1, 1), shared=4 * pad)
+    tail = (i32(ncols), i32(pad), i64(ldx), i32(int(descending)), i32(kk))
+    if pad <= SORT_SHARED_MAX:
+        k.function("sort", "argsort_f32")(dst, x, *tail, block=(pad, 1, 1), grid=(nrows, 1, 1), shared=4 * pad)
+        return
+    if scratch is None:
+        raise ValueError(f"ARGSORT of rows of {ncols} needs argsort_scratch_bytes() of scratch")
+    k.function("sort", "argsort_f32_large")(dst, scratch, x, *tail, block=(SORT_SHARED_MAX, 1, 1),
+                                            grid=(nrows, 1, 1))

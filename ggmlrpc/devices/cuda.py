@@ -223,8 +223,11 @@ def cuda_devices() -> list[CudaDevice]:
     """Every CUDA device the driver shows, or [] with the reason logged."""
     try:
         import pycuda.driver as cuda
-    except ImportError as e:
+    except ModuleNotFoundError as e:
         log.debug("CUDA backend skipped: PyCUDA is not installed (%s); pip install 'ggmlrpc[cuda]'", e)
+        return []
+    except ImportError as e:  # PyCUDA is there, the driver library (libcuda) is not
+        log.debug("CUDA backend skipped: PyCUDA cannot load the CUDA driver (%s)", e)
         return []
     try:
         cuda.init()

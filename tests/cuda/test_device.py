@@ -37,6 +37,27 @@ def test_without_pycuda(monkeypatch, caplog):
     assert [d.name for d in chosen] == ["CPU"]
 
 
+class _NoDriverLibrary:
+    """A meta path finder: `pycuda.driver` exists but its extension cannot load libcuda."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name in ("pycuda.driver", "pycuda._driver"):
+            raise ImportError("libcuda.so.1: cannot open shared object file: No such file or directory")
+        return None
+
+
+def test_pycuda_without_driver_library(monkeypatch, caplog):
+    pkg, _ = make_pycuda()
+    del pkg.driver
+    monkeypatch.setitem(sys.modules, "pycuda", pkg)
+    monkeypatch.delitem(sys.modules, "pycuda.driver", raising=False)
+    monkeypatch.setattr(sys, "meta_path", [_NoDriverLibrary(), *sys.meta_path])
+    with caplog.at_level(logging.DEBUG, "ggmlrpc.devices"):
+        assert cuda_dev.cuda_devices() == []
+        assert [d.name for d in devices.select_devices(None, 1)] == ["CPU"]
+    assert "cannot load the CUDA driver" in caplog.text and "libcuda.so.1" in caplog.text
+
+
 def test_without_driver(monkeypatch, caplog):
     install(monkeypatch, init_error="cuInit failed: no CUDA-capable device is detected")
     with caplog.at_level(logging.DEBUG, "ggmlrpc.devices"):
