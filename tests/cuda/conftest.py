@@ -45,6 +45,8 @@ ORDERS = ("forward", "reverse", "shuffled")
 class EmulatedKernels(Kernels):
     """The package's kernels in the emulator, with the memory helpers the tests use."""
 
+    on_device = False
+
     def __init__(self, order: str):
         super().__init__(functools.partial(simt.SourceModule, order=order, seed=1234))
 
@@ -65,6 +67,8 @@ class EmulatedKernels(Kernels):
 
 class DeviceKernels(Kernels):
     """The same kernels compiled by PyCUDA on the first CUDA device (GPU-only runs)."""
+
+    on_device = True
 
     def __init__(self):
         import pycuda.driver as cuda

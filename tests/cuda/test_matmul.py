@@ -45,7 +45,9 @@ def test_mul_mat(k, rng, type_, strategy, ncols_y):
     ops.mul_mat(k, type_, out, k.dev(w), k.dev(x), ncols, nrows, ncols_y, nz=nz, r2=r2, strategy=strategy,
                 q8_scratch=q8)
     ref = np.einsum("rk,zck->zcr", wf[0], x.astype(np.float64))
-    assert_close(k.read(out, ref.shape), ref, 5e-4 if strategy == "mmvq" else 1e-6)
+    # the device's tiled GEMM multiplies in TF32 on tensor cores (sm_80+): test-backend-ops' bound
+    exact = strategy != "mmvq" and not (strategy == "tiled" and k.on_device)
+    assert_close(k.read(out, ref.shape), ref, 1e-6 if exact else 5e-4)
 
 
 @pytest.mark.parametrize("type_", [T.F16, T.Q4_0, T.Q8_0, T.Q4_K, T.Q6_K, T.MXFP4], ids=lambda t: t.name)

@@ -8,7 +8,8 @@
 //   mul_mat_vec_q_<T>: decode, quant W. X first quantized to q8_1 blocks, then per
 //     32-value sub-block an int8 dot product with __dp4a, scaled per group of 16.
 //   mul_mat_vec_<T>:   decode, any W: dequantize W on the fly, f32 dot products.
-//   mul_mat_tiled_<T>: prompts: 32x32 output tiles, W dequantized into shared memory.
+//   mul_mat_tiled_<T>: prompts: 32x32 output tiles, W dequantized into shared memory,
+//     tensor cores (TF32) from sm_80 on, FMAs elsewhere.
 #include "common.cuh"
 
 #define GR_MMV_WARPS 4  // weight rows (one per warp) per block of the mat-vec kernels
@@ -123,17 +124,36 @@ static __device__ void mul_mat_vec(const char *__restrict__ W, const float *__re
 GR_ALL_TYPES(GR_MMV)
 
 // ---- tiled GEMM: blockIdx.x over W rows, blockIdx.y over X columns, blockIdx.z over batches ----
+// Both paths load a 32x32 tile of W (dequantized) and of X into shared memory per
+// 32-wide step of k. From sm_80 on, tensor cores (TF32 wmma, f32 accumulation) do
+// the products: 8 warps, warp w computes 16x16 sub-tile w % 4 over half w / 4 of
+// the step, the halves summed at the end. Elsewhere (and in the emulator) each of
+// 16x16 threads computes 2x2 outputs with FMAs. GR_NO_MMA forces the portable path.
+#if defined(__CUDA_ARCH__) && __CUDA_ARCH__ >= 800 && !defined(GR_NO_MMA)
+#define GR_TILED_MMA 1
+#include <mma.h>
+#endif
+#define GR_TILE_LD (GR_TILE + 4)  // row stride of the shared tiles (wmma wants a multiple of 4)
+
 template <class T>
 static __device__ void mul_mat_tiled(const char *__restrict__ W, const float *__restrict__ X, float *__restrict__ dst,
                                      int ncols, int nrows, int ncols_y, long long w_row, long long w_mat,
                                      long long x_col, long long x_mat, long long d_col, long long d_mat, int r2) {
-    __shared__ float ws[GR_TILE][GR_TILE + 1];  // [W row][k]
-    __shared__ float xs[GR_TILE][GR_TILE + 1];  // [X column][k]
+    __shared__ __align__(32) float ws[GR_TILE][GR_TILE_LD];  // [W row][k]
+    __shared__ __align__(32) float xs[GR_TILE][GR_TILE_LD];  // [X column][k]
     const int tx = threadIdx.x, ty = threadIdx.y, tid = ty * GR_TILE_THREADS + tx;
     const int r0 = blockIdx.x * GR_TILE, c0 = blockIdx.y * GR_TILE, z = blockIdx.z;
     const char *wm = W + (z / r2) * w_mat;
     const float *xm = X + z * x_mat;
+#ifdef GR_TILED_MMA
+    using namespace nvcuda;
+    __shared__ __align__(32) float part[2][GR_TILE][GR_TILE_LD];  // [k half][W row][X column]
+    const int warp = tid / GR_WARP, sr = warp % 4 / 2, sc = warp % 2, kh = warp / 4;
+    wmma::fragment<wmma::accumulator, 16, 16, 8, float> acc;
+    wmma::fill_fragment(acc, 0.0f);
+#else
     float acc[2][2] = {{0.0f, 0.0f}, {0.0f, 0.0f}};
+#endif
     for (int k0 = 0; k0 < ncols; k0 += GR_TILE) {
         for (int e = tid; e < GR_TILE * GR_TILE; e += GR_TILE_THREADS * GR_TILE_THREADS) {
             const int r = e / GR_TILE, kk = e % GR_TILE, k = k0 + kk;
@@ -141,6 +161,20 @@ static __device__ void mul_mat_tiled(const char *__restrict__ W, const float *__
             xs[r][kk] = c0 + r < ncols_y && k < ncols ? xm[(c0 + r) * x_col + k] : 0.0f;
         }
         __syncthreads();
+#ifdef GR_TILED_MMA
+#pragma unroll
+        for (int kk = 16 * kh; kk < 16 * kh + 16; kk += 8) {
+            wmma::fragment<wmma::matrix_a, 16, 16, 8, wmma::precision::tf32, wmma::row_major> a;
+            wmma::fragment<wmma::matrix_b, 16, 16, 8, wmma::precision::tf32, wmma::col_major> b;
+            wmma::load_matrix_sync(a, &ws[16 * sr][kk], GR_TILE_LD);
+            wmma::load_matrix_sync(b, &xs[16 * sc][kk], GR_TILE_LD);
+#pragma unroll
+            for (int i = 0; i < a.num_elements; i++) a.x[i] = wmma::__float_to_tf32(a.x[i]);
+#pragma unroll
+            for (int i = 0; i < b.num_elements; i++) b.x[i] = wmma::__float_to_tf32(b.x[i]);
+            wmma::mma_sync(acc, a, b, acc);
+        }
+#else
 #pragma unroll 8
         for (int kk = 0; kk < GR_TILE; kk++) {
             const float w0 = ws[2 * ty][kk], w1 = ws[2 * ty + 1][kk];
@@ -150,13 +184,23 @@ static __device__ void mul_mat_tiled(const char *__restrict__ W, const float *__
             acc[1][0] += w1 * x0;
             acc[1][1] += w1 * x1;
         }
+#endif
         __syncthreads();
     }
+#ifdef GR_TILED_MMA
+    wmma::store_matrix_sync(&part[kh][16 * sr][16 * sc], acc, GR_TILE_LD, wmma::mem_row_major);
+    __syncthreads();
+    for (int e = tid; e < GR_TILE * GR_TILE; e += GR_TILE_THREADS * GR_TILE_THREADS) {
+        const int r = r0 + e % GR_TILE, c = c0 + e / GR_TILE;  // consecutive threads, consecutive rows
+        if (r < nrows && c < ncols_y) dst[z * d_mat + c * d_col + r] = part[0][e % GR_TILE][e / GR_TILE] + part[1][e % GR_TILE][e / GR_TILE];
+    }
+#else
     for (int i = 0; i < 2; i++)
         for (int j = 0; j < 2; j++) {
             const int r = r0 + 2 * ty + i, c = c0 + 2 * tx + j;
             if (r < nrows && c < ncols_y) dst[z * d_mat + c * d_col + r] = acc[i][j];
         }
+#endif
 }
 
 #define GR_TILED(name, T)                                                                                      \
