@@ -1,14 +1,15 @@
 """matmul.cu: MUL_MAT (dp4a mat-vec, dequantizing mat-vec, tiled GEMM) and MUL_MAT_ID
-for every weight type, against dequant(W) @ X in float64."""
+for every weight type, against dequant(W) @ X in float64 and against our CPU executor."""
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
+from ggmlrpc import builder as B
 from ggmlrpc.cuda import ops
 from ggmlrpc.ggml import GGMLType as T
 
-from .conftest import assert_close, dequantize, random_weights
+from .conftest import assert_close, cpu_ref, dequantize, random_weights
 
 ALL = list(ops.TYPES)
 QUANT = [t for t in ALL if t not in ops.FLOAT_TYPES]
@@ -68,3 +69,21 @@ def test_choose_mul_mat():
     assert ops.choose_mul_mat(T.Q4_0, 1) == "mmvq"
     assert ops.choose_mul_mat(T.F16, 4) == "vec"
     assert ops.choose_mul_mat(T.Q4_K, 64) == "tiled"
+
+
+@pytest.mark.parametrize("type_", [T.Q4_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL,
+                                   T.IQ4_XS, T.MXFP4, T.BF16], ids=lambda t: t.name)
+@pytest.mark.parametrize("strategy,ncols_y", [("mmvq", 1), ("tiled", 9)])
+def test_mul_mat_matches_cpu_executor(k, rng, type_, strategy, ncols_y):
+    """The same weights and activations through our CPU executor (which, like ggml,
+    quantizes the activations to the weights' dot-product type)."""
+    if strategy == "mmvq" and type_ in ops.FLOAT_TYPES:
+        strategy = "vec"
+    ncols, nrows = _ncols(type_), 19
+    w, _ = _weights(rng, type_, 1, nrows, ncols)
+    x = rng.standard_normal((ncols_y, ncols)).astype(np.float32)
+    ref = cpu_ref(B.mul_mat, (type_, (ncols, nrows), w), (T.F32, (ncols, ncols_y), x))
+    out = k.empty(ncols_y * nrows * 4)
+    ops.mul_mat(k, type_, out, k.dev(w), k.dev(x), ncols, nrows, ncols_y, strategy=strategy,
+                q8_scratch=k.empty(ops.q8_1_bytes(ncols, ncols_y)))
+    assert_close(k.read(out, (ncols_y, nrows)), ref, 5e-4)
