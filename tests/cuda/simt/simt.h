@@ -18,7 +18,8 @@
 //   - a deadlock (every live thread waits and nothing can complete).
 // __shared__ variables live in one ELF section that is filled with 0xFF bytes
 // (NaN for f32/f16/bf16) at each block start, as is the dynamic shared memory.
-// Since all fibers share one OS thread, atomics are plain read-modify-writes.
+// Since all fibers share one OS thread, atomics are plain read-modify-writes. Each
+// fiber stack (256 KiB) sits above a guard page: an overflow faults, loudly.
 #pragma once
 #define SIMT_EMULATOR 1
 
@@ -38,7 +39,9 @@
 #include <type_traits>
 #include <utility>
 #include <vector>
+#include <sys/mman.h>
 #include <ucontext.h>
+#include <unistd.h>
 
 #ifndef __global__
 #define __global__
@@ -92,7 +95,8 @@ struct State {
     uint3 block_idx, block_dim, grid_dim;
     std::vector<Fiber> fibers;
     std::vector<Warp> warps;
-    std::vector<char> stacks;
+    char *stacks = nullptr;  // one mapping: per fiber a PROT_NONE guard page, then its stack
+    size_t stacks_for = 0, stack_stride = 0;
     size_t stack_size = 256 * 1024;
     std::vector<unsigned char> dyn;  // dynamic shared memory
     Fiber *cur = nullptr;
@@ -327,7 +331,21 @@ extern "C" int simt_launch(void (*entry)(void **), void **args, const unsigned *
     int nw = (nt + 31) / 32;
     g.fibers.assign(nt, Fiber{});
     g.warps.assign(nw, Warp{});
-    if (g.stacks.size() < (size_t)nt * g.stack_size) g.stacks.resize((size_t)nt * g.stack_size);
+    const size_t page = (size_t)sysconf(_SC_PAGESIZE);
+    if (g.stacks_for < (size_t)nt || g.stack_stride != g.stack_size + page) {
+        if (g.stacks) munmap(g.stacks, g.stacks_for * g.stack_stride);
+        g.stack_stride = g.stack_size + page;
+        void *m = mmap(nullptr, nt * g.stack_stride, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+        if (m == MAP_FAILED) {
+            g.stacks = nullptr;
+            g.stacks_for = 0;
+            snprintf(err, errlen, "no memory for %d fiber stacks", nt);
+            return -1;
+        }
+        g.stacks = (char *)m;
+        g.stacks_for = nt;
+        for (int t = 0; t < nt; t++) mprotect(g.stacks + t * g.stack_stride, page, PROT_NONE);  // overflow faults
+    }
     g.dyn.assign(dyn_shared + 16, 0xff);
     std::mt19937_64 rng(seed);
     long nb = (long)grid[0] * grid[1] * grid[2];
@@ -349,7 +367,7 @@ extern "C" int simt_launch(void (*entry)(void **), void **args, const unsigned *
             f.lane = t % 32;
             f.state = READY;
             getcontext(&f.ctx);
-            f.ctx.uc_stack.ss_sp = g.stacks.data() + (size_t)t * g.stack_size;
+            f.ctx.uc_stack.ss_sp = g.stacks + (size_t)t * g.stack_stride + page;
             f.ctx.uc_stack.ss_size = g.stack_size;
             f.ctx.uc_link = &g.main_ctx;
             makecontext(&f.ctx, fiber_main, 0);
@@ -379,7 +397,7 @@ extern "C" int simt_launch(void (*entry)(void **), void **args, const unsigned *
     return 0;
 }
 
-extern "C" void simt_set_stack_size(size_t n) { simt::g.stack_size = n; }
+extern "C" void simt_set_stack_size(size_t n) { simt::g.stack_size = (n + 4095) & ~(size_t)4095; }
 
 #define SIMT_EXPORT(f)                                                                            \
     extern "C" void simt_entry_##f(void **a) { simt::invoke(f, a); }                             \
