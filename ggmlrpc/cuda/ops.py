@@ -11,7 +11,7 @@ import math
 
 import numpy as np
 
-from ..ggml import GGMLType as T
+from ..ggml import GGMLOp, GGMLType as T
 
 i32, i64, f32 = np.int32, np.int64, np.float32
 
@@ -59,6 +59,17 @@ def unary(k, op: int, dst, x, n: int, *, max_blocks=MAX_BLOCKS):
                                           block=(BLOCK, 1, 1), grid=grid_for(n, BLOCK, max_blocks))
 
 
+MATH_OPS = ("SQR", "SQRT", "LOG", "SIN", "COS", "CLAMP", "LEAKY_RELU")
+
+
+def math_op(k, op: int, dst, x, n: int, p0: float = 0.0, p1: float = 0.0, *, max_blocks=MAX_BLOCKS):
+    """op: a GGMLOp value among MATH_OPS; p0, p1: CLAMP's (min, max), LEAKY_RELU's slope."""
+    if GGMLOp(op).name not in MATH_OPS:
+        raise ValueError(f"{GGMLOp(op).name} is not an element-wise op of math_f32")
+    k.function("elementwise", "math_f32")(i32(op), dst, x, i64(n), f32(p0), f32(p1),
+                                         block=(BLOCK, 1, 1), grid=grid_for(n, BLOCK, max_blocks))
+
+
 def glu(k, op: int, dst, a, b, nc: int, nrows: int, lda: int, ldb: int, alpha=1.702, limit=7.0,
         *, max_blocks=MAX_BLOCKS):
     """op: a GGMLGluOp value; a, b: row pointers with element strides lda, ldb."""
@@ -94,6 +105,12 @@ def row_block(ncols: int) -> int:
 def norm(k, kind: str, dst, x, ncols: int, nrows: int, ldx: int, eps: float, block: int | None = None):
     k.function("norm", "norm_f32")(i32(NORM_KINDS[kind]), dst, x, i32(ncols), i64(ldx), f32(eps),
                                   block=(block or row_block(ncols), 1, 1), grid=(nrows, 1, 1))
+
+
+def row_sum(k, dst, x, ncols: int, nrows: int, ldx: int, mean: bool = False, block: int | None = None):
+    """SUM_ROWS (or MEAN): dst (nrows,) f32."""
+    k.function("norm", "row_sum_f32")(i32(bool(mean)), dst, x, i32(ncols), i64(ldx),
+                                     block=(block or row_block(ncols), 1, 1), grid=(nrows, 1, 1))
 
 
 def alibi(max_bias: float, n_head: int) -> tuple[float, float, int]:

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from ggmlrpc.cuda import ops
-from ggmlrpc.ggml import GGMLGluOp, GGMLUnaryOp
+from ggmlrpc.ggml import GGMLGluOp, GGMLOp, GGMLUnaryOp
 
 from .conftest import assert_close
 
@@ -113,3 +113,18 @@ def test_repeat(k, rng):
     out = k.empty(ref.nbytes)
     ops.repeat(k, out, k.dev(src), ref.shape[::-1], src.shape[::-1])
     assert_close(k.read(out, ref.shape), ref)
+
+
+@pytest.mark.parametrize("op", ops.MATH_OPS)
+def test_math(k, rng, op):
+    x = (rng.standard_normal(300) * 3).astype(np.float32)
+    if op in ("SQRT", "LOG"):
+        x = np.abs(x) + 0.1
+    out = k.empty(x.nbytes)
+    p0, p1 = (-1.5, 2.0) if op == "CLAMP" else (0.1, 0.0)
+    ops.math_op(k, GGMLOp[op], out, k.dev(x), x.size, p0, p1, max_blocks=1)
+    x64 = x.astype(np.float64)
+    ref = {"SQR": lambda: x64 * x64, "SQRT": lambda: np.sqrt(x64), "LOG": lambda: np.log(x64),
+           "SIN": lambda: np.sin(x64), "COS": lambda: np.cos(x64), "CLAMP": lambda: np.clip(x64, -1.5, 2.0),
+           "LEAKY_RELU": lambda: np.where(x64 > 0, x64, 0.1 * x64)}[op]()
+    assert_close(k.read(out, x.shape), ref)

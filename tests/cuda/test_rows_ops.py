@@ -29,6 +29,17 @@ def test_norm(k, rng, kind, ncols, block):
     assert_close(k.read(out, (nrows, ncols)), ref)
 
 
+@pytest.mark.parametrize("mean", [False, True])
+@pytest.mark.parametrize("ncols", [5, 1100])
+def test_row_sum(k, rng, mean, ncols):
+    nrows, ld = 4, ncols + 3
+    x = rng.standard_normal((nrows, ld)).astype(np.float32)
+    out = k.empty(nrows * 4)
+    ops.row_sum(k, out, k.dev(x), ncols, nrows, ld, mean)
+    xa = x[:, :ncols].astype(np.float64)
+    assert_close(k.read(out, (nrows,)), xa.mean(-1) if mean else xa.sum(-1))
+
+
 @pytest.mark.parametrize("mask_type", [None, T.F16, T.F32])
 @pytest.mark.parametrize("max_bias", [0.0, 8.0])
 @pytest.mark.parametrize("sinks", [False, True])

@@ -156,3 +156,25 @@ extern "C" __global__ void repeat_f32(float *__restrict__ dst, const float *__re
         dst[i] = src[((long long)((i3 % s3) * s2 + i2 % s2) * s1 + i1 % s1) * s0 + i0 % s0];
     }
 }
+
+// The element-wise ops that are ops of their own in ggml (not GGML_OP_UNARY).
+// op: ggml's GGML_OP_* value; p0, p1: CLAMP's bounds, LEAKY_RELU's slope
+// dst, x: (n,) contiguous
+extern "C" __global__ void math_f32(int op, float *__restrict__ dst, const float *__restrict__ x, long long n,
+                                    float p0, float p1) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
+        const float v = x[i];
+        float r;
+        switch (op) {
+        case 9: r = v * v; break;                        // SQR
+        case 10: r = sqrtf(v); break;                    // SQRT
+        case 11: r = logf(v); break;                     // LOG
+        case 12: r = sinf(v); break;                     // SIN
+        case 13: r = cosf(v); break;                     // COS
+        case 50: r = fminf(fmaxf(v, p0), p1); break;     // CLAMP
+        case 71: r = v > 0.f ? v : p0 * v; break;        // LEAKY_RELU
+        default: r = __int_as_float(0x7fc00000); break;  // not supported: NaN
+        }
+        dst[i] = r;
+    }
+}

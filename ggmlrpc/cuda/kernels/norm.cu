@@ -27,3 +27,14 @@ extern "C" __global__ void norm_f32(int kind, float *__restrict__ dst, const flo
     const float scale = kind == GR_NORM_L2 ? 1.0f / fmaxf(sqrtf(s2), eps) : rsqrtf(s2 / ncols + eps);
     for (int i = threadIdx.x; i < ncols; i += blockDim.x) dr[i] = (xr[i] - mean) * scale;
 }
+
+// SUM_ROWS (mean == 0) and MEAN (mean == 1): dst (nrows,); x: rows of ncols at stride ldx
+extern "C" __global__ void row_sum_f32(int mean, float *__restrict__ dst, const float *__restrict__ x, int ncols,
+                                       long long ldx) {
+    __shared__ float scratch[32];
+    const float *xr = x + blockIdx.x * ldx;
+    float s = 0.0f;
+    for (int i = threadIdx.x; i < ncols; i += blockDim.x) s += xr[i];
+    s = block_sum(s, scratch);
+    if (threadIdx.x == 0) dst[blockIdx.x] = mean ? s / ncols : s;
+}
