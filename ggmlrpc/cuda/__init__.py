@@ -8,6 +8,7 @@ device and the tests share.
 """
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 KERNEL_DIR = Path(__file__).resolve().parent / "kernels"
@@ -17,6 +18,17 @@ FAMILIES = ("elementwise", "norm", "softmax", "rope", "rows", "matmul", "flash_a
 
 def kernel_source(family: str) -> str:
     return (KERNEL_DIR / f"{family}.cu").read_text()
+
+
+def type_list(macro: str, family: str = "common") -> list[str]:
+    """The kernel-name suffixes of an X-macro type list (`#define GR_ALL_TYPES(X) X(f32, tr_f32)
+    ...`): the .cu/.cuh text is the one table of which types have which kernels."""
+    name = "common.cuh" if family == "common" else f"{family}.cu"
+    text = (KERNEL_DIR / name).read_text()
+    m = re.search(r"#define\s+" + macro + r"\(X\)((?:[^\n]*\\\n)*[^\n]*)", text)
+    if m is None:
+        raise LookupError(f"no type list {macro} in {name}")
+    return re.findall(r"X\((\w+),\s*\w+\)", m.group(1))
 
 
 class Kernels:

@@ -11,7 +11,9 @@ import math
 
 import numpy as np
 
+from .. import ggml
 from ..ggml import GGMLOp, GGMLType as T
+from . import type_list
 
 i32, i64, f32 = np.int32, np.int64, np.float32
 
@@ -163,27 +165,29 @@ def rope(k, dst, x, pos, ne, nb, n_dims: int, mode: int, *, freq_base=10000.0, f
 
 # ---- rows: GET_ROWS, SET_ROWS, CPY ----
 
-# kernel name suffix and (elements, bytes) per block of every type the kernels know
-TYPES = {
-    T.F32: ("f32", 1, 4), T.F16: ("f16", 1, 2), T.BF16: ("bf16", 1, 2),
-    T.Q4_0: ("q4_0", 32, 18), T.Q4_1: ("q4_1", 32, 20), T.Q5_0: ("q5_0", 32, 22), T.Q5_1: ("q5_1", 32, 24),
-    T.Q8_0: ("q8_0", 32, 34), T.Q2_K: ("q2_K", 256, 84), T.Q3_K: ("q3_K", 256, 110),
-    T.Q4_K: ("q4_K", 256, 144), T.Q5_K: ("q5_K", 256, 176), T.Q6_K: ("q6_K", 256, 210),
-    T.IQ4_NL: ("iq4_nl", 32, 18), T.IQ4_XS: ("iq4_xs", 256, 136), T.MXFP4: ("mxfp4", 32, 17),
-}
-STORE_TYPES = (T.F32, T.F16, T.BF16, T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0)
+def _types(names) -> tuple[int, ...]:
+    return tuple(T[n.upper()] for n in names)
+
+
+# which types have kernels: read from the X-macro lists in the kernel sources
+TYPES = _types(type_list("GR_ALL_TYPES"))                # GET_ROWS, mat-vec, tiled GEMM, dequantize
+QUANT_TYPES = _types(type_list("GR_QUANT_TYPES"))        # the dp4a mat-vec
+STORE_TYPES = _types(type_list("GR_STORE_TYPES", "rows"))   # SET_ROWS, F32 -> blocks
+FA_TYPES = _types(type_list("GR_FA_TYPES", "flash_attn"))   # FLASH_ATTN_EXT K/V
+FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 SCALAR_IDS = {T.F32: 0, T.F16: 1, T.BF16: 2}
 
 
-def _suffix(type_: int) -> str:
-    try:
-        return TYPES[type_][0]
-    except KeyError:
-        raise ValueError(f"type {T(type_).name} has no CUDA kernels") from None
+def _suffix(type_: int, among=TYPES) -> str:
+    """The kernel-name suffix of a type (`q4_K` for Q4_K)."""
+    if type_ not in among:
+        raise ValueError(f"type {T(type_).name} has no such CUDA kernel")
+    name = T(type_).name.lower()
+    return name[:-2] + "_K" if name.endswith("_k") else name
 
 
 def row_bytes(type_: int, n: int) -> int:
-    _, qk, bs = TYPES[type_]
+    qk, bs = ggml.blck_size(type_), ggml.type_size(type_)
     if n % qk:
         raise ValueError(f"{n} elements are not whole blocks of {T(type_).name}")
     return n // qk * bs
@@ -205,7 +209,7 @@ def set_rows(k, type_: int, dst, dst_nb, src, src_ne, ids, ids_ne, ids_i32=False
     ne = pad4(src_ne)
     _, ne11, ne12 = pad4(ids_ne)[:3]
     row_bytes(type_, ne[0])
-    n = ne[0] // TYPES[type_][1] * ne[1] * ne[2] * ne[3]
+    n = ne[0] // ggml.blck_size(type_) * ne[1] * ne[2] * ne[3]
     k.function("rows", f"set_rows_{_suffix(type_)}")(
         dst, src, ids, i32(bool(ids_i32)), *map(i32, ne), i32(ne11), i32(ne12), *map(i64, pad4(dst_nb, 0)[1:]),
         block=(BLOCK, 1, 1), grid=grid_for(n, BLOCK, max_blocks))
@@ -224,7 +228,7 @@ def cpy_to_blocks(k, type_: int, dst, src, ne00: int, nrows: int, src_ld: int, d
     if type_ not in STORE_TYPES:
         raise ValueError(f"CPY to {T(type_).name} is not supported on CUDA yet")
     row_bytes(type_, ne00)
-    n = ne00 // TYPES[type_][1] * nrows
+    n = ne00 // ggml.blck_size(type_) * nrows
     k.function("rows", f"quantize_rows_{_suffix(type_)}")(dst, src, i32(ne00), i32(nrows), i64(src_ld), i64(dst_ld),
                                                    block=(BLOCK, 1, 1), grid=grid_for(n))
 
@@ -241,7 +245,6 @@ MMV_WARPS = 4              # GR_MMV_WARPS in matmul.cu
 QUANTIZE_WARPS = 8
 TILE, TILE_THREADS = 32, 16
 MMVQ_MAX_COLS = 8          # up to this many activation columns the mat-vec kernels win
-FLOAT_TYPES = (T.F32, T.F16, T.BF16)
 
 
 def q8_1_bytes(ncols: int, ncols_total: int) -> int:
@@ -251,7 +254,7 @@ def q8_1_bytes(ncols: int, ncols_total: int) -> int:
 
 def choose_mul_mat(type_: int, ncols_y: int) -> str:
     if ncols_y <= MMVQ_MAX_COLS:
-        return "vec" if type_ in FLOAT_TYPES else "mmvq"
+        return "mmvq" if type_ in QUANT_TYPES else "vec"
     return "tiled"
 
 
@@ -269,8 +272,8 @@ def _mat_vec(k, type_, strategy, dst, w, x, ids, ncols, nrows, cols, nz, w_row, 
     grid = (-(-nrows // MMV_WARPS), cols, nz)
     tail = (i64(d_col), i64(d_mat), i32(r2), i32(ne11), i32(ids_ld))
     if strategy == "mmvq":
-        if type_ in FLOAT_TYPES:
-            raise ValueError("the dp4a mat-vec takes quantized weights")
+        if type_ not in QUANT_TYPES:
+            raise ValueError(f"the dp4a mat-vec takes quantized weights, not {T(type_).name}")
         if q8_scratch is None:
             raise ValueError("mmvq needs q8_scratch of q8_1_bytes(ncols, columns) bytes")
         ycols = ne11 if ids is not None else cols
@@ -312,7 +315,7 @@ def mul_mat_id(k, type_: int, dst, w, x, ids, ncols: int, nrows: int, n_used: in
     ne11, ncols) f32, ids (n_tokens, ids_ld) i32, dst (n_tokens, n_used, nrows) f32, all contiguous."""
     w_row = row_bytes(type_, ncols) if w_row is None else w_row
     w_mat = w_row * nrows if w_mat is None else w_mat
-    strategy = strategy or ("vec" if type_ in FLOAT_TYPES else "mmvq")
+    strategy = strategy or ("mmvq" if type_ in QUANT_TYPES else "vec")
     _mat_vec(k, type_, strategy, dst, w, x, ids, ncols, nrows, n_used, n_tokens, w_row, w_mat, ncols,
              ncols * ne11, nrows, nrows * n_used, 1, ne11, n_used if ids_ld is None else ids_ld, q8_scratch)
 
@@ -320,7 +323,6 @@ def mul_mat_id(k, type_: int, dst, w, x, ids, ncols: int, nrows: int, n_used: in
 # ---- FLASH_ATTN_EXT ----
 
 FA_WARPS, FA_MAX_D = 4, 256
-FA_TYPES = {T.F16: "f16", T.BF16: "bf16", T.F32: "f32", T.Q8_0: "q8_0", T.Q4_0: "q4_0"}
 
 
 def flash_attn_ext(k, kv_type: int, dst, q, kk, v, D: int, Dv: int, n_q: int, H: int, n_kv: int, H_kv: int,
@@ -339,7 +341,7 @@ def flash_attn_ext(k, kv_type: int, dst, q, kk, v, D: int, Dv: int, n_q: int, H:
     v_nb = v_nb or (0, vrow, vrow * n_kv, vrow * n_kv * H_kv)
     mask_nb = mask_nb or (2, 2 * n_kv, 2 * n_kv * n_q, 2 * n_kv * n_q)
     m0, m1, nhl2 = alibi(max_bias, H)
-    k.function("flash_attn", f"flash_attn_vec_{FA_TYPES[kv_type]}")(
+    k.function("flash_attn", f"flash_attn_vec_{_suffix(kv_type, FA_TYPES)}")(
         dst, q, kk, v, NULL if mask is None else mask, NULL if sinks is None else sinks, i32(D), i32(Dv), i32(n_q),
         i32(H), i32(B), i32(n_kv), i32(H_kv), *(i64(n // 4) for n in q_nb[1:4]), *map(i64, k_nb[1:4]),
         *map(i64, v_nb[1:4]), *(i64(n // 2) for n in mask_nb[1:4]), *map(i32, mask_ne), f32(scale),

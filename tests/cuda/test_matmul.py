@@ -6,6 +6,7 @@ import numpy as np
 import pytest
 
 from ggmlrpc import builder as B
+from ggmlrpc import ggml
 from ggmlrpc.cuda import ops
 from ggmlrpc.ggml import GGMLType as T
 
@@ -30,7 +31,7 @@ def _weights(rng, type_, nmat, nrows, ncols):
 
 
 def _ncols(type_):
-    return 512 if ops.TYPES[type_][1] == 256 else 96
+    return 512 if ggml.blck_size(type_) == 256 else 96
 
 
 @pytest.mark.parametrize("type_", ALL, ids=lambda t: t.name)

@@ -4,6 +4,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
+from ggmlrpc import ggml
 from ggmlrpc.cuda import ops
 from ggmlrpc.ggml import GGMLType as T
 
@@ -14,7 +15,7 @@ ALL = list(ops.TYPES)
 
 @pytest.mark.parametrize("type_", ALL, ids=lambda t: t.name)
 def test_get_rows(k, rng, type_):
-    ncols = 256 if ops.TYPES[type_][1] == 256 else 96
+    ncols = 256 if ggml.blck_size(type_) == 256 else 96
     n_rows, n_slices = 5, 2
     w = random_weights(rng, type_, n_rows * n_slices, ncols)       # (ne02=2, ne01=5) rows
     ids = rng.integers(0, n_rows, (n_slices, 3)).astype(np.int32)  # (ne11=2, ne10=3)

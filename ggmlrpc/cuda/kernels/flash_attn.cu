@@ -86,8 +86,5 @@ static __device__ void flash_attn_vec(float *__restrict__ dst, const float *__re
                           k_head, k_batch, v_row, v_head, v_batch, m_row, m_head, m_batch, m_ne2, m_ne3, scale,  \
                           max_bias, m0, m1, n_head_log2, softcap);                                               \
     }
-GR_FA(f16, tr_f16)
-GR_FA(bf16, tr_bf16)
-GR_FA(f32, tr_f32)
-GR_FA(q8_0, tr_q8_0)
-GR_FA(q4_0, tr_q4_0)
+#define GR_FA_TYPES(X) X(f16, tr_f16) X(bf16, tr_bf16) X(f32, tr_f32) X(q8_0, tr_q8_0) X(q4_0, tr_q4_0)
+GR_FA_TYPES(GR_FA)
