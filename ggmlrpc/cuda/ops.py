@@ -322,7 +322,8 @@ def mul_mat_id(k, type_: int, dst, w, x, ids, ncols: int, nrows: int, n_used: in
 
 # ---- FLASH_ATTN_EXT ----
 
-FA_WARPS, FA_MAX_D = 4, 256
+FA_WARPS = 4
+FA_HEAD_SIZES = (256, 576)     # kernels for head sizes up to each
 
 
 def flash_attn_ext(k, kv_type: int, dst, q, kk, v, D: int, Dv: int, n_q: int, H: int, n_kv: int, H_kv: int,
@@ -332,8 +333,9 @@ def flash_attn_ext(k, kv_type: int, dst, q, kk, v, D: int, Dv: int, n_q: int, H:
     bytes as ggml's nb (innermost first); mask F16 (.., n_q.., n_kv); dst (B, n_q, H, Dv) f32."""
     if kv_type not in FA_TYPES:
         raise ValueError(f"FLASH_ATTN_EXT with {T(kv_type).name} K/V is not supported on CUDA yet")
-    if max(D, Dv) > FA_MAX_D:
-        raise ValueError(f"head size {max(D, Dv)} > {FA_MAX_D}")
+    maxd = next((m for m in FA_HEAD_SIZES if max(D, Dv) <= m), None)
+    if maxd is None:
+        raise ValueError(f"FLASH_ATTN_EXT head size {max(D, Dv)} > {FA_HEAD_SIZES[-1]}")
     q_nb = q_nb or (4, 4 * D, 4 * D * n_q, 4 * D * n_q * H)
     krow = row_bytes(kv_type, D)
     k_nb = k_nb or (0, krow, krow * n_kv, krow * n_kv * H_kv)
@@ -341,7 +343,7 @@ def flash_attn_ext(k, kv_type: int, dst, q, kk, v, D: int, Dv: int, n_q: int, H:
     v_nb = v_nb or (0, vrow, vrow * n_kv, vrow * n_kv * H_kv)
     mask_nb = mask_nb or (2, 2 * n_kv, 2 * n_kv * n_q, 2 * n_kv * n_q)
     m0, m1, nhl2 = alibi(max_bias, H)
-    k.function("flash_attn", f"flash_attn_vec_{_suffix(kv_type, FA_TYPES)}")(
+    k.function("flash_attn", f"flash_attn_vec{maxd}_{_suffix(kv_type, FA_TYPES)}")(
         dst, q, kk, v, NULL if mask is None else mask, NULL if sinks is None else sinks, i32(D), i32(Dv), i32(n_q),
         i32(H), i32(B), i32(n_kv), i32(H_kv), *(i64(n // 4) for n in q_nb[1:4]), *map(i64, k_nb[1:4]),
         *map(i64, v_nb[1:4]), *(i64(n // 2) for n in mask_nb[1:4]), *map(i32, mask_ne), f32(scale),

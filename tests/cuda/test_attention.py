@@ -19,7 +19,7 @@ def _kv(rng, type_, rows, D):
 
 
 @pytest.mark.parametrize("kv_type", [T.F16, T.Q8_0], ids=lambda t: t.name)
-@pytest.mark.parametrize("D,n_q,n_kv", [(64, 1, 45), (128, 3, 20)])
+@pytest.mark.parametrize("D,n_q,n_kv", [(64, 1, 45), (128, 3, 20), (320, 2, 9)])
 @pytest.mark.parametrize("extras", ["plain", "alibi_sinks", "softcap"])
 def test_flash_attn_ext(k, rng, kv_type, D, n_q, n_kv, extras):
     H, H_kv = 4, 2

@@ -4,14 +4,14 @@
 #include "common.cuh"
 
 #define GR_FA_WARPS 4
-#define GR_FA_MAX_D 256  // head sizes up to this (per lane: D / 32 values of q and of the output)
+// head sizes: kernels for D, Dv up to 256 and up to 576 (MLA); per lane D/32 values of q and of the output
 
 // q: (B, H, n_q, D) f32 at float strides q_row (query), q_head, q_batch
 // k: (B, H_kv, n_kv, D) of T at byte strides k_row, k_head, k_batch; v likewise with Dv
 // mask: f16 rows of n_kv per query at half strides m_row, m_head, m_batch (broadcast:
 //       head % m_ne2, batch % m_ne3) or null; sinks: (H,) f32 or null
 // dst: (B, n_q, H, Dv) f32 contiguous (ggml's permuted result)
-template <class T>
+template <class T, int PER_LANE>
 static __device__ void flash_attn_vec(float *__restrict__ dst, const float *__restrict__ q, const char *__restrict__ k,
                                       const char *__restrict__ v, const __half *__restrict__ mask,
                                       const float *__restrict__ sinks, int D, int Dv, int n_q, int H, int B, int n_kv,
@@ -20,7 +20,6 @@ static __device__ void flash_attn_vec(float *__restrict__ dst, const float *__re
                                       long long v_batch, long long m_row, long long m_head, long long m_batch,
                                       int m_ne2, int m_ne3, float scale, float max_bias, float m0, float m1,
                                       int n_head_log2, float softcap) {
-    constexpr int PER_LANE = GR_FA_MAX_D / GR_WARP;
     const int pair = blockIdx.x * blockDim.y + threadIdx.y, lane = threadIdx.x;
     if (pair >= n_q * H * B) return;  // whole warps leave together
     const int h = pair % H, iq = pair / H % n_q, b = pair / (H * n_q);
@@ -75,16 +74,17 @@ static __device__ void flash_attn_vec(float *__restrict__ dst, const float *__re
     }
 }
 
-#define GR_FA(name, T)                                                                                          \
-    extern "C" __global__ void __launch_bounds__(GR_WARP *GR_FA_WARPS) flash_attn_vec_##name(                  \
-        float *dst, const float *q, const char *k, const char *v, const __half *mask, const float *sinks, int D, \
-        int Dv, int n_q, int H, int B, int n_kv, int H_kv, long long q_row, long long q_head, long long q_batch,  \
-        long long k_row, long long k_head, long long k_batch, long long v_row, long long v_head,                 \
-        long long v_batch, long long m_row, long long m_head, long long m_batch, int m_ne2, int m_ne3,           \
-        float scale, float max_bias, float m0, float m1, int n_head_log2, float softcap) {                      \
-        flash_attn_vec<T>(dst, q, k, v, mask, sinks, D, Dv, n_q, H, B, n_kv, H_kv, q_row, q_head, q_batch, k_row, \
-                          k_head, k_batch, v_row, v_head, v_batch, m_row, m_head, m_batch, m_ne2, m_ne3, scale,  \
-                          max_bias, m0, m1, n_head_log2, softcap);                                               \
+#define GR_FA_KERNEL(name, T, maxd)                                                                            \
+    extern "C" __global__ void __launch_bounds__(GR_WARP *GR_FA_WARPS) flash_attn_vec##maxd##_##name(           \
+        float *dst, const float *q, const char *k, const char *v, const __half *mask, const float *sinks, int D,  \
+        int Dv, int n_q, int H, int B, int n_kv, int H_kv, long long q_row, long long q_head, long long q_batch,   \
+        long long k_row, long long k_head, long long k_batch, long long v_row, long long v_head,                  \
+        long long v_batch, long long m_row, long long m_head, long long m_batch, int m_ne2, int m_ne3,            \
+        float scale, float max_bias, float m0, float m1, int n_head_log2, float softcap) {                       \
+        flash_attn_vec<T, maxd / GR_WARP>(dst, q, k, v, mask, sinks, D, Dv, n_q, H, B, n_kv, H_kv, q_row, q_head, \
+                                          q_batch, k_row, k_head, k_batch, v_row, v_head, v_batch, m_row, m_head,  \
+                                          m_batch, m_ne2, m_ne3, scale, max_bias, m0, m1, n_head_log2, softcap);   \
     }
+#define GR_FA(name, T) GR_FA_KERNEL(name, T, 256) GR_FA_KERNEL(name, T, 576)
 #define GR_FA_TYPES(X) X(f16, tr_f16) X(bf16, tr_bf16) X(f32, tr_f32) X(q8_0, tr_q8_0) X(q4_0, tr_q4_0)
 GR_FA_TYPES(GR_FA)
