@@ -55,9 +55,9 @@ def scale(k, dst, x, n: int, s: float, bias: float = 0.0, *, max_blocks=MAX_BLOC
                                           block=(BLOCK, 1, 1), grid=grid_for(n, BLOCK, max_blocks))
 
 
-def unary(k, op: int, dst, x, n: int, *, max_blocks=MAX_BLOCKS):
-    """op: a GGMLUnaryOp value."""
-    k.function("elementwise", "unary_f32")(i32(op), dst, x, i64(n),
+def unary(k, op: int, dst, x, n: int, params=(0.0, 0.0, 0.0, 0.0), *, max_blocks=MAX_BLOCKS):
+    """op: a GGMLUnaryOp value; params: XIELU's op params 1..4 (alpha_n, alpha_p, beta, eps)."""
+    k.function("elementwise", "unary_f32")(i32(op), dst, x, i64(n), *map(f32, params),
                                           block=(BLOCK, 1, 1), grid=grid_for(n, BLOCK, max_blocks))
 
 

@@ -64,15 +64,22 @@ def _np_unary(op, x):
     }[op]
 
 
-@pytest.mark.parametrize("op", [u.name for u in GGMLUnaryOp if u.name != "XIELU"])
+@pytest.mark.parametrize("op", [u.name for u in GGMLUnaryOp])
 def test_unary(k, rng, op):
     x = (rng.standard_normal(300) * 3).astype(np.float32)
     out = k.empty(x.nbytes)
-    ops.unary(k, GGMLUnaryOp[op], out, k.dev(x), x.size, max_blocks=1)
-    assert_close(k.read(out, x.shape), _np_unary(op, x))
+    params = (0.9, 0.7, 0.5, -1e-6)                     # XIELU's alpha_n, alpha_p, beta, eps
+    ops.unary(k, GGMLUnaryOp[op], out, k.dev(x), x.size, params, max_blocks=1)
+    if op == "XIELU":
+        an, ap, beta, eps = params
+        x64 = x.astype(np.float64)
+        ref = np.where(x64 > 0, ap * x64 * x64 + beta * x64, (np.expm1(np.minimum(x64, eps)) - x64) * an + beta * x64)
+    else:
+        ref = _np_unary(op, x)
+    assert_close(k.read(out, x.shape), ref)
 
 
-@pytest.mark.parametrize("op", ["REGLU", "GEGLU", "SWIGLU", "SWIGLU_OAI", "GEGLU_ERF", "GEGLU_QUICK"])
+@pytest.mark.parametrize("op", [g.name for g in GGMLGluOp])
 @pytest.mark.parametrize("swapped", [False, True])
 def test_glu_split(k, rng, op, swapped):
     nc, nrows = 37, 5
@@ -87,6 +94,9 @@ def test_glu_split(k, rng, op, swapped):
     if op == "SWIGLU_OAI":
         xa = np.minimum(a64, 7.0)
         ref = xa / (1 + np.exp(-1.702 * xa)) * (np.clip(b64, -7.0, 7.0) + 1)
+    elif op == "SWIGLU_CLAMP":
+        xa = np.minimum(a64, 7.0)
+        ref = xa / (1 + np.exp(-xa)) * np.clip(b64, -7.0, 7.0)
     else:
         act = {"REGLU": "RELU", "GEGLU": "GELU", "SWIGLU": "SILU", "GEGLU_ERF": "GELU_ERF",
                "GEGLU_QUICK": "GELU_QUICK"}[op]

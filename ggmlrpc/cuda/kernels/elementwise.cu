@@ -61,8 +61,8 @@ static __device__ __forceinline__ float gelu_tanh(float x) {
 static __device__ __forceinline__ float gelu_erf(float x) { return 0.5f * x * (1.0f + erff(x * 0.70710678118654752440f)); }
 static __device__ __forceinline__ float gelu_quick(float x) { return x * sigmoidf(1.702f * x); }
 
-// op: ggml's GGML_UNARY_OP_* value
-static __device__ float unary(int op, float x) {
+// op: ggml's GGML_UNARY_OP_* value; p: XIELU's (alpha_n, alpha_p, beta, eps) as ggml stores them
+static __device__ float unary(int op, float x, const float *p) {
     switch (op) {
     case 0: return fabsf(x);                                   // ABS
     case 1: return (float)((x > 0.f) - (x < 0.f));             // SGN
@@ -81,6 +81,8 @@ static __device__ float unary(int op, float x) {
     case 14: return expm1f(x);                                 // EXPM1
     case 15: return x > 20.f ? x : log1pf(expf(x));            // SOFTPLUS
     case 16: return gelu_erf(x);                               // GELU_ERF
+    case 17:                                                   // XIELU
+        return x > 0.f ? p[1] * x * x + p[2] * x : (expm1f(fminf(x, p[3])) - x) * p[0] + p[2] * x;
     case 18: return floorf(x);                                 // FLOOR
     case 19: return ceilf(x);                                  // CEIL
     case 20: return roundf(x);                                 // ROUND
@@ -90,15 +92,17 @@ static __device__ float unary(int op, float x) {
 }
 
 // dst, x: (n,) contiguous
-extern "C" __global__ void unary_f32(int op, float *__restrict__ dst, const float *__restrict__ x, long long n) {
+extern "C" __global__ void unary_f32(int op, float *__restrict__ dst, const float *__restrict__ x, long long n,
+                                     float p0, float p1, float p2, float p3) {
+    const float p[4] = {p0, p1, p2, p3};
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x)
-        dst[i] = unary(op, x[i]);
+        dst[i] = unary(op, x[i], p);
 }
 
 // GLU: dst[r][i] = act(a[r][i]) * b[r][i]
 // dst: (nrows, nc) contiguous; a, b: rows of nc at element strides lda, ldb (the launcher
 // points them at the two halves of one tensor, swapped or not, or at two tensors)
-// op: ggml's GGML_GLU_OP_* value; alpha, limit: SWIGLU_OAI's parameters
+// op: ggml's GGML_GLU_OP_* value; alpha, limit: SWIGLU_OAI's parameters (limit: SWIGLU_CLAMP's)
 extern "C" __global__ void glu_f32(int op, float *__restrict__ dst, const float *__restrict__ a,
                                    const float *__restrict__ b, int nc, int nrows, long long lda, long long ldb,
                                    float alpha, float limit) {
@@ -118,6 +122,11 @@ extern "C" __global__ void glu_f32(int op, float *__restrict__ dst, const float 
             break;
         case 4: g = gelu_erf(x); break;         // GEGLU_ERF
         case 5: g = gelu_quick(x); break;       // GEGLU_QUICK
+        case 6:                                 // SWIGLU_CLAMP
+            x = fminf(x, limit);
+            y = fmaxf(fminf(y, limit), -limit);
+            g = x * sigmoidf(x);
+            break;
         default: g = __int_as_float(0x7fc00000); break;
         }
         dst[i] = g * y;
