@@ -245,6 +245,7 @@ MMV_WARPS = 4              # GR_MMV_WARPS in matmul.cu
 QUANTIZE_WARPS = 8
 TILE, TILE_THREADS = 32, 16
 MMVQ_MAX_COLS = 8          # up to this many activation columns the mat-vec kernels win
+MMVQ_COLS = 8              # GR_MMVQ_COLS: columns one dp4a mat-vec block handles
 
 
 def q8_1_bytes(ncols: int, ncols_total: int) -> int:
@@ -278,9 +279,11 @@ def _mat_vec(k, type_, strategy, dst, w, x, ids, ncols, nrows, cols, nz, w_row, 
             raise ValueError("mmvq needs q8_scratch of q8_1_bytes(ncols, columns) bytes")
         ycols = ne11 if ids is not None else cols
         nb = _quantize_q8_1(k, q8_scratch, x, ncols, ycols, nz, x_col, x_mat)
+        per_block = 1 if ids is not None else MMVQ_COLS     # plain: weights read once per 8 columns
         k.function("matmul", f"mul_mat_vec_q_{suffix}")(
-            w, q8_scratch, dst, NULL if ids is None else ids, i32(ncols), i32(nrows), i64(w_row), i64(w_mat),
-            i64(nb), i64(nb * ycols), *tail, block=(32, MMV_WARPS, 1), grid=grid)
+            w, q8_scratch, dst, NULL if ids is None else ids, i32(ncols), i32(nrows), i32(cols), i32(per_block),
+            i64(w_row), i64(w_mat), i64(nb), i64(nb * ycols), *tail, block=(32, MMV_WARPS, 1),
+            grid=(grid[0], -(-cols // per_block), nz))
     else:
         k.function("matmul", f"mul_mat_vec_{suffix}")(
             w, x, dst, NULL if ids is None else ids, i32(ncols), i32(nrows), i64(w_row), i64(w_mat), i64(x_col),

@@ -35,7 +35,7 @@ def _ncols(type_):
 
 
 @pytest.mark.parametrize("type_", ALL, ids=lambda t: t.name)
-@pytest.mark.parametrize("strategy,ncols_y", [("mmvq", 3), ("vec", 2), ("tiled", 35)])
+@pytest.mark.parametrize("strategy,ncols_y", [("mmvq", 3), ("mmvq", 11), ("vec", 2), ("tiled", 35)])
 def test_mul_mat(k, rng, type_, strategy, ncols_y):
     if strategy == "mmvq" and type_ in ops.FLOAT_TYPES:
         pytest.skip("dp4a takes quantized weights")

@@ -53,47 +53,67 @@ static __device__ __forceinline__ mm_args mm_locate(const char *W, const int *id
 }
 
 // ---- MMVQ: quant W x q8_1 X with dp4a ----
-// Y: q8_1 blocks, columns at block strides y_col, y_mat
+// Y: q8_1 blocks, columns at block strides y_col, y_mat. A block handles columns
+// [c0, c0 + cols_per_block) with c0 = blockIdx.y * cols_per_block (plain: up to
+// GR_MMVQ_COLS columns, so each weight is read once for all of them; ID: one).
+#define GR_MMVQ_COLS 8
 template <class T>
 static __device__ void mul_mat_vec_q(const char *__restrict__ W, const block_q8_1 *__restrict__ Y,
                                      float *__restrict__ dst, const int *__restrict__ ids, int ncols, int nrows,
-                                     long long w_row, long long w_mat, long long y_col, long long y_mat,
-                                     long long d_col, long long d_mat, int r2, int ne11, int ids_ld) {
+                                     int ncols_y, int cols_per_block, long long w_row, long long w_mat,
+                                     long long y_col, long long y_mat, long long d_col, long long d_mat, int r2,
+                                     int ne11, int ids_ld) {
     const int row = blockIdx.x * blockDim.y + threadIdx.y, lane = threadIdx.x;
     if (row >= nrows) return;  // whole warps leave together
-    const mm_args a = mm_locate(W, ids, row, blockIdx.y, blockIdx.z, w_row, w_mat, y_col, y_mat, d_col, d_mat,
-                                r2, ne11, ids_ld);
+    const int c0 = blockIdx.y * cols_per_block, nc = min(cols_per_block, ncols_y - c0);
+    const mm_args a = mm_locate(W, ids, row, c0, blockIdx.z, w_row, w_mat, y_col, y_mat, d_col, d_mat, r2, ne11,
+                                ids_ld);
     const typename T::block *wb = (const typename T::block *)a.w;
     const block_q8_1 *yb = Y + a.y_off;
     constexpr int spb = T::qk / 32;  // 32-value sub-blocks per block
-    float acc = 0.0f;
+    float acc[GR_MMVQ_COLS];
+#pragma unroll
+    for (int c = 0; c < GR_MMVQ_COLS; c++) acc[c] = 0.0f;
     for (int s = lane; s < ncols / 32; s += GR_WARP) {
         const typename T::block *b = wb + s / spb;
         const int j0 = 32 * (s % spb);
-        const int *yq = (const int *)yb[s].qs;
-        int dot[2] = {0, 0}, ysum[2] = {0, 0};
+        int q[8];
 #pragma unroll
         for (int i = 0; i < 8; i++) {
             const int j = j0 + 4 * i;
-            const int q = (T::q(b, j) & 0xff) | (T::q(b, j + 1) & 0xff) << 8 | (T::q(b, j + 2) & 0xff) << 16 |
-                          (int)((unsigned)(T::q(b, j + 3) & 0xff) << 24);
-            dot[i / 4] = __dp4a(q, yq[i], dot[i / 4]);
-            ysum[i / 4] = __dp4a(0x01010101, yq[i], ysum[i / 4]);
+            q[i] = (T::q(b, j) & 0xff) | (T::q(b, j + 1) & 0xff) << 8 | (T::q(b, j + 2) & 0xff) << 16 |
+                   (int)((unsigned)(T::q(b, j + 3) & 0xff) << 24);
         }
         const float2 s0 = T::sm(b, j0 / 16), s1 = T::sm(b, j0 / 16 + 1);
-        acc += __low2float(yb[s].ds) * (s0.x * dot[0] - s0.y * ysum[0] + s1.x * dot[1] - s1.y * ysum[1]);
+#pragma unroll
+        for (int c = 0; c < GR_MMVQ_COLS; c++) {
+            if (c >= nc) break;
+            const block_q8_1 *y = yb + c * y_col + s;
+            const int *yq = (const int *)y->qs;
+            int dot[2] = {0, 0}, ysum[2] = {0, 0};
+#pragma unroll
+            for (int i = 0; i < 8; i++) {
+                dot[i / 4] = __dp4a(q[i], yq[i], dot[i / 4]);
+                ysum[i / 4] = __dp4a(0x01010101, yq[i], ysum[i / 4]);
+            }
+            acc[c] += __low2float(y->ds) * (s0.x * dot[0] - s0.y * ysum[0] + s1.x * dot[1] - s1.y * ysum[1]);
+        }
     }
-    acc = warp_sum(acc);
-    if (lane == 0) dst[a.d_off] = acc;
+#pragma unroll
+    for (int c = 0; c < GR_MMVQ_COLS; c++) {
+        if (c >= nc) break;  // the same for the whole warp
+        const float v = warp_sum(acc[c]);
+        if (lane == 0) dst[a.d_off + c * d_col] = v;
+    }
 }
 
 #define GR_MMVQ(name, T)                                                                                       \
     extern "C" __global__ void __launch_bounds__(GR_WARP *GR_MMV_WARPS) mul_mat_vec_q_##name(                 \
-        const char *W, const block_q8_1 *Y, float *dst, const int *ids, int ncols, int nrows, long long w_row,   \
-        long long w_mat, long long y_col, long long y_mat, long long d_col, long long d_mat, int r2, int ne11,  \
-        int ids_ld) {                                                                                           \
-        mul_mat_vec_q<T>(W, Y, dst, ids, ncols, nrows, w_row, w_mat, y_col, y_mat, d_col, d_mat, r2, ne11,      \
-                         ids_ld);                                                                               \
+        const char *W, const block_q8_1 *Y, float *dst, const int *ids, int ncols, int nrows, int ncols_y,     \
+        int cols_per_block, long long w_row, long long w_mat, long long y_col, long long y_mat, long long d_col, \
+        long long d_mat, int r2, int ne11, int ids_ld) {                                                        \
+        mul_mat_vec_q<T>(W, Y, dst, ids, ncols, nrows, ncols_y, cols_per_block, w_row, w_mat, y_col, y_mat,     \
+                         d_col, d_mat, r2, ne11, ids_ld);                                                       \
     }
 GR_QUANT_TYPES(GR_MMVQ)
 
