@@ -780,7 +780,7 @@ class Session:
         if b is None:
             self.note("init0", "INIT_TENSOR for tensor %r without a buffer", t.name_str)
             return
-        self.devices[b.device].init_tensor(b.mem, t)
+        self.devices[b.device].init_tensor(b.mem, t, t.data - b.base)
 
     def cmd_get_alloc_size(self, size):
         req = self.request

@@ -72,8 +72,9 @@ class Device(abc.ABC):
         """Bytes a tensor needs in this device's buffers (ggml's get_alloc_size)."""
         return nbytes
 
-    def init_tensor(self, buffer: Buffer | None, tensor: RpcTensor) -> None:
-        """Prepare a tensor's memory (CUDA pads quantized rows); nothing on CPU."""
+    def init_tensor(self, buffer: Buffer | None, tensor: RpcTensor, offset: int | None = None) -> None:
+        """Prepare a tensor's memory at `offset` bytes into buffer (CUDA zeroes the padding
+        of quantized rows); nothing on CPU."""
 
     @abc.abstractmethod
     def executor(self):
