@@ -93,6 +93,9 @@ class CpuExecutor:
                 srcs.pop()
             if rule is None:
                 raise UnsupportedError(cpu_ops.describe(node, srcs, "is not supported by the CPU executor"))
+            if any(s is not None and not all(s.ne) for s in srcs):
+                # a rule would divide by the empty dim, a kernel index into no bytes
+                raise cpu_ops.invalid(node, srcs, "a source has an empty dimension")
             spec = rule(node, srcs)
             tensors = [_resolve(graph, node, keep)]
             used = [_resolve(graph, s, keep) if s is not None else None for s in spec.srcs]
