@@ -21,7 +21,7 @@ import threading
 
 from .. import ggml
 from ..errors import ConnectionLost, DeviceError, UnsupportedError, ValidationError
-from . import cpu_ops
+from . import cpu_ops, work
 
 # the most scratch memory one graph may ask for (a hostile shape could ask for more);
 # also never more than half of what the host has available
@@ -81,8 +81,10 @@ class CpuExecutor:
                 self._pool = _native().Pool(self.n_threads)
             return self._pool
 
-    def compile(self, graph) -> CpuPlan:
+    def compile(self, graph, max_work: int | None = None) -> CpuPlan:
+        """max_work: the work limit per byte of buffers (compute.work); None: none."""
         ex = _native()
+        work.check_graph(graph, max_work)
         records = []
         names = []
         keep = {}

@@ -1,0 +1,143 @@
+"""How much work a graph asks for, and the limit a server puts on it.
+
+A tensor's bytes are bounded by the buffers a client allocated, but not its
+logical shape: with stride 0 a few bytes stand for 2^63 elements, and a node over
+them would keep the executor's threads busy for years. So before a graph is
+planned its work is estimated from shapes and op params alone (every element of
+every tensor visited once, times the inner loop of the ops that have one: the K
+of a matrix product, the taps of a convolution or a pool, the keys of an
+attention...) and compared with a budget proportional to the memory that backs
+the graph (the distinct buffers it touches): `per_byte` units of work per byte,
+never less than FLOOR.
+
+The unit is roughly one multiply-add or element visited. A llama.cpp prompt
+graph does about n_tokens multiply-adds per weight, i.e. a few thousand per byte
+of quantized weights for a 512..4096-token batch; the server's default
+(DEFAULT_PER_BYTE) leaves a wide margin above that.
+"""
+from __future__ import annotations
+
+from .. import ggml
+from ..errors import ValidationError
+from ..ggml import GGMLOp as Op
+
+DEFAULT_PER_BYTE = 1 << 14   # --max-graph-work: work per byte of the graph's buffers
+FLOOR = 1 << 32              # what any graph may do, whatever its buffers
+QUANTIZE_COST = 32           # per element written in a quantized type (block searches)
+
+
+def _n(t) -> int:
+    if t is None:
+        return 0
+    return t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]
+
+
+def _rows(t) -> int:
+    return 0 if t is None else t.ne[1] * t.ne[2] * t.ne[3]
+
+
+def _ne(t, i) -> int:
+    return 1 if t is None else max(1, t.ne[i])
+
+
+def _p(node, i) -> int:
+    return max(1, abs(node.op_params[i]))
+
+
+def _src(srcs, i):
+    return srcs[i] if i < len(srcs) else None
+
+
+def node_work(node, srcs) -> int:
+    """Estimated work of one node (srcs: its sources, None where absent)."""
+    d = node
+    s0, s1, s2 = _src(srcs, 0), _src(srcs, 1), _src(srcs, 2)
+    base = _n(d) + sum(_n(s) for s in srcs)
+    if ggml.is_quantized(d.type):
+        base += QUANTIZE_COST * _n(d)
+    op = node.op
+    if op in (Op.MUL_MAT, Op.MUL_MAT_ID):
+        return base + _n(d) * _ne(s0, 0)
+    if op == Op.OUT_PROD:
+        return base + _n(d) * _ne(s0, 1)
+    if op == Op.FLASH_ATTN_EXT:      # every query row against every key, dot then mix
+        return base + _rows(s0) * _ne(s1, 1) * (_ne(s0, 0) + _ne(s2, 0))
+    if op == Op.LIGHTNING_INDEXER:
+        return base + _n(s0) * _ne(s1, 2)
+    if op == Op.CONV_2D:
+        return base + _n(d) * _ne(s0, 0) * _ne(s0, 1) * _ne(s0, 2)
+    if op == Op.CONV_3D:
+        return base + _n(d) * (_n(s0) // _p(node, 11))
+    if op == Op.CONV_2D_DW:
+        return base + _n(d) * _ne(s0, 0) * _ne(s0, 1)
+    if op in (Op.CONV_TRANSPOSE_1D, Op.CONV_TRANSPOSE_2D):
+        cin = _ne(s0, 3 if op == Op.CONV_TRANSPOSE_2D else 2)
+        return base + _n(s1) * (_n(s0) // cin)
+    if op == Op.IM2COL_BACK:
+        return base + _n(d) * _ne(s1, 0) * _ne(s1, 1)
+    if op == Op.COL2IM_1D:
+        return base + _n(d) * min(_ne(s0, 0), _ne(s0, 1))
+    if op == Op.POOL_1D:
+        return base + _n(d) * _p(node, 1)
+    if op == Op.POOL_2D:
+        return base + _n(d) * _p(node, 1) * _p(node, 2)
+    if op == Op.POOL_2D_BACK:
+        return base + _n(s0) * _p(node, 1) * _p(node, 2)
+    if op == Op.SSM_CONV:
+        return base + _n(d) * _ne(s1, 0)
+    if op == Op.SSM_SCAN:
+        return base + _n(s1) * _ne(s0, 0)
+    if op in (Op.RWKV_WKV6, Op.GATED_LINEAR_ATTN, Op.RWKV_WKV7, Op.GATED_DELTA_NET):
+        return base + max(_n(s) * _ne(s, 0) for s in srcs if s is not None)
+    if op == Op.SOLVE_TRI:
+        return base + _n(s1) * _ne(s0, 0)
+    if op in (Op.ARGSORT, Op.TOP_K):
+        return base + _n(s0) * _ne(s0, 0).bit_length()
+    if op == Op.DSV4_HC_COMB:
+        return base + _n(d) * _p(node, 1)
+    if op == Op.DSV4_HC_POST:
+        return base + _n(d) * _ne(s1, 1)
+    if op == Op.UPSCALE:             # up to 16 taps, more when a filter spans a shrink
+        span = 1
+        for i in range(2):
+            span *= _ne(s0, i) // _ne(d, i) + 1
+        return base + _n(d) * 16 * span
+    return base
+
+
+def _nodes(graph):
+    """(node, sources) of every node the executor runs."""
+    for node in graph.runnable():
+        srcs = [graph.tensors.get(s) if s else None for s in node.src]
+        while srcs and srcs[-1] is None:
+            srcs.pop()
+        yield node, srcs
+
+
+def graph_work(graph) -> int:
+    return sum(node_work(node, srcs) for node, srcs in _nodes(graph))
+
+
+def backing_bytes(graph) -> int:
+    """Bytes of the distinct buffers the graph's tensors lie in."""
+    seen = {}
+    for p in graph.placement.values():
+        seen[id(p.buffer)] = p.buffer.size
+    return sum(seen.values())
+
+
+def check_graph(graph, per_byte: int | None, floor: int = FLOOR) -> int:
+    """Raise ValidationError when the graph's work is over max(floor, per_byte x the
+    bytes backing it); per_byte None or 0: no limit. Returns the estimate."""
+    if not per_byte:
+        return 0
+    limit = max(floor, per_byte * backing_bytes(graph))
+    total = 0
+    for node, srcs in _nodes(graph):
+        total += node_work(node, srcs)
+        if total > limit:
+            raise ValidationError(
+                f"graph rejected: its work (about {total:.3g} operations by node {node.name_str!r}, "
+                f"{ggml.op_name(node.op)}) is over the limit of {limit:.3g} for the "
+                f"{backing_bytes(graph)} bytes of buffers it uses (--max-graph-work {per_byte})")
+    return total
