@@ -356,6 +356,10 @@ def fuzz(seed: int, n: int, start: int = 0, n_threads: int | None = None, ops=No
     child that dies or hangs is recorded as a Failure and, unless stop_at_failure, a new
     child goes on after that graph; past `deadline` (time.monotonic()) the run stops
     early. on_chunk(counts) after each child. Returns (counts, failures)."""
+    # the children fork with the package loaded: a reinstall during a long run changes nothing
+    from ggmlrpc import graph, protocol  # noqa: F401
+    from ggmlrpc.compute import cpu, cpu_ops, work  # noqa: F401
+    cpu._native()
     counts = dict.fromkeys(_KINDS, 0)
     failures = []
     mut = None
