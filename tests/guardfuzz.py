@@ -126,8 +126,8 @@ class Mutator:
     def _mutate(self, r, ts, params):
         ggml = self.ggml
         live = [t for t in ts if t is not None]
-        kind = r.choice(("ne", "ne", "ne_all", "ne_all", "nb", "nb", "type", "type", "param", "param",
-                         "param_f32", "drop_src", "contig"))
+        kind = r.choice(("ne", "ne", "ne_all", "ne_all", "nb", "nb", "type", "type", "type_all", "blocks",
+                         "param", "param", "param_f32", "drop_src", "contig"))
         t = r.choice(live)
         if kind in ("ne", "ne_all"):
             d = r.randrange(4)
@@ -168,6 +168,23 @@ class Mutator:
                 t[1][0] = max(bs, t[1][0] // bs * bs)
             if r.random() < 0.8:
                 t[2] = _contig(t[0], t[1])
+        elif kind == "type_all":
+            # every tensor of one type to another (F32 graphs in F16, BF16, a quant type...)
+            old, new = t[0], r.choice(self.types)
+            bs = ggml.blck_size(new)
+            for u in live:
+                if u[0] == old and u[1][0] % bs == 0:
+                    u[0] = new
+                    u[2] = _contig(new, u[1])
+        elif kind == "blocks":
+            # a row length of whole quant blocks in every tensor that shared it, so that
+            # quantized types get past the block rule
+            old = t[1][0]
+            new = r.choice((32, 64, 128, 256, 512, 768))
+            for u in live:
+                if u[1][0] == old:
+                    u[1][0] = new
+                    u[2] = _contig(u[0], u[1])
         elif kind == "param":
             j = r.randrange(16) if r.random() < 0.5 else r.randrange(4)
             params[j] = _i32(r.choice(I32_EDGES + (r.randrange(-8, 64), params[j] + 1, params[j] - 1)))
