@@ -243,14 +243,14 @@ struct gr_run {
     atomic_int failed;          /* 0, or 1 + the barrier number where every thread stops */
     gr_exec_status *status;
     const volatile int *cancel; /* stop at the next barrier once nonzero (may be NULL) */
-    _Alignas(64) atomic_int chunk;   /* next work chunk of the current node (own cache line) */
+    _Alignas(64) atomic_llong chunk;   /* next work chunk of the current node (own cache line) */
 };
 
-void gr_chunk_set(gr_job *job, int value) {
+void gr_chunk_set(gr_job *job, int64_t value) {
     atomic_store_explicit(&job->run->chunk, value, memory_order_relaxed);
 }
 
-int gr_chunk_next(gr_job *job) {
+int64_t gr_chunk_next(gr_job *job) {
     return atomic_fetch_add_explicit(&job->run->chunk, 1, memory_order_relaxed);
 }
 

@@ -37,8 +37,9 @@ void gr_fail(gr_job *job, int code, const char *fmt, ...)
 /* A counter shared by the threads of a run, for work handed out in chunks: one
  * thread sets it before a barrier, every thread takes chunks after it (relaxed:
  * the barrier orders the set before the takes). */
-void gr_chunk_set(gr_job *job, int value);
-int gr_chunk_next(gr_job *job);   /* returns the counter, then adds 1 */
+/* 64 bits: a node can have more than 2^31 chunks (MUL_MAT_ID's experts x row chunks) */
+void gr_chunk_set(gr_job *job, int64_t value);
+int64_t gr_chunk_next(gr_job *job);   /* returns the counter, then adds 1 */
 
 /* Rows [*r0, *r1) of n for thread ith of nth: contiguous, nearly equal shares. */
 static inline void gr_range(int64_t n, int ith, int nth, int64_t *r0, int64_t *r1) {

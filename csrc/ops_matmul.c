@@ -221,8 +221,8 @@ void gr_k_mul_mat(gr_job *job, int phase) {
         const char *panels = job->wdata + mm_conv_bytes(n);
         char *krows = job->wdata + mm_kpanel_threads(n) + (size_t)job->ith * mm_kpanel_per_thread(n);
         float *dd = (float *)(krows + (size_t)KP_CH * (size_t)nb * GR_KROW_BYTES), *dm = dd + KP_CH * nb;
-        const int nch = (int)((nr0 + KP_CH - 1) / KP_CH);
-        for (int ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+        const int64_t nch = (nr0 + KP_CH - 1) / KP_CH;
+        for (int64_t ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
             const int64_t ib = ch * KP_CH, ie = ib + KP_CH < nr0 ? ib + KP_CH : nr0;
             for (int64_t sl = 0; sl < ne12 * ne13; sl++) {
                 const int64_t i12 = sl % ne12, i13 = sl / ne12;
@@ -328,8 +328,8 @@ void gr_k_mul_mat(gr_job *job, int phase) {
         const int64_t nb = K / 32, G = N / 8, CH = 16;
         const ggmlrpc_panel_dot_fn pdot = ggmlrpc_get_panel_dot((uint32_t)s0->type);
         const char *panels = job->wdata + mm_panel_offset(n);
-        const int nch = (int)((nr0 + CH - 1) / CH);
-        for (int ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+        const int64_t nch = (nr0 + CH - 1) / CH;
+        for (int64_t ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
             const int64_t ib = ch * CH, ie = ib + CH < nr0 ? ib + CH : nr0;
             for (int64_t sl = 0; sl < ne12 * ne13; sl++) {
                 const int64_t i12 = sl % ne12, i13 = sl / ne12;
@@ -359,8 +359,8 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     if (nr1 < 8 && nr0 >= 4 * job->nth * CH) {
         b0 = 0;
         b1 = nr1;
-        const int nch = (int)((nr0 + CH - 1) / CH);
-        for (int ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+        const int64_t nch = (nr0 + CH - 1) / CH;
+        for (int64_t ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
             a0 = ch * CH;
             a1 = a0 + CH < nr0 ? a0 + CH : nr0;
             mm_rows(job, a0, a1, b0, b1, qdot, dot32, dot16, conv);
