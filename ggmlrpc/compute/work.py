@@ -10,10 +10,14 @@ attention...) and compared with a budget proportional to the memory that backs
 the graph (the distinct buffers it touches): `per_byte` units of work per byte,
 never less than FLOOR.
 
-The unit is roughly one multiply-add or element visited. A llama.cpp prompt
-graph does about n_tokens multiply-adds per weight, i.e. a few thousand per byte
-of quantized weights for a 512..4096-token batch; the server's default
-(DEFAULT_PER_BYTE) leaves a wide margin above that.
+The unit is one multiply-add of a vectorized product (matrix products,
+attention, convolutions); an element visited by a plain loop costs ELEM_COST
+units and a row ROW_COST (a row of one element costs about as much as a
+hundred products: the per-row setup dominates). A llama.cpp prompt graph does
+about n_tokens multiply-adds per weight, i.e. a few thousand per byte of
+quantized weights for a 512..4096-token batch, and little else; the server's
+default (DEFAULT_PER_BYTE) leaves a wide margin above that, and bounds a hostile
+graph to roughly a second of one core per MiB of buffers.
 """
 from __future__ import annotations
 
@@ -23,7 +27,9 @@ from ..ggml import GGMLOp as Op
 
 DEFAULT_PER_BYTE = 1 << 14   # --max-graph-work: work per byte of the graph's buffers
 FLOOR = 1 << 32              # what any graph may do, whatever its buffers
-QUANTIZE_COST = 32           # per element written in a quantized type (block searches)
+ELEM_COST = 16               # per element of each tensor, and per step of a scalar loop
+ROW_COST = 256               # per row of each tensor
+QUANTIZE_COST = 32           # per element written in a quantized type (block searches), x ELEM_COST
 
 
 def _n(t) -> int:
@@ -50,59 +56,66 @@ def _src(srcs, i):
 
 def node_work(node, srcs) -> int:
     """Estimated work of one node (srcs: its sources, None where absent)."""
+    tensors = [node] + [s for s in srcs if s is not None]
+    base = sum(ELEM_COST * _n(t) + ROW_COST * _rows(t) for t in tensors)
+    if ggml.is_quantized(node.type):
+        base += QUANTIZE_COST * ELEM_COST * _n(node)
+    return base + _inner(node, srcs)
+
+
+def _inner(node, srcs) -> int:
+    """The work of an op's inner loop beyond visiting its tensors."""
     d = node
     s0, s1, s2 = _src(srcs, 0), _src(srcs, 1), _src(srcs, 2)
-    base = _n(d) + sum(_n(s) for s in srcs)
-    if ggml.is_quantized(d.type):
-        base += QUANTIZE_COST * _n(d)
+    E = ELEM_COST
     op = node.op
     if op in (Op.MUL_MAT, Op.MUL_MAT_ID):
-        return base + _n(d) * _ne(s0, 0)
+        return _n(d) * _ne(s0, 0)
     if op == Op.OUT_PROD:
-        return base + _n(d) * _ne(s0, 1)
+        return _n(d) * _ne(s0, 1)
     if op == Op.FLASH_ATTN_EXT:      # every query row against every key, dot then mix
-        return base + _rows(s0) * _ne(s1, 1) * (_ne(s0, 0) + _ne(s2, 0))
+        return _rows(s0) * _ne(s1, 1) * (_ne(s0, 0) + _ne(s2, 0))
     if op == Op.LIGHTNING_INDEXER:
-        return base + _n(s0) * _ne(s1, 2)
+        return _n(s0) * _ne(s1, 2)
     if op == Op.CONV_2D:
-        return base + _n(d) * _ne(s0, 0) * _ne(s0, 1) * _ne(s0, 2)
+        return _n(d) * _ne(s0, 0) * _ne(s0, 1) * _ne(s0, 2)
     if op == Op.CONV_3D:
-        return base + _n(d) * (_n(s0) // _p(node, 11))
+        return _n(d) * (_n(s0) // _p(node, 11))
     if op == Op.CONV_2D_DW:
-        return base + _n(d) * _ne(s0, 0) * _ne(s0, 1)
+        return _n(d) * _ne(s0, 0) * _ne(s0, 1)
     if op in (Op.CONV_TRANSPOSE_1D, Op.CONV_TRANSPOSE_2D):
         cin = _ne(s0, 3 if op == Op.CONV_TRANSPOSE_2D else 2)
-        return base + _n(s1) * (_n(s0) // cin)
+        return _n(s1) * (_n(s0) // cin)
     if op == Op.IM2COL_BACK:
-        return base + _n(d) * _ne(s1, 0) * _ne(s1, 1)
+        return E * _n(d) * _ne(s1, 0) * _ne(s1, 1)
     if op == Op.COL2IM_1D:
-        return base + _n(d) * min(_ne(s0, 0), _ne(s0, 1))
+        return E * _n(d) * min(_ne(s0, 0), _ne(s0, 1))
     if op == Op.POOL_1D:
-        return base + _n(d) * _p(node, 1)
+        return E * _n(d) * _p(node, 1)
     if op == Op.POOL_2D:
-        return base + _n(d) * _p(node, 1) * _p(node, 2)
+        return E * _n(d) * _p(node, 1) * _p(node, 2)
     if op == Op.POOL_2D_BACK:
-        return base + _n(s0) * _p(node, 1) * _p(node, 2)
+        return E * _n(s0) * _p(node, 1) * _p(node, 2)
     if op == Op.SSM_CONV:
-        return base + _n(d) * _ne(s1, 0)
+        return E * _n(d) * _ne(s1, 0)
     if op == Op.SSM_SCAN:
-        return base + _n(s1) * _ne(s0, 0)
+        return E * _n(s1) * _ne(s0, 0)
     if op in (Op.RWKV_WKV6, Op.GATED_LINEAR_ATTN, Op.RWKV_WKV7, Op.GATED_DELTA_NET):
-        return base + max(_n(s) * _ne(s, 0) for s in srcs if s is not None)
+        return E * max(_n(s) * _ne(s, 0) for s in srcs if s is not None)
     if op == Op.SOLVE_TRI:
-        return base + _n(s1) * _ne(s0, 0)
+        return E * _n(s1) * _ne(s0, 0)
     if op in (Op.ARGSORT, Op.TOP_K):
-        return base + _n(s0) * _ne(s0, 0).bit_length()
-    if op == Op.DSV4_HC_COMB:
-        return base + _n(d) * _p(node, 1)
+        return E * _n(s0) * _ne(s0, 0).bit_length()
+    if op == Op.DSV4_HC_COMB:        # n_iter rounds over each token's 4 x 4 matrix
+        return E * 16 * _n(d) * _p(node, 1)
     if op == Op.DSV4_HC_POST:
-        return base + _n(d) * _ne(s1, 1)
+        return E * _n(d) * _ne(s1, 1)
     if op == Op.UPSCALE:             # up to 16 taps, more when a filter spans a shrink
         span = 1
         for i in range(2):
             span *= _ne(s0, i) // _ne(d, i) + 1
-        return base + _n(d) * 16 * span
-    return base
+        return E * _n(d) * 16 * span
+    return 0
 
 
 def _nodes(graph):
