@@ -9,7 +9,7 @@ disjoint index ranges and any failure is replayed by its index. Each worker runs
 graphs in forked children (a fault or a hang costs the child, which is reported with
 its reproducer, and a fresh child goes on). Prints progress, then a table and a JSON
 document with the counts (run, rejected by the planner, too big for the guard slots,
-stopped by a run-time check) and the rate. Asserts nothing; the exit status is 1 when
+stopped by a run-time check, refused by the work limit) and the rate. Asserts nothing; the exit status is 1 when
 any graph faulted or hung.
 """
 from __future__ import annotations
@@ -35,7 +35,7 @@ def _ops(names):
 
 
 def _worker(args):
-    seed, start, n, threads, ops, hang_s, deadline, job, queue = args
+    seed, start, n, threads, ops, hang_s, deadline, big, job, queue = args
 
     def chunk(counts):
         queue.put(("progress", job, counts))
@@ -44,8 +44,8 @@ def _worker(args):
         queue.put(("failure", job, str(f)))
 
     counts, failures = guardfuzz.fuzz(seed, n, start, threads, ops, hang_s, on_failure=failure,
-                                      stop_at_failure=False, deadline=deadline, chunk=5000,
-                                      on_chunk=chunk)
+                                      stop_at_failure=False, deadline=deadline, chunk=50 if big else 5000,
+                                      on_chunk=chunk, big=big)
     queue.put(("done", job, counts))
     return len(failures)
 
@@ -61,18 +61,20 @@ def main(argv=None):
     ap.add_argument("--ops", default="", help="comma-separated op names (default: every seeded op)")
     ap.add_argument("--hang", type=float, default=guardfuzz.HANG_S, help="seconds before a graph is a hang")
     ap.add_argument("--minutes", type=float, default=0, help="stop after this long (0: no limit)")
+    ap.add_argument("--big", action="store_true",
+                    help="one dim of every graph past 2^31 over stride 0 (seconds per graph)")
     ap.add_argument("--replay", type=int, default=None, help="run graph INDEX in this process")
     ap.add_argument("--json", default="", help="also write the JSON to this file")
     a = ap.parse_args(argv)
     ops = _ops(a.ops)
     if a.replay is not None:
-        print(guardfuzz.replay(a.seed, a.replay, a.threads or None, ops))
+        print(guardfuzz.replay(a.seed, a.replay, a.threads or None, ops, big=a.big))
         return 0
     deadline = time.monotonic() + a.minutes * 60 if a.minutes else None
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Manager().Queue()
     per = -(-a.graphs // a.jobs)
-    jobs = [(a.seed, a.start + j * per, min(per, a.graphs - j * per), a.threads or None, ops, a.hang, deadline, j, queue)
+    jobs = [(a.seed, a.start + j * per, min(per, a.graphs - j * per), a.threads or None, ops, a.hang, deadline, a.big, j, queue)
             for j in range(a.jobs) if a.graphs - j * per > 0]
     t0 = time.monotonic()
     latest = {}
@@ -93,13 +95,13 @@ def main(argv=None):
             print(f"{total} graphs in {dt:.0f} s ({total / dt:.0f}/s), {len(failures)} failures", flush=True)
         res.get()
     dt = time.monotonic() - t0
-    counts = {k: sum(c.get(k, 0) for c in latest.values())
-              for k in ("graphs", "run", "rejected", "too_big", "run_error")}
-    out = dict(seed=a.seed, start=a.start, jobs=a.jobs, threads=a.threads, seconds=round(dt, 1),
+    counts = {k: sum(c.get(k, 0) for c in latest.values()) for k in ("graphs",) + guardfuzz._KINDS}
+    out = dict(seed=a.seed, start=a.start, jobs=a.jobs, threads=a.threads, big=a.big, seconds=round(dt, 1),
                rate=round(counts["graphs"] / dt, 1), failures=failures, **counts)
-    print(f"\n{'graphs':>10} {'run':>10} {'rejected':>10} {'too big':>8} {'run err':>8} {'rate/s':>8} {'faults':>6}")
-    print(f"{counts['graphs']:>10} {counts['run']:>10} {counts['rejected']:>10} {counts['too_big']:>8} "
-          f"{counts['run_error']:>8} {out['rate']:>8} {len(failures):>6}")
+    print(f"\n{'graphs':>10} {'run':>10} {'rejected':>10} {'over work':>9} {'too big':>8} {'run err':>8} "
+          f"{'rate/s':>8} {'faults':>6}")
+    print(f"{counts['graphs']:>10} {counts['run']:>10} {counts['rejected']:>10} {counts['over_work']:>9} "
+          f"{counts['too_big']:>8} {counts['run_error']:>8} {out['rate']:>8} {len(failures):>6}")
     print(json.dumps(out))
     if a.json:
         Path(a.json).write_text(json.dumps(out, indent=1) + "\n")

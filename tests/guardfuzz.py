@@ -38,6 +38,8 @@ N_SLOTS = 8                # the node and up to seven sources
 WORK_PER_BYTE = 64         # the fuzzer's graph work limit (ggmlrpc.compute.work) per byte of its
 WORK_FLOOR = 1 << 22       # slots, and at least this: keeps every graph quick
 THREADS = (1, 2, 3)        # executor threads, one picked per graph (row splits that do not divide)
+BIG_WORK = 1 << 38         # big runs: one dim past 2^31 over stride 0, seconds per graph
+BIG_NE = ((1 << 31) - 1, 1 << 31, (1 << 31) + 1, (1 << 32) - 1)
 HANG_S = 30.0              # a graph running this long is reported as a hang
 
 U32_EDGES = (0, 1, 2, 3, 7, 31, 32, 33, 255, 256, 257, 4095, 4096, 65535, 65536,
@@ -99,9 +101,12 @@ def _i32(x: int) -> int:
 class Mutator:
     """Seeds grouped by op; make(seed, i) is graph i of a run (deterministic)."""
 
-    def __init__(self, seeds: list[dict], ops=None):
+    def __init__(self, seeds: list[dict], ops=None, big: bool = False):
+        """big: every graph also gets one dimension past 2^31 (stride 0 where the
+        layout allows), for the 32-bit overflows of index arithmetic."""
         from ggmlrpc import ggml
         self.ggml = ggml
+        self.big = big
         by_op: dict[int, list] = {}
         for s in seeds:
             if ops is None or s["op"] in ops:
@@ -120,8 +125,29 @@ class Mutator:
         n_mut = r.choice((0, 1, 1, 1, 2, 2, 3, 4))
         for _ in range(n_mut):
             self._mutate(r, ts, params)
+        if self.big:
+            self._huge(r, ts)
         at_end = [r.random() < 0.5 for _ in ts]
         return Case(op, ts, params, at_end, r.randrange(1 << 30), r.choice(THREADS))
+
+    def _huge(self, r, ts):
+        live = [t for t in ts if t is not None]
+        t = r.choice(live)
+        d = r.randrange(1, 4) if r.random() < 0.5 else 0
+        # the other dims of the group down to 1 (rows kept), so that the work fits BIG_WORK
+        for e in range(4):
+            if e != d and r.random() < 0.8:
+                old = t[1][e]
+                for u in live:
+                    if u[1][e] == old and (e or self.ggml.blck_size(u[0]) == 1):
+                        u[1][e] = 1
+                        u[2] = _contig(u[0], u[1])
+        old, new = t[1][d], r.choice(BIG_NE)
+        for u in live:
+            if u[1][d] == old:
+                u[1][d] = new
+                if d or self.ggml.blck_size(u[0]) == 1:
+                    u[2][d] = 0
 
     def _mutate(self, r, ts, params):
         ggml = self.ggml
@@ -243,7 +269,8 @@ class _Session:
 class Runner:
     """Builds, validates, plans and runs cases in this process."""
 
-    def __init__(self, n_threads: int | None = None, work_per_byte: int = WORK_PER_BYTE):
+    def __init__(self, n_threads: int | None = None, work_per_byte: int = WORK_PER_BYTE,
+                 work_floor: int = WORK_FLOOR):
         """n_threads: every graph on that many threads (None: the case's own)."""
         import numpy as np
 
@@ -254,6 +281,7 @@ class Runner:
         self.n_threads = n_threads
         self.executors = {n: CpuExecutor(n) for n in ({n_threads} if n_threads else set(THREADS))}
         self.work_per_byte = work_per_byte
+        self.work_floor = work_floor
         self.counts = dict.fromkeys(_KINDS, 0)
 
     def build(self, case: Case):
@@ -309,14 +337,18 @@ class Runner:
                 view[:m * 4] = rng.standard_normal(m, dtype=np.float32).view(np.uint8)
 
     def run(self, case: Case) -> str:
-        """'run', 'rejected', 'too_big' or 'run_error'."""
+        """'run', 'rejected' (by validation or the planner), 'over_work' (by the work
+        limit), 'too_big' (for the slots) or 'run_error' (a run-time check stopped it)."""
         from ggmlrpc.compute import work
         from ggmlrpc.errors import ConnectionLost, DeviceError, UnsupportedError, ValidationError
         try:
             graph = self.build(case)
             if graph is None:
                 return self._count("too_big")
-            work.check_graph(graph, self.work_per_byte, WORK_FLOOR)
+            try:
+                work.check_graph(graph, self.work_per_byte, self.work_floor)
+            except ValidationError:
+                return self._count("over_work")
             executor = self.executors[self.n_threads or case.threads]
             plan = executor.compile(graph)
         except (ValidationError, UnsupportedError):
@@ -335,7 +367,7 @@ class Runner:
 
 # -- forked runs ---------------------------------------------------------------------------
 
-_KINDS = ("run", "rejected", "too_big", "run_error")
+_KINDS = ("run", "rejected", "over_work", "too_big", "run_error")
 
 @dataclass
 class Failure:
@@ -347,17 +379,17 @@ class Failure:
         return f"graph {self.index}: {self.what}\n{self.case.describe()}"
 
 
-def _child(seed, start, stop, progress, n_threads, ops, work_per_byte):
+def _child(seed, start, stop, progress, n_threads, ops, work_per_byte, big):
     """Run graphs start..stop-1; progress[0] = graph in progress, then counts."""
     import faulthandler
     faulthandler.disable()   # the parent reports a fault with the graph's reproducer
     try:
-        mut = Mutator(load_seeds(), ops)
-        runner = Runner(n_threads, work_per_byte)
+        mut = Mutator(load_seeds(), ops, big)
+        runner = Runner(n_threads, work_per_byte, BIG_WORK if big else WORK_FLOOR)
         for i in range(start, stop):
             struct.pack_into("<q", progress, 0, i)
             runner.run(mut.make(seed, i))
-            struct.pack_into("<4q", progress, 8, *(runner.counts[k] for k in _KINDS))
+            struct.pack_into("<5q", progress, 8, *(runner.counts[k] for k in _KINDS))
         struct.pack_into("<q", progress, 0, stop)
         os._exit(0)
     except BaseException:
@@ -368,7 +400,7 @@ def _child(seed, start, stop, progress, n_threads, ops, work_per_byte):
 
 def fuzz(seed: int, n: int, start: int = 0, n_threads: int | None = None, ops=None, hang_s: float = HANG_S,
          work_per_byte: int = WORK_PER_BYTE, on_failure=None, stop_at_failure=True, deadline=None,
-         chunk: int = 50_000, on_chunk=None):
+         chunk: int = 50_000, on_chunk=None, big: bool = False):
     """Run graphs start..start+n-1 in forked children of at most `chunk` graphs each. A
     child that dies or hangs is recorded as a Failure and, unless stop_at_failure, a new
     child goes on after that graph; past `deadline` (time.monotonic()) the run stops
@@ -376,6 +408,7 @@ def fuzz(seed: int, n: int, start: int = 0, n_threads: int | None = None, ops=No
     # the children fork with the package loaded: a reinstall during a long run changes nothing
     from ggmlrpc import graph, protocol  # noqa: F401
     from ggmlrpc.compute import cpu, cpu_ops, work  # noqa: F401
+    from ggmlrpc.devices import cpu as _device  # noqa: F401
     cpu._native()
     counts = dict.fromkeys(_KINDS, 0)
     failures = []
@@ -387,7 +420,7 @@ def fuzz(seed: int, n: int, start: int = 0, n_threads: int | None = None, ops=No
         struct.pack_into("<q", progress, 0, i)
         pid = os.fork()
         if pid == 0:
-            _child(seed, i, stop, progress, n_threads, ops, work_per_byte)
+            _child(seed, i, stop, progress, n_threads, ops, work_per_byte, big)
         last, since = i, time.monotonic()
         status = None
         while True:
@@ -406,7 +439,7 @@ def fuzz(seed: int, n: int, start: int = 0, n_threads: int | None = None, ops=No
                 break
             time.sleep(0.02)
         cur = struct.unpack_from("<q", progress, 0)[0]
-        got = struct.unpack_from("<4q", progress, 8)
+        got = struct.unpack_from("<5q", progress, 8)
         for k, v in zip(_KINDS, got):
             counts[k] += v
         progress.close()
@@ -424,7 +457,7 @@ def fuzz(seed: int, n: int, start: int = 0, n_threads: int | None = None, ops=No
             what = f"signal {sig} ({signal.Signals(sig).name})"
         else:
             what = f"exit {os.WEXITSTATUS(status)}"
-        mut = mut or Mutator(load_seeds(), ops)
+        mut = mut or Mutator(load_seeds(), ops, big)
         f = Failure(cur, what, mut.make(seed, cur))
         failures.append(f)
         if on_failure:
@@ -436,8 +469,9 @@ def fuzz(seed: int, n: int, start: int = 0, n_threads: int | None = None, ops=No
     return counts, failures
 
 
-def replay(seed: int, i: int, n_threads: int | None = None, ops=None, work_per_byte: int = WORK_PER_BYTE) -> str:
+def replay(seed: int, i: int, n_threads: int | None = None, ops=None, work_per_byte: int = WORK_PER_BYTE,
+           big: bool = False) -> str:
     """Graph i of run `seed`, in this process (a fault kills the caller)."""
-    case = Mutator(load_seeds(), ops).make(seed, i)
+    case = Mutator(load_seeds(), ops, big).make(seed, i)
     print(case.describe(), flush=True)
-    return Runner(n_threads, work_per_byte).run(case)
+    return Runner(n_threads, work_per_byte, BIG_WORK if big else WORK_FLOOR).run(case)
