@@ -41,6 +41,8 @@ THREADS = (1, 2, 3)        # executor threads, one picked per graph (row splits 
 BIG_WORK = 1 << 38         # big runs: one dim past 2^31 over stride 0, seconds per graph
 BIG_NE = ((1 << 31) - 1, 1 << 31, (1 << 31) + 1, (1 << 32) - 1)
 HANG_S = 30.0              # a graph running this long is reported as a hang
+CANARY = 4096              # bytes beside each tensor on its open side, checked after each run
+EXIT_CANARY = 71           # a child's exit status when a run wrote beside a tensor
 
 U32_EDGES = (0, 1, 2, 3, 7, 31, 32, 33, 255, 256, 257, 4095, 4096, 65535, 65536,
              (1 << 31) - 1, 1 << 31, (1 << 32) - 1)
@@ -266,6 +268,10 @@ class _Session:
         return self.buffers[handle]
 
 
+class CanaryError(Exception):
+    """A run changed bytes next to a tensor (outside every extent the planner approved)."""
+
+
 class Runner:
     """Builds, validates, plans and runs cases in this process."""
 
@@ -336,6 +342,20 @@ class Runner:
                 m = n // 4
                 view[:m * 4] = rng.standard_normal(m, dtype=np.float32).view(np.uint8)
 
+    def _canaries(self, case: Case):
+        """(slot view, start, end) of the CANARY bytes beside each tensor on the side
+        away from its guard page, where a stray write would not fault."""
+        from ggmlrpc import ggml
+        np = self.np
+        out = []
+        for k, t in enumerate(case.tensors):
+            if t is None:
+                continue
+            n = ggml.nbytes(t[0], t[1], t[2])
+            lo, hi = (max(0, SLOT - n - CANARY), SLOT - n) if case.at_end[k] else (n, min(SLOT, n + CANARY))
+            out.append(np.frombuffer(self.slots[k].map, dtype=np.uint8, count=hi - lo, offset=PAGE + lo))
+        return out
+
     def run(self, case: Case) -> str:
         """'run', 'rejected' (by validation or the planner), 'over_work' (by the work
         limit), 'too_big' (for the slots) or 'run_error' (a run-time check stopped it)."""
@@ -354,10 +374,15 @@ class Runner:
         except (ValidationError, UnsupportedError):
             return self._count("rejected")
         self.fill(case)
+        canaries = self._canaries(case)
+        for c in canaries:
+            c[:] = 0xA5
         try:
             executor.run(plan)
         except (ValidationError, DeviceError, ConnectionLost):
             return self._count("run_error")
+        if any((c != 0xA5).any() for c in canaries):
+            raise CanaryError("a kernel wrote beside a tensor")
         return self._count("run")
 
     def _count(self, what):
@@ -392,6 +417,8 @@ def _child(seed, start, stop, progress, n_threads, ops, work_per_byte, big):
             struct.pack_into("<5q", progress, 8, *(runner.counts[k] for k in _KINDS))
         struct.pack_into("<q", progress, 0, stop)
         os._exit(0)
+    except CanaryError:
+        os._exit(EXIT_CANARY)
     except BaseException:
         import traceback
         traceback.print_exc()
@@ -455,6 +482,8 @@ def fuzz(seed: int, n: int, start: int = 0, n_threads: int | None = None, ops=No
         elif os.WIFSIGNALED(status):
             sig = os.WTERMSIG(status)
             what = f"signal {sig} ({signal.Signals(sig).name})"
+        elif os.WEXITSTATUS(status) == EXIT_CANARY:
+            what = "wrote beside a tensor (canary bytes changed)"
         else:
             what = f"exit {os.WEXITSTATUS(status)}"
         mut = mut or Mutator(load_seeds(), ops, big)

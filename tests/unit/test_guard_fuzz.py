@@ -12,6 +12,9 @@ import os
 import signal
 import time
 
+import pytest
+
+from ggmlrpc.ggml import GGMLOp as Op
 from tests import guardfuzz
 
 GRAPHS = 40_000      # about 10-20 s on a busy two-core host
@@ -31,6 +34,22 @@ def test_guard_pages_fault():
         assert os.WIFSIGNALED(status) and os.WTERMSIG(status) in (signal.SIGSEGV, signal.SIGBUS)
     ctypes.c_char.from_address(slot.addr).value = b"x"    # inside: fine
     ctypes.c_char.from_address(slot.addr + guardfuzz.SLOT - 1).value = b"x"
+
+
+def test_canaries_catch_a_write_beside_a_tensor(monkeypatch):
+    """The open side of each tensor (away from its guard page) is watched too."""
+    runner = guardfuzz.Runner(1)
+    case = guardfuzz.Case(Op.ADD, [[0, [8, 1, 1, 1], [4, 32, 32, 32]]] * 3, [0] * 16, [False, True, True], 1, 1)
+    assert runner.run(case) == "run"
+    executor = runner.executors[1]
+    real = executor.run
+
+    def stray(plan, cancel=None):
+        real(plan, cancel)
+        ctypes.c_char.from_address(runner.slots[0].addr + 32).value = b"x"   # just past dst
+    monkeypatch.setattr(executor, "run", stray)
+    with pytest.raises(guardfuzz.CanaryError):
+        runner.run(case)
 
 
 def test_every_seeded_op_is_known():
