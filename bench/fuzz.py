@@ -9,8 +9,8 @@ disjoint index ranges and any failure is replayed by its index. Each worker runs
 graphs in forked children (a fault or a hang costs the child, which is reported with
 its reproducer, and a fresh child goes on). Prints progress, then a table and a JSON
 document with the counts (run, rejected by the planner, too big for the guard slots,
-stopped by a run-time check, refused by the work limit) and the rate. Asserts nothing; the exit status is 1 when
-any graph faulted or hung.
+stopped by a run-time check, refused by the work limit) and the rate. Asserts nothing;
+the exit status is 1 when any graph faulted, wrote beside a tensor or hung.
 """
 from __future__ import annotations
 
@@ -74,7 +74,8 @@ def main(argv=None):
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Manager().Queue()
     per = -(-a.graphs // a.jobs)
-    jobs = [(a.seed, a.start + j * per, min(per, a.graphs - j * per), a.threads or None, ops, a.hang, deadline, a.big, j, queue)
+    jobs = [(a.seed, a.start + j * per, min(per, a.graphs - j * per), a.threads or None, ops, a.hang,
+             deadline, a.big, j, queue)
             for j in range(a.jobs) if a.graphs - j * per > 0]
     t0 = time.monotonic()
     latest = {}

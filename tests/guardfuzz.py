@@ -10,7 +10,10 @@ the server's own validation (graph.build_graph, with a session whose buffers are
 slots) and the planner (CpuExecutor.compile); what they reject is counted and
 dropped, what they accept is run. A kernel that touches a byte outside the extent the
 planner approved hits a guard page, and the child process running the graphs dies
-of SIGSEGV.
+of SIGSEGV; CANARY bytes on the other side of each tensor, checked after the run,
+catch a stray write there. Graphs over a small work budget (ggmlrpc.compute.work)
+are refused as the server would refuse them, so that every graph is quick and a
+graph still running after HANG_S seconds is reported as a hang.
 
 Graph i of a run is made from random.Random(f"{seed}:{i}") alone, so the parent,
 which reads the index of the graph in progress from shared memory, can rebuild and

@@ -39,7 +39,8 @@ def test_guard_pages_fault():
 def test_canaries_catch_a_write_beside_a_tensor(monkeypatch):
     """The open side of each tensor (away from its guard page) is watched too."""
     runner = guardfuzz.Runner(1)
-    case = guardfuzz.Case(Op.ADD, [[0, [8, 1, 1, 1], [4, 32, 32, 32]]] * 3, [0] * 16, [False, True, True], 1, 1)
+    f32x8 = [0, [8, 1, 1, 1], [4, 32, 32, 32]]
+    case = guardfuzz.Case(Op.ADD, [f32x8] * 3, [0] * 16, [False, True, True], 1, 1)
     assert runner.run(case) == "run"
     executor = runner.executors[1]
     real = executor.run
