@@ -42,9 +42,9 @@ def usage(prog: str) -> str:
             f"      --max-buffers N              live buffers per connection (default: {Limits.max_buffers})\n"
             "      --mem-limit SIZE             buffer bytes per device, all clients together\n"
             f"                                   (default: the device's free memory at start less {MEM_MARGIN}%)\n"
-            "      --max-graph-work N           refuse a graph whose estimated work (multiply-adds and element\n"
-            "                                   visits) is over N per byte of the buffers it uses; 0: no limit\n"
-            f"                                   (default: {Limits.max_graph_work})\n"
+            "      --max-graph-work N           refuse a graph whose estimated work is over N units per byte of\n"
+            "                                   the buffers it uses (a unit: about one multiply-add of a matrix\n"
+            f"                                   product); 0: no limit (default: {Limits.max_graph_work})\n"
             "      --metrics [HOST:]PORT        serve Prometheus metrics at http://HOST:PORT/metrics\n"
             "                                   (default: off; HOST defaults to 127.0.0.1)\n"
             "  SIZE: bytes, or a number with K, M, G or T (powers of 1024)\n")

@@ -102,3 +102,12 @@ def test_rows_count():
     rows = work.node_work(t((1, 1 << 31), op=Op.ADD), [t((1, 1 << 31)), t((1, 1 << 31))])
     long = work.node_work(t((1 << 31, 1), op=Op.ADD), [t((1 << 31, 1)), t((1 << 31, 1))])
     assert rows > 10 * long
+
+
+def test_cli_option():
+    from ggmlrpc.cli.server import UsageError, parse
+    assert parse([], "ggml-rpc-server").limits.max_graph_work == work.DEFAULT_PER_BYTE
+    assert parse(["--max-graph-work", "100"], "ggml-rpc-server").limits.max_graph_work == 100
+    assert parse(["--max-graph-work", "0"], "ggml-rpc-server").limits.max_graph_work is None
+    with pytest.raises(UsageError):
+        parse(["--max-graph-work", "-5"], "ggml-rpc-server")
