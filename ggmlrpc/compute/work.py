@@ -73,21 +73,21 @@ def _inner(node, srcs) -> int:
         return _n(d) * _ne(s0, 0)
     if op == Op.OUT_PROD:
         return _n(d) * _ne(s0, 1)
-    if op == Op.FLASH_ATTN_EXT:      # every query row against every key, dot then mix
-        return _rows(s0) * _ne(s1, 1) * (_ne(s0, 0) + _ne(s2, 0))
+    if op == Op.FLASH_ATTN_EXT:      # every query row against every key: convert, dot, mix
+        return _rows(s0) * _ne(s1, 1) * (4 * (_ne(s0, 0) + _ne(s2, 0)) + ROW_COST // 4)
     if op == Op.LIGHTNING_INDEXER:
         return _n(s0) * _ne(s1, 2)
-    if op == Op.CONV_2D:
-        return _n(d) * _ne(s0, 0) * _ne(s0, 1) * _ne(s0, 2)
-    if op == Op.CONV_3D:
-        return _n(d) * (_n(s0) // _p(node, 11))
+    if op in (Op.CONV_2D, Op.CONV_3D):   # a patch unfolded per output position, a dot per output
+        K = _ne(s0, 0) * _ne(s0, 1) * _ne(s0, 2) if op == Op.CONV_2D else _n(s0) // _p(node, 11)
+        oc = _ne(s0, 3) if op == Op.CONV_2D else max(1, _p(node, 11))
+        return _n(d) * (K + ROW_COST) + _n(d) // oc * K * 4 * E
     if op == Op.CONV_2D_DW:
         return _n(d) * _ne(s0, 0) * _ne(s0, 1)
     if op in (Op.CONV_TRANSPOSE_1D, Op.CONV_TRANSPOSE_2D):
         cin = _ne(s0, 3 if op == Op.CONV_TRANSPOSE_2D else 2)
         return _n(s1) * (_n(s0) // cin)
-    if op == Op.IM2COL_BACK:
-        return E * _n(d) * _ne(s1, 0) * _ne(s1, 1)
+    if op == Op.IM2COL_BACK:         # integer divisions per tap
+        return 2 * ROW_COST * _n(d) * _ne(s1, 0) * _ne(s1, 1)
     if op == Op.COL2IM_1D:
         return E * _n(d) * min(_ne(s0, 0), _ne(s0, 1))
     if op == Op.POOL_1D:
@@ -101,7 +101,7 @@ def _inner(node, srcs) -> int:
     if op == Op.SSM_SCAN:
         return E * _n(s1) * _ne(s0, 0)
     if op in (Op.RWKV_WKV6, Op.GATED_LINEAR_ATTN, Op.RWKV_WKV7, Op.GATED_DELTA_NET):
-        return E * max(_n(s) * _ne(s, 0) for s in srcs if s is not None)
+        return 32 * E * max(_n(s) * _ne(s, 0) for s in srcs if s is not None)
     if op == Op.SOLVE_TRI:
         return E * _n(s1) * _ne(s0, 0)
     if op in (Op.ARGSORT, Op.TOP_K):
