@@ -10,7 +10,8 @@ the server's own validation (graph.build_graph, with a session whose buffers are
 slots) and the planner (CpuExecutor.compile); what they reject is counted and
 dropped, what they accept is run. A kernel that touches a byte outside the extent the
 planner approved hits a guard page, and the child process running the graphs dies
-of SIGSEGV; CANARY bytes on the other side of each tensor, checked after the run,
+of SIGSEGV (the plans' scratch memory lies against a guard page too, through
+executor.set_scratch_guard); CANARY bytes on the other side of each tensor, checked after the run,
 catch a stray write there. Graphs over a small work budget (ggmlrpc.compute.work)
 are refused as the server would refuse them, so that every graph is quick and a
 graph still running after HANG_S seconds is reported as a hang.
@@ -412,6 +413,7 @@ def _child(seed, start, stop, progress, n_threads, ops, work_per_byte, big):
     import faulthandler
     faulthandler.disable()   # the parent reports a fault with the graph's reproducer
     try:
+        _guard_scratch()
         mut = Mutator(load_seeds(), ops, big)
         runner = Runner(n_threads, work_per_byte, BIG_WORK if big else WORK_FLOOR)
         for i in range(start, stop):
@@ -501,9 +503,18 @@ def fuzz(seed: int, n: int, start: int = 0, n_threads: int | None = None, ops=No
     return counts, failures
 
 
+def _guard_scratch():
+    """Plans made from now on in this process put their scratch memory against a guard page."""
+    from ggmlrpc.compute import cpu
+    guard = getattr(cpu._native(), "set_scratch_guard", None)
+    if guard is not None:
+        guard(True)
+
+
 def replay(seed: int, i: int, n_threads: int | None = None, ops=None, work_per_byte: int = WORK_PER_BYTE,
            big: bool = False) -> str:
     """Graph i of run `seed`, in this process (a fault kills the caller)."""
     case = Mutator(load_seeds(), ops, big).make(seed, i)
     print(case.describe(), flush=True)
+    _guard_scratch()
     return Runner(n_threads, work_per_byte, BIG_WORK if big else WORK_FLOOR).run(case)
