@@ -101,7 +101,8 @@ def _inner(node, srcs) -> int:
     if op == Op.SSM_SCAN:
         return E * _n(s1) * _ne(s0, 0)
     if op in (Op.RWKV_WKV6, Op.GATED_LINEAR_ATTN, Op.RWKV_WKV7, Op.GATED_DELTA_NET):
-        return 32 * E * max(_n(s) * _ne(s, 0) for s in srcs if s is not None)
+        # every token of every head updates its S x S state: src0 is (S, H, T)
+        return 32 * E * _n(s0) * _ne(s0, 0)
     if op == Op.SOLVE_TRI:
         return E * _n(s1) * _ne(s0, 0)
     if op in (Op.ARGSORT, Op.TOP_K):
