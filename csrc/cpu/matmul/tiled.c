@@ -249,14 +249,22 @@ __attribute__((target("avx2"))) static void block_sums_avx2(const int8_t *w, con
 static void (*block_sums)(const int8_t *, const int8_t *, const int16_t *, const int16_t *, const int16_t *,
                           int32_t *, int32_t *) = block_sums_c;
 
-void gr_tiled_init(int use_simd) {
+static int wpanel_simd;   /* below */
+static int kpanel_vnni;    /* the K panels' AVX-512 VNNI kernel */
+
+void gr_tiled_init(int use_simd, int family) {
     block_sums = block_sums_c;
-    kpanel_simd = 0;
+    kpanel_simd = kpanel_vnni = wpanel_simd = 0;
 #if GR_X86
     if (use_simd) block_sums = block_sums_avx2;
     kpanel_simd = use_simd;
+    /* the integer sums of AVX-512 VNNI: any grouping gives the same bits, but the
+     * AVX2 family keeps its own kernels, to be tested against these */
+    const unsigned vnni = GR_CPU_AVX512 | GR_CPU_AVX512_VNNI;
+    kpanel_vnni = wpanel_simd = use_simd && family != GR_FAMILY_AVX2 && (gr_cpu_features() & vnni) == vnni;
 #else
     (void)use_simd;
+    (void)family;
 #endif
 }
 
@@ -637,13 +645,235 @@ void gr_kpanel_dot(int32_t type, int64_t nb, const void *krow /* (nb, GR_KROW_BY
                    const float *d /* (nb,) */, const float *dmin /* (nb,) */,
                    const void *panel /* (nb, GR_KPANEL_BYTES) */, float out[8]) {
 #if GR_X86
-    static int vnni = -1;
-    if (vnni < 0) vnni = (gr_cpu_features() & (GR_CPU_AVX512 | GR_CPU_AVX512_VNNI)) == (GR_CPU_AVX512 | GR_CPU_AVX512_VNNI);
-    if (vnni)
+    if (kpanel_vnni)
         kpanel_dot_avx512(type, nb, krow, d, dmin, panel, out);
     else
         kpanel_dot_avx2(type, nb, krow, d, dmin, panel, out);
 #else
     (void)type; (void)nb; (void)krow; (void)d; (void)dmin; (void)panel; (void)out;
+#endif
+}
+
+/* ---- weight panels (AVX-512 VNNI) -------------------------------------------
+ * Sixteen weight rows side by side, one per int32 lane, so that one VPDPBUSD
+ * multiplies four consecutive codes of each of the sixteen rows with the same four
+ * Q8_K values of one activation row (broadcast from where the row lies: no
+ * activation panels). Per 256-element block of a chunk of up to 16 rows r:
+ *   u8  codes[64][16][4]   group g, row r: codes of elements 4g..4g+3 (w + bias)
+ *   i32 sc[16][16]         scale of group-of-16 j of row r (32-element sub-blocks
+ *                          read only even j)
+ *   i32 bp[8][16]          row r: the int16 pair (-bias sc[2k], -bias sc[2k+1])
+ *   i32 mp[8][16]          row r: the int16 pair (mn[2k], mn[2k+1])
+ *   f32 d[16], dmin[16]
+ * bias: 4 for Q3_K, 32 for Q6_K, 128 for IQ4_XS (its signed levels made unsigned),
+ * 0 otherwise. Per activation row t the exact integers are then
+ *   s1 = sum over sub-blocks of sc * (sum of dpbusd(codes, q))   (VPMULLD per sub-block)
+ *      + sum_k dpwssd(bp_k, (bsums[2k], bsums[2k+1]))
+ *   s2 = sum_k dpwssd(mp_k, (bsums[2k], bsums[2k+1]))
+ * and the float steps per output are those of kp_block_finish, sixteen rows at a
+ * time: r = d * s1; r = fma(-dmin, s2, r); acc = fma(r, d8, acc). Rows missing
+ * from a short chunk are zeros and never stored. */
+#define WP_SC 4096
+#define WP_BP 5120
+#define WP_MP 5632
+#define WP_D 6144
+#define WP_DM 6208
+_Static_assert(WP_DM + 64 == GR_WPANEL_BYTES, "weight panel block layout");
+
+
+static int wpanel_bias(int32_t type) {
+    return type == GR_TYPE_IQ4_XS ? 128 : kpanel_bias(type);
+}
+
+int gr_wpanel_available(int32_t type) {
+    size_t bs;
+    int hm;
+    return wpanel_simd && decoder_for(type, &bs, &hm) != NULL;
+}
+
+#if GR_X86
+#define WP_TARGET __attribute__((target("avx2,fma,avx512f,avx512bw,avx512vl,avx512dq,avx512vnni")))
+
+/* in[r] (16 int32 each) -> out[j] lane r = in[r] lane j */
+WP_TARGET static inline void wp_transpose16(const __m512i in[16], __m512i out[16]) {
+    __m512i a[16], b[16];
+    for (int i = 0; i < 8; i++) {
+        a[2 * i] = _mm512_unpacklo_epi32(in[2 * i], in[2 * i + 1]);
+        a[2 * i + 1] = _mm512_unpackhi_epi32(in[2 * i], in[2 * i + 1]);
+    }
+    /* b[4i + c], 128-bit lane L: rows 4i..4i+3 of column 4L + c */
+    for (int i = 0; i < 4; i++) {
+        b[4 * i + 0] = _mm512_unpacklo_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 1] = _mm512_unpackhi_epi64(a[4 * i], a[4 * i + 2]);
+        b[4 * i + 2] = _mm512_unpacklo_epi64(a[4 * i + 1], a[4 * i + 3]);
+        b[4 * i + 3] = _mm512_unpackhi_epi64(a[4 * i + 1], a[4 * i + 3]);
+    }
+    for (int c = 0; c < 4; c++) {
+        const __m512i p0 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0x44), p1 = _mm512_shuffle_i32x4(b[c], b[4 + c], 0xEE);
+        const __m512i q0 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0x44), q1 = _mm512_shuffle_i32x4(b[8 + c], b[12 + c], 0xEE);
+        out[c] = _mm512_shuffle_i32x4(p0, q0, 0x88);
+        out[4 + c] = _mm512_shuffle_i32x4(p0, q0, 0xDD);
+        out[8 + c] = _mm512_shuffle_i32x4(p1, q1, 0x88);
+        out[12 + c] = _mm512_shuffle_i32x4(p1, q1, 0xDD);
+    }
+}
+
+WP_TARGET static void wpanel_decode_avx512(int32_t type, int64_t nb, const char *w0 /* (rows, nb) blocks */,
+                                           size_t row_stride, int rows, char *panel /* (nb, GR_WPANEL_BYTES) */) {
+    size_t bsize;
+    int has_min;
+    const kdec_fn fn = decoder_for(type, &bsize, &has_min);
+    const int bias = wpanel_bias(type);
+    _Alignas(64) uint8_t codes[16][256];
+    for (int64_t b = 0; b < nb; b++) {
+        char *o = panel + (size_t)b * GR_WPANEL_BYTES;
+        int32_t *sc32 = (int32_t *)(o + WP_SC), *bp = (int32_t *)(o + WP_BP), *mp = (int32_t *)(o + WP_MP);
+        float *d = (float *)(o + WP_D), *dm = (float *)(o + WP_DM);
+        for (int r = 0; r < 16; r++) {
+            int16_t sc[16] = {0}, mn[16] = {0};
+            float dr = 0.0f, dmr = 0.0f;
+            if (r < rows) {
+                const char *blk = w0 + (size_t)r * row_stride + (size_t)b * bsize;
+                fn(blk, (kdec){ NULL, sc, mn, &dr, &dmr });
+                kp_codes_avx2(type, blk, codes[r]);
+                if (type == GR_TYPE_IQ4_XS)   /* level + 128 */
+                    for (int c = 0; c < 4; c++) {
+                        __m512i *v = (__m512i *)(codes[r] + 64 * c);
+                        *v = _mm512_xor_si512(*v, _mm512_set1_epi8((char)0x80));
+                    }
+            } else {
+                memset(codes[r], 0, 256);
+            }
+            for (int j = 0; j < 16; j++) sc32[16 * j + r] = sc[j];
+            for (int k = 0; k < 8; k++) {
+                const int16_t b0 = (int16_t)(-bias * sc[2 * k]), b1 = (int16_t)(-bias * sc[2 * k + 1]);
+                bp[16 * k + r] = (int32_t)((uint32_t)(uint16_t)b1 << 16 | (uint16_t)b0);
+                mp[16 * k + r] = (int32_t)((uint32_t)(uint16_t)mn[2 * k + 1] << 16 | (uint16_t)mn[2 * k]);
+            }
+            d[r] = dr;
+            dm[r] = has_min ? dmr : 0.0f;
+        }
+        for (int q = 0; q < 4; q++) {   /* groups 16q..16q+15 of the sixteen rows */
+            __m512i in[16], out[16];
+            for (int r = 0; r < 16; r++) in[r] = _mm512_load_si512((const void *)(codes[r] + 64 * q));
+            wp_transpose16(in, out);
+            for (int j = 0; j < 16; j++) _mm512_storeu_si512((void *)(o + 64 * (16 * q + j)), out[j]);
+        }
+    }
+}
+
+static inline int32_t wp_ld32(const void *p) {
+    int32_t v;
+    memcpy(&v, p, 4);
+    return v;
+}
+
+/* C activation rows y[t] (nb Q8_K blocks each) against one weight panel: acc[t]
+ * lane r = output (row r, column t). GS: groups of 4 elements per scale (4 or 8). */
+WP_TARGET static inline __attribute__((always_inline)) void
+wp_cols(int64_t nb, const char *panel, const block_q8_K *const *y, const int C, const int GS, const int bias,
+        const int has_min, __m512 *acc) {
+    for (int t = 0; t < C; t++) acc[t] = _mm512_setzero_ps();
+    for (int64_t b = 0; b < nb; b++) {
+        const char *p = panel + (size_t)b * GR_WPANEL_BYTES;
+        __m512i s1[4], s2[4];
+        for (int t = 0; t < C; t++) s1[t] = s2[t] = _mm512_setzero_si512();
+        for (int s = 0; s < 64 / GS; s++) {
+            __m512i raw[4];
+            for (int t = 0; t < C; t++) raw[t] = _mm512_setzero_si512();
+            for (int gi = 0; gi < GS; gi++) {
+                const int g = s * GS + gi;
+                const __m512i wv = _mm512_loadu_si512((const void *)(p + 64 * g));
+                for (int t = 0; t < C; t++)
+                    raw[t] = _mm512_dpbusd_epi32(raw[t], wv, _mm512_set1_epi32(wp_ld32(y[t][b].qs + 4 * g)));
+            }
+            const __m512i scv = _mm512_loadu_si512((const void *)(p + WP_SC + 64 * (s * GS / 4)));
+            for (int t = 0; t < C; t++) s1[t] = _mm512_add_epi32(s1[t], _mm512_mullo_epi32(raw[t], scv));
+        }
+        if (bias)
+            for (int k = 0; k < 8; k++) {
+                const __m512i bv = _mm512_loadu_si512((const void *)(p + WP_BP + 64 * k));
+                for (int t = 0; t < C; t++)
+                    s1[t] = _mm512_dpwssd_epi32(s1[t], bv, _mm512_set1_epi32(wp_ld32(y[t][b].bsums + 2 * k)));
+            }
+        if (has_min)
+            for (int k = 0; k < 8; k++) {
+                const __m512i mv = _mm512_loadu_si512((const void *)(p + WP_MP + 64 * k));
+                for (int t = 0; t < C; t++)
+                    s2[t] = _mm512_dpwssd_epi32(s2[t], mv, _mm512_set1_epi32(wp_ld32(y[t][b].bsums + 2 * k)));
+            }
+        const __m512 dv = _mm512_loadu_ps((const float *)(p + WP_D));
+        const __m512 dmv = _mm512_loadu_ps((const float *)(p + WP_DM));
+        for (int t = 0; t < C; t++) {
+            __m512 r = _mm512_mul_ps(dv, _mm512_cvtepi32_ps(s1[t]));
+            if (has_min) r = _mm512_fnmadd_ps(dmv, _mm512_cvtepi32_ps(s2[t]), r);
+            acc[t] = _mm512_fmadd_ps(r, _mm512_set1_ps(y[t][b].d), acc[t]);
+        }
+    }
+}
+
+/* every column of [0, ncols): four at a time, then one by one */
+WP_TARGET static inline __attribute__((always_inline)) void
+wp_gemm(int64_t nb, const char *panel, const char *act0, size_t act_stride, int64_t ncols, char *out0,
+        size_t out_stride, int rows, const int GS, const int bias, const int has_min) {
+    const __mmask16 m = (__mmask16)((1u << rows) - 1u);
+    int64_t c = 0;
+    for (; c + 4 <= ncols; c += 4) {
+        const block_q8_K *y[4];
+        __m512 acc[4];
+        for (int t = 0; t < 4; t++) y[t] = (const block_q8_K *)(act0 + (size_t)(c + t) * act_stride);
+        wp_cols(nb, panel, y, 4, GS, bias, has_min, acc);
+        for (int t = 0; t < 4; t++) _mm512_mask_storeu_ps(out0 + (size_t)(c + t) * out_stride, m, acc[t]);
+    }
+    for (; c < ncols; c++) {
+        const block_q8_K *y[1] = { (const block_q8_K *)(act0 + (size_t)c * act_stride) };
+        __m512 acc[1];
+        wp_cols(nb, panel, y, 1, GS, bias, has_min, acc);
+        _mm512_mask_storeu_ps(out0 + (size_t)c * out_stride, m, acc[0]);
+    }
+}
+
+#define WP_GEMM_FN(name, GS, bias, has_min)                                                                  \
+    WP_TARGET static void name(int64_t nb, const char *panel, const char *act0, size_t act_stride,           \
+                               int64_t ncols, char *out0, size_t out_stride, int rows) {                     \
+        wp_gemm(nb, panel, act0, act_stride, ncols, out0, out_stride, rows, GS, bias, has_min);              \
+    }
+WP_GEMM_FN(wp_gemm_q2_K, 4, 0, 1)
+WP_GEMM_FN(wp_gemm_q3_K, 4, 4, 0)
+WP_GEMM_FN(wp_gemm_q4_K, 8, 0, 1)
+WP_GEMM_FN(wp_gemm_q5_K, 8, 0, 1)
+WP_GEMM_FN(wp_gemm_q6_K, 4, 32, 0)
+WP_GEMM_FN(wp_gemm_iq4_xs, 8, 128, 0)
+#undef WP_GEMM_FN
+#endif
+
+void gr_wpanel_decode(int32_t type, int64_t nb, const void *w0 /* (rows, nb) blocks, row_stride apart */,
+                      size_t row_stride, int rows, void *panel /* (nb, GR_WPANEL_BYTES) */) {
+#if GR_X86
+    wpanel_decode_avx512(type, nb, w0, row_stride, rows, panel);
+#else
+    (void)type; (void)nb; (void)w0; (void)row_stride; (void)rows; (void)panel;
+#endif
+}
+
+void gr_wpanel_gemm(int32_t type, int64_t nb, const void *panel /* (nb, GR_WPANEL_BYTES) */,
+                    const void *act0 /* (ncols, nb) q8_K, act_stride bytes apart */, size_t act_stride,
+                    int64_t ncols, float *out0 /* (ncols, rows), out_stride bytes apart */, size_t out_stride,
+                    int rows) {
+#if GR_X86
+    void (*fn)(int64_t, const char *, const char *, size_t, int64_t, char *, size_t, int) = NULL;
+    switch (type) {
+    case GR_TYPE_Q2_K: fn = wp_gemm_q2_K; break;
+    case GR_TYPE_Q3_K: fn = wp_gemm_q3_K; break;
+    case GR_TYPE_Q4_K: fn = wp_gemm_q4_K; break;
+    case GR_TYPE_Q5_K: fn = wp_gemm_q5_K; break;
+    case GR_TYPE_Q6_K: fn = wp_gemm_q6_K; break;
+    case GR_TYPE_IQ4_XS: fn = wp_gemm_iq4_xs; break;
+    default: return;
+    }
+    fn(nb, panel, act0, act_stride, ncols, (char *)out0, out_stride, rows);
+#else
+    (void)type; (void)nb; (void)panel; (void)act0; (void)act_stride; (void)ncols; (void)out0; (void)out_stride;
+    (void)rows;
 #endif
 }
