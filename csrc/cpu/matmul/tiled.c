@@ -14,6 +14,7 @@
  * per-16 scales and minimums; its dot products with every activation row then
  * need only integer multiply-adds (AVX2 where the CPU has it).
  */
+#include <stddef.h>
 #include <stdint.h>
 #include <string.h>
 
@@ -718,6 +719,73 @@ WP_TARGET static inline void wp_transpose16(const __m512i in[16], __m512i out[16
     }
 }
 
+/* D[k] lane r = dword k of the 16 bytes at off in block b of row min(r, rows - 1) */
+WP_TARGET static inline void wp_dwords16(const char *w0, size_t row_stride, int rows, size_t off, __m512i D[4]) {
+#define WP_L(r) _mm_loadu_si128((const __m128i *)(w0 + (size_t)((r) < rows ? (r) : rows - 1) * row_stride + off))
+    __m512i X[4];   /* X[q] 128-bit lane i: row 4i + q */
+    for (int q = 0; q < 4; q++)
+        X[q] = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(WP_L(q)), WP_L(4 + q), 1),
+                                                     WP_L(8 + q), 2), WP_L(12 + q), 3);
+#undef WP_L
+    const __m512i t0 = _mm512_unpacklo_epi32(X[0], X[1]), t1 = _mm512_unpackhi_epi32(X[0], X[1]);
+    const __m512i t2 = _mm512_unpacklo_epi32(X[2], X[3]), t3 = _mm512_unpackhi_epi32(X[2], X[3]);
+    D[0] = _mm512_unpacklo_epi64(t0, t2);
+    D[1] = _mm512_unpackhi_epi64(t0, t2);
+    D[2] = _mm512_unpacklo_epi64(t1, t3);
+    D[3] = _mm512_unpackhi_epi64(t1, t3);
+}
+
+/* the scale part of a panel block for the sixteen rows at once (Q4_K, Q5_K, Q6_K),
+ * the same values as their dec_* functions; 0: another type */
+WP_TARGET static int wp_scales16(int32_t type, const char *w0, size_t row_stride, int rows, char *o) {
+    __m512i D[4];
+    const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(0xF), m2 = _mm512_set1_epi32(3);
+#define WP_ST(off, v) _mm512_storeu_si512((void *)(o + (off)), v)
+    if (type == GR_TYPE_Q4_K || type == GR_TYPE_Q5_K) {   /* d, dmin, scales[12] lead both blocks */
+        _Static_assert(offsetof(block_q4_K, scales) == 4 && offsetof(block_q5_K, scales) == 4, "K4 scales");
+        wp_dwords16(w0, row_stride, rows, 0, D);
+        _mm512_storeu_ps((float *)(o + WP_D), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(D[0])));
+        _mm512_storeu_ps((float *)(o + WP_DM), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(D[0], 16))));
+        for (int j = 0; j < 8; j++) {
+            const int sh = 8 * (j & 3);
+            __m512i sc, m;
+            if (j < 4) {
+                sc = _mm512_and_si512(_mm512_srli_epi32(D[1], sh), m6);
+                m = _mm512_and_si512(_mm512_srli_epi32(D[2], sh), m6);
+            } else {
+                sc = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(D[3], sh), m4),
+                                     _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(D[1], sh + 6), m2), 4));
+                m = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(D[3], sh + 4), m4),
+                                    _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(D[2], sh + 6), m2), 4));
+            }
+            WP_ST(WP_SC + 64 * (2 * j), sc);
+            WP_ST(WP_SC + 64 * (2 * j + 1), sc);
+            WP_ST(WP_MP + 64 * j, _mm512_or_si512(m, _mm512_slli_epi32(m, 16)));
+        }
+        return 1;
+    }
+    if (type == GR_TYPE_Q6_K) {
+        wp_dwords16(w0, row_stride, rows, offsetof(block_q6_K, scales), D);
+        __m512i sc[16];
+        for (int j = 0; j < 16; j++) {
+            sc[j] = _mm512_srai_epi32(_mm512_slli_epi32(D[j / 4], 24 - 8 * (j % 4)), 24);
+            WP_ST(WP_SC + 64 * j, sc[j]);
+        }
+        for (int k = 0; k < 8; k++) {   /* (-32 sc[2k], -32 sc[2k+1]) as int16 */
+            const __m512i b0 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sc[2 * k], 5));
+            const __m512i b1 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sc[2 * k + 1], 5));
+            WP_ST(WP_BP + 64 * k, _mm512_or_si512(_mm512_and_si512(b0, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(b1, 16)));
+        }
+        uint16_t h[16];
+        for (int r = 0; r < 16; r++)
+            memcpy(&h[r], w0 + (size_t)(r < rows ? r : rows - 1) * row_stride + offsetof(block_q6_K, d), 2);
+        _mm512_storeu_ps((float *)(o + WP_D), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
+        return 1;
+    }
+#undef WP_ST
+    return 0;
+}
+
 WP_TARGET static void wpanel_decode_avx512(int32_t type, int64_t nb, const char *w0 /* (rows, nb) blocks */,
                                            size_t row_stride, int rows, char *panel /* (nb, GR_WPANEL_BYTES) */) {
     size_t bsize;
@@ -727,31 +795,29 @@ WP_TARGET static void wpanel_decode_avx512(int32_t type, int64_t nb, const char 
     _Alignas(64) uint8_t codes[16][256];
     for (int64_t b = 0; b < nb; b++) {
         char *o = panel + (size_t)b * GR_WPANEL_BYTES;
-        int32_t *sc32 = (int32_t *)(o + WP_SC), *bp = (int32_t *)(o + WP_BP), *mp = (int32_t *)(o + WP_MP);
-        float *d = (float *)(o + WP_D), *dm = (float *)(o + WP_DM);
+        const char *wb = w0 + (size_t)b * bsize;
+        /* rows past a short chunk repeat its last row: lanes that are never stored */
         for (int r = 0; r < 16; r++) {
-            int16_t sc[16] = {0}, mn[16] = {0};
-            float dr = 0.0f, dmr = 0.0f;
-            if (r < rows) {
-                const char *blk = w0 + (size_t)r * row_stride + (size_t)b * bsize;
-                fn(blk, (kdec){ NULL, sc, mn, &dr, &dmr });
-                kp_codes_avx2(type, blk, codes[r]);
-                if (type == GR_TYPE_IQ4_XS)   /* level + 128 */
-                    for (int c = 0; c < 4; c++) {
-                        __m512i *v = (__m512i *)(codes[r] + 64 * c);
-                        *v = _mm512_xor_si512(*v, _mm512_set1_epi8((char)0x80));
-                    }
-            } else {
-                memset(codes[r], 0, 256);
+            kp_codes_avx2(type, wb + (size_t)(r < rows ? r : rows - 1) * row_stride, codes[r]);
+            if (type == GR_TYPE_IQ4_XS)   /* level + 128 */
+                for (int c = 0; c < 4; c++) {
+                    __m512i *v = (__m512i *)(codes[r] + 64 * c);
+                    *v = _mm512_xor_si512(*v, _mm512_set1_epi8((char)0x80));
+                }
+        }
+        if (!wp_scales16(type, wb, row_stride, rows, o)) {
+            int32_t *sc32 = (int32_t *)(o + WP_SC), *bp = (int32_t *)(o + WP_BP), *mp = (int32_t *)(o + WP_MP);
+            float *d = (float *)(o + WP_D), *dm = (float *)(o + WP_DM);
+            for (int r = 0; r < 16; r++) {
+                int16_t sc[16], mn[16];
+                fn(wb + (size_t)(r < rows ? r : rows - 1) * row_stride, (kdec){ NULL, sc, mn, &d[r], &dm[r] });
+                for (int j = 0; j < 16; j++) sc32[16 * j + r] = sc[j];
+                for (int k = 0; k < 8; k++) {
+                    const int16_t b0 = (int16_t)(-bias * sc[2 * k]), b1 = (int16_t)(-bias * sc[2 * k + 1]);
+                    bp[16 * k + r] = (int32_t)((uint32_t)(uint16_t)b1 << 16 | (uint16_t)b0);
+                    mp[16 * k + r] = (int32_t)((uint32_t)(uint16_t)mn[2 * k + 1] << 16 | (uint16_t)mn[2 * k]);
+                }
             }
-            for (int j = 0; j < 16; j++) sc32[16 * j + r] = sc[j];
-            for (int k = 0; k < 8; k++) {
-                const int16_t b0 = (int16_t)(-bias * sc[2 * k]), b1 = (int16_t)(-bias * sc[2 * k + 1]);
-                bp[16 * k + r] = (int32_t)((uint32_t)(uint16_t)b1 << 16 | (uint16_t)b0);
-                mp[16 * k + r] = (int32_t)((uint32_t)(uint16_t)mn[2 * k + 1] << 16 | (uint16_t)mn[2 * k]);
-            }
-            d[r] = dr;
-            dm[r] = has_min ? dmr : 0.0f;
         }
         for (int q = 0; q < 4; q++) {   /* groups 16q..16q+15 of the sixteen rows */
             __m512i in[16], out[16];
