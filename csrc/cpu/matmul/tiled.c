@@ -786,6 +786,62 @@ WP_TARGET static int wp_scales16(int32_t type, const char *w0, size_t row_stride
     return 0;
 }
 
+/* T[j] lane r = dword j of the nd dwords at off in the block of row min(r, rows - 1)
+ * (dwords past nd read as zeros, never past the block) */
+WP_TARGET static inline void wp_dwords_t(const char *wb, size_t row_stride, int rows, size_t off, int nd,
+                                         __m512i T[16]) {
+    __m512i in[16];
+    const __mmask16 m = (__mmask16)((1u << nd) - 1u);
+    for (int r = 0; r < 16; r++)
+        in[r] = _mm512_maskz_loadu_epi32(m, wb + (size_t)(r < rows ? r : rows - 1) * row_stride + off);
+    wp_transpose16(in, T);
+}
+
+/* the codes part of a panel block straight from the sixteen rows' bits (Q4_K,
+ * Q5_K, Q6_K): the quant bytes transposed as dwords, so that each lane's four
+ * bytes are four consecutive elements' bits; 0: another type */
+WP_TARGET static int wp_codes16(int32_t type, const char *wb, size_t row_stride, int rows, char *o) {
+    const __m512i n4 = _mm512_set1_epi32(0x0F0F0F0F), n2 = _mm512_set1_epi32(0x03030303),
+                  n1 = _mm512_set1_epi32(0x01010101);
+    __m512i A[32], H[16];
+#define WP_G(g, v) _mm512_storeu_si512((void *)(o + 64 * (g)), v)
+    if (type == GR_TYPE_Q4_K || type == GR_TYPE_Q5_K) {
+        /* element 64j + 32h + 4i + k: nibble h of qs[32j + 4i + k] (| bit 2j + h of qh[4i + k] << 4) */
+        const size_t qs = type == GR_TYPE_Q4_K ? offsetof(block_q4_K, qs) : offsetof(block_q5_K, qs);
+        wp_dwords_t(wb, row_stride, rows, qs, 16, A);
+        wp_dwords_t(wb, row_stride, rows, qs + 64, 16, A + 16);
+        if (type == GR_TYPE_Q5_K) wp_dwords_t(wb, row_stride, rows, offsetof(block_q5_K, qh), 8, H);
+        for (int j = 0; j < 4; j++)
+            for (int i = 0; i < 8; i++) {
+                const __m512i q = A[8 * j + i];
+                __m512i lo = _mm512_and_si512(q, n4), hi = _mm512_and_si512(_mm512_srli_epi32(q, 4), n4);
+                if (type == GR_TYPE_Q5_K) {
+                    lo = _mm512_or_si512(lo, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(H[i], 2 * j), n1), 4));
+                    hi = _mm512_or_si512(hi, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(H[i], 2 * j + 1), n1), 4));
+                }
+                WP_G(16 * j + i, lo);
+                WP_G(16 * j + 8 + i, hi);
+            }
+        return 1;
+    }
+    if (type == GR_TYPE_Q6_K) {
+        /* element 128h + 32q + 4i + k: nibble q / 2 of ql[64h + 32(q & 1) + 4i + k], bits 2q of qh[32h + 4i + k] */
+        wp_dwords_t(wb, row_stride, rows, offsetof(block_q6_K, ql), 16, A);
+        wp_dwords_t(wb, row_stride, rows, offsetof(block_q6_K, ql) + 64, 16, A + 16);
+        wp_dwords_t(wb, row_stride, rows, offsetof(block_q6_K, qh), 16, H);
+        for (int h = 0; h < 2; h++)
+            for (int q = 0; q < 4; q++)
+                for (int i = 0; i < 8; i++) {
+                    const __m512i l = _mm512_and_si512(_mm512_srli_epi32(A[16 * h + 8 * (q & 1) + i], 4 * (q >> 1)), n4);
+                    const __m512i u = _mm512_and_si512(_mm512_srli_epi32(H[8 * h + i], 2 * q), n2);
+                    WP_G(32 * h + 8 * q + i, _mm512_or_si512(l, _mm512_slli_epi32(u, 4)));
+                }
+        return 1;
+    }
+#undef WP_G
+    return 0;
+}
+
 WP_TARGET static void wpanel_decode_avx512(int32_t type, int64_t nb, const char *w0 /* (rows, nb) blocks */,
                                            size_t row_stride, int rows, char *panel /* (nb, GR_WPANEL_BYTES) */) {
     size_t bsize;
@@ -797,7 +853,8 @@ WP_TARGET static void wpanel_decode_avx512(int32_t type, int64_t nb, const char 
         char *o = panel + (size_t)b * GR_WPANEL_BYTES;
         const char *wb = w0 + (size_t)b * bsize;
         /* rows past a short chunk repeat its last row: lanes that are never stored */
-        for (int r = 0; r < 16; r++) {
+        const int direct = wp_codes16(type, wb, row_stride, rows, o);
+        for (int r = 0; r < 16 && !direct; r++) {
             kp_codes_avx2(type, wb + (size_t)(r < rows ? r : rows - 1) * row_stride, codes[r]);
             if (type == GR_TYPE_IQ4_XS)   /* level + 128 */
                 for (int c = 0; c < 4; c++) {
@@ -819,7 +876,7 @@ WP_TARGET static void wpanel_decode_avx512(int32_t type, int64_t nb, const char 
                 }
             }
         }
-        for (int q = 0; q < 4; q++) {   /* groups 16q..16q+15 of the sixteen rows */
+        for (int q = 0; q < 4 && !direct; q++) {   /* groups 16q..16q+15 of the sixteen rows */
             __m512i in[16], out[16];
             for (int r = 0; r < 16; r++) in[r] = _mm512_load_si512((const void *)(codes[r] + 64 * q));
             wp_transpose16(in, out);
