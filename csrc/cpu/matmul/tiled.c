@@ -735,7 +735,8 @@ WP_TARGET static inline void wp_dwords16(const char *w0, size_t row_stride, int 
     D[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
-/* the scale part of a panel block for the sixteen rows at once (Q4_K, Q5_K, Q6_K),
+/* the scale part of a panel block for the sixteen rows at once (Q4_K, Q5_K, Q6_K,
+ * IQ4_XS),
  * the same values as their dec_* functions; 0: another type */
 WP_TARGET static int wp_scales16(int32_t type, const char *w0, size_t row_stride, int rows, char *o) {
     __m512i D[4];
@@ -782,6 +783,21 @@ WP_TARGET static int wp_scales16(int32_t type, const char *w0, size_t row_stride
         _mm512_storeu_ps((float *)(o + WP_D), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
         return 1;
     }
+    if (type == GR_TYPE_IQ4_XS) {   /* d, scales_h, scales_l[4] */
+        wp_dwords16(w0, row_stride, rows, 0, D);
+        _mm512_storeu_ps((float *)(o + WP_D), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(D[0])));
+        for (int sb = 0; sb < 8; sb++) {
+            const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(D[1], 4 * sb), m4);
+            const __m512i hi = _mm512_and_si512(_mm512_srli_epi32(D[0], 16 + 2 * sb), m2);
+            const __m512i sc = _mm512_sub_epi32(_mm512_or_si512(lo, _mm512_slli_epi32(hi, 4)), _mm512_set1_epi32(32));
+            WP_ST(WP_SC + 64 * (2 * sb), sc);
+            WP_ST(WP_SC + 64 * (2 * sb + 1), sc);
+            const __m512i b = _mm512_and_si512(_mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sc, 7)),
+                                               _mm512_set1_epi32(0xFFFF));
+            WP_ST(WP_BP + 64 * sb, _mm512_or_si512(b, _mm512_slli_epi32(b, 16)));   /* (-128 sc) as int16, twice */
+        }
+        return 1;
+    }
 #undef WP_ST
     return 0;
 }
@@ -798,7 +814,7 @@ WP_TARGET static inline void wp_dwords_t(const char *wb, size_t row_stride, int 
 }
 
 /* the codes part of a panel block straight from the sixteen rows' bits (Q4_K,
- * Q5_K, Q6_K): the quant bytes transposed as dwords, so that each lane's four
+ * Q5_K, Q6_K, IQ4_XS): the quant bytes transposed as dwords, so that each lane's four
  * bytes are four consecutive elements' bits; 0: another type */
 WP_TARGET static int wp_codes16(int32_t type, const char *wb, size_t row_stride, int rows, char *o) {
     const __m512i n4 = _mm512_set1_epi32(0x0F0F0F0F), n2 = _mm512_set1_epi32(0x03030303),
@@ -836,6 +852,21 @@ WP_TARGET static int wp_codes16(int32_t type, const char *wb, size_t row_stride,
                     const __m512i u = _mm512_and_si512(_mm512_srli_epi32(H[8 * h + i], 2 * q), n2);
                     WP_G(32 * h + 8 * q + i, _mm512_or_si512(l, _mm512_slli_epi32(u, 4)));
                 }
+        return 1;
+    }
+    if (type == GR_TYPE_IQ4_XS) {
+        /* element 32s + 16h + 4i + k: level of nibble h of qs[16s + 4i + k], + 128 */
+        _Alignas(16) uint8_t lut[16];
+        for (int v = 0; v < 16; v++) lut[v] = (uint8_t)(IQ4NL_VALUES[v] + 128);
+        const __m512i lv = _mm512_broadcast_i32x4(_mm_load_si128((const __m128i *)lut));
+        wp_dwords_t(wb, row_stride, rows, offsetof(block_iq4_xs, qs), 16, A);
+        wp_dwords_t(wb, row_stride, rows, offsetof(block_iq4_xs, qs) + 64, 16, A + 16);
+        for (int sb = 0; sb < 8; sb++)
+            for (int i = 0; i < 4; i++) {
+                const __m512i q = A[4 * sb + i];
+                WP_G(8 * sb + i, _mm512_shuffle_epi8(lv, _mm512_and_si512(q, n4)));
+                WP_G(8 * sb + 4 + i, _mm512_shuffle_epi8(lv, _mm512_and_si512(_mm512_srli_epi32(q, 4), n4)));
+            }
         return 1;
     }
 #undef WP_G
