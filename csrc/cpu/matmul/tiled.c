@@ -665,26 +665,23 @@ void gr_kpanel_dot(int32_t type, int64_t nb, const void *krow /* (nb, GR_KROW_BY
  *                          read only even j)
  *   i32 bp[8][16]          row r: the int16 pair (-bias sc[2k], -bias sc[2k+1])
  *   i32 mp[8][16]          row r: the int16 pair (mn[2k], mn[2k+1])
- *   f32 d[16], dmin[16]
+ *   f32 d[16], dmin[16]    (bp, mp and dmin written only for the types that read them)
  * bias: 4 for Q3_K, 32 for Q6_K, 128 for IQ4_XS (its signed levels made unsigned),
  * 0 otherwise. Per activation row t the exact integers are then
  *   s1 = sum over sub-blocks of sc * (sum of dpbusd(codes, q))   (VPMULLD per sub-block)
  *      + sum_k dpwssd(bp_k, (bsums[2k], bsums[2k+1]))
  *   s2 = sum_k dpwssd(mp_k, (bsums[2k], bsums[2k+1]))
  * and the float steps per output are those of kp_block_finish, sixteen rows at a
- * time: r = d * s1; r = fma(-dmin, s2, r); acc = fma(r, d8, acc). Rows missing
- * from a short chunk are zeros and never stored. */
+ * time: r = d * s1; r = fma(-dmin, s2, r); acc = fma(r, d8, acc). Lanes past a
+ * short chunk repeat its last row and are never stored. Both parts of a block are
+ * decoded straight from the sixteen rows' bytes, transposed as dwords
+ * (wp_codes16, wp_scales16). */
 #define WP_SC 4096
 #define WP_BP 5120
 #define WP_MP 5632
 #define WP_D 6144
 #define WP_DM 6208
 _Static_assert(WP_DM + 64 == GR_WPANEL_BYTES, "weight panel block layout");
-
-
-static int wpanel_bias(int32_t type) {
-    return type == GR_TYPE_IQ4_XS ? 128 : kpanel_bias(type);
-}
 
 int gr_wpanel_available(int32_t type) {
     size_t bs;
@@ -719,9 +716,12 @@ WP_TARGET static inline void wp_transpose16(const __m512i in[16], __m512i out[16
     }
 }
 
-/* D[k] lane r = dword k of the 16 bytes at off in block b of row min(r, rows - 1) */
-WP_TARGET static inline void wp_dwords16(const char *w0, size_t row_stride, int rows, size_t off, __m512i D[4]) {
-#define WP_L(r) _mm_loadu_si128((const __m128i *)(w0 + (size_t)((r) < rows ? (r) : rows - 1) * row_stride + off))
+/* D[k] lane r = dword k of the 16 bytes at off in the block of row min(r, rows - 1),
+ * bytes past the block (of bsize bytes) read as zeros */
+WP_TARGET static inline void wp_dwords16(const char *w0, size_t row_stride, int rows, size_t off, size_t bsize,
+                                         __m512i D[4]) {
+    const __mmask16 m = (__mmask16)(off + 16 <= bsize ? 0xFFFFu : (1u << (bsize - off)) - 1u);
+#define WP_L(r) _mm_maskz_loadu_epi8(m, w0 + (size_t)((r) < rows ? (r) : rows - 1) * row_stride + off)
     __m512i X[4];   /* X[q] 128-bit lane i: row 4i + q */
     for (int q = 0; q < 4; q++)
         X[q] = _mm512_inserti32x4(_mm512_inserti32x4(_mm512_inserti32x4(_mm512_castsi128_si512(WP_L(q)), WP_L(4 + q), 1),
@@ -735,16 +735,16 @@ WP_TARGET static inline void wp_dwords16(const char *w0, size_t row_stride, int 
     D[3] = _mm512_unpackhi_epi64(t1, t3);
 }
 
-/* the scale part of a panel block for the sixteen rows at once (Q4_K, Q5_K, Q6_K,
- * IQ4_XS),
+/* the scale part of a panel block for the sixteen rows at once (every type of the
+ * panels),
  * the same values as their dec_* functions; 0: another type */
-WP_TARGET static int wp_scales16(int32_t type, const char *w0, size_t row_stride, int rows, char *o) {
+WP_TARGET static int wp_scales16(int32_t type, const char *w0, size_t row_stride, size_t bsize, int rows, char *o) {
     __m512i D[4];
     const __m512i m6 = _mm512_set1_epi32(63), m4 = _mm512_set1_epi32(0xF), m2 = _mm512_set1_epi32(3);
 #define WP_ST(off, v) _mm512_storeu_si512((void *)(o + (off)), v)
     if (type == GR_TYPE_Q4_K || type == GR_TYPE_Q5_K) {   /* d, dmin, scales[12] lead both blocks */
         _Static_assert(offsetof(block_q4_K, scales) == 4 && offsetof(block_q5_K, scales) == 4, "K4 scales");
-        wp_dwords16(w0, row_stride, rows, 0, D);
+        wp_dwords16(w0, row_stride, rows, 0, bsize, D);
         _mm512_storeu_ps((float *)(o + WP_D), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(D[0])));
         _mm512_storeu_ps((float *)(o + WP_DM), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(D[0], 16))));
         for (int j = 0; j < 8; j++) {
@@ -766,7 +766,7 @@ WP_TARGET static int wp_scales16(int32_t type, const char *w0, size_t row_stride
         return 1;
     }
     if (type == GR_TYPE_Q6_K) {
-        wp_dwords16(w0, row_stride, rows, offsetof(block_q6_K, scales), D);
+        wp_dwords16(w0, row_stride, rows, offsetof(block_q6_K, scales), bsize, D);
         __m512i sc[16];
         for (int j = 0; j < 16; j++) {
             sc[j] = _mm512_srai_epi32(_mm512_slli_epi32(D[j / 4], 24 - 8 * (j % 4)), 24);
@@ -783,8 +783,50 @@ WP_TARGET static int wp_scales16(int32_t type, const char *w0, size_t row_stride
         _mm512_storeu_ps((float *)(o + WP_D), _mm512_cvtph_ps(_mm256_loadu_si256((const __m256i *)h)));
         return 1;
     }
+    if (type == GR_TYPE_Q3_K) {   /* scales[12] (6-bit, - 32), then d: 14 bytes, the block's last */
+        _Static_assert(offsetof(block_q3_K, d) == offsetof(block_q3_K, scales) + 12 && sizeof(block_q3_K) == 110,
+                       "Q3_K tail");
+        wp_dwords16(w0, row_stride, rows, offsetof(block_q3_K, scales), bsize, D);
+        _mm512_storeu_ps((float *)(o + WP_D), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(D[3])));
+        const __m512i n4b = _mm512_set1_epi32(0x0F0F0F0F), n2b = _mm512_set1_epi32(0x03030303);
+        const __m512i a[4] = {   /* the unpacked scale bytes, as dec_q3_K's aux */
+            _mm512_or_si512(_mm512_and_si512(D[0], n4b), _mm512_slli_epi32(_mm512_and_si512(D[2], n2b), 4)),
+            _mm512_or_si512(_mm512_and_si512(D[1], n4b), _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(D[2], 2), n2b), 4)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(D[0], 4), n4b),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(D[2], 4), n2b), 4)),
+            _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(D[1], 4), n4b),
+                            _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(D[2], 6), n2b), 4)),
+        };
+        __m512i sc[16];
+        for (int j = 0; j < 16; j++) {
+            sc[j] = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(a[j / 4], 8 * (j % 4)), m6), _mm512_set1_epi32(32));
+            WP_ST(WP_SC + 64 * j, sc[j]);
+        }
+        for (int k = 0; k < 8; k++) {   /* (-4 sc[2k], -4 sc[2k+1]) as int16 */
+            const __m512i b0 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sc[2 * k], 2));
+            const __m512i b1 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sc[2 * k + 1], 2));
+            WP_ST(WP_BP + 64 * k, _mm512_or_si512(_mm512_and_si512(b0, _mm512_set1_epi32(0xFFFF)), _mm512_slli_epi32(b1, 16)));
+        }
+        return 1;
+    }
+    if (type == GR_TYPE_Q2_K) {   /* scales[16]: scale | min << 4 per 16 elements; d, dmin after qs */
+        wp_dwords16(w0, row_stride, rows, offsetof(block_q2_K, scales), bsize, D);
+        __m512i mn[16];
+        for (int j = 0; j < 16; j++) {
+            WP_ST(WP_SC + 64 * j, _mm512_and_si512(_mm512_srli_epi32(D[j / 4], 8 * (j % 4)), m4));
+            mn[j] = _mm512_and_si512(_mm512_srli_epi32(D[j / 4], 8 * (j % 4) + 4), m4);
+        }
+        for (int k = 0; k < 8; k++) WP_ST(WP_MP + 64 * k, _mm512_or_si512(mn[2 * k], _mm512_slli_epi32(mn[2 * k + 1], 16)));
+        uint32_t h[16];   /* d | dmin << 16 */
+        for (int r = 0; r < 16; r++)
+            memcpy(&h[r], w0 + (size_t)(r < rows ? r : rows - 1) * row_stride + offsetof(block_q2_K, d), 4);
+        const __m512i dd = _mm512_loadu_si512((const void *)h);
+        _mm512_storeu_ps((float *)(o + WP_D), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(dd)));
+        _mm512_storeu_ps((float *)(o + WP_DM), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(_mm512_srli_epi32(dd, 16))));
+        return 1;
+    }
     if (type == GR_TYPE_IQ4_XS) {   /* d, scales_h, scales_l[4] */
-        wp_dwords16(w0, row_stride, rows, 0, D);
+        wp_dwords16(w0, row_stride, rows, 0, bsize, D);
         _mm512_storeu_ps((float *)(o + WP_D), _mm512_cvtph_ps(_mm512_cvtepi32_epi16(D[0])));
         for (int sb = 0; sb < 8; sb++) {
             const __m512i lo = _mm512_and_si512(_mm512_srli_epi32(D[1], 4 * sb), m4);
@@ -813,8 +855,8 @@ WP_TARGET static inline void wp_dwords_t(const char *wb, size_t row_stride, int 
     wp_transpose16(in, T);
 }
 
-/* the codes part of a panel block straight from the sixteen rows' bits (Q4_K,
- * Q5_K, Q6_K, IQ4_XS): the quant bytes transposed as dwords, so that each lane's four
+/* the codes part of a panel block straight from the sixteen rows' bits (every
+ * type of the panels): the quant bytes transposed as dwords, so that each lane's four
  * bytes are four consecutive elements' bits; 0: another type */
 WP_TARGET static int wp_codes16(int32_t type, const char *wb, size_t row_stride, int rows, char *o) {
     const __m512i n4 = _mm512_set1_epi32(0x0F0F0F0F), n2 = _mm512_set1_epi32(0x03030303),
@@ -854,6 +896,21 @@ WP_TARGET static int wp_codes16(int32_t type, const char *wb, size_t row_stride,
                 }
         return 1;
     }
+    if (type == GR_TYPE_Q2_K || type == GR_TYPE_Q3_K) {
+        /* element 128h + 32g + 4i + k: bits 2g of qs[32h + 4i + k] (| bit 4h + g of hmask[4i + k] << 2) */
+        const size_t qs = type == GR_TYPE_Q2_K ? offsetof(block_q2_K, qs) : offsetof(block_q3_K, qs);
+        wp_dwords_t(wb, row_stride, rows, qs, 16, A);
+        if (type == GR_TYPE_Q3_K) wp_dwords_t(wb, row_stride, rows, offsetof(block_q3_K, hmask), 8, H);
+        for (int h = 0; h < 2; h++)
+            for (int g = 0; g < 4; g++)
+                for (int i = 0; i < 8; i++) {
+                    __m512i v = _mm512_and_si512(_mm512_srli_epi32(A[8 * h + i], 2 * g), n2);
+                    if (type == GR_TYPE_Q3_K)
+                        v = _mm512_or_si512(v, _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(H[i], 4 * h + g), n1), 2));
+                    WP_G(32 * h + 8 * g + i, v);
+                }
+        return 1;
+    }
     if (type == GR_TYPE_IQ4_XS) {
         /* element 32s + 16h + 4i + k: level of nibble h of qs[16s + 4i + k], + 128 */
         _Alignas(16) uint8_t lut[16];
@@ -873,46 +930,19 @@ WP_TARGET static int wp_codes16(int32_t type, const char *wb, size_t row_stride,
     return 0;
 }
 
+/* every block of a chunk of up to 16 rows (w0: the first row's blocks): the six
+ * types of the panels each have both parts above */
 WP_TARGET static void wpanel_decode_avx512(int32_t type, int64_t nb, const char *w0 /* (rows, nb) blocks */,
                                            size_t row_stride, int rows, char *panel /* (nb, GR_WPANEL_BYTES) */) {
-    size_t bsize;
-    int has_min;
-    const kdec_fn fn = decoder_for(type, &bsize, &has_min);
-    const int bias = wpanel_bias(type);
-    _Alignas(64) uint8_t codes[16][256];
+    size_t bsize = 0;
+    int has_min = 0;
+    decoder_for(type, &bsize, &has_min);
     for (int64_t b = 0; b < nb; b++) {
         char *o = panel + (size_t)b * GR_WPANEL_BYTES;
         const char *wb = w0 + (size_t)b * bsize;
         /* rows past a short chunk repeat its last row: lanes that are never stored */
-        const int direct = wp_codes16(type, wb, row_stride, rows, o);
-        for (int r = 0; r < 16 && !direct; r++) {
-            kp_codes_avx2(type, wb + (size_t)(r < rows ? r : rows - 1) * row_stride, codes[r]);
-            if (type == GR_TYPE_IQ4_XS)   /* level + 128 */
-                for (int c = 0; c < 4; c++) {
-                    __m512i *v = (__m512i *)(codes[r] + 64 * c);
-                    *v = _mm512_xor_si512(*v, _mm512_set1_epi8((char)0x80));
-                }
-        }
-        if (!wp_scales16(type, wb, row_stride, rows, o)) {
-            int32_t *sc32 = (int32_t *)(o + WP_SC), *bp = (int32_t *)(o + WP_BP), *mp = (int32_t *)(o + WP_MP);
-            float *d = (float *)(o + WP_D), *dm = (float *)(o + WP_DM);
-            for (int r = 0; r < 16; r++) {
-                int16_t sc[16], mn[16];
-                fn(wb + (size_t)(r < rows ? r : rows - 1) * row_stride, (kdec){ NULL, sc, mn, &d[r], &dm[r] });
-                for (int j = 0; j < 16; j++) sc32[16 * j + r] = sc[j];
-                for (int k = 0; k < 8; k++) {
-                    const int16_t b0 = (int16_t)(-bias * sc[2 * k]), b1 = (int16_t)(-bias * sc[2 * k + 1]);
-                    bp[16 * k + r] = (int32_t)((uint32_t)(uint16_t)b1 << 16 | (uint16_t)b0);
-                    mp[16 * k + r] = (int32_t)((uint32_t)(uint16_t)mn[2 * k + 1] << 16 | (uint16_t)mn[2 * k]);
-                }
-            }
-        }
-        for (int q = 0; q < 4 && !direct; q++) {   /* groups 16q..16q+15 of the sixteen rows */
-            __m512i in[16], out[16];
-            for (int r = 0; r < 16; r++) in[r] = _mm512_load_si512((const void *)(codes[r] + 64 * q));
-            wp_transpose16(in, out);
-            for (int j = 0; j < 16; j++) _mm512_storeu_si512((void *)(o + 64 * (16 * q + j)), out[j]);
-        }
+        wp_codes16(type, wb, row_stride, rows, o);
+        wp_scales16(type, wb, row_stride, bsize, rows, o);
     }
 }
 
