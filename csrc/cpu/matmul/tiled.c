@@ -662,7 +662,8 @@ void gr_kpanel_dot(int32_t type, int64_t nb, const void *krow /* (nb, GR_KROW_BY
  * activation panels). Per 256-element block of a chunk of up to 16 rows r:
  *   u8  codes[64][16][4]   group g, row r: codes of elements 4g..4g+3 (w + bias)
  *   i32 sc[16][16]         scale of group-of-16 j of row r (32-element sub-blocks
- *                          read only even j)
+ *                          read only even j); Q2_K, Q3_K, Q4_K: sc[8][16] instead,
+ *                          the int16 pair (sc[2k], sc[2k+1]) (see WP_GEMM_FN's PK)
  *   i32 bp[8][16]          row r: the int16 pair (-bias sc[2k], -bias sc[2k+1])
  *   i32 mp[8][16]          row r: the int16 pair (mn[2k], mn[2k+1])
  *   f32 d[16], dmin[16]    (bp, mp and dmin written only for the types that read them)
@@ -759,8 +760,12 @@ WP_TARGET static int wp_scales16(int32_t type, const char *w0, size_t row_stride
                 m = _mm512_or_si512(_mm512_and_si512(_mm512_srli_epi32(D[3], sh + 4), m4),
                                     _mm512_slli_epi32(_mm512_and_si512(_mm512_srli_epi32(D[2], sh + 6), m2), 4));
             }
-            WP_ST(WP_SC + 64 * (2 * j), sc);
-            WP_ST(WP_SC + 64 * (2 * j + 1), sc);
+            if (type == GR_TYPE_Q4_K) {   /* packed: (sc, sc) for the sub-block's two 16s */
+                WP_ST(WP_SC + 64 * j, _mm512_or_si512(sc, _mm512_slli_epi32(sc, 16)));
+            } else {
+                WP_ST(WP_SC + 64 * (2 * j), sc);
+                WP_ST(WP_SC + 64 * (2 * j + 1), sc);
+            }
             WP_ST(WP_MP + 64 * j, _mm512_or_si512(m, _mm512_slli_epi32(m, 16)));
         }
         return 1;
@@ -800,8 +805,10 @@ WP_TARGET static int wp_scales16(int32_t type, const char *w0, size_t row_stride
         __m512i sc[16];
         for (int j = 0; j < 16; j++) {
             sc[j] = _mm512_sub_epi32(_mm512_and_si512(_mm512_srli_epi32(a[j / 4], 8 * (j % 4)), m6), _mm512_set1_epi32(32));
-            WP_ST(WP_SC + 64 * j, sc[j]);
         }
+        for (int k = 0; k < 8; k++)   /* packed: (sc[2k], sc[2k+1]) as int16 */
+            WP_ST(WP_SC + 64 * k, _mm512_or_si512(_mm512_and_si512(sc[2 * k], _mm512_set1_epi32(0xFFFF)),
+                                                  _mm512_slli_epi32(sc[2 * k + 1], 16)));
         for (int k = 0; k < 8; k++) {   /* (-4 sc[2k], -4 sc[2k+1]) as int16 */
             const __m512i b0 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sc[2 * k], 2));
             const __m512i b1 = _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32(sc[2 * k + 1], 2));
@@ -811,11 +818,13 @@ WP_TARGET static int wp_scales16(int32_t type, const char *w0, size_t row_stride
     }
     if (type == GR_TYPE_Q2_K) {   /* scales[16]: scale | min << 4 per 16 elements; d, dmin after qs */
         wp_dwords16(w0, row_stride, rows, offsetof(block_q2_K, scales), bsize, D);
-        __m512i mn[16];
+        __m512i mn[16], sc[16];
         for (int j = 0; j < 16; j++) {
-            WP_ST(WP_SC + 64 * j, _mm512_and_si512(_mm512_srli_epi32(D[j / 4], 8 * (j % 4)), m4));
+            sc[j] = _mm512_and_si512(_mm512_srli_epi32(D[j / 4], 8 * (j % 4)), m4);
             mn[j] = _mm512_and_si512(_mm512_srli_epi32(D[j / 4], 8 * (j % 4) + 4), m4);
         }
+        for (int k = 0; k < 8; k++)   /* packed: (sc[2k], sc[2k+1]) */
+            WP_ST(WP_SC + 64 * k, _mm512_or_si512(sc[2 * k], _mm512_slli_epi32(sc[2 * k + 1], 16)));
         for (int k = 0; k < 8; k++) WP_ST(WP_MP + 64 * k, _mm512_or_si512(mn[2 * k], _mm512_slli_epi32(mn[2 * k + 1], 16)));
         uint32_t h[16];   /* d | dmin << 16 */
         for (int r = 0; r < 16; r++)
@@ -960,13 +969,33 @@ static inline int32_t wp_ld32(const void *p) {
  * lane r = output (row r, column t). GS: groups of 4 elements per scale (4 or 8). */
 WP_TARGET static inline __attribute__((always_inline)) void
 wp_cols(int64_t nb, const char *panel, const block_q8_K *const *y, const int C, const int GS, const int bias,
-        const int has_min, __m512 *acc) {
+        const int has_min, const int PK, __m512 *acc) {
+    /* bytes 2, 3 of each dword from bytes 0, 1 of the same dword */
+    const __m512i lo_to_hi = _mm512_set4_epi32(0x0d0c0000, 0x09080000, 0x05040000, 0x01000000);
     for (int t = 0; t < C; t++) acc[t] = _mm512_setzero_ps();
     for (int64_t b = 0; b < nb; b++) {
         const char *p = panel + (size_t)b * GR_WPANEL_BYTES;
         __m512i s1[WP_CMAX], s2[WP_CMAX];
         for (int t = 0; t < C; t++) s1[t] = s2[t] = _mm512_setzero_si512();
-        for (int s = 0; s < 64 / GS; s++) {
+        for (int k = 0; k < 8 && PK; k++) {   /* groups of 16 2k and 2k + 1 */
+            __m512i ra[WP_CMAX], rb[WP_CMAX];
+            for (int t = 0; t < C; t++) ra[t] = rb[t] = _mm512_setzero_si512();
+            for (int gi = 0; gi < 4; gi++) {
+                const int g = 8 * k + gi;
+                const __m512i wa = _mm512_loadu_si512((const void *)(p + 64 * g));
+                for (int t = 0; t < C; t++)
+                    ra[t] = _mm512_dpbusd_epi32(ra[t], wa, _mm512_set1_epi32(wp_ld32(y[t][b].qs + 4 * g)));
+                const __m512i wb = _mm512_loadu_si512((const void *)(p + 64 * (g + 4)));
+                for (int t = 0; t < C; t++)
+                    rb[t] = _mm512_dpbusd_epi32(rb[t], wb, _mm512_set1_epi32(wp_ld32(y[t][b].qs + 4 * (g + 4))));
+            }
+            /* both sums within int16: the pair (ra, rb) by one byte shuffle, times (sc[2k], sc[2k+1]) */
+            const __m512i spv = _mm512_loadu_si512((const void *)(p + WP_SC + 64 * k));
+            for (int t = 0; t < C; t++)
+                s1[t] = _mm512_dpwssd_epi32(s1[t], _mm512_mask_shuffle_epi8(ra[t], 0xCCCCCCCCCCCCCCCCull, rb[t], lo_to_hi),
+                                            spv);
+        }
+        for (int s = 0; s < 64 / GS && !PK; s++) {
             __m512i raw[WP_CMAX];
             for (int t = 0; t < C; t++) raw[t] = _mm512_setzero_si512();
             for (int gi = 0; gi < GS; gi++) {
@@ -1003,7 +1032,7 @@ wp_cols(int64_t nb, const char *panel, const block_q8_K *const *y, const int C, 
 /* every column of [0, ncols): WP_CMAX at a time, then four, then one by one */
 WP_TARGET static inline __attribute__((always_inline)) void
 wp_gemm(int64_t nb, const char *panel, const char *act0, size_t act_stride, int64_t ncols, char *out0,
-        size_t out_stride, int rows, const int GS, const int bias, const int has_min) {
+        size_t out_stride, int rows, const int GS, const int bias, const int has_min, const int PK) {
     const __mmask16 m = (__mmask16)((1u << rows) - 1u);
     int64_t c = 0;
 #define WP_RUN(CC)                                                                                       \
@@ -1011,7 +1040,7 @@ wp_gemm(int64_t nb, const char *panel, const char *act0, size_t act_stride, int6
         const block_q8_K *y[CC];                                                                         \
         __m512 acc[CC];                                                                                  \
         for (int t = 0; t < CC; t++) y[t] = (const block_q8_K *)(act0 + (size_t)(c + t) * act_stride);   \
-        wp_cols(nb, panel, y, CC, GS, bias, has_min, acc);                                               \
+        wp_cols(nb, panel, y, CC, GS, bias, has_min, PK, acc);                                               \
         for (int t = 0; t < CC; t++) _mm512_mask_storeu_ps(out0 + (size_t)(c + t) * out_stride, m, acc[t]); \
     }
     WP_RUN(WP_CMAX)
@@ -1020,22 +1049,24 @@ wp_gemm(int64_t nb, const char *panel, const char *act0, size_t act_stride, int6
     for (; c < ncols; c++) {
         const block_q8_K *y[1] = { (const block_q8_K *)(act0 + (size_t)c * act_stride) };
         __m512 acc[1];
-        wp_cols(nb, panel, y, 1, GS, bias, has_min, acc);
+        wp_cols(nb, panel, y, 1, GS, bias, has_min, PK, acc);
         _mm512_mask_storeu_ps(out0 + (size_t)c * out_stride, m, acc[0]);
     }
 }
 
-#define WP_GEMM_FN(name, GS, bias, has_min)                                                                  \
+/* PK: the sums of 16 codes stay within int16 (16 * 15 * 127 for Q4_K, less for
+ * Q2_K and Q3_K), so two of them are scaled by one VPDPWSSD instead of two VPMULLD */
+#define WP_GEMM_FN(name, GS, bias, has_min, PK)                                                              \
     WP_TARGET static void name(int64_t nb, const char *panel, const char *act0, size_t act_stride,           \
                                int64_t ncols, char *out0, size_t out_stride, int rows) {                     \
-        wp_gemm(nb, panel, act0, act_stride, ncols, out0, out_stride, rows, GS, bias, has_min);              \
+        wp_gemm(nb, panel, act0, act_stride, ncols, out0, out_stride, rows, GS, bias, has_min, PK);          \
     }
-WP_GEMM_FN(wp_gemm_q2_K, 4, 0, 1)
-WP_GEMM_FN(wp_gemm_q3_K, 4, 4, 0)
-WP_GEMM_FN(wp_gemm_q4_K, 8, 0, 1)
-WP_GEMM_FN(wp_gemm_q5_K, 8, 0, 1)
-WP_GEMM_FN(wp_gemm_q6_K, 4, 32, 0)
-WP_GEMM_FN(wp_gemm_iq4_xs, 8, 128, 0)
+WP_GEMM_FN(wp_gemm_q2_K, 4, 0, 1, 1)
+WP_GEMM_FN(wp_gemm_q3_K, 4, 4, 0, 1)
+WP_GEMM_FN(wp_gemm_q4_K, 8, 0, 1, 1)
+WP_GEMM_FN(wp_gemm_q5_K, 8, 0, 1, 0)
+WP_GEMM_FN(wp_gemm_q6_K, 4, 32, 0, 0)
+WP_GEMM_FN(wp_gemm_iq4_xs, 8, 128, 0, 0)
 #undef WP_GEMM_FN
 #endif
 
