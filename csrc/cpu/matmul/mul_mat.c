@@ -13,7 +13,9 @@
  * runs of eight columns are also written as panels (ggmlrpc_panel_* for the
  * Q4/Q5/Q8 and IQ4_NL formats, gr_kpanel_* for the K-quants), so that a weight
  * row is unpacked once for the eight; every output stays bit-equal to its
- * one-column kernel. Weight rows go to threads in chunks handed out one at a
+ * one-column kernel. On AVX-512 VNNI CPUs the K-quants take sixteen weight rows
+ * at a time instead (gr_wpanel_*: one row per int32 lane, the columns read in
+ * place), with the same float steps per output. Weight rows go to threads in chunks handed out one at a
  * time.
  */
 #include <math.h>

@@ -250,7 +250,7 @@ __attribute__((target("avx2"))) static void block_sums_avx2(const int8_t *w, con
 static void (*block_sums)(const int8_t *, const int8_t *, const int16_t *, const int16_t *, const int16_t *,
                           int32_t *, int32_t *) = block_sums_c;
 
-static int wpanel_simd;   /* below */
+static int wpanel_simd;   /* the weight panels (below) are in use */
 static int kpanel_vnni;    /* the K panels' AVX-512 VNNI kernel */
 
 void gr_tiled_init(int use_simd, int family) {
