@@ -44,7 +44,7 @@ static int family;            /* the ggml build whose orders the primitives foll
 /* the one SIMD switch (simd.h): every table the family decides */
 int gr_simd_select(int fam, int use_simd) {
     const int simd = gr_vec_init(fam, use_simd);
-    gr_tiled_init(simd);
+    gr_tiled_init(simd, fam);
     return simd;
 }
 

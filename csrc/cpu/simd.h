@@ -8,7 +8,8 @@
  * tested against) and a table the switch fills in:
  *   vec.c              the vector primitives (gr_vec_init), with the x86 versions
  *                      in x86/vec_x86.c
- *   matmul/tiled.c     the tiled K-quant sums and K panels (gr_tiled_init)
+ *   matmul/tiled.c     the tiled K-quant sums, K panels and, on AVX-512 VNNI
+ *                      CPUs outside the AVX2 family, weight panels (gr_tiled_init)
  *   quants/quants.c    the quant formats' row kernels, with the x86 versions in
  *                      quants/x86/ (ggmlrpc_quants_simd: not per family, as the
  *                      codecs' bits do not depend on it)

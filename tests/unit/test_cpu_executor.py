@@ -217,6 +217,36 @@ def test_prompt_k_quant_panels_match_the_one_row_path(seed, wtype):
         np.testing.assert_array_equal(run(n_threads, True, True).view(np.uint32), want.view(np.uint32))
 
 
+@pytest.mark.parametrize("K", [256, 1024, 2816], ids=lambda k: f"K{k}")
+@pytest.mark.parametrize("wtype", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS])
+def test_prompt_k_quant_weight_panels_match_the_other_paths(seed, wtype, K):
+    """On AVX-512 VNNI CPUs the K-quants' prompt products take sixteen weight rows at
+    a time (weight panels, every column read in place); the AVX2 family's K panels
+    and the one-row tiled path must give the same bits, for 8 to 64 columns (runs
+    of four and single ones) and chunks of 16 rows with a short one at the end."""
+    from ggmlrpc._native import executor as native
+    from tests.ops.test_quants import random_blocks
+    rng = np.random.default_rng(seed)
+    M = 37
+    wq = random_blocks(rng, int(wtype), K * M)
+    for N in (8, 16, 17, 37, 64):
+        x = rng.standard_normal((1, N, K)).astype(np.float32)
+        x[0, N - 1] *= 1e3   # one column of another scale
+
+        def run(n_threads, simd):
+            return _matmul_runs(wtype, wq, x, M, n_threads, simd, simd)[0]
+
+        want = run(1, False)
+        assert np.isfinite(want).all()
+        for n_threads in (1, 2):
+            np.testing.assert_array_equal(run(n_threads, True).view(np.uint32), want.view(np.uint32))
+        old = native.set_kernel_family("x86-avx2")
+        try:
+            np.testing.assert_array_equal(run(2, True).view(np.uint32), want.view(np.uint32))
+        finally:
+            native.set_kernel_family(old)
+
+
 def test_unsupported_and_invalid_are_typed(seed):
     b = Builder()
     x = b.tensor(T.F32, (8,), data=np.ones(8, np.float32))

@@ -25,7 +25,7 @@ int gr_tiled_supported(int32_t type);
 size_t gr_tiled_row_bytes(int64_t K);
 gr_tiled_row gr_tiled_decode(int32_t type, int64_t K, const void *w_row, void *mem);
 float gr_tiled_dot_row(const gr_tiled_row *r, const void *act);   /* act: K/256 Q8_K blocks */
-void gr_tiled_init(int use_simd);
+void gr_tiled_init(int use_simd, int family);   /* family: enum gr_family */
 /* The same sums for runs of eight activation rows at once ("K panels", AVX2):
  * the eight rows' Q8_K blocks interleaved per block (gr_kpanel_put), weight
  * rows decoded into unsigned codes with ready-made scale vectors
@@ -43,6 +43,18 @@ void gr_kpanel_dot(int32_t type, int64_t nb, const void *krow, const float *d, c
 /* the same eight outputs against eight Q8_K rows read where they are (no panel) */
 void gr_kpanel_dot_rows(int32_t type, int64_t nb, const void *krow, const float *d, const float *dmin,
                         const void *const act[8], float out[8]);
+
+/* The same outputs on AVX-512 VNNI CPUs ("weight panels", tiled.c): a chunk of up
+ * to 16 weight rows decoded side by side, one row per int32 lane (gr_wpanel_decode,
+ * GR_WPANEL_BYTES per block), then dotted with Q8_K activation rows read where they
+ * are, sixteen outputs of a column at a time (gr_wpanel_gemm), each bit-equal to
+ * gr_tiled_dot_row's. gr_wpanel_available: 0 where the kernel is missing or off. */
+#define GR_WPANEL_BYTES 6272   /* per block: codes (16 x 256), scales (16 x 64), bias and min pairs
+                                  (2 x 512), d and dmin (2 x 64) */
+int gr_wpanel_available(int32_t type);
+void gr_wpanel_decode(int32_t type, int64_t nb, const void *w0, size_t row_stride, int rows, void *panel);
+void gr_wpanel_gemm(int32_t type, int64_t nb, const void *panel, const void *act0, size_t act_stride,
+                    int64_t ncols, float *out0, size_t out_stride, int rows);
 
 /* Weight rows per chunk a thread decodes into K-panel layout (MUL_MAT) or takes of
  * an expert's run (MUL_MAT_ID). */

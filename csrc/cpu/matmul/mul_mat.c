@@ -13,7 +13,9 @@
  * runs of eight columns are also written as panels (ggmlrpc_panel_* for the
  * Q4/Q5/Q8 and IQ4_NL formats, gr_kpanel_* for the K-quants), so that a weight
  * row is unpacked once for the eight; every output stays bit-equal to its
- * one-column kernel. Weight rows go to threads in chunks handed out one at a
+ * one-column kernel. On AVX-512 VNNI CPUs the K-quants take sixteen weight rows
+ * at a time instead (gr_wpanel_*: one row per int32 lane, the columns read in
+ * place), with the same float steps per output. Weight rows go to threads in chunks handed out one at a
  * time.
  */
 #include <math.h>
@@ -84,7 +86,9 @@ static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
     /* panels only where the plan made room for them (the SIMD level can be
      * switched between planning and running) */
     const size_t pb = !L->kpanel && L->panel_block && gr_mm_scratch_has(n, L->panels_end) ? L->panel_block : 0;
-    const int kp = L->kpanel && gr_mm_scratch_has(n, L->threads + (size_t)job->nth * L->per_thread);
+    /* the weight-panel path reads the converted rows themselves */
+    const int kp = L->kpanel && gr_mm_scratch_has(n, L->threads + (size_t)job->nth * L->per_thread) &&
+                   !gr_wpanel_available(s0->type);
     for (int64_t ir = r0; ir < r1; ir++) {
         const char *src = gr_row(s1, ir);
         char *dst = job->wdata + (size_t)ir * row_size;
@@ -214,6 +218,34 @@ static void mm_kpanel_gemm(gr_job *job, const mm_ctx *cx) {
                     for (int64_t j = 0; j < N - G * 8; j++) out[j][i01] = v[j];
                 }
             }
+        }
+    }
+}
+
+/* the same on AVX-512 VNNI: each chunk of GR_MM_CHUNK_ROWS weight rows decoded
+ * into one weight panel per src1 batch, then every column of the batch against it */
+_Static_assert(GR_MM_CHUNK_ROWS == 16, "a weight panel holds sixteen rows");
+_Static_assert(GR_WPANEL_BYTES <= GR_MM_CHUNK_ROWS * (GR_KROW_BYTES + 8), "a weight panel fits a thread's K rows");
+
+static void mm_wpanel_gemm(gr_job *job, const mm_ctx *cx) {
+    const gr_tensor *s0 = cx->s0, *d = cx->d;
+    const int64_t K = cx->K, N = cx->N, ne12 = cx->ne12, ne13 = cx->ne13, nr0 = cx->nr0;
+    const int64_t nb = K / 256, CH = GR_MM_CHUNK_ROWS;
+    char *panel = job->wdata + cx->L.threads + (size_t)job->ith * cx->L.per_thread;
+    const int nch = (int)((nr0 + CH - 1) / CH);
+    for (int ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+        const int64_t ib = ch * CH, ie = ib + CH < nr0 ? ib + CH : nr0;
+        int64_t cur = -1;
+        for (int64_t sl = 0; sl < ne12 * ne13; sl++) {
+            const int64_t i12 = sl % ne12, i13 = sl / ne12;
+            const int64_t i02 = i12 / cx->r2, i03 = i13 / cx->r3, key = i03 * s0->ne[2] + i02;
+            if (key != cur) {
+                gr_wpanel_decode(s0->type, nb, s0->data + i02 * s0->nb[2] + i03 * s0->nb[3] + ib * s0->nb[1],
+                                 s0->nb[1], (int)(ie - ib), panel);
+                cur = key;
+            }
+            gr_wpanel_gemm(s0->type, nb, panel, job->wdata + (size_t)(sl * N) * cx->row_size, cx->row_size, N,
+                           (float *)(d->data + i12 * d->nb[2] + i13 * d->nb[3]) + ib, d->nb[1], (int)(ie - ib));
         }
     }
 }
@@ -359,7 +391,8 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     const int kp = L.kpanel && gr_mm_scratch_has(n, L.threads + (size_t)job->nth * L.per_thread);
     const size_t pb = !L.kpanel && L.panel_block && gr_mm_scratch_has(n, L.panels_end) ? L.panel_block : 0;
     const int64_t CH = cx.nr1 == 1 ? 64 : 16;
-    if (order == GR_MM_TILED && kp) mm_kpanel_gemm(job, &cx);
+    if (order == GR_MM_TILED && kp && gr_wpanel_available(s0->type)) mm_wpanel_gemm(job, &cx);
+    else if (order == GR_MM_TILED && kp) mm_kpanel_gemm(job, &cx);
     else if (order == GR_MM_TILED) mm_tiled(job, &cx, a0, a1, b0, b1);
     else if (order == GR_MM_GEMM && (s0->type == GR_TYPE_F32 || s0->type == GR_TYPE_F16)) mm_gemm_tiles(job, &cx, a0, a1, b0, b1);
     else if (pb) mm_panel_gemm(job, &cx, pb);

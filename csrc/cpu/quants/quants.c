@@ -1315,6 +1315,7 @@ static const gr_simd_kernels gr_avx2[GR_NTYPES] = {
     [GR_TYPE_Q5_1] = {NULL, NULL, vec_dot_q5_1_q8_1_avx2},
     [GR_TYPE_Q8_0] = {NULL, quantize_row_q8_0_avx2, vec_dot_q8_0_q8_0_avx2},
     [GR_TYPE_Q8_1] = {NULL, quantize_row_q8_1_avx2, NULL},
+    [GR_TYPE_Q8_K] = {NULL, quantize_row_q8_K_avx2, NULL},
     [GR_TYPE_Q2_K] = {NULL, NULL, vec_dot_q2_K_q8_K_avx2},
     [GR_TYPE_Q3_K] = {NULL, NULL, vec_dot_q3_K_q8_K_avx2},
     [GR_TYPE_Q4_K] = {NULL, NULL, vec_dot_q4_K_q8_K_avx2},

@@ -244,6 +244,7 @@ GR_AVX2 void panel_dot_q5_1_avx2(int64_t n, float *s /* (8,) */, const void *vx 
 GR_AVX2 void panel_dot_q8_0_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q8_0 */, const void *panel /* (n/32,) panel blocks */);
 GR_AVX2 void q4_0_act_sums_avx2(const void *vy /* (nb,) q8_0 */, int32_t *sums /* (nb, 8) */, int64_t nb);
 GR_AVX2 void quantize_row_q8_0_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n);
+GR_AVX2 void quantize_row_q8_K_avx2(const float *x /* (n,) */, void *vy /* (n/256,) blocks */, int64_t n);
 GR_AVX2 void quantize_row_q8_1_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n);
 GR_AVX2 void vec_dot_bf16_bf16_avx2(int64_t n, float *s, const void *vx /* (n,) bf16 */, const void *vy /* (n,) bf16 */);
 GR_AVX2 void vec_dot_f16_f16_avx2(int64_t n, float *s, const void *vx /* (n,) f16 */, const void *vy /* (n,) f16 */);

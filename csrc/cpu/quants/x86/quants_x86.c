@@ -123,6 +123,57 @@ GR_AVX2 void quantize_row_q8_1_avx2(const float *x /* (n,) */, void *vy /* (n/32
     gr_q8_1_row(x, vy, n, gr_q8_block_avx2);
 }
 
+/* Q8_K as quantize_row_q8_K: the first element of the largest magnitude (a NaN
+ * never wins, as fabsf(NaN) > amax is false), the codes by the same magic-number
+ * rounding and clamp, int8 as the cast keeps them, bsums of the stored codes */
+GR_AVX2 void quantize_row_q8_K_avx2(const float *x /* (n,) */, void *vy /* (n/256,) blocks */, int64_t n) {
+    block_q8_K *y = vy;
+    const __m256 nosign = _mm256_castsi256_ps(_mm256_set1_epi32(0x7fffffff));
+    for (int64_t i = 0; i < n / GR_QK_K; i++, x += GR_QK_K) {
+        __m256 am = _mm256_setzero_ps();
+        for (int j = 0; j < GR_QK_K; j += 8) {
+            const __m256 a = _mm256_and_ps(nosign, _mm256_loadu_ps(x + j));
+            am = _mm256_blendv_ps(am, a, _mm256_cmp_ps(a, am, _CMP_GT_OQ));
+        }
+        float lanes[8], amax = 0.0f;
+        _mm256_storeu_ps(lanes, am);
+        for (int k = 0; k < 8; k++) amax = lanes[k] > amax ? lanes[k] : amax;
+        if (amax == 0.0f) {
+            memset(&y[i], 0, sizeof y[i]);
+            continue;
+        }
+        int first = 0;
+        for (int j = 0; j < GR_QK_K; j += 8) {
+            const __m256 a = _mm256_and_ps(nosign, _mm256_loadu_ps(x + j));
+            const int m = _mm256_movemask_ps(_mm256_cmp_ps(a, _mm256_set1_ps(amax), _CMP_EQ_OQ));
+            if (m) {
+                first = j + __builtin_ctz((unsigned)m);
+                break;
+            }
+        }
+        const float iscale = -127.0f / x[first];
+        const __m256 is = _mm256_set1_ps(iscale), magic = _mm256_set1_ps(12582912.0f);
+        const __m256i mant = _mm256_set1_epi32(0x7fffff), half = _mm256_set1_epi32(0x400000), top = _mm256_set1_epi32(127);
+        for (int g = 0; g < 16; g++) {
+            __m256i v[2];
+            for (int h = 0; h < 2; h++) {
+                const __m256 t = _mm256_add_ps(_mm256_mul_ps(is, _mm256_loadu_ps(x + 16 * g + 8 * h)), magic);
+                const __m256i c = _mm256_min_epi32(_mm256_sub_epi32(_mm256_and_si256(_mm256_castps_si256(t), mant), half), top);
+                v[h] = _mm256_srai_epi32(_mm256_slli_epi32(c, 24), 24);   /* the int8 the cast keeps */
+            }
+            const __m256i p = _mm256_permute4x64_epi64(_mm256_packs_epi32(v[0], v[1]), 0xD8);
+            _mm_storeu_si128((__m128i *)(y[i].qs + 16 * g),
+                             _mm_packs_epi16(_mm256_castsi256_si128(p), _mm256_extracti128_si256(p, 1)));
+            const __m256i s8 = _mm256_add_epi32(v[0], v[1]);
+            __m128i s = _mm_add_epi32(_mm256_castsi256_si128(s8), _mm256_extracti128_si256(s8, 1));
+            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0x4e));
+            s = _mm_add_epi32(s, _mm_shuffle_epi32(s, 0xb1));
+            y[i].bsums[g] = (int16_t)_mm_cvtsi128_si32(s);
+        }
+        y[i].d = 1.0f / iscale;
+    }
+}
+
 /* F32/F16: four 8-lane FMA accumulators over steps of 32, reduced pairwise,
  * then the tail; F16 keeps the tail in double like ggml */
 GR_AVX2 static inline float gr_reduce4_ps8(__m256 a0, __m256 a1, __m256 a2, __m256 a3) {
