@@ -19,7 +19,6 @@ import logging
 import os
 import threading
 
-from ..errors import DeviceError
 from ..ggml import is_quantized, type_size, blck_size
 from .base import Buffer, Device
 
@@ -148,7 +147,9 @@ class CudaBuffer(Buffer):
 
 
 class CudaDevice(Device):
-    def __init__(self, cuda, index: int):
+    def __init__(self, cuda, index: int, kernels=None):
+        """cuda: pycuda.driver (or a stand-in); kernels: a ggmlrpc.cuda.Kernels to use
+        instead of compiling the .cu files through PyCUDA (the tests' emulator)."""
         self.cuda = cuda
         self.index = index
         self.dev = cuda.Device(index)
@@ -157,7 +158,8 @@ class CudaDevice(Device):
         self._ctx = None
         self._lock = threading.RLock()
         self._staging = None
-        self._kernels = None
+        self._kernels = kernels
+        self._executor = None
 
     @contextlib.contextmanager
     def context(self):
@@ -216,7 +218,12 @@ class CudaDevice(Device):
         return self._kernels
 
     def executor(self):
-        raise DeviceError(f"{self.name}: graph execution on CUDA devices is not implemented yet")
+        """The graph executor: this device's kernels launched through its driver."""
+        with self._lock:
+            if self._executor is None:
+                from ..compute.cuda import CudaExecutor
+                self._executor = CudaExecutor(self.kernels, self.cuda, self.context, device=self)
+            return self._executor
 
 
 def cuda_devices() -> list[CudaDevice]:

@@ -1,0 +1,43 @@
+"""CUDA kernels of MUL_MAT: mat-vec (dp4a on q8_1 activations for quantized weights,
+float for F32/F16/BF16) up to ops.MMVQ_MAX_COLS columns, the tiled kernel beyond.
+MUL_MAT_ID and OUT_PROD have none yet."""
+from __future__ import annotations
+
+from ...cuda import ops
+from ...ggml import GGMLOp as Op
+from ...ggml import GGMLType as T
+from ...ops import matmul as rules
+from ..cuda import Builder
+from .base import need_types, unsupported
+
+
+def _types(node, srcs):
+    w, x = srcs
+    need_types(node, srcs, w.type in ops.TYPES and x.type in (T.F32, T.F16, T.BF16) and node.type == T.F32)
+
+
+def rule_mul_mat(node, srcs, b: Builder):
+    if rules.is_hadamard(node):
+        raise unsupported(node, srcs, "as a Hadamard transform")
+    w, x = rules.product(node, srcs, _types)
+    if x.type != T.F32:
+        xp, xnb = b.packed(x, T.F32), None
+    else:
+        xp, xnb = b.ptr(x), tuple(x.nb)
+    if xnb is None:
+        xnb = (4, 4 * x.ne[0], 4 * x.ne[0] * x.ne[1], 4 * x.ne[0] * x.ne[1] * x.ne[2])
+    if xnb[1] % 4 or xnb[2] % 4:
+        raise unsupported(node, srcs, "with activations at unaligned strides")
+    dst, finish = b.out(node)
+    ncols, nrows, ncols_y, nz = w.ne[0], w.ne[1], x.ne[1], x.ne[2]
+    r2, r3 = x.ne[2] // w.ne[2], x.ne[3] // w.ne[3]
+    strategy = ops.choose_mul_mat(w.type, ncols_y)
+    q8 = b.alloc(ops.q8_1_bytes(ncols, ncols_y * nz)) if strategy == "mmvq" else None
+    for i3 in range(x.ne[3]):       # the kernels cover dims 0..2; dim 3 is a loop of launches
+        b.launch(ops.mul_mat, w.type, dst + i3 * 4 * nrows * ncols_y * nz, b.ptr(w, (i3 // r3) * w.nb[3]),
+                 xp + i3 * xnb[3], ncols, nrows, ncols_y, nz=nz, r2=r2, w_row=w.nb[1], w_mat=w.nb[2],
+                 x_col=xnb[1] // 4, x_mat=xnb[2] // 4, strategy=strategy, q8_scratch=q8)
+    finish()
+
+
+RULES = {Op.MUL_MAT: rule_mul_mat}
