@@ -264,3 +264,35 @@ def test_unsupported_op_closes_the_connection(servers, caplog):
         assert "GROUP_NORM" in caplog.text and "not supported by the CUDA executor" in caplog.text
     finally:
         c.close()
+
+
+# ---- whole transformer graphs ----
+
+# what a CUDA device answers differently from the recorded CPU server, by design:
+# ggml's CUDA buffer alignment (128) and quantized rows padded to 512 elements
+DEVICE_FACTS = ("GET_ALIGNMENT", "GET_ALLOC_SIZE")
+# the logits' NMSE against llama.cpp's CPU: 1e-4 as the replayer, 5e-4 (test-backend-ops'
+# quantized matmul threshold) for quantized weights
+SESSIONS = {"llama-f32": 1e-4, "llama-f16-fa": 1e-4, "llama-q4_0-nofa": 5e-4, "llama-q8_0": 5e-4}
+
+
+@pytest.mark.parametrize("session", list(SESSIONS))
+def test_recorded_session_on_cuda(session):
+    """A whole recorded llama.cpp session (prompt, decoding, GRAPH_RECOMPUTE) replayed on a
+    server whose device is CUDA0 in the emulator: every logits row as the recorded
+    CPU server's, within SESSIONS[session], the same top token."""
+    from ggmlrpc.protocol import Cmd
+    from ggmlrpc.trace import Replayer, load_connection
+    from tests.conftest import TRACES
+
+    srv = start(emulated_gpu("forward"))
+    try:
+        results = Replayer(f"127.0.0.1:{srv.port}", timeout=300, max_nmse=SESSIONS[session]).replay_session(
+            TRACES / session)
+    finally:
+        srv.close()
+    diffs = [f"{r.name} {d}" for r in results for d in r.differences if d.command not in DEVICE_FACTS]
+    assert not diffs, "\n".join(diffs)
+    model = load_connection(TRACES / session / results[-1].name)
+    assert results[-1].sent == len(model.exchanges)
+    assert sum(e.cmd == Cmd.GET_TENSOR for e in model.exchanges) >= 16     # the logits of every token
