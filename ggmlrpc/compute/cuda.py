@@ -37,8 +37,9 @@ class CudaPlan:
     """A compiled graph: its launches (callables), their node names and the scratch
     allocations they write into (freed with the plan)."""
 
-    def __init__(self, graph, steps, names, scratch, scratch_bytes):
+    def __init__(self, graph, steps, names, scratch, scratch_bytes, err=None):
         self.graph = graph
+        self.err = err              # device i32 where index checks report (node index + 1), or None
         self.steps = steps          # [(node index, callable)]
         self.names = names          # node index -> "name (op)"
         self._scratch = scratch     # device allocations, kept alive by the plan
@@ -60,6 +61,7 @@ class Builder:
         self.scratch = []
         self.scratch_bytes = 0
         self.node_index = 0
+        self.err = None
 
     # ---- addresses ----
 
@@ -86,6 +88,13 @@ class Builder:
         self.scratch.append(a)
         self.scratch_bytes += nbytes
         return np.intp(int(a))
+
+    def error_flag(self) -> dict:
+        """Keyword arguments for a launcher that checks indices: the plan's device flag
+        and this node's code (its index + 1), which run() turns into ValidationError."""
+        if self.err is None:
+            self.err = self.alloc(4)
+        return {"err": self.err, "err_code": self.node_index + 1}
 
     # ---- launches ----
 
@@ -206,7 +215,7 @@ class CudaExecutor:
                 for a in b.scratch:
                     a.free()
                 raise
-        return CudaPlan(graph, b.steps, names, b.scratch, b.scratch_bytes)
+        return CudaPlan(graph, b.steps, names, b.scratch, b.scratch_bytes, b.err)
 
     def run(self, plan: CudaPlan, cancel=None) -> None:
         """Launch a plan's kernels in order and wait for them; a cancel token set
@@ -215,6 +224,8 @@ class CudaExecutor:
             last = -1
             i = -1
             try:
+                if plan.err is not None:
+                    self.driver.memset_d8(int(plan.err), 0, 4)
                 for i, step in plan.steps:
                     if i != last:
                         if cancel is not None and cancel.is_set():
@@ -225,6 +236,12 @@ class CudaExecutor:
                 sync = getattr(getattr(self.driver, "Context", None), "synchronize", None)
                 if sync is not None:
                     sync()
+                if plan.err is not None:
+                    code = np.zeros(1, np.int32)
+                    self.driver.memcpy_dtoh(code, int(plan.err))
+                    if code[0]:
+                        i = int(code[0]) - 1
+                        raise ValidationError(f"node {plan.names[i]}: a row index is out of range")
             except (ConnectionLost, UnsupportedError, ValidationError):
                 raise
             except Exception as e:  # a launch the driver refused, a kernel fault

@@ -252,6 +252,30 @@ def test_argsort_and_sum_rows(servers, rng):
         np.testing.assert_allclose(ours, ref, rtol=1e-6)
 
 
+@pytest.mark.parametrize("op", ["GET_ROWS", "SET_ROWS"])
+@pytest.mark.parametrize("bad", [-1, 8])
+def test_index_out_of_range_closes_the_connection(servers, caplog, rng, op, bad):
+    """A hostile index reads or writes nothing outside its tensor: the kernel skips it and
+    flags it, the run fails with a log line, the connection closes, the server serves on."""
+    c = Ctx(f"127.0.0.1:{servers[0].port}")
+    try:
+        rows = c.new(T.F32, (64, 8), rng.standard_normal((8, 64)).astype(np.float32))
+        if op == "GET_ROWS":
+            c.op(Op.GET_ROWS, T.F32, (64, 2), rows, c.new(T.I32, (2,), np.array([1, bad], np.int32)))
+        else:
+            node = c.op(Op.SET_ROWS, T.F32, (64, 8), c.new(T.F32, (64, 2), np.ones((2, 64), np.float32)),
+                        c.new(T.I64, (2,), np.array([bad, 0], np.int64)))
+            node.view_src, node.data = rows, rows.data
+        with caplog.at_level(logging.WARNING):
+            c.rb.graph_compute(c.nodes)
+            with pytest.raises(ServerClosed):
+                c.rb.synchronize()
+        assert "row index is out of range" in caplog.text
+    finally:
+        c.close()
+    check(servers, lambda c: [c.op(Op.SQR, T.F32, (4,), c.new(T.F32, (4,), np.arange(4, dtype=np.float32)))])
+
+
 def test_unsupported_op_closes_the_connection(servers, caplog):
     c = Ctx(f"127.0.0.1:{servers[0].port}")
     try:

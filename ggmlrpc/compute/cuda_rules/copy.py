@@ -75,7 +75,8 @@ def rule_get_rows(node, srcs, b: Builder):
     if not contiguous(idx):
         raise unsupported(node, srcs, "with strided indices")
     dst, finish = b.out(node)
-    b.launch(ops.get_rows, a.type, dst, b.ptr(a), b.ptr(idx), a.ne[0], tuple(idx.ne[:3]), tuple(a.nb))
+    b.launch(ops.get_rows, a.type, dst, b.ptr(a), b.ptr(idx), a.ne[0], tuple(idx.ne[:3]), tuple(a.nb),
+             n_rows=a.ne[1], **b.error_flag())
     finish()
 
 
@@ -91,7 +92,7 @@ def rule_set_rows(node, srcs, b: Builder):
     if node.ne[0] % ggml.blck_size(node.type):
         raise unsupported(node, srcs, "with rows that are not whole blocks")
     b.launch(ops.set_rows, node.type, b.ptr(node), tuple(node.nb), b.packed(a), tuple(a.ne), b.ptr(idx),
-             tuple(idx.ne[:3]), idx.type == T.I32)
+             tuple(idx.ne[:3]), idx.type == T.I32, n_rows=node.ne[1], **b.error_flag())
 
 
 def rule_repeat(node, srcs, b: Builder):
