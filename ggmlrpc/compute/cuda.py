@@ -153,8 +153,9 @@ def dense_nb(type_, ne) -> tuple:
 
 
 def row_stride(t):
-    """Element stride between consecutive rows when all rows of t (dims 1..3) lie at
-    one stride (a kernel that walks rows at `ldx`), else None."""
+    """The stride between consecutive rows, in units of type_size (elements; blocks of a
+    quant type), when all rows of t (dims 1..3) lie at one stride (a kernel that walks
+    rows at `ldx`), else None."""
     stride = None
     expect = None
     for i in (1, 2, 3):
@@ -166,7 +167,7 @@ def row_stride(t):
             stride = t.nb[i]
         expect = t.nb[i] * t.ne[i]
     if stride is None:
-        return t.ne[0]
+        return t.ne[0] // ggml.blck_size(t.type)
     return stride // ts(t) if stride % ts(t) == 0 else None
 
 
@@ -195,7 +196,7 @@ class CudaExecutor:
         return self.driver.mem_alloc(nbytes)
 
     def compile(self, graph) -> CudaPlan:
-        from . import cuda_rules   # its rules import Builder from here
+        from . import cuda_rules  # its rules import Builder from here
 
         names = []
         with self.context():

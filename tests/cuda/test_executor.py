@@ -242,6 +242,60 @@ def test_flash_attn(servers, rng, kv_t, nq):
     check(servers, build, 5e-4)
 
 
+def test_mul_mat_broadcast_4d(servers, rng):
+    """src0 broadcast over src1's dims 2 and 3 (dim 3 is a loop of launches)."""
+    K, M, N = 64, 8, 3
+    w = rng.standard_normal((1, 2, M, K)).astype(np.float32)
+    x = rng.standard_normal((2, 6, N, K)).astype(np.float32)
+    check(servers, lambda c: [c.op(Op.MUL_MAT, T.F32, (M, N, 6, 2), c.new(T.F32, (K, M, 2, 1), w),
+                                   c.new(T.F32, (K, N, 6, 2), x))])
+
+
+@pytest.mark.parametrize("qt", [T.Q8_0, T.Q4_0], ids=lambda t: t.name)
+def test_cpy_quantize_and_back(servers, rng, qt):
+    x = rng.standard_normal((3, 64)).astype(np.float32)
+
+    def build(c):
+        q = c.op(Op.CPY, qt, (64, 3), c.new(T.F32, (64, 3), x), c.new(qt, (64, 3)))
+        return [c.op(Op.CPY, T.F32, (64, 3), q, c.new(T.F32, (64, 3)))]
+    check(servers, build)
+
+
+def test_cpy_reshaping(servers, rng):
+    """CPY keeps element order between shapes: a transposed source into a flat result."""
+    x = rng.standard_normal((6, 20)).astype(np.float32)
+    check(servers, lambda c: [c.op(Op.CPY, T.F16, (120,), c.transpose(c.new(T.F32, (20, 6), x)), c.new(T.F16, (120,)))])
+
+
+def test_concat_repeat_mean_l2(servers, rng):
+    a = rng.standard_normal((2, 3, 5)).astype(np.float32)
+    b = rng.standard_normal((2, 4, 5)).astype(np.float32)
+
+    def build(c):
+        ta, tb = c.new(T.F32, (5, 3, 2), a), c.new(T.F32, (5, 4, 2), b)
+        return [c.op(Op.CONCAT, T.F32, (5, 7, 2), ta, tb, params=[1]),
+                c.op(Op.REPEAT, T.F32, (10, 6, 2), ta),
+                c.op(Op.MEAN, T.F32, (1, 3, 2), ta),
+                c.op(Op.L2_NORM, T.F32, (5, 3, 2), ta, params=[f32_bits(1e-6)])]
+    check(servers, build)
+
+
+def test_soft_max_sinks_alibi(servers, rng):
+    cols, rows, heads = 20, 3, 4
+    x = rng.standard_normal((heads, rows, cols)).astype(np.float32)
+    m = rng.standard_normal((rows, cols)).astype(np.float16)
+    sk = rng.standard_normal(heads).astype(np.float32)
+    check(servers, lambda c: [c.op(Op.SOFT_MAX, T.F32, (cols, rows, heads), c.new(T.F32, (cols, rows, heads), x),
+                                   c.new(T.F16, (cols, rows), m), c.new(T.F32, (heads,), sk),
+                                   params=[f32_bits(0.5), f32_bits(8.0)])])
+
+
+def test_top_k(servers, rng):
+    x = rng.permutation(2 * 50).astype(np.float32).reshape(2, 50)
+    for ours, ref in run_both(servers, lambda c: [c.op(Op.TOP_K, T.I32, (5, 2), c.new(T.F32, (50, 2), x))]):
+        np.testing.assert_array_equal(np.sort(ours, axis=-1), np.sort(ref, axis=-1))
+
+
 def test_argsort_and_sum_rows(servers, rng):
     x = rng.permutation(3 * 40).astype(np.float32).reshape(3, 40)
 
@@ -300,16 +354,25 @@ DEVICE_FACTS = ("GET_ALIGNMENT", "GET_ALLOC_SIZE")
 SESSIONS = {"llama-f32": 1e-4, "llama-f16-fa": 1e-4, "llama-q4_0-nofa": 5e-4, "llama-q8_0": 5e-4}
 
 
+def real_gpu():
+    from ggmlrpc.devices.cuda import cuda_devices
+    found = cuda_devices()
+    if not found:
+        pytest.skip("no CUDA device (PyCUDA, driver or GPU missing)")
+    return found[0]
+
+
+@pytest.mark.parametrize("where", ["emulator", pytest.param("device", marks=pytest.mark.cuda)])
 @pytest.mark.parametrize("session", list(SESSIONS))
-def test_recorded_session_on_cuda(session):
+def test_recorded_session_on_cuda(session, where):
     """A whole recorded llama.cpp session (prompt, decoding, GRAPH_RECOMPUTE) replayed on a
-    server whose device is CUDA0 in the emulator: every logits row as the recorded
-    CPU server's, within SESSIONS[session], the same top token."""
+    server whose device is CUDA0 (in the emulator, or a real GPU through PyCUDA): every
+    logits row as the recorded CPU server's, within SESSIONS[session], the same top token."""
     from ggmlrpc.protocol import Cmd
     from ggmlrpc.trace import Replayer, load_connection
     from tests.conftest import TRACES
 
-    srv = start(emulated_gpu("forward"))
+    srv = start(emulated_gpu("forward") if where == "emulator" else real_gpu())
     try:
         results = Replayer(f"127.0.0.1:{srv.port}", timeout=300, max_nmse=SESSIONS[session]).replay_session(
             TRACES / session)

@@ -6,7 +6,7 @@ from ...errors import UnsupportedError
 from ...ggml import GGMLType as T
 from ...ops.base import describe, f32_param
 
-__all__ = ["f32_param", "f32_only", "need_types", "unsupported", "type_name"]
+__all__ = ["f32_only", "f32_param", "need_types", "type_name", "unsupported"]
 
 type_name = ggml.type_name
 

@@ -59,10 +59,9 @@ def _copy_rows(node, srcs, s, b, launcher, qtype):
     ls, ld = row_stride(s), row_stride(node)
     if ls is None or ld is None:
         raise unsupported(node, srcs, "with rows at uneven strides")
-    # row_stride counts elements; quant rows are counted in blocks of their type
-    ls_b = ls * ggml.type_size(s.type) // ggml.blck_size(s.type)
-    ld_b = ld * ggml.type_size(node.type) // ggml.blck_size(node.type)
-    b.launch(launcher, qtype, b.ptr(node), b.ptr(s), s.ne[0], nrows(s), ls_b, ld_b)
+    # row_stride counts units of type_size: elements, or blocks of a quant type
+    b.launch(launcher, qtype, b.ptr(node), b.ptr(s), s.ne[0], nrows(s), ls * ggml.type_size(s.type),
+             ld * ggml.type_size(node.type))
 
 
 def _get_rows_types(node, srcs):

@@ -26,9 +26,9 @@ def rule_rope(node, srcs, b: Builder):
     if p[15]:
         raise unsupported(node, srcs, "with rotated dimensions that do not start at 0 (n_offs)")
     dst, finish = b.out(node)
-    kw = dict(freq_base=f32_param(node, 5), freq_scale=f32_param(node, 6), ext_factor=f32_param(node, 7),
-              attn_factor=f32_param(node, 8), n_ctx_orig=p[4], beta_fast=f32_param(node, 9),
-              beta_slow=f32_param(node, 10), sections=tuple(p[11:15]))
+    kw = {"freq_base": f32_param(node, 5), "freq_scale": f32_param(node, 6), "ext_factor": f32_param(node, 7),
+          "attn_factor": f32_param(node, 8), "n_ctx_orig": p[4], "beta_fast": f32_param(node, 9),
+          "beta_slow": f32_param(node, 10), "sections": tuple(p[11:15])}
     if ff is not None:
         kw["freq_factors"] = b.ptr(ff)
     if not contiguous(pos):
