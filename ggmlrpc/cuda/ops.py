@@ -329,6 +329,14 @@ def mul_mat_id(k, type_: int, dst, w, x, ids, ncols: int, nrows: int, n_used: in
              ncols * ne11, nrows, nrows * n_used, 1, ne11, n_used if ids_ld is None else ids_ld, q8_scratch)
 
 
+def sanitize_ids(k, out, ids, n_used: int, n_tokens: int, ids_ld: int, n_as: int, *, err=None, err_code=1):
+    """MUL_MAT_ID's ids (n_tokens, ids_ld) i32 packed into out (n_tokens, n_used), an id
+    outside [0, n_as) replaced by 0 and reported as err_code at err."""
+    k.function("matmul", "sanitize_ids")(out, ids, i32(n_used), i32(n_tokens), i64(ids_ld), i32(n_as),
+                                         NULL if err is None else err, i32(err_code),
+                                         block=(BLOCK, 1, 1), grid=grid_for(n_used * n_tokens))
+
+
 # ---- FLASH_ATTN_EXT ----
 
 FA_WARPS = 4

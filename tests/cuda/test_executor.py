@@ -242,6 +242,18 @@ def test_flash_attn(servers, rng, kv_t, nq):
     check(servers, build, 5e-4)
 
 
+@pytest.mark.parametrize("wt", [T.F32, T.F16, T.Q8_0], ids=lambda t: t.name)
+@pytest.mark.parametrize("ne11", [1, 2])
+def test_mul_mat_id(servers, rng, wt, ne11):
+    K, M, n_as, n_used, tokens = 64, 16, 4, 2, 3
+    w = rng.standard_normal((n_as, M, K)).astype(np.float32)
+    x = rng.standard_normal((tokens, ne11, K)).astype(np.float32)
+    ids = np.array([[0, 3], [2, 2], [1, 0]], np.int32)
+    check(servers, lambda c: [c.op(Op.MUL_MAT_ID, T.F32, (M, n_used, tokens), c.new(wt, (K, M, n_as), w),
+                                   c.new(T.F32, (K, ne11, tokens), x), c.new(T.I32, (n_used, tokens), ids))],
+          1e-7 if wt == T.F32 else 1e-6)
+
+
 def test_mul_mat_broadcast_4d(servers, rng):
     """src0 broadcast over src1's dims 2 and 3 (dim 3 is a loop of launches)."""
     K, M, N = 64, 8, 3
@@ -306,7 +318,7 @@ def test_argsort_and_sum_rows(servers, rng):
         np.testing.assert_allclose(ours, ref, rtol=1e-6)
 
 
-@pytest.mark.parametrize("op", ["GET_ROWS", "SET_ROWS"])
+@pytest.mark.parametrize("op", ["GET_ROWS", "SET_ROWS", "MUL_MAT_ID"])
 @pytest.mark.parametrize("bad", [-1, 8])
 def test_index_out_of_range_closes_the_connection(servers, caplog, rng, op, bad):
     """A hostile index reads or writes nothing outside its tensor: the kernel skips it and
@@ -316,6 +328,10 @@ def test_index_out_of_range_closes_the_connection(servers, caplog, rng, op, bad)
         rows = c.new(T.F32, (64, 8), rng.standard_normal((8, 64)).astype(np.float32))
         if op == "GET_ROWS":
             c.op(Op.GET_ROWS, T.F32, (64, 2), rows, c.new(T.I32, (2,), np.array([1, bad], np.int32)))
+        elif op == "MUL_MAT_ID":       # 8 rows as 4 experts of 2
+            experts = c.view(rows, (64, 2, 4), (4, 256, 512, 2048))
+            c.op(Op.MUL_MAT_ID, T.F32, (2, 1, 2), experts, c.new(T.F32, (64, 1, 2), np.ones((2, 1, 64), np.float32)),
+                 c.new(T.I32, (1, 2), np.array([[0], [bad // 2 if bad > 0 else bad]], np.int32)))
         else:
             node = c.op(Op.SET_ROWS, T.F32, (64, 8), c.new(T.F32, (64, 2), np.ones((2, 64), np.float32)),
                         c.new(T.I64, (2,), np.array([bad, 0], np.int64)))

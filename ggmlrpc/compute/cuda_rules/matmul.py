@@ -2,8 +2,8 @@
 activations quantized to q8_1 (ggml's CPU backend quantizes activations too, so the
 results agree to rounding; the tiled kernel's float activations drift by ~3e-5 NMSE
 per product, 2e-4 in a model's logits); float weights through the mat-vec kernel up to
-ops.MMVQ_MAX_COLS columns and the tiled kernel beyond. MUL_MAT_ID and OUT_PROD have
-none yet."""
+ops.MMVQ_MAX_COLS columns and the tiled kernel beyond. MUL_MAT_ID runs the mat-vec
+kernels on expert ids checked and packed first (sanitize_ids). OUT_PROD has none yet."""
 from __future__ import annotations
 
 from ...cuda import ops
@@ -47,6 +47,28 @@ def rule_mul_mat(node, srcs, b: Builder):
     finish()
 
 
+def _id_types(node, srcs):
+    w, x, sel = srcs
+    need_types(node, srcs, w.type in ops.TYPES and x.type == T.F32 and sel.type == T.I32 and node.type == T.F32)
+
+
+def rule_mul_mat_id(node, srcs, b: Builder):
+    w, x, sel = rules.mul_mat_id(node, srcs, _id_types)
+    ncols, nrows, n_as = w.ne[0], w.ne[1], w.ne[2]
+    n_used, n_tokens, ne11 = sel.ne[0], sel.ne[1], x.ne[1]
+    if sel.nb[0] != 4 or sel.nb[1] % 4:
+        raise unsupported(node, srcs, "with strided expert ids")
+    ids = b.alloc(4 * n_used * n_tokens)
+    b.launch(ops.sanitize_ids, ids, b.ptr(sel), n_used, n_tokens, sel.nb[1] // 4, n_as, **b.error_flag())
+    xp = _rounded(b, x, w.type) if w.type in (T.F16, T.BF16) else b.packed(x)
+    dst, finish = b.out(node)
+    quant = w.type in ops.QUANT_TYPES
+    q8 = b.alloc(ops.q8_1_bytes(ncols, ne11 * n_tokens)) if quant else None
+    b.launch(ops.mul_mat_id, w.type, dst, b.ptr(w), xp, ids, ncols, nrows, n_used, n_tokens, ne11,
+             w_row=w.nb[1], w_mat=w.nb[2], ids_ld=n_used, strategy="mmvq" if quant else "vec", q8_scratch=q8)
+    finish()
+
+
 def _rounded(b: Builder, x, type_):
     """x packed as F32 after a round trip through type_ (F16 or BF16)."""
     from ..cuda import dense_nb
@@ -56,4 +78,4 @@ def _rounded(b: Builder, x, type_):
     return out
 
 
-RULES = {Op.MUL_MAT: rule_mul_mat}
+RULES = {Op.MUL_MAT: rule_mul_mat, Op.MUL_MAT_ID: rule_mul_mat_id}
