@@ -399,3 +399,40 @@ def test_recorded_session_on_cuda(session, where):
     model = load_connection(TRACES / session / results[-1].name)
     assert results[-1].sent == len(model.exchanges)
     assert sum(e.cmd == Cmd.GET_TENSOR for e in model.exchanges) >= 16     # the logits of every token
+
+
+def test_run_stops_when_cancelled_and_reports_launch_failures():
+    from ggmlrpc.compute.cpu import cancel_token
+    from ggmlrpc.compute.cuda import CudaExecutor, CudaPlan
+    from ggmlrpc.errors import ConnectionLost, DeviceError
+
+    _, drv = make_pycuda()
+    ran = []
+    ex = CudaExecutor(lambda: None, drv, lambda: _Current(drv))
+    plan = CudaPlan(None, [(0, lambda: ran.append(0)), (1, lambda: ran.append(1))], ["'a' (ADD)", "'b' (MUL)"], [], 0)
+    token = cancel_token()
+    token.set()
+    with pytest.raises(ConnectionLost, match="'a' \\(ADD\\)"):
+        ex.run(plan, token)
+    assert ran == []
+    ex.run(plan, cancel_token())
+    assert ran == [0, 1]
+
+    def fail():
+        raise RuntimeError("cuLaunchKernel failed: too many resources requested")
+    with pytest.raises(DeviceError, match="'b' \\(MUL\\): cuLaunchKernel failed"):
+        ex.run(CudaPlan(None, [(0, lambda: None), (1, fail)], plan.names, [], 0))
+
+
+class _Current:
+    """The fake driver's device 0 made current, as CudaDevice.context() does."""
+
+    def __init__(self, drv):
+        self.ctx = drv.Device(0).retain_primary_context()
+        self.drv = drv
+
+    def __enter__(self):
+        self.ctx.push()
+
+    def __exit__(self, *exc):
+        self.drv.Context.pop()
