@@ -254,6 +254,15 @@ def test_mul_mat_id(servers, rng, wt, ne11):
           1e-7 if wt == T.F32 else 1e-6)
 
 
+def test_add_id(servers, rng):
+    ne0, n_used, tokens, n_as = 40, 2, 3, 4
+    a = rng.standard_normal((tokens, n_used, ne0)).astype(np.float32)
+    y = rng.standard_normal((n_as, ne0)).astype(np.float32)
+    ids = np.array([[0, 3], [2, 2], [1, 0]], np.int32)
+    check(servers, lambda c: [c.op(Op.ADD_ID, T.F32, (ne0, n_used, tokens), c.new(T.F32, (ne0, n_used, tokens), a),
+                                   c.new(T.F32, (ne0, n_as), y), c.new(T.I32, (n_used, tokens), ids))])
+
+
 def test_mul_mat_broadcast_4d(servers, rng):
     """src0 broadcast over src1's dims 2 and 3 (dim 3 is a loop of launches)."""
     K, M, N = 64, 8, 3
