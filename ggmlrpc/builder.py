@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import math
 import struct
-from typing import Iterable, Sequence
+from typing import Sequence
 
 from . import ggml
 from .client import RemoteBuffer, Tensor

@@ -27,6 +27,7 @@ from time import perf_counter_ns
 from . import protocol
 from .errors import ConnectionLost, GgmlRpcError, ProtocolError, RpcTimeout, ValidationError
 from .compute.cpu import cancel_token
+from .compute.work import DEFAULT_PER_BYTE
 from .graph import build_graph
 from .metrics import SessionStats
 from .protocol import (CONN_CAPS_SIZE, Cmd, CMD_COUNT, MAX_GRAPH_PAYLOAD, REQUEST_SIZE,
@@ -62,6 +63,8 @@ class Limits:
     mem_limit: int | None = None          # bytes of buffers per device, all clients
                                           # together; None: the device's free memory at
                                           # start less MEM_MARGIN of it
+    max_graph_work: int | None = DEFAULT_PER_BYTE  # a graph's work per byte of the buffers it
+                                          # uses (ggmlrpc.compute.work); None: no limit
 
 
 MEM_MARGIN = 10  # percent of a device's free memory at start kept out of the default limit
@@ -820,7 +823,7 @@ class Session:
         graph = build_graph(self, device, node_ids, tensors)
         executor = self.devices[device].executor()
         self.forget_graphs(device)
-        plan = executor.compile(graph)
+        plan = executor.compile(graph, self.limits.max_graph_work)
         self.keep_graph(device, graph, plan)   # a failed run closes the connection, releasing it
         with self.server.graph_watch.computing(self) as cancel:
             executor.run(plan, cancel)

@@ -7,11 +7,11 @@
 #include "cpu/job.h"
 #include "cpu/kernels.h"
 
-void gr_chunk_set(gr_job *job, int value) {
+void gr_chunk_set(gr_job *job, int64_t value) {
     atomic_store_explicit(&job->run->chunk, value, memory_order_relaxed);
 }
 
-int gr_chunk_next(gr_job *job) {
+int64_t gr_chunk_next(gr_job *job) {
     return atomic_fetch_add_explicit(&job->run->chunk, 1, memory_order_relaxed);
 }
 

@@ -32,7 +32,8 @@ typedef struct gr_run {
     atomic_int failed;          /* 0, or 1 + the barrier number where every thread stops */
     gr_exec_status *status;
     const volatile int *cancel; /* stop at the next barrier once nonzero (may be NULL) */
-    _Alignas(64) atomic_int chunk;   /* next work chunk of the current node (own cache line) */
+    _Alignas(64) atomic_llong chunk;   /* next work chunk of the current node (own cache line; 64-bit:
+                                        * experts x row chunks of a MUL_MAT_ID can pass 2^31) */
 } gr_run;
 
 /* One thread's view of one node. */
@@ -54,8 +55,8 @@ void gr_fail(gr_job *job, int code, const char *fmt, ...)
 /* A counter shared by the threads of a run, for work handed out in chunks: one
  * thread sets it before a barrier, every thread takes chunks after it (relaxed:
  * the barrier orders the set before the takes). */
-void gr_chunk_set(gr_job *job, int value);
-int gr_chunk_next(gr_job *job);   /* returns the counter, then adds 1 */
+void gr_chunk_set(gr_job *job, int64_t value);
+int64_t gr_chunk_next(gr_job *job);   /* returns the counter, then adds 1 */
 
 /* Rows [*r0, *r1) of n for thread ith of nth: contiguous, nearly equal shares. */
 static inline void gr_range(int64_t n, int ith, int nth, int64_t *r0, int64_t *r1) {

@@ -10,6 +10,7 @@ released.
 from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
 from libc.stdlib cimport calloc, free
 from libc.string cimport memset
+from posix.mman cimport MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_NONE, PROT_READ, PROT_WRITE, mmap, mprotect, munmap
 from posix.stdlib cimport posix_memalign
 
 from ggmlrpc._native.exec cimport *
@@ -69,6 +70,21 @@ cdef class CancelToken:
 
 MAX_SRC = GR_EXEC_MAX_SRC
 
+# Tests (the guard-page fuzzer): scratch memory in its own mapping, flush (to 64
+# bytes) against a PROT_NONE page, so that a kernel writing past the scratch size
+# ggmlrpc_exec_wsize gave faults instead of corrupting the heap.
+cdef bint _guard_scratch = False
+cdef enum:
+    GUARD_PAGE = 4096
+
+
+def set_scratch_guard(bint enable):
+    """Put the scratch memory of plans made from now on against a guard page; returns the old setting."""
+    global _guard_scratch
+    old = _guard_scratch
+    _guard_scratch = enable
+    return old
+
 
 class ExecError(Exception):
     """A run stopped: code (EXEC_*), node (index in the plan's node list), message."""
@@ -124,6 +140,8 @@ cdef class Plan:
     cdef gr_node *nodes
     cdef int n_nodes
     cdef void *wdata
+    cdef void *wmap             # the scratch guard's mapping (NULL: wdata from posix_memalign)
+    cdef size_t wmap_size
     cdef readonly size_t wsize
     cdef readonly int n_threads
     cdef list keep
@@ -134,6 +152,7 @@ cdef class Plan:
         cdef size_t w
         self.nodes = NULL
         self.wdata = NULL
+        self.wmap = NULL
         self.keep = keep
         self.n_threads = n_threads
         self.n_nodes = len(records)
@@ -167,14 +186,31 @@ cdef class Plan:
                     pass
         if max_scratch and self.wsize > max_scratch:
             raise MemoryError(f"the graph needs {self.wsize} bytes of scratch memory")
-        if self.wsize:
+        if self.wsize and _guard_scratch:
+            self._map_guarded()
+        elif self.wsize:
             if posix_memalign(&self.wdata, 64, self.wsize) != 0:
                 self.wdata = NULL
                 raise MemoryError(f"cannot allocate {self.wsize} bytes of scratch memory")
 
+    cdef int _map_guarded(self) except -1:
+        cdef size_t body = (self.wsize + GUARD_PAGE - 1) // GUARD_PAGE * GUARD_PAGE
+        cdef void *m = mmap(NULL, body + GUARD_PAGE, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0)
+        if m == MAP_FAILED:
+            raise MemoryError(f"cannot map {self.wsize} bytes of scratch memory")
+        self.wmap = m
+        self.wmap_size = body + GUARD_PAGE
+        if mprotect(<char *>m + body, GUARD_PAGE, PROT_NONE) != 0:
+            raise OSError("mprotect of the scratch guard page failed")
+        self.wdata = <void *>((<uintptr_t>m + body - self.wsize) & ~(<uintptr_t>63))
+        return 0
+
     def __dealloc__(self):
         free(self.nodes)
-        free(self.wdata)
+        if self.wmap != NULL:
+            munmap(self.wmap, self.wmap_size)
+        else:
+            free(self.wdata)
 
     def __len__(self):
         return self.n_nodes

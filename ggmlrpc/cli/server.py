@@ -43,6 +43,9 @@ def usage(prog: str) -> str:
             f"      --max-buffers N              live buffers per connection (default: {Limits.max_buffers})\n"
             "      --mem-limit SIZE             buffer bytes per device, all clients together\n"
             f"                                   (default: the device's free memory at start less {MEM_MARGIN}%)\n"
+            "      --max-graph-work N           refuse a graph whose estimated work is over N units per byte of\n"
+            "                                   the buffers it uses (a unit: about one multiply-add of a matrix\n"
+            f"                                   product); 0: no limit (default: {Limits.max_graph_work})\n"
             "      --metrics [HOST:]PORT        serve Prometheus metrics at http://HOST:PORT/metrics\n"
             "                                   (default: off; HOST defaults to 127.0.0.1)\n"
             "  SIZE: bytes, or a number with K, M, G or T (powers of 1024)\n")
@@ -162,6 +165,9 @@ def parse(argv: list[str], prog: str) -> Params:
             p.limits.idle_timeout = seconds(arg, value())
         elif arg == "--mem-limit":
             p.limits.mem_limit = parse_size(value())
+        elif arg == "--max-graph-work":
+            v = value()
+            p.limits.max_graph_work = None if v.strip() == "0" else positive_int(arg, v)
         elif arg in ("-h", "--help"):
             sys.stderr.write(usage(prog) + "\n")
             raise SystemExit(0)

@@ -21,7 +21,8 @@ import threading
 
 from .. import ggml
 from ..errors import ConnectionLost, DeviceError, UnsupportedError, ValidationError
-from . import cpu_rules
+from ..ops.base import invalid
+from . import cpu_rules, work
 
 # the most scratch memory one graph may ask for (a hostile shape could ask for more);
 # also never more than half of what the host has available
@@ -81,8 +82,10 @@ class CpuExecutor:
                 self._pool = _native().Pool(self.n_threads)
             return self._pool
 
-    def compile(self, graph) -> CpuPlan:
+    def compile(self, graph, max_work: int | None = None) -> CpuPlan:
+        """max_work: the work limit per byte of buffers (compute.work); None: none."""
         ex = _native()
+        work.check_graph(graph, max_work)
         records = []
         names = []
         keep = {}
@@ -93,6 +96,9 @@ class CpuExecutor:
                 srcs.pop()
             if rule is None:
                 raise cpu_rules.unsupported(node, srcs)
+            if any(s is not None and not all(s.ne) for s in srcs):
+                # a rule would divide by the empty dim, a kernel index into no bytes
+                raise invalid(node, srcs, "a source has an empty dimension")
             spec = rule(node, srcs)
             tensors = [_resolve(graph, node, keep)]
             used = [_resolve(graph, s, keep) if s is not None else None for s in spec.srcs]

@@ -170,6 +170,13 @@ def im2col_back(node, srcs, admit=accept):
     return [g, k]
 
 
+def _pool_out(ins, k, st, p):
+    """ggml_calc_pool_output_size, or -1 when the window is larger than the padded input
+    (ggml would make a tensor of no elements; the loops over the taps would run on)."""
+    num = ins + 2 * p - k
+    return -1 if num < 0 or p < 0 else num // st + 1
+
+
 def pool(node, srcs, admit=accept):
     """POOL_1D op_params: op, k0, s0, p0; POOL_2D: op, k0, k1, s0, s1, p0, p1."""
     s, = sources(node, srcs, 1)
@@ -178,11 +185,14 @@ def pool(node, srcs, admit=accept):
     if p[0] not in _POOL_OPS:
         raise invalid(node, srcs, f"pool op {p[0]}")
     if node.op == Op.POOL_1D:
-        if tuple(node.ne[1:]) != tuple(s.ne[1:]) or p[1] <= 0 or p[2] <= 0:
+        if (tuple(node.ne[1:]) != tuple(s.ne[1:]) or p[1] <= 0 or p[2] <= 0
+                or node.ne[0] != _pool_out(s.ne[0], p[1], p[2], p[3])):
             raise invalid(node, srcs, "pooling shape")
         need_rows(node, srcs, s, node)
         return [s]
-    if tuple(node.ne[2:]) != tuple(s.ne[2:]) or p[1] <= 0 or p[2] <= 0 or p[3] <= 0 or p[4] <= 0:
+    if (tuple(node.ne[2:]) != tuple(s.ne[2:]) or p[1] <= 0 or p[2] <= 0 or p[3] <= 0 or p[4] <= 0
+            or node.ne[0] != _pool_out(s.ne[0], p[1], p[3], p[5])
+            or node.ne[1] != _pool_out(s.ne[1], p[2], p[4], p[6])):
         raise invalid(node, srcs, "pooling shape")
     need_rows(node, srcs, node)
     return [s]
@@ -194,7 +204,9 @@ def pool_2d_back(node, srcs, admit=accept):
     admit(node, srcs)
     op = node.op_params
     ok = (op[0] in _POOL_OPS and min(op[1:5]) > 0 and same_shape(f, node)
-          and g.ne[2] == node.ne[2] and g.ne[3] == node.ne[3])
+          and g.ne[2] == node.ne[2] and g.ne[3] == node.ne[3]
+          and g.ne[0] == _pool_out(f.ne[0], op[1], op[3], op[5])
+          and g.ne[1] == _pool_out(f.ne[1], op[2], op[4], op[6]))
     if not ok:
         raise invalid(node, srcs, "bad pooling or shapes of gradient, input and result do not agree")
     if not all(contiguous(t) for t in (g, f, node)):

@@ -220,7 +220,7 @@ def test_graphs_and_memory_by_device():
     try:
         with RemoteBackend(m.endpoint) as rb:
             buf = rb.alloc_buffer(1 << 20, device=1)
-            small = rb.alloc_buffer(4096, device=0)
+            rb.alloc_buffer(4096, device=0)        # a buffer on the other device too
             a = buf.tensor(GGMLType.F32, (256, 4), offset=0, name="a")
             b = buf.tensor(GGMLType.F32, (256, 4), offset=4096, name="b")
             rb.set_tensor(a, np.ones(1024, np.float32))

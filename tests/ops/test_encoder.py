@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
-from tests.ops.conftest import assert_close
+from tests.ops.conftest import assert_close, rejected
 
 
 def im2col_ref(img, KH, KW, s0, s1, p0, p1, d0, d1):
@@ -59,6 +59,20 @@ def test_pool_1d(ctx, rng, op):
         win = x[..., max(0, o * s - p):min(11, o * s - p + k)].astype(np.float64)
         ref[..., o] = win.max(-1) if op == 0 else win.mean(-1)          # average over taps inside
     assert_close(ctx.read(out), ref, 1e-13)
+
+
+@pytest.mark.parametrize("op, ne, params", [
+    (Op.POOL_1D, (1, 4, 2), [0, 14, 1, 1]),                  # window over the padded row (13)
+    (Op.POOL_1D, (1 << 16, 4, 2), [0, 3, 1 << 16, 0]),        # result longer than ggml's size
+    (Op.POOL_2D, (1, 1, 3, 2), [0, 3, 10, 1, 1, 0, 1]),       # window over the padded column (9)
+    (Op.POOL_2D, (7, 5, 3, 2), [0, 3, 3, 1, 1, 0, -1]),       # negative padding
+])
+def test_pool_window_past_its_input_is_rejected(server, caplog, op, ne, params):
+    """ggml's pools make an empty result for a window larger than the padded input; the
+    rules ask for ggml's output size, so the taps loop no further than that."""
+    src_ne = (11, 4, 2) if op == Op.POOL_1D else (9, 7, 3, 2)
+    with rejected(server, caplog, "pooling shape") as c:
+        c.op(op, T.F32, ne, c.new(T.F32, src_ne), params=params)
 
 
 @pytest.mark.parametrize("op", [0, 1], ids=["max", "avg"])

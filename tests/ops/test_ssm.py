@@ -27,7 +27,7 @@ def scan_ref(s, x, dt, a, b, c, ids, K):
     """NumPy model: per sequence, per token, state = state*exp(dt*A) + B*x*dt, y = state . C."""
     s = s.astype(np.float64)
     n_s, n_t, n_head, head_dim = x.shape
-    n_group, d_state = b.shape[2], b.shape[3]
+    n_group = b.shape[2]
     ys = np.zeros(x.shape)
     finals = np.zeros((K, n_s) + s.shape[1:])
     for q in range(n_s):

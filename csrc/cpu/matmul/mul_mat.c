@@ -178,8 +178,8 @@ static void mm_kpanel_gemm(gr_job *job, const mm_ctx *cx) {
     const char *panels = job->wdata + cx->L.panels;
     char *krows = job->wdata + cx->L.threads + (size_t)job->ith * cx->L.per_thread;
     float *dd = (float *)(krows + (size_t)CH * (size_t)nb * GR_KROW_BYTES), *dm = dd + CH * nb;
-    const int nch = (int)((nr0 + CH - 1) / CH);
-    for (int ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+    const int64_t nch = (nr0 + CH - 1) / CH;
+    for (int64_t ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
         const int64_t ib = ch * CH, ie = ib + CH < nr0 ? ib + CH : nr0;
         for (int64_t sl = 0; sl < ne12 * ne13; sl++) {
             const int64_t i12 = sl % ne12, i13 = sl / ne12;
@@ -287,8 +287,8 @@ static void mm_panel_gemm(gr_job *job, const mm_ctx *cx, size_t pb) {
     const int64_t nb = K / 32, G = N / 8, CH = 16;
     const ggmlrpc_panel_dot_fn pdot = ggmlrpc_get_panel_dot((uint32_t)s0->type);
     const char *panels = job->wdata + cx->L.panels;
-    const int nch = (int)((nr0 + CH - 1) / CH);
-    for (int ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+    const int64_t nch = (nr0 + CH - 1) / CH;
+    for (int64_t ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
         const int64_t ib = ch * CH, ie = ib + CH < nr0 ? ib + CH : nr0;
         for (int64_t sl = 0; sl < ne12 * ne13; sl++) {
             const int64_t i12 = sl % ne12, i13 = sl / ne12;
@@ -314,8 +314,8 @@ static void mm_panel_gemm(gr_job *job, const mm_ctx *cx, size_t pb) {
  * process on its core) leaves its share to the others instead of holding every
  * thread at the barrier; as ggml's mul_mat chunks */
 static void mm_matvec(gr_job *job, const mm_ctx *cx, int64_t CH) {
-    const int nch = (int)((cx->nr0 + CH - 1) / CH);
-    for (int ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+    const int64_t nch = (cx->nr0 + CH - 1) / CH;
+    for (int64_t ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
         const int64_t a0 = ch * CH, a1 = a0 + CH < cx->nr0 ? a0 + CH : cx->nr0;
         mm_rows(job, cx, a0, a1, 0, cx->nr1);
     }

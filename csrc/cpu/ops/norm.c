@@ -129,7 +129,8 @@ void gr_k_group_norm(gr_job *job, int phase) {
     const int64_t ne0 = s->ne[0], ne1 = s->ne[1], ne2 = s->ne[2], ne3 = s->ne[3];
     const int64_t n_channels = ne2;
     const int64_t per_group = (n_channels + n_groups - 1) / n_groups;
-    for (int64_t g = job->ith; g < n_groups; g += job->nth) {
+    /* groups past the last channel are empty: stop there, not after n_groups (up to 2^31) */
+    for (int64_t g = job->ith; g < n_groups && g * per_group < n_channels; g += job->nth) {
         const int64_t start = g * per_group;
         int64_t end = start + per_group;
         if (end > n_channels) end = n_channels;

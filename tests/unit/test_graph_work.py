@@ -1,0 +1,113 @@
+"""The graph work estimate (ggmlrpc.compute.work): real model graphs fit the default
+limit with a wide margin, stride-0 broadcasts over a few bytes do not."""
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+from ggmlrpc.compute import work
+from ggmlrpc.errors import ValidationError
+from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
+
+
+def t(ne, type=T.F32, op=Op.NONE, params=()):
+    ne = tuple(ne) + (1,) * (4 - len(ne))
+    return SimpleNamespace(ne=ne, type=type, op=op, op_params=tuple(params) + (0,) * (16 - len(params)))
+
+
+def llama_prompt_work(n_tokens, n_ctx, n_layer=32, d=4096, d_ff=11008, n_head=32, vocab=32000):
+    """The multiply-adds of a 7B llama's prompt graph, node by node as llama.cpp builds it."""
+    hd = d // n_head
+    x = t((d, n_tokens))
+    total = 0
+    for _ in range(n_layer):
+        total += work.node_work(t((d, n_tokens), op=Op.RMS_NORM), [x])
+        for rows in (d, d, d):          # q, k, v
+            total += work.node_work(t((rows, n_tokens), op=Op.MUL_MAT), [t((d, rows), T.Q4_K), x])
+        q = t((hd, n_tokens, n_head))
+        k = t((hd, n_ctx, n_head), T.F16)
+        total += work.node_work(t((hd, n_head, n_tokens), op=Op.FLASH_ATTN_EXT),
+                                [q, k, k, t((n_ctx, n_tokens), T.F16)])
+        total += work.node_work(t((d, n_tokens), op=Op.MUL_MAT), [t((d, d), T.Q4_K), x])
+        for _ in range(2):              # gate, up
+            total += work.node_work(t((d_ff, n_tokens), op=Op.MUL_MAT), [t((d, d_ff), T.Q4_K), x])
+        total += work.node_work(t((d_ff, n_tokens), op=Op.GLU), [t((d_ff, n_tokens)), t((d_ff, n_tokens))])
+        total += work.node_work(t((d, n_tokens), op=Op.MUL_MAT), [t((d_ff, d), T.Q6_K), t((d_ff, n_tokens))])
+        total += 4 * work.node_work(t((d, n_tokens), op=Op.ADD), [x, x])
+    total += work.node_work(t((vocab, n_tokens), op=Op.MUL_MAT), [t((d, vocab), T.Q6_K), x])
+    return total
+
+
+@pytest.mark.parametrize("n_tokens", [512, 2048])
+def test_7b_prompt_graph_passes(n_tokens):
+    n_ctx = 4096
+    weights = 4_100_000_000                       # a Q4_K_M 7B
+    kv = 2 * 32 * n_ctx * 4096 * 2                # F16 K and V
+    compute = n_tokens * (4096 + 11008) * 4 * 8   # a compute buffer's order of magnitude
+    w = llama_prompt_work(n_tokens, n_ctx)
+    assert w * 2 < work.DEFAULT_PER_BYTE * (weights + kv + compute)
+    # a server holding only one of the 32 layers (a split) does the same per byte
+    assert w / 32 * 2 < work.DEFAULT_PER_BYTE * (weights + kv) / 32
+
+
+class G:
+    """Just enough of graph.Graph for check_graph."""
+
+    def __init__(self, nodes, buffer_size):
+        self.tensors = {}
+        self.nodes = []
+        buf = SimpleNamespace(size=buffer_size)
+        self.placement = {}
+        for i, (node, srcs) in enumerate(nodes):
+            ids = []
+            for s in srcs:
+                sid = len(self.tensors) + 1
+                self.tensors[sid] = s
+                ids.append(sid)
+                self.placement[sid] = SimpleNamespace(buffer=buf, offset=0)
+            node.src = tuple(ids)
+            node.name_str = f"n{i}"
+            self.nodes.append(node)
+
+    def runnable(self):
+        return self.nodes
+
+
+def test_stride0_broadcast_refused():
+    huge = (1 << 31, 1 << 31, 1, 1)
+    g = G([(t(huge, op=Op.ADD), [t(huge), t(huge)])], 1 << 30)
+    with pytest.raises(ValidationError, match="over the limit"):
+        work.check_graph(g, work.DEFAULT_PER_BYTE)
+    assert work.check_graph(g, None) == 0      # limit off
+
+
+def test_small_graph_on_small_buffer_passes():
+    g = G([(t((256, 256), op=Op.MUL_MAT), [t((256, 256)), t((256, 256))])], 64)
+    assert work.check_graph(g, work.DEFAULT_PER_BYTE) == work.graph_work(g)
+
+
+@pytest.mark.parametrize("op, params", [
+    (Op.POOL_2D, (0, 1000, 1000, 1, 1)),       # a million taps per output
+    (Op.DSV4_HC_COMB, (0, 1 << 20)),           # a million Sinkhorn rounds
+])
+def test_loop_params_count(op, params):
+    small = work.node_work(t((4, 4), op=op), [t((4, 4))])
+    big = work.node_work(t((4, 4), op=op, params=params), [t((4, 4))])
+    assert big >= small * 1000
+
+
+def test_rows_count():
+    """2^31 rows of one element cost far more than 2^31 elements in long rows."""
+    rows = work.node_work(t((1, 1 << 31), op=Op.ADD), [t((1, 1 << 31)), t((1, 1 << 31))])
+    long = work.node_work(t((1 << 31, 1), op=Op.ADD), [t((1 << 31, 1)), t((1 << 31, 1))])
+    assert rows > 10 * long
+
+
+def test_cli_option():
+    from ggmlrpc.cli.server import UsageError, parse
+    assert parse([], "ggml-rpc-server").limits.max_graph_work == work.DEFAULT_PER_BYTE
+    assert parse(["--max-graph-work", "100"], "ggml-rpc-server").limits.max_graph_work == 100
+    assert parse(["--max-graph-work", "0"], "ggml-rpc-server").limits.max_graph_work is None
+    with pytest.raises(UsageError):
+        parse(["--max-graph-work", "-5"], "ggml-rpc-server")
