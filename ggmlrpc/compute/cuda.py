@@ -25,7 +25,8 @@ from .. import ggml
 from ..cuda import Kernels
 from ..errors import ConnectionLost, DeviceError, UnsupportedError, ValidationError
 from ..ggml import GGMLType as T
-from ..ops.base import contiguous, nelements, ts
+from ..ops.base import contiguous, invalid, nelements, ts
+from . import work
 
 # the most scratch memory one graph may ask for (a hostile shape could ask for more)
 MAX_SCRATCH = 4 << 30
@@ -195,9 +196,11 @@ class CudaExecutor:
     def mem_alloc(self, nbytes: int):
         return self.driver.mem_alloc(nbytes)
 
-    def compile(self, graph) -> CudaPlan:
+    def compile(self, graph, max_work: int | None = None) -> CudaPlan:
+        """max_work: the work limit per byte of buffers (compute.work); None: none."""
         from . import cuda_rules  # its rules import Builder from here
 
+        work.check_graph(graph, max_work)
         names = []
         with self.context():
             b = Builder(self, graph)
@@ -209,6 +212,9 @@ class CudaExecutor:
                     rule = cuda_rules.RULES.get(node.op)
                     if rule is None:
                         raise cuda_rules.unsupported(node, srcs)
+                    if any(s is not None and not all(s.ne) for s in srcs):
+                        # a rule would divide by the empty dim, a kernel index into no bytes
+                        raise invalid(node, srcs, "a source has an empty dimension")
                     b.node_index = len(names)
                     names.append(f"{node.name_str!r} ({ggml.op_name(node.op)})")
                     rule(node, srcs, b)
