@@ -193,17 +193,23 @@ def row_bytes(type_: int, n: int) -> int:
     return n // qk * bs
 
 
-def get_rows(k, type_: int, dst, src, ids, ne00: int, ids_ne, nb):
-    """src rows of type_ with byte strides nb = (nb0, nb1, nb2, nb3); ids (ne10, ne11, ne12) i32."""
+NO_CHECK = 2**31 - 1       # a row count that lets every index through
+
+
+def get_rows(k, type_: int, dst, src, ids, ne00: int, ids_ne, nb, *, n_rows=NO_CHECK, err=None, err_code=1):
+    """src rows of type_ with byte strides nb = (nb0, nb1, nb2, nb3); ids (ne10, ne11, ne12) i32.
+    An id outside [0, n_rows) reads nothing and stores err_code at err (an i32 on the device)."""
     ne10, ne11, ne12 = pad4(ids_ne)[:3]
     block = 32 if ne00 <= 64 else 128
     k.function("rows", f"get_rows_{_suffix(type_)}")(
-        dst, src, ids, i32(ne00), i32(ne10), i32(ne11), i64(nb[1]), i64(nb[2]), i64(nb[3]),
-        block=(block, 1, 1), grid=(ne10 * ne11 * ne12, 1, 1))
+        dst, src, ids, i32(ne00), i32(ne10), i32(ne11), i64(nb[1]), i64(nb[2]), i64(nb[3]), i32(n_rows),
+        NULL if err is None else err, i32(err_code), block=(block, 1, 1), grid=(ne10 * ne11 * ne12, 1, 1))
 
 
-def set_rows(k, type_: int, dst, dst_nb, src, src_ne, ids, ids_ne, ids_i32=False, *, max_blocks=MAX_BLOCKS):
-    """src (ne00, ne01, ne02, ne03) f32 contiguous; ids (ne01, ne11, ne12) i64 or i32."""
+def set_rows(k, type_: int, dst, dst_nb, src, src_ne, ids, ids_ne, ids_i32=False, *, max_blocks=MAX_BLOCKS,
+             n_rows=NO_CHECK, err=None, err_code=1):
+    """src (ne00, ne01, ne02, ne03) f32 contiguous; ids (ne01, ne11, ne12) i64 or i32. An id outside
+    [0, n_rows) writes nothing and stores err_code at err (an i32 on the device)."""
     if type_ not in STORE_TYPES:
         raise ValueError(f"SET_ROWS to {T(type_).name} is not supported on CUDA yet")
     ne = pad4(src_ne)
@@ -212,7 +218,7 @@ def set_rows(k, type_: int, dst, dst_nb, src, src_ne, ids, ids_ne, ids_i32=False
     n = ne[0] // ggml.blck_size(type_) * ne[1] * ne[2] * ne[3]
     k.function("rows", f"set_rows_{_suffix(type_)}")(
         dst, src, ids, i32(bool(ids_i32)), *map(i32, ne), i32(ne11), i32(ne12), *map(i64, pad4(dst_nb, 0)[1:]),
-        block=(BLOCK, 1, 1), grid=grid_for(n, BLOCK, max_blocks))
+        i64(n_rows), NULL if err is None else err, i32(err_code), block=(BLOCK, 1, 1), grid=grid_for(n, BLOCK, max_blocks))
 
 
 def cpy_scalar(k, dst, dtype: int, dst_nb, src, stype: int, src_nb, ne, *, max_blocks=MAX_BLOCKS):
@@ -321,6 +327,14 @@ def mul_mat_id(k, type_: int, dst, w, x, ids, ncols: int, nrows: int, n_used: in
     strategy = strategy or ("mmvq" if type_ in QUANT_TYPES else "vec")
     _mat_vec(k, type_, strategy, dst, w, x, ids, ncols, nrows, n_used, n_tokens, w_row, w_mat, ncols,
              ncols * ne11, nrows, nrows * n_used, 1, ne11, n_used if ids_ld is None else ids_ld, q8_scratch)
+
+
+def sanitize_ids(k, out, ids, n_used: int, n_tokens: int, ids_ld: int, n_as: int, *, err=None, err_code=1):
+    """MUL_MAT_ID's ids (n_tokens, ids_ld) i32 packed into out (n_tokens, n_used), an id
+    outside [0, n_as) replaced by 0 and reported as err_code at err."""
+    k.function("matmul", "sanitize_ids")(out, ids, i32(n_used), i32(n_tokens), i64(ids_ld), i32(n_as),
+                                         NULL if err is None else err, i32(err_code),
+                                         block=(BLOCK, 1, 1), grid=grid_for(n_used * n_tokens))
 
 
 # ---- FLASH_ATTN_EXT ----

@@ -8,9 +8,10 @@ Buffers live in device memory; SET/GET/COPY/MEMSET go through pinned host stagin
 (page-locked chunks the socket reads into and sends from). GET_ALIGNMENT,
 GET_ALLOC_SIZE and GET_MAX_SIZE answer as ggml's CUDA buffer type does.
 
-Graph execution on CUDA is not wired to the executor yet, so discovery hands out
-CUDA devices only when GGMLRPC_CUDA_PREVIEW=1 (buffers, memory, banner); without
-it a GPU host keeps serving from its CPU as before.
+Graphs run through ggmlrpc.compute.cuda (the .cu kernels launched through PyCUDA).
+That executor replays whole transformer sessions in the SIMT emulator, but has not
+yet run on a GPU, so discovery hands out CUDA devices only when
+GGMLRPC_CUDA_PREVIEW=1; without it a GPU host keeps serving from its CPU as before.
 """
 from __future__ import annotations
 
@@ -19,7 +20,6 @@ import logging
 import os
 import threading
 
-from ..errors import DeviceError
 from ..ggml import is_quantized, type_size, blck_size
 from .base import Buffer, Device
 
@@ -29,7 +29,7 @@ CUDA_ALIGNMENT = 128         # ggml_backend_cuda_buffer_type_get_alignment
 MATRIX_ROW_PADDING = 512     # quantized rows padded to this many elements (ggml-cuda common.cuh)
 SIZE_MAX = (1 << 64) - 1     # the CUDA buffer type sets no maximum
 STAGE_BYTES = 8 << 20        # one pinned staging chunk per device
-EXECUTOR_READY = False       # flips when graphs run on CUDA
+EXECUTOR_READY = False       # flips once the executor's tests pass on a GPU (tests/cuda -m cuda)
 PREVIEW_ENV = "GGMLRPC_CUDA_PREVIEW"
 
 
@@ -148,7 +148,9 @@ class CudaBuffer(Buffer):
 
 
 class CudaDevice(Device):
-    def __init__(self, cuda, index: int):
+    def __init__(self, cuda, index: int, kernels=None):
+        """cuda: pycuda.driver (or a stand-in); kernels: a ggmlrpc.cuda.Kernels to use
+        instead of compiling the .cu files through PyCUDA (the tests' emulator)."""
         self.cuda = cuda
         self.index = index
         self.dev = cuda.Device(index)
@@ -157,7 +159,8 @@ class CudaDevice(Device):
         self._ctx = None
         self._lock = threading.RLock()
         self._staging = None
-        self._kernels = None
+        self._kernels = kernels
+        self._executor = None
 
     @contextlib.contextmanager
     def context(self):
@@ -216,7 +219,12 @@ class CudaDevice(Device):
         return self._kernels
 
     def executor(self):
-        raise DeviceError(f"{self.name}: graph execution on CUDA devices is not implemented yet")
+        """The graph executor: this device's kernels launched through its driver."""
+        with self._lock:
+            if self._executor is None:
+                from ..compute.cuda import CudaExecutor
+                self._executor = CudaExecutor(self.kernels, self.cuda, self.context, device=self)
+            return self._executor
 
 
 def cuda_devices() -> list[CudaDevice]:

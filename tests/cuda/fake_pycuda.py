@@ -38,6 +38,10 @@ def make_pycuda(devices=(("NVIDIA Fake GPU", 8 << 30),), init_error: str | None 
         def pop():
             state["stack"].pop()
 
+        @staticmethod
+        def synchronize():
+            current()
+
     class Device:
         def __init__(self, index):
             if not 0 <= index < len(devices):

@@ -93,8 +93,8 @@ def test_discovery_and_selection(monkeypatch):
     assert device_line(chosen[1]) == "  CUDA1: GPU B (3072 MiB, 3072 MiB free)"
     d = chosen[0]
     assert (d.alignment(), d.max_size()) == (128, (1 << 64) - 1)
-    with pytest.raises(DeviceError, match="not implemented"):
-        d.executor()
+    from ggmlrpc.compute.cuda import CudaExecutor
+    assert isinstance(d.executor(), CudaExecutor) and d.executor() is d.executor()
 
 
 def test_alloc_size_pads_quantized_rows():

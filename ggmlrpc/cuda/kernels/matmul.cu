@@ -230,3 +230,17 @@ static __device__ void mul_mat_tiled(const char *__restrict__ W, const float *__
         mul_mat_tiled<T>(W, X, dst, ncols, nrows, ncols_y, w_row, w_mat, x_col, x_mat, d_col, d_mat, r2);       \
     }
 GR_ALL_TYPES(GR_TILED)
+
+// ---- MUL_MAT_ID's expert ids, checked before any kernel trusts them ----
+// ids: (n_tokens, n_used) i32 at int stride ids_ld; out: (n_tokens, n_used) i32 packed,
+// each id copied, or 0 where it is outside [0, n_as), which also stores err_code at err
+extern "C" __global__ void sanitize_ids(int *__restrict__ out, const int *__restrict__ ids, int n_used, int n_tokens,
+                                        long long ids_ld, int n_as, int *err, int err_code) {
+    for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < (long long)n_used * n_tokens;
+         i += (long long)gridDim.x * blockDim.x) {
+        const int id = ids[i / n_used * ids_ld + i % n_used];
+        const bool ok = id >= 0 && id < n_as;
+        if (!ok && err) *err = err_code;
+        out[i] = ok ? id : 0;
+    }
+}

@@ -7,19 +7,27 @@
 // dst: (ne12, ne11, ne10, ne00) f32 contiguous
 // src: rows of ne00 elements of type T; byte strides nb01 (row), nb02, nb03
 // ids: (ne12, ne11, ne10) i32 contiguous; row ids[i12][i11][i10] of slice (i12, i11)
+// n_rows: rows per slice of src; an id outside [0, n_rows) is skipped and, when err is
+// not null, reported by storing err_code there (the executor fails the graph)
 template <class T>
 static __device__ void get_rows(float *__restrict__ dst, const char *__restrict__ src, const int *__restrict__ ids,
-                                int ne00, int ne10, int ne11, long long nb01, long long nb02, long long nb03) {
+                                int ne00, int ne10, int ne11, long long nb01, long long nb02, long long nb03,
+                                int n_rows, int *err, int err_code) {
     const int r = blockIdx.x;  // (i12 * ne11 + i11) * ne10 + i10
     const int i11 = r / ne10 % ne11, i12 = r / (ne10 * ne11);
+    if (ids[r] < 0 || ids[r] >= n_rows) {
+        if (err && threadIdx.x == 0) *err = err_code;
+        return;
+    }
     const char *row = src + ids[r] * nb01 + i11 * nb02 + i12 * nb03;
     for (int i = threadIdx.x; i < ne00; i += blockDim.x) dst[(long long)r * ne00 + i] = row_get<T>(row, i);
 }
 
 #define GR_GET_ROWS(name, T)                                                                                  \
     extern "C" __global__ void get_rows_##name(float *dst, const char *src, const int *ids, int ne00, int ne10, \
-                                               int ne11, long long nb01, long long nb02, long long nb03) {      \
-        get_rows<T>(dst, src, ids, ne00, ne10, ne11, nb01, nb02, nb03);                                        \
+                                               int ne11, long long nb01, long long nb02, long long nb03,        \
+                                               int n_rows, int *err, int err_code) {                            \
+        get_rows<T>(dst, src, ids, ne00, ne10, ne11, nb01, nb02, nb03, n_rows, err, err_code);                 \
     }
 GR_ALL_TYPES(GR_GET_ROWS)
 
@@ -105,7 +113,8 @@ static __device__ void quantize_block(const float *x, block_q5_1 *y) {
 template <class T>
 static __device__ void set_rows(char *__restrict__ dst, const float *__restrict__ src, const void *__restrict__ ids,
                                 int ids_i32, int ne00, int ne01, int ne02, int ne03, int ne11, int ne12,
-                                long long nb1, long long nb2, long long nb3) {
+                                long long nb1, long long nb2, long long nb3, long long n_rows, int *err,
+                                int err_code) {
     const int bpr = ne00 / T::qk;  // blocks per row
     const long long n = (long long)bpr * ne01 * ne02 * ne03;
     for (long long i = blockIdx.x * (long long)blockDim.x + threadIdx.x; i < n; i += (long long)gridDim.x * blockDim.x) {
@@ -114,6 +123,10 @@ static __device__ void set_rows(char *__restrict__ dst, const float *__restrict_
         const int i01 = r % ne01, i02 = r / ne01 % ne02, i03 = r / ((long long)ne01 * ne02);
         const long long k = ((long long)(i03 % ne12) * ne11 + i02 % ne11) * ne01 + i01;
         const long long row = ids_i32 ? ((const int *)ids)[k] : ((const long long *)ids)[k];
+        if (row < 0 || row >= n_rows) {  // never write outside dst: report instead
+            if (err) *err = err_code;
+            continue;
+        }
         typename T::block *out = (typename T::block *)(dst + row * nb1 + i02 * nb2 + i03 * nb3) + ib;
         quantize_block(src + r * ne00 + (long long)ib * T::qk, out);
     }
@@ -122,8 +135,10 @@ static __device__ void set_rows(char *__restrict__ dst, const float *__restrict_
 #define GR_SET_ROWS(name, T)                                                                                   \
     extern "C" __global__ void set_rows_##name(char *dst, const float *src, const void *ids, int ids_i32,      \
                                                int ne00, int ne01, int ne02, int ne03, int ne11, int ne12,      \
-                                               long long nb1, long long nb2, long long nb3) {                   \
-        set_rows<T>(dst, src, ids, ids_i32, ne00, ne01, ne02, ne03, ne11, ne12, nb1, nb2, nb3);                \
+                                               long long nb1, long long nb2, long long nb3, long long n_rows,   \
+                                               int *err, int err_code) {                                        \
+        set_rows<T>(dst, src, ids, ids_i32, ne00, ne01, ne02, ne03, ne11, ne12, nb1, nb2, nb3, n_rows, err,    \
+                    err_code);                                                                                  \
     }
 GR_STORE_TYPES(GR_SET_ROWS)
 
