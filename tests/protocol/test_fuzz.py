@@ -133,7 +133,7 @@ def mutation(draw, req: bytes) -> bytes:
             del out[i:i + draw(st.integers(1, 16))]
         elif kind == "size" and n >= 9:
             size = struct.unpack_from("<Q", out, 1)[0]
-            new = draw(st.one_of(st.integers(max(0, size - 8), size + 8), U64_EDGES))
+            new = draw(st.one_of(st.integers(max(0, size - 8), min(size + 8, (1 << 64) - 1)), U64_EDGES))
             struct.pack_into("<Q", out, 1, new)
         elif kind in ("field32", "field64") and n > 17:
             w = 4 if kind == "field32" else 8
