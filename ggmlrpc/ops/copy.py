@@ -53,8 +53,8 @@ def set_rows(node, srcs, admit=accept):
     admit(node, srcs)
     if node.ne[0] != a.ne[0] or node.ne[2] != a.ne[2] or node.ne[3] != a.ne[3]:
         raise invalid(node, srcs, "src0 and the result differ in shape")
-    if (idx.ne[0] != a.ne[1] or idx.ne[3] != 1 or a.ne[2] % idx.ne[1]
-            or a.ne[3] % idx.ne[2]):
+    if (idx.ne[0] != a.ne[1] or idx.ne[3] != 1 or not idx.ne[1] or not idx.ne[2]
+            or a.ne[2] % idx.ne[1] or a.ne[3] % idx.ne[2]):
         raise invalid(node, srcs, "indices do not match src0")
     need_rows(node, srcs, a, node)
     return [a, idx]
