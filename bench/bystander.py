@@ -46,7 +46,9 @@ def busy(endpoint: str, stop, hang_up: bool, count) -> None:
     while not stop.is_set():
         c = None
         try:
-            c = Ctx(endpoint, size=4 << 20)
+            # buffers large enough that the chain fits the server's work limit
+            # (--max-graph-work: units per byte of the buffers a graph uses)
+            c = Ctx(endpoint, size=(1 << 30) if hang_up else (64 << 20))
             c.rb.graph_compute(chain(c, 1500 if not hang_up else 20000))
             count["graphs"] += 1
             if hang_up:
