@@ -44,6 +44,13 @@ class Graph:
                 and n.op not in ggml.VIEW_OPS
                 and all(n.ne)]
 
+    def sources(self, node: RpcTensor) -> list[RpcTensor | None]:
+        """A node's sources as tensors (None for an absent one), trailing absent ones dropped."""
+        srcs = [self.tensors[s] if s else None for s in node.src]
+        while srcs and srcs[-1] is None:
+            srcs.pop()
+        return srcs
+
 
 def build_graph(session, device: int, node_ids: list[int], tensors: list[RpcTensor]) -> Graph:
     """Validate a decoded graph for `session`; raises ValidationError on any violation."""

@@ -21,7 +21,7 @@ import threading
 
 from .. import ggml
 from ..errors import ConnectionLost, DeviceError, UnsupportedError, ValidationError
-from ..ops.base import invalid
+from ..ops.base import no_empty_sources
 from . import cpu_rules, work
 
 # the most scratch memory one graph may ask for (a hostile shape could ask for more);
@@ -97,14 +97,10 @@ class CpuExecutor:
         keep = {}
         for node in graph.runnable():
             rule = cpu_rules.RULES.get(node.op)
-            srcs = [graph.tensors[s] if s else None for s in node.src]
-            while srcs and srcs[-1] is None:
-                srcs.pop()
+            srcs = graph.sources(node)
             if rule is None:
                 raise cpu_rules.unsupported(node, srcs)
-            if node.op not in EMPTY_SOURCES_OK and any(s is not None and not all(s.ne) for s in srcs):
-                # a rule would divide by the empty dim, a kernel index into no bytes
-                raise invalid(node, srcs, "a source has an empty dimension")
+            no_empty_sources(node, srcs, EMPTY_SOURCES_OK)
             spec = rule(node, srcs)
             tensors = [_resolve(graph, node, keep)]
             used = [_resolve(graph, s, keep) if s is not None else None for s in spec.srcs]

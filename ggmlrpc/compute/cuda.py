@@ -25,7 +25,7 @@ from .. import ggml
 from ..cuda import Kernels
 from ..errors import ConnectionLost, DeviceError, UnsupportedError, ValidationError
 from ..ggml import GGMLType as T
-from ..ops.base import contiguous, invalid, nelements, ts
+from ..ops.base import contiguous, nelements, no_empty_sources, ts
 from . import work
 
 # the most scratch memory one graph may ask for (a hostile shape could ask for more)
@@ -206,15 +206,11 @@ class CudaExecutor:
             b = Builder(self, graph)
             try:
                 for node in graph.runnable():
-                    srcs = [graph.tensors[s] if s else None for s in node.src]
-                    while srcs and srcs[-1] is None:
-                        srcs.pop()
+                    srcs = graph.sources(node)
                     rule = cuda_rules.RULES.get(node.op)
                     if rule is None:
                         raise cuda_rules.unsupported(node, srcs)
-                    if any(s is not None and not all(s.ne) for s in srcs):
-                        # a rule would divide by the empty dim, a kernel index into no bytes
-                        raise invalid(node, srcs, "a source has an empty dimension")
+                    no_empty_sources(node, srcs)
                     b.node_index = len(names)
                     names.append(f"{node.name_str!r} ({ggml.op_name(node.op)})")
                     rule(node, srcs, b)

@@ -122,10 +122,7 @@ def _inner(node, srcs) -> int:
 def _nodes(graph):
     """(node, sources) of every node the executor runs."""
     for node in graph.runnable():
-        srcs = [graph.tensors.get(s) if s else None for s in node.src]
-        while srcs and srcs[-1] is None:
-            srcs.pop()
-        yield node, srcs
+        yield node, graph.sources(node)
 
 
 def graph_work(graph) -> int:

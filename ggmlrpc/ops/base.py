@@ -23,6 +23,14 @@ def invalid(node, srcs, why: str):
     return ValidationError(describe(node, srcs, f"is invalid: {why}"))
 
 
+def no_empty_sources(node, srcs, allowed=frozenset()):
+    """Refuse a node with a source that has an empty dimension, unless its op is in
+    `allowed` (the ops whose rules and kernels a backend has checked with empty sources):
+    a rule would divide by the empty dim, a kernel index into no bytes."""
+    if node.op not in allowed and any(s is not None and not all(s.ne) for s in srcs):
+        raise invalid(node, srcs, "a source has an empty dimension")
+
+
 def unknown(node, srcs, what: str):
     """An op parameter naming a variant that ggml has no code for."""
     return UnsupportedError(describe(node, srcs, what))

@@ -8,6 +8,7 @@ import pytest
 
 from ggmlrpc.compute import work
 from ggmlrpc.errors import ValidationError
+from ggmlrpc.graph import Graph
 from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
 
 
@@ -72,6 +73,8 @@ class G:
 
     def runnable(self):
         return self.nodes
+
+    sources = Graph.sources
 
 
 def test_stride0_broadcast_refused():

@@ -121,10 +121,10 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
     const ggmlrpc_vec_dot_sums_fn qdots = cx->L.q4_sums ? ggmlrpc_get_vec_dot_q4_0_sums() : NULL;
     const int32_t *sums = qdots ? (const int32_t *)(job->wdata + cx->L.sums) : NULL;
     const ggmlrpc_vec_dot_x4_fn qdot4 = conv && b1 - b0 >= 4 ? ggmlrpc_get_vec_dot_x4((uint32_t)s0->type) : NULL;
-    /* four weight rows at a time where qdot is the type's vec_dot (not a GEMM order) */
-    const ggmlrpc_vec_dot_rows4_fn qrows4 = qdots || cx->qdot == NULL ||
-                                                    cx->qdot != ggmlrpc_get_vec_dot((uint32_t)s0->type)
-                                                ? NULL : ggmlrpc_get_vec_dot_rows4((uint32_t)s0->type);
+    /* four weight rows at a time on converted columns, where qdot is the type's vec_dot
+     * (not a GEMM order) */
+    const ggmlrpc_vec_dot_rows4_fn qrows4 = !qdots && conv && qdot == ggmlrpc_get_vec_dot((uint32_t)s0->type)
+                                                ? ggmlrpc_get_vec_dot_rows4((uint32_t)s0->type) : NULL;
     const int64_t BLK = 16;
     for (int64_t ib = a0; ib < a1; ib += BLK) {
         const int64_t ie = ib + BLK < a1 ? ib + BLK : a1;
@@ -154,7 +154,7 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
             const char *w = s0->data + (i12 / r2) * s0->nb[2] + (i13 / r3) * s0->nb[3];
             float *out = (float *)(d->data + i11 * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
             int64_t i01 = ib;
-            for (; qrows4 && conv && i01 + 4 <= ie; i01 += 4) {   /* four weight rows at a time */
+            for (; qrows4 && i01 + 4 <= ie; i01 += 4) {
                 const void *wr[4] = {w + i01 * s0->nb[1], w + (i01 + 1) * s0->nb[1],
                                      w + (i01 + 2) * s0->nb[1], w + (i01 + 3) * s0->nb[1]};
                 qrows4(K, out + i01, wr, act);
