@@ -69,7 +69,7 @@ def completion(ref_bin: Path, model: Path, args: list[str], rpc: str | None, ext
     argv += ["--rpc", rpc, "-ngl", "99"] if rpc else ["-ngl", "0", "--no-repack"]
     env = dict(os.environ, GGML_NO_BACKTRACE="1")
     for _ in range(8):   # a loaded CI host once lost the output of four runs in a row
-        r = subprocess.run(argv, capture_output=True, env=env, timeout=300)
+        r = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, env=env, timeout=300)
         assert r.returncode == 0, f"{shlex.join(argv)}\n{r.stderr.decode(errors='replace')[-3000:]}"
         if r.stdout.endswith(b"\n\n"):
             break
