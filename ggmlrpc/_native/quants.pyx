@@ -26,7 +26,8 @@ cdef extern from "cpu/quants/quants.h" nogil:
 
 
 def simd(int level=-1):
-    """The kernel level in force (0 portable C, 1 AVX2+FMA+F16C); with level >= 0
+    """The kernel level in force (0 portable C, 1 AVX2+FMA+F16C, 2 that and the
+    AVX-512 VNNI decode kernels); with level >= 0
     set it first (clamped to what this CPU has). Process-wide."""
     return ggmlrpc_quants_simd(level)
 

@@ -142,30 +142,32 @@ def test_decode_matmul_chunks_give_each_row_its_dot(seed, wtype, n_cols):
 def _matmul_runs(wtype, wq, x, M, n_threads, simd_at_plan, simd_at_run, runs=1):
     """MUL_MAT of weights wq (M rows) with activations x (B, N, K): the plan made
     with SIMD kernels on or off, then run `runs` times with them on or off (the
-    result zeroed before each run); the outputs of every run."""
+    result zeroed before each run); the outputs of every run. simd_at_*: a bool (all
+    the SIMD kernels this CPU has, or none) or a quant kernel level (0, 1 or 2, the
+    executor's SIMD on from 1)."""
     from ggmlrpc._native import executor as native
-    from ggmlrpc._native import quants
+    level = lambda v: (2 if v else 0) if isinstance(v, bool) else v  # noqa: E731
     B, N, K = x.shape
     b = Builder(8 << 20)
     wt = b.tensor(wtype, (K, M), data=wq)
     xt = b.tensor(T.F32, (K, N, B), data=x)
     out = b.tensor(T.F32, (M, N, B), Op.MUL_MAT, (wt, xt))
     ex = CpuExecutor(n_threads)
-    before = native.simd_level()
+    before, qbefore = native.simd_level(), native.quants_simd()
     got = []
     try:
-        native.set_simd(simd_at_plan)
-        quants.simd(1 if simd_at_plan else 0)
+        native.set_simd(bool(simd_at_plan))
+        native.quants_simd(level(simd_at_plan))
         plan = ex.compile(b.graph())
-        native.set_simd(simd_at_run)
-        quants.simd(1 if simd_at_run else 0)
+        native.set_simd(bool(simd_at_run))
+        native.quants_simd(level(simd_at_run))
         for _ in range(runs):
             b.buf.mem.fill(b.placement[out.id].offset, M * N * B * 4, 0)
             ex.run(plan)
             got.append(b.read(out).copy())
     finally:
         native.set_simd(bool(before))
-        quants.simd(before)
+        native.quants_simd(qbefore)
     return got
 
 
@@ -190,9 +192,40 @@ def test_prompt_matmul_panels_give_each_row_its_dot(seed, wtype):
     want = np.array([[[quants.vec_dot(int(wtype), wq[i * rb:(i + 1) * rb].tobytes(),
                                       quants.quantize(act, x[b, j]).tobytes()) for i in range(M)]
                       for j in range(N)] for b in range(B)], np.float32)
-    for n_threads, simd_at_plan in ((1, True), (2, True), (3, True), (2, False)):
-        for got in _matmul_runs(wtype, wq, x, M, n_threads, simd_at_plan, True, runs=2):
+    # (2, 2, 1): planned where Q4_0 keeps no activation sums, run where it does
+    for n_threads, at_plan, at_run in ((1, True, True), (2, True, True), (3, True, True), (2, False, True),
+                                       (2, 2, 1), (2, 1, 2)):
+        for got in _matmul_runs(wtype, wq, x, M, n_threads, at_plan, at_run, runs=2):
             np.testing.assert_array_equal(got.view(np.uint32), want.ravel().view(np.uint32))
+
+
+@pytest.mark.parametrize("wtype", [T.Q4_0, T.Q8_0])
+def test_decode_matmul_levels_give_each_row_its_dot(seed, wtype):
+    """Decode products (1 and 3 activation rows) take four weight rows at a time
+    where the quant level has such a kernel (AVX2: Q8_0; AVX-512 VNNI: Q8_0 and Q4_0,
+    two rows per register), and Q4_0 keeps its activations' lane sums where it has
+    none. Plans made at one level and run at another, weight rows in chunks shared by
+    two threads with a remainder of two: every output is the one dot product of its
+    row."""
+    from ggmlrpc._native import executor as native
+    from ggmlrpc._native import quants
+    rng = np.random.default_rng(seed)
+    K, M = 1024, 602
+    w = rng.standard_normal((M, K)).astype(np.float32)
+    wq = np.concatenate([quants.quantize(int(wtype), r) for r in w])
+    act = quants.vec_dot_type(int(wtype))
+    rb = len(wq) // M
+    top = native.quants_simd()
+    for N in (1, 3):
+        x = rng.standard_normal((1, N, K)).astype(np.float32)
+        want = np.array([[quants.vec_dot(int(wtype), wq[i * rb:(i + 1) * rb].tobytes(),
+                                         quants.quantize(act, x[0, j]).tobytes()) for i in range(M)]
+                         for j in range(N)], np.float32)
+        # (level 0's portable vec_dot sums in ggml's generic order, no x86 build's)
+        for plan, run in ((1, 1), (top, top), (1, top), (top, 1), (0, top)):
+            for n_threads in (1, 2):
+                got = _matmul_runs(wtype, wq, x, M, n_threads, plan, run)[0]
+                np.testing.assert_array_equal(got.view(np.uint32), want.ravel().view(np.uint32))
 
 
 @pytest.mark.parametrize("wtype", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS])

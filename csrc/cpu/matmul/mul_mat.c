@@ -54,6 +54,14 @@ static inline const char *mm_act(const gr_job *job, const mm_ctx *c, int64_t col
                    : c->s1->data + i11 * c->s1->nb[1] + i12 * c->s1->nb[2] + i13 * c->s1->nb[3];
 }
 
+/* the Q4_0 activation lane sums, where this run keeps them and the plan made room
+ * for them (the quant level, and with it whether a node keeps them, can be switched
+ * between planning and running) */
+static int32_t *mm_sums(const gr_job *job, const gr_mm_scratch *L) {
+    return L->q4_sums && gr_mm_scratch_has(job->node, L->sums + L->sums_bytes) && ggmlrpc_get_vec_dot_q4_0_sums()
+               ? (int32_t *)(job->wdata + L->sums) : NULL;
+}
+
 /* ---- phase 0: src1 into the vec_dot type, sums and panels ------------------- */
 
 static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
@@ -64,7 +72,7 @@ static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
     const int64_t K = s0->ne[0], N = s1->ne[1];
     if (job->ith == 0) gr_chunk_set(job, job->nth);   /* chunks 0..nth-1 go to threads 0..nth-1 */
     if (s1->type == vdt) return;
-    int32_t *sums = L->q4_sums && ggmlrpc_get_vec_dot_q4_0_sums() ? (int32_t *)(job->wdata + L->sums) : NULL;
+    int32_t *sums = mm_sums(job, L);
     int64_t r0, r1;
     gr_range(gr_nrows(s1), job->ith, job->nth, &r0, &r1);
     ggmlrpc_from_float_fn from_float = NULL;
@@ -118,12 +126,11 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
     const int64_t K = cx->K, N = cx->N, ne12 = cx->ne12, r2 = cx->r2, r3 = cx->r3;
     const int conv = cx->conv;
     const ggmlrpc_vec_dot_fn qdot = cx->qdot;
-    const ggmlrpc_vec_dot_sums_fn qdots = cx->L.q4_sums ? ggmlrpc_get_vec_dot_q4_0_sums() : NULL;
-    const int32_t *sums = qdots ? (const int32_t *)(job->wdata + cx->L.sums) : NULL;
+    const int32_t *sums = mm_sums(job, &cx->L);
+    const ggmlrpc_vec_dot_sums_fn qdots = sums ? ggmlrpc_get_vec_dot_q4_0_sums() : NULL;
     const ggmlrpc_vec_dot_x4_fn qdot4 = conv && b1 - b0 >= 4 ? ggmlrpc_get_vec_dot_x4((uint32_t)s0->type) : NULL;
-    /* four weight rows at a time on converted columns, where qdot is the type's vec_dot
-     * (not a GEMM order) */
-    const ggmlrpc_vec_dot_rows4_fn qrows4 = !qdots && conv && qdot == ggmlrpc_get_vec_dot((uint32_t)s0->type)
+    /* four weight rows at a time, where qdot is the type's vec_dot (not a GEMM order) */
+    const ggmlrpc_vec_dot_rows4_fn qrows4 = !qdots && qdot && qdot == ggmlrpc_get_vec_dot((uint32_t)s0->type)
                                                 ? ggmlrpc_get_vec_dot_rows4((uint32_t)s0->type) : NULL;
     const int64_t BLK = 16;
     for (int64_t ib = a0; ib < a1; ib += BLK) {

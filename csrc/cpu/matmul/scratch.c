@@ -8,10 +8,12 @@ static inline size_t r64(size_t x) { return (x + 63) & ~(size_t)63; }
 
 /* Q4_0 weights, activations converted here to Q8_0 (so never holding -128 unless
  * the input is not finite), one dot product per output: the activation rows'
- * per-block lane sums are kept (ggmlrpc_q4_0_act_sums) */
+ * per-block lane sums are kept (ggmlrpc_q4_0_act_sums), except where four weight
+ * rows go at a time (AVX-512 VNNI), which needs none and is faster */
 static int q4_sums_kind(const gr_node *n) {
     return n->kernel == GR_K_MUL_MAT && n->src[0].type == GR_TYPE_Q4_0 && n->iparams[0] == GR_TYPE_Q8_0 &&
-           n->src[1].type != GR_TYPE_Q8_0 && n->iparams[1] == GR_MM_VEC_DOT;
+           n->src[1].type != GR_TYPE_Q8_0 && n->iparams[1] == GR_MM_VEC_DOT &&
+           !ggmlrpc_get_vec_dot_rows4(GR_TYPE_Q4_0);
 }
 
 /* Prompt-sized Q8_0/Q4_0 products: every run of eight columns of one src1 batch

@@ -1327,11 +1327,13 @@ static const gr_simd_kernels gr_avx2[GR_NTYPES] = {
 };
 #endif
 
-/* -1 until first use, then the level in force (0 portable, 1 AVX2) */
+/* -1 until first use, then the level in force: 0 portable, 1 AVX2, 2 AVX2 and the
+ * AVX-512 VNNI decode kernels (x86/quants_vnni.c) */
 static int gr_level = -1;
 
 static int gr_cpu_level(void) {
-    return (gr_cpu_features() & GR_CPU_AVX2) ? 1 : 0;
+    const unsigned f = gr_cpu_features(), vnni = GR_CPU_AVX512 | GR_CPU_AVX512_VNNI;
+    return (f & vnni) == vnni ? 2 : (f & GR_CPU_AVX2) ? 1 : 0;
 }
 
 static int gr_simd_level(void) {
@@ -1417,6 +1419,10 @@ ggmlrpc_vec_dot_rows4_fn ggmlrpc_get_vec_dot_rows4(uint32_t weight_type) {
 #if GR_X86
     /* only beside the very vec_dot whose order they repeat */
     const ggmlrpc_vec_dot_fn one = ggmlrpc_get_vec_dot(weight_type);
+    if (gr_simd_level() >= 2) {
+        if (one == vec_dot_q8_0_q8_0_avx2) return vec_dot_rows4_q8_0_q8_0_vnni;
+        if (one == vec_dot_q4_0_q8_0_avx2) return vec_dot_rows4_q4_0_q8_0_vnni;
+    }
     if (one == vec_dot_q8_0_q8_0_avx2) return vec_dot_rows4_q8_0_q8_0_avx2;
     if (one == vec_dot_q4_K_q8_K_avx2) return vec_dot_rows4_q4_K_q8_K_avx2;
     if (one == vec_dot_q6_K_q8_K_avx2) return vec_dot_rows4_q6_K_q8_K_avx2;

@@ -223,7 +223,8 @@ int ggmlrpc_vec_dot_type(uint32_t weight_type);
  * ggmlrpc_vec_dot_type(weight_type). 0, or -1 (unsupported type, bad n). */
 int ggmlrpc_vec_dot(uint32_t weight_type, int64_t n, float *s, const void *w_row, const void *act_row);
 
-/* Which kernels get_* hands out: 0 portable C, 1 AVX2+FMA+F16C. With level < 0
+/* Which kernels get_* hands out: 0 portable C, 1 AVX2+FMA+F16C, 2 that and the
+ * AVX-512 VNNI decode kernels (rows4 of Q8_0/Q4_0). With level < 0
  * only reports the current level; otherwise sets it (clamped to what the CPU
  * has) and returns the level in force. Process-wide: meant for tests and
  * benchmarks comparing paths, not to be flipped while kernels run. */
