@@ -325,6 +325,7 @@ static void mm_panel_gemm(gr_job *job, const mm_ctx *cx, size_t pb) {
     const int64_t K = cx->K, N = cx->N, ne12 = cx->ne12, ne13 = cx->ne13, nr0 = cx->nr0;
     const int64_t nb = K / 32, G = N / 8, CH = 16;
     const ggmlrpc_panel_dot_fn pdot = ggmlrpc_get_panel_dot((uint32_t)s0->type);
+    const ggmlrpc_panel_dot2_fn pdot2 = ggmlrpc_get_panel_dot2((uint32_t)s0->type);
     const char *panels = job->wdata + cx->L.panels;
     const int64_t nch = (nr0 + CH - 1) / CH;
     for (int64_t ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
@@ -337,7 +338,16 @@ static void mm_panel_gemm(gr_job *job, const mm_ctx *cx, size_t pb) {
                 float *out[8];
                 for (int j = 0; j < 8; j++)
                     out[j] = (float *)(d->data + (8 * g + j) * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
-                for (int64_t i01 = ib; i01 < ie; i01++) {
+                int64_t i01 = ib;
+                for (; pdot2 && i01 + 2 <= ie; i01 += 2) {   /* two weight rows at a time */
+                    float v[16];
+                    pdot2(K, v, w + i01 * s0->nb[1], w + (i01 + 1) * s0->nb[1], pan);
+                    for (int j = 0; j < 8; j++) {
+                        out[j][i01] = v[j];
+                        out[j][i01 + 1] = v[8 + j];
+                    }
+                }
+                for (; i01 < ie; i01++) {
                     float v[8];
                     pdot(K, v, w + i01 * s0->nb[1], pan);
                     for (int j = 0; j < 8; j++) out[j][i01] = v[j];

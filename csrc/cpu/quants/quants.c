@@ -1479,6 +1479,17 @@ void ggmlrpc_panel_put(uint32_t weight_type, const void *act /* (nb,) q8_0 or q8
     }
 }
 
+ggmlrpc_panel_dot2_fn ggmlrpc_get_panel_dot2(uint32_t weight_type) {
+#if GR_X86
+    if (gr_simd_level() >= 2) {
+        if (weight_type == GR_TYPE_Q4_0) return panel_dot2_q4_0_vnni;
+        if (weight_type == GR_TYPE_Q8_0) return panel_dot2_q8_0_vnni;
+    }
+#endif
+    (void)weight_type;
+    return NULL;
+}
+
 ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type) {
 #if GR_X86
     if (gr_simd_level() >= 1) {

@@ -182,6 +182,12 @@ typedef void (*ggmlrpc_panel_dot_fn)(int64_t n, float *s /* (8,) */, const void 
 size_t ggmlrpc_panel_bytes(uint32_t weight_type);
 void ggmlrpc_panel_put(uint32_t weight_type, const void *act, int64_t nb, void *panel, int lane);
 ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type);
+/* The same for two weight rows at once (AVX-512 VNNI, Q8_0 and Q4_0): s[j] row a's
+ * output for column j, s[8 + j] row b's, each bit-equal to the one-row kernel's;
+ * NULL where there is none. */
+typedef void (*ggmlrpc_panel_dot2_fn)(int64_t n, float *s /* (16,) */, const void *w_row_a, const void *w_row_b,
+                                      const void *panel);
+ggmlrpc_panel_dot2_fn ggmlrpc_get_panel_dot2(uint32_t weight_type);
 
 /* The grid IQ formats (quants_iq.c), for the dispatch table in quants.c:
  * dequantize_row (src: n/256 blocks) and vec_dot against Q8_K activations. */

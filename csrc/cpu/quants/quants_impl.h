@@ -290,6 +290,8 @@ GR_AVX2 void vec_dot_q6_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/25
 GR_AVX2 void vec_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q8_0 */, const void *vy /* (n/32,) q8_0 */);
 GR_AVX2 void vec_dot_x4_q4_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q4_0 */, const void *const vy[4] /* (n/32,) q8_0 each */);
 void vec_dot_rows4_q8_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
+void panel_dot2_q8_0_vnni(int64_t n, float *s /* (16,) */, const void *wa, const void *wb, const void *panel);
+void panel_dot2_q4_0_vnni(int64_t n, float *s /* (16,) */, const void *wa, const void *wb, const void *panel);
 void vec_dot_rows4_q4_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
 GR_AVX2 void vec_dot_x4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q8_0 */, const void *const vy[4] /* (n/32,) q8_0 each */);
 #endif

@@ -108,4 +108,53 @@ GR_VNNI void vec_dot_rows4_q4_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const 
     gr_rows4_q0(n, s, vx, vy, sizeof(block_q4_0), 1);
 }
 
+/* Two weight rows against a panel of eight activation columns (ggmlrpc_panel_put's
+ * layout: the eight columns' float scales, then each column's 32 codes, pb bytes a
+ * block): the sixteen outputs, s[j] row a's and s[8 + j] row b's for column j, each
+ * summed as vec_dot sums it. One register per column: row a's eight lanes in the
+ * low half, row b's in the high half. */
+#define GR_PANEL2_COLUMN(j)                                                                             \
+    {                                                                                                   \
+        const __m512i y = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 32 + 32 * (j)))); \
+        const __m512i iv = _mm512_dpbusd_epi32(zero, ax, _mm512_mask_sub_epi8(y, neg, zero, y));        \
+        float dy;                                                                                       \
+        memcpy(&dy, p + 4 * (j), 4);                                                                    \
+        acc##j = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_set1_ps(dy)), _mm512_cvtepi32_ps(iv), acc##j); \
+    }
+#define GR_PANEL2_EACH(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+
+GR_VNNI static inline __attribute__((always_inline)) void gr_panel2_q0(int64_t n, float *s /* (16,) */,
+                                                                       const uint8_t *xa, const uint8_t *xb,
+                                                                       const uint8_t *panel, size_t bs, size_t pb,
+                                                                       int q4) {
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0, acc4 = acc0, acc5 = acc0,
+           acc6 = acc0, acc7 = acc0;
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        const size_t o = (size_t)i * bs;
+        const uint8_t *p = panel + (size_t)i * pb;
+        const __m512 dx = _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(gr_f16_at(xa + o))),
+                                             _mm256_set1_ps(_cvtsh_ss(gr_f16_at(xb + o))), 1);
+        const __m512i x = q4 ? gr_pair_q4(xa + o + 2, xb + o + 2) : gr_pair32(xa + o + 2, xb + o + 2);
+        const __m512i ax = _mm512_abs_epi8(x);
+        const __mmask64 neg = _mm512_movepi8_mask(x);
+        GR_PANEL2_EACH(GR_PANEL2_COLUMN)
+    }
+#define GR_PANEL2_OUT(j)                                                 \
+    s[j] = gr_hsum_ps8_vnni(_mm512_castps512_ps256(acc##j));             \
+    s[8 + j] = gr_hsum_ps8_vnni(_mm512_extractf32x8_ps(acc##j, 1));
+    GR_PANEL2_EACH(GR_PANEL2_OUT)
+#undef GR_PANEL2_OUT
+}
+
+GR_VNNI void panel_dot2_q8_0_vnni(int64_t n, float *s /* (16,) */, const void *wa, const void *wb,
+                                  const void *panel) {
+    gr_panel2_q0(n, s, wa, wb, panel, sizeof(block_q8_0), GR_PANEL_Q8, 0);
+}
+
+GR_VNNI void panel_dot2_q4_0_vnni(int64_t n, float *s /* (16,) */, const void *wa, const void *wb,
+                                  const void *panel) {
+    gr_panel2_q0(n, s, wa, wb, panel, sizeof(block_q4_0), GR_PANEL_Q4, 1);
+}
+
 #endif
