@@ -181,7 +181,7 @@ def test_prompt_matmul_panels_give_each_row_its_dot(seed, wtype):
     the one dot product of its row."""
     from ggmlrpc._native import quants
     rng = np.random.default_rng(seed)
-    K, M, N, B = 256, 40, 19, 2
+    K, M, N, B = 256, 41, 19, 2   # M: chunks of 16 weight rows, the last of 9 (odd)
     w = rng.standard_normal((M, K)).astype(np.float32)
     wq = np.concatenate([quants.quantize(int(wtype), r) for r in w])
     x = rng.standard_normal((B, N, K)).astype(np.float32)

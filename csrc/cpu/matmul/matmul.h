@@ -69,14 +69,17 @@ void gr_wpanel_gemm(int32_t type, int64_t nb, const void *panel, const void *act
  *                               activation rows' per-block lane sums
  *   [panels, panels_end)        runs of eight columns as panels: panel_block bytes
  *                               per block (ggmlrpc_panel_bytes, or GR_KPANEL_BYTES
- *                               for the K-quants; 0: no panels)
+ *                               for the K-quants; 0: no panels); or, with cpanel,
+ *                               each src1 batch's columns in column panels of
+ *                               sixteen (GGMLRPC_CPANEL_BYTES a block)
  *   [index, +index_bytes)       MUL_MAT_ID: rows per expert and where each
  *                               expert's run starts (2 n_as int64), then at
  *                               `pairs` the (slot, token) pairs grouped by expert
  *   [threads, +nth*per_thread)  per thread: a decoded weight row (tiled order),
  *                               and at `krows` inside it a chunk of weight rows
  *                               in K-panel layout (MUL_MAT with K panels: only
- *                               the chunk)
+ *                               the chunk; with column panels: the chunk's rows
+ *                               decoded, ggmlrpc_cpanel_row_bytes each)
  *   [tiled, +nth*tiled_bytes)   MUL_MAT in tiled order without K panels: a
  *                               decoded weight row per thread, after the
  *                               converted rows
@@ -90,6 +93,7 @@ typedef struct gr_mm_scratch {
     size_t sums, sums_bytes;
     size_t panel_block;       /* 0: no panels */
     int kpanel;               /* the panels are K panels (and threads hold K-panel rows) */
+    int cpanel;               /* the panels are column panels (and threads hold decoded rows) */
     size_t panels, panels_end;
     size_t index, pairs, index_bytes;
     size_t threads, per_thread, krows;

@@ -15,8 +15,11 @@
  * row is unpacked once for the eight; every output stays bit-equal to its
  * one-column kernel. On AVX-512 VNNI CPUs the K-quants take sixteen weight rows
  * at a time instead (gr_wpanel_*: one row per int32 lane, the columns read in
- * place), with the same float steps per output. Weight rows go to threads in chunks handed out one at a
- * time.
+ * place), with the same float steps per output, and Q8_0/Q4_0 take column panels
+ * (ggmlrpc_cpanel_*: sixteen columns a register, two weight rows at a time).
+ * Decode-sized products take four weight rows at a time against a column
+ * (ggmlrpc_get_vec_dot_rows4), fetching the weights ahead of use. Weight rows go
+ * to threads in chunks handed out one at a time.
  */
 #include <math.h>
 #include <stdint.h>
@@ -62,6 +65,13 @@ static int32_t *mm_sums(const gr_job *job, const gr_mm_scratch *L) {
                ? (int32_t *)(job->wdata + L->sums) : NULL;
 }
 
+/* whether this run takes column panels (Q8_0/Q4_0 prompts on AVX-512 VNNI): the
+ * layout has them, the plan made room for them and the kernels run at this level */
+static int mm_cpanels(const gr_job *job, const gr_mm_scratch *L) {
+    return L->cpanel && gr_mm_scratch_has(job->node, L->threads + (size_t)job->nth * L->per_thread) &&
+           ggmlrpc_cpanel_available((uint32_t)job->node->src[0].type);
+}
+
 /* ---- phase 0: src1 into the vec_dot type, sums and panels ------------------- */
 
 static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
@@ -93,7 +103,8 @@ static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
     }
     /* panels only where the plan made room for them (the SIMD level can be
      * switched between planning and running) */
-    const size_t pb = !L->kpanel && L->panel_block && gr_mm_scratch_has(n, L->panels_end) ? L->panel_block : 0;
+    const int cp = mm_cpanels(job, L);
+    const size_t pb = !cp && !L->kpanel && L->panel_block && gr_mm_scratch_has(n, L->panels_end) ? L->panel_block : 0;
     /* the weight-panel path reads the converted rows themselves */
     const int kp = L->kpanel && gr_mm_scratch_has(n, L->threads + (size_t)job->nth * L->per_thread) &&
                    !gr_wpanel_available(s0->type);
@@ -102,6 +113,13 @@ static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
         char *dst = job->wdata + (size_t)ir * row_size;
         gr_mm_convert_row(vdt, s1, src, dst, K, from_float);
         if (sums) ggmlrpc_q4_0_act_sums(dst, sums + ir * (K / 32) * 8, K / 32);
+        if (cp) {   /* lane i11 % 16 of its batch's column panel i11 / 16 */
+            const int64_t i11 = ir % N, G = (N + 15) / 16;
+            char *pan = job->wdata + L->panels + (size_t)((ir / N) * G + i11 / 16) * (size_t)(K / 32) * GGMLRPC_CPANEL_BYTES;
+            ggmlrpc_cpanel_put((uint32_t)s0->type, dst, K / 32, pan, (int)(i11 % 16));
+            if (i11 == N - 1 && N % 16) ggmlrpc_cpanel_clear(pan, K / 32, (int)(N % 16));
+            continue;
+        }
         const int64_t i11 = ir % N, G = N / 8;
         if ((pb || kp) && i11 < G * 8) {   /* lane i11 % 8 of its batch's panel i11 / 8 */
             const size_t group = (size_t)((ir / N) * G + i11 / 8);
@@ -229,30 +247,86 @@ static void mm_kpanel_gemm(gr_job *job, const mm_ctx *cx) {
     }
 }
 
-/* the same on AVX-512 VNNI: each chunk of GR_MM_CHUNK_ROWS weight rows decoded
- * into one weight panel per src1 batch, then every column of the batch against it */
+/* The skeleton of the chunked prompt strategies: chunks of GR_MM_CHUNK_ROWS weight
+ * rows [ib, ie) handed out one at a time; for every src1 batch (i12, i13) the
+ * chunk is decoded into the thread's scratch `mem` once per src0 batch w, then
+ * multiplied by the batch's columns. */
+typedef struct {
+    int64_t ib, ie, i12, i13, sl;   /* sl: the src1 batch's index */
+    const char *w;                  /* the src0 batch */
+    char *mem;
+} mm_chunk;
+
+typedef void (*mm_chunk_fn)(gr_job *job, const mm_ctx *cx, const mm_chunk *c);
+
+static void mm_chunks(gr_job *job, const mm_ctx *cx, mm_chunk_fn decode, mm_chunk_fn gemm) {
+    const gr_tensor *s0 = cx->s0;
+    const int64_t CH = GR_MM_CHUNK_ROWS, nch = (cx->nr0 + CH - 1) / CH;
+    mm_chunk c = {.mem = job->wdata + cx->L.threads + (size_t)job->ith * cx->L.per_thread};
+    for (int64_t ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+        c.ib = ch * CH;
+        c.ie = c.ib + CH < cx->nr0 ? c.ib + CH : cx->nr0;
+        int64_t cur = -1;
+        for (c.sl = 0; c.sl < cx->ne12 * cx->ne13; c.sl++) {
+            c.i12 = c.sl % cx->ne12;
+            c.i13 = c.sl / cx->ne12;
+            const int64_t i02 = c.i12 / cx->r2, i03 = c.i13 / cx->r3, key = i03 * s0->ne[2] + i02;
+            if (key != cur) {
+                c.w = s0->data + i02 * s0->nb[2] + i03 * s0->nb[3];
+                decode(job, cx, &c);
+                cur = key;
+            }
+            gemm(job, cx, &c);
+        }
+    }
+}
+
+/* K-quants 8+ columns on AVX-512 VNNI: each chunk decoded into one weight panel,
+ * then every column of the src1 batch against it */
 _Static_assert(GR_MM_CHUNK_ROWS == 16, "a weight panel holds sixteen rows");
 _Static_assert(GR_WPANEL_BYTES <= GR_MM_CHUNK_ROWS * (GR_KROW_BYTES + 8), "a weight panel fits a thread's K rows");
 
-static void mm_wpanel_gemm(gr_job *job, const mm_ctx *cx) {
-    const gr_tensor *s0 = cx->s0, *d = cx->d;
-    const int64_t K = cx->K, N = cx->N, ne12 = cx->ne12, ne13 = cx->ne13, nr0 = cx->nr0;
-    const int64_t nb = K / 256, CH = GR_MM_CHUNK_ROWS;
-    char *panel = job->wdata + cx->L.threads + (size_t)job->ith * cx->L.per_thread;
-    const int nch = (int)((nr0 + CH - 1) / CH);
-    for (int ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
-        const int64_t ib = ch * CH, ie = ib + CH < nr0 ? ib + CH : nr0;
-        int64_t cur = -1;
-        for (int64_t sl = 0; sl < ne12 * ne13; sl++) {
-            const int64_t i12 = sl % ne12, i13 = sl / ne12;
-            const int64_t i02 = i12 / cx->r2, i03 = i13 / cx->r3, key = i03 * s0->ne[2] + i02;
-            if (key != cur) {
-                gr_wpanel_decode(s0->type, nb, s0->data + i02 * s0->nb[2] + i03 * s0->nb[3] + ib * s0->nb[1],
-                                 s0->nb[1], (int)(ie - ib), panel);
-                cur = key;
+static void mm_wpanel_decode(gr_job *job, const mm_ctx *cx, const mm_chunk *c) {
+    (void)job;
+    gr_wpanel_decode(cx->s0->type, cx->K / 256, c->w + c->ib * cx->s0->nb[1], cx->s0->nb[1], (int)(c->ie - c->ib),
+                     c->mem);
+}
+
+static void mm_wpanel_chunk(gr_job *job, const mm_ctx *cx, const mm_chunk *c) {
+    const gr_tensor *d = cx->d;
+    gr_wpanel_gemm(cx->s0->type, cx->K / 256, c->mem, job->wdata + (size_t)(c->sl * cx->N) * cx->row_size,
+                   cx->row_size, cx->N, (float *)(d->data + c->i12 * d->nb[2] + c->i13 * d->nb[3]) + c->ib, d->nb[1],
+                   (int)(c->ie - c->ib));
+}
+
+/* Q8_0/Q4_0 prompts on AVX-512 VNNI: each chunk's rows decoded into unsigned codes,
+ * then two rows at a time against every column panel of the src1 batch (a short
+ * last panel's unused lanes not written) */
+static void mm_cpanel_decode(gr_job *job, const mm_ctx *cx, const mm_chunk *c) {
+    (void)job;
+    const int64_t nb = cx->K / 32;
+    const size_t rb = ggmlrpc_cpanel_row_bytes(nb);
+    for (int64_t i01 = c->ib; i01 < c->ie; i01++)
+        ggmlrpc_cpanel_decode((uint32_t)cx->s0->type, c->w + i01 * cx->s0->nb[1], nb, c->mem + (size_t)(i01 - c->ib) * rb);
+}
+
+static void mm_cpanel_chunk(gr_job *job, const mm_ctx *cx, const mm_chunk *c) {
+    const gr_tensor *d = cx->d;
+    const int64_t N = cx->N, nb = cx->K / 32, G = (N + 15) / 16;
+    const size_t rb = ggmlrpc_cpanel_row_bytes(nb);
+    const ggmlrpc_cpanel_dot_fn dot = ggmlrpc_get_cpanel_dot((uint32_t)cx->s0->type);
+    for (int64_t g = 0; g < G; g++) {
+        const char *pan = job->wdata + cx->L.panels + (size_t)(c->sl * G + g) * (size_t)nb * GGMLRPC_CPANEL_BYTES;
+        const int64_t cols = N - 16 * g < 16 ? N - 16 * g : 16;
+        for (int64_t i01 = c->ib; i01 < c->ie; i01 += 2) {
+            const int two = i01 + 1 < c->ie;   /* an odd last row is paired with itself */
+            float v[32];
+            dot(nb, c->mem + (size_t)(i01 - c->ib) * rb, c->mem + (size_t)(i01 + two - c->ib) * rb, pan, v);
+            for (int64_t j = 0; j < cols; j++) {
+                float *out = (float *)(d->data + (16 * g + j) * d->nb[1] + c->i12 * d->nb[2] + c->i13 * d->nb[3]);
+                out[i01] = v[j];
+                if (two) out[i01 + 1] = v[16 + j];
             }
-            gr_wpanel_gemm(s0->type, nb, panel, job->wdata + (size_t)(sl * N) * cx->row_size, cx->row_size, N,
-                           (float *)(d->data + i12 * d->nb[2] + i13 * d->nb[3]) + ib, d->nb[1], (int)(ie - ib));
         }
     }
 }
@@ -325,7 +399,6 @@ static void mm_panel_gemm(gr_job *job, const mm_ctx *cx, size_t pb) {
     const int64_t K = cx->K, N = cx->N, ne12 = cx->ne12, ne13 = cx->ne13, nr0 = cx->nr0;
     const int64_t nb = K / 32, G = N / 8, CH = 16;
     const ggmlrpc_panel_dot_fn pdot = ggmlrpc_get_panel_dot((uint32_t)s0->type);
-    const ggmlrpc_panel_dot2_fn pdot2 = ggmlrpc_get_panel_dot2((uint32_t)s0->type);
     const char *panels = job->wdata + cx->L.panels;
     const int64_t nch = (nr0 + CH - 1) / CH;
     for (int64_t ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
@@ -338,16 +411,7 @@ static void mm_panel_gemm(gr_job *job, const mm_ctx *cx, size_t pb) {
                 float *out[8];
                 for (int j = 0; j < 8; j++)
                     out[j] = (float *)(d->data + (8 * g + j) * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
-                int64_t i01 = ib;
-                for (; pdot2 && i01 + 2 <= ie; i01 += 2) {   /* two weight rows at a time */
-                    float v[16];
-                    pdot2(K, v, w + i01 * s0->nb[1], w + (i01 + 1) * s0->nb[1], pan);
-                    for (int j = 0; j < 8; j++) {
-                        out[j][i01] = v[j];
-                        out[j][i01 + 1] = v[8 + j];
-                    }
-                }
-                for (; i01 < ie; i01++) {
+                for (int64_t i01 = ib; i01 < ie; i01++) {
                     float v[8];
                     pdot(K, v, w + i01 * s0->nb[1], pan);
                     for (int j = 0; j < 8; j++) out[j][i01] = v[j];
@@ -408,7 +472,8 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     const int kp = L.kpanel && gr_mm_scratch_has(n, L.threads + (size_t)job->nth * L.per_thread);
     const size_t pb = !L.kpanel && L.panel_block && gr_mm_scratch_has(n, L.panels_end) ? L.panel_block : 0;
     const int64_t CH = cx.nr1 == 1 ? 64 : 16;
-    if (order == GR_MM_TILED && kp && gr_wpanel_available(s0->type)) mm_wpanel_gemm(job, &cx);
+    if (mm_cpanels(job, &L)) mm_chunks(job, &cx, mm_cpanel_decode, mm_cpanel_chunk);
+    else if (order == GR_MM_TILED && kp && gr_wpanel_available(s0->type)) mm_chunks(job, &cx, mm_wpanel_decode, mm_wpanel_chunk);
     else if (order == GR_MM_TILED && kp) mm_kpanel_gemm(job, &cx);
     else if (order == GR_MM_TILED) mm_tiled(job, &cx, a0, a1, b0, b1);
     else if (order == GR_MM_GEMM && (s0->type == GR_TYPE_F32 || s0->type == GR_TYPE_F16)) mm_gemm_tiles(job, &cx, a0, a1, b0, b1);

@@ -30,6 +30,13 @@ static size_t panel_kind(const gr_node *n) {
     return ggmlrpc_panel_bytes((uint32_t)n->src[0].type);
 }
 
+/* Q8_0/Q4_0 prompts where the column-panel kernels run (AVX-512 VNNI): every src1
+ * batch's columns as panels of sixteen (ggmlrpc_cpanel_*), then per thread a chunk
+ * of decoded weight rows */
+static int cpanel_kind(const gr_node *n) {
+    return panel_kind(n) && ggmlrpc_cpanel_available((uint32_t)n->src[0].type);
+}
+
 /* K-quant weights (ggml's tiled order), 8+ columns converted here to Q8_K: the
  * same panels (gr_kpanel_*), then per thread a chunk of weight rows in kernel
  * layout */
@@ -73,6 +80,14 @@ gr_mm_scratch gr_mm_scratch_layout(const gr_node *n, int nth) {
         L.panels_end = L.panels + groups * (size_t)(K / 256) * GR_KPANEL_BYTES;
         L.threads = r64(L.panels_end);
         L.per_thread = r64((size_t)GR_MM_CHUNK_ROWS * (size_t)(K / 256) * (GR_KROW_BYTES + 8));
+        end = L.threads + (size_t)nth * L.per_thread;
+    } else if (cpanel_kind(n)) {
+        L.cpanel = 1;
+        L.panels = r64(end);
+        L.panels_end = L.panels + (size_t)((s1->ne[1] + 15) / 16) * (size_t)(s1->ne[2] * s1->ne[3]) *
+                                      (size_t)(K / 32) * GGMLRPC_CPANEL_BYTES;
+        L.threads = r64(L.panels_end);
+        L.per_thread = (size_t)GR_MM_CHUNK_ROWS * ggmlrpc_cpanel_row_bytes(K / 32);
         end = L.threads + (size_t)nth * L.per_thread;
     } else {
         L.panel_block = panel_kind(n);

@@ -1479,11 +1479,64 @@ void ggmlrpc_panel_put(uint32_t weight_type, const void *act /* (nb,) q8_0 or q8
     }
 }
 
-ggmlrpc_panel_dot2_fn ggmlrpc_get_panel_dot2(uint32_t weight_type) {
+int ggmlrpc_cpanel_available(uint32_t weight_type) {
+    return ggmlrpc_get_cpanel_dot(weight_type) != NULL;
+}
+
+size_t ggmlrpc_cpanel_row_bytes(int64_t nb) {
+    return ((size_t)nb * 36 + 63) & ~(size_t)63;   /* 32 codes and a float a block */
+}
+
+void ggmlrpc_cpanel_put(uint32_t weight_type, const void *act /* (nb,) q8_0 */, int64_t nb, void *panel,
+                        int lane) {
+    const block_q8_0 *y = act;
+    const int32_t c = weight_type == GR_TYPE_Q8_0 ? 128 : 8;
+    for (int64_t i = 0; i < nb; i++) {
+        uint8_t *p = (uint8_t *)panel + (size_t)i * GGMLRPC_CPANEL_BYTES;
+        const float d = gr_fp16_to_fp32(y[i].d);
+        memcpy(p + 4 * lane, &d, 4);
+        uint8_t mark = 0;
+        for (int m = 0; m < 8; m++) {
+            int32_t t = 0;
+            for (int k = 0; k < 4; k++) {
+                t += y[i].qs[4 * m + k];
+                mark |= y[i].qs[4 * m + k] == -128;
+            }
+            const int32_t bias = -c * t;
+            memcpy(p + GR_CPANEL_Y + 64 * m + 4 * lane, y[i].qs + 4 * m, 4);
+            memcpy(p + GR_CPANEL_BIAS + 64 * m + 4 * lane, &bias, 4);
+        }
+        p[GR_CPANEL_MARK + lane] = mark;
+    }
+}
+
+void ggmlrpc_cpanel_clear(void *panel, int64_t nb, int from) {
+    for (int64_t i = 0; i < nb; i++) {
+        uint8_t *p = (uint8_t *)panel + (size_t)i * GGMLRPC_CPANEL_BYTES;
+        for (int lane = from; lane < GGMLRPC_CPANEL_COLS; lane++) {
+            memset(p + 4 * lane, 0, 4);
+            for (int m = 0; m < 8; m++) {
+                memset(p + GR_CPANEL_Y + 64 * m + 4 * lane, 0, 4);
+                memset(p + GR_CPANEL_BIAS + 64 * m + 4 * lane, 0, 4);
+            }
+            p[GR_CPANEL_MARK + lane] = 0;
+        }
+    }
+}
+
+void ggmlrpc_cpanel_decode(uint32_t weight_type, const void *w_row, int64_t nb, void *row) {
+#if GR_X86
+    gr_cpanel_decode_vnni(weight_type, w_row, nb, row);
+#else
+    (void)weight_type; (void)w_row; (void)nb; (void)row;
+#endif
+}
+
+ggmlrpc_cpanel_dot_fn ggmlrpc_get_cpanel_dot(uint32_t weight_type) {
 #if GR_X86
     if (gr_simd_level() >= 2) {
-        if (weight_type == GR_TYPE_Q4_0) return panel_dot2_q4_0_vnni;
-        if (weight_type == GR_TYPE_Q8_0) return panel_dot2_q8_0_vnni;
+        if (weight_type == GR_TYPE_Q8_0) return gr_cpanel_dot_q8_0_vnni;
+        if (weight_type == GR_TYPE_Q4_0) return gr_cpanel_dot_q4_0_vnni;
     }
 #endif
     (void)weight_type;

@@ -182,12 +182,27 @@ typedef void (*ggmlrpc_panel_dot_fn)(int64_t n, float *s /* (8,) */, const void 
 size_t ggmlrpc_panel_bytes(uint32_t weight_type);
 void ggmlrpc_panel_put(uint32_t weight_type, const void *act, int64_t nb, void *panel, int lane);
 ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type);
-/* The same for two weight rows at once (AVX-512 VNNI, Q8_0 and Q4_0): s[j] row a's
- * output for column j, s[8 + j] row b's, each bit-equal to the one-row kernel's;
- * NULL where there is none. */
-typedef void (*ggmlrpc_panel_dot2_fn)(int64_t n, float *s /* (16,) */, const void *w_row_a, const void *w_row_b,
-                                      const void *panel);
-ggmlrpc_panel_dot2_fn ggmlrpc_get_panel_dot2(uint32_t weight_type);
+/* Column panels: Q8_0 and Q4_0 prompts on AVX-512 VNNI (quant level 2). Sixteen
+ * Q8_0 activation rows laid out lane by lane (GGMLRPC_CPANEL_BYTES a block: scales,
+ * codes, the bias that lets unsigned weight codes give signed sums, -128 marks),
+ * weight rows decoded once into unsigned codes and float scales
+ * (ggmlrpc_cpanel_row_bytes), then two weight rows against the sixteen columns at
+ * once: s[j] row a's output for column j, s[16 + j] row b's, each bit-equal to
+ * vec_dot's (and ggml's).
+ *   cpanel_available: whether the kernels run for weight_type at this level;
+ *   cpanel_put:   activation row `act` (nb Q8_0 blocks) into lane 0..15 of `panel`;
+ *   cpanel_clear: lanes from..15 to zero (a short last panel: outputs left unused);
+ *   cpanel_decode: one weight row into `row`. */
+#define GGMLRPC_CPANEL_COLS 16
+#define GGMLRPC_CPANEL_BYTES 1152
+typedef void (*ggmlrpc_cpanel_dot_fn)(int64_t nb, const void *row_a, const void *row_b, const void *panel,
+                                      float *s /* (32,) */);
+int ggmlrpc_cpanel_available(uint32_t weight_type);
+size_t ggmlrpc_cpanel_row_bytes(int64_t nb);
+void ggmlrpc_cpanel_put(uint32_t weight_type, const void *act, int64_t nb, void *panel, int lane);
+void ggmlrpc_cpanel_clear(void *panel, int64_t nb, int from);
+void ggmlrpc_cpanel_decode(uint32_t weight_type, const void *w_row, int64_t nb, void *row);
+ggmlrpc_cpanel_dot_fn ggmlrpc_get_cpanel_dot(uint32_t weight_type);
 
 /* The grid IQ formats (quants_iq.c), for the dispatch table in quants.c:
  * dequantize_row (src: n/256 blocks) and vec_dot against Q8_K activations. */

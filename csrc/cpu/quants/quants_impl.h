@@ -251,6 +251,15 @@ static inline int gr_k4_minsum(const uint8_t *mn /* (8,) */, const int16_t *bsum
 #define GR_PANEL_Q4 (GR_PANEL_Q8 + 8 * 32 + 32)
 /* Q4_1, Q5_1 (Q8_1 activations): f32 d[8] | i8 qs[8][32] | f32 s[8] (Q8_1's d * sum) */
 #define GR_PANEL_Q81 (GR_PANEL_Q8 + 32)
+/* column panels (quants.h): f32 d[16] | for lane m, the sixteen columns' four
+ * codes of lane m (i8[8][16][4]) | for lane m, bias[16] (i32[8][16]: -c times the sum
+ * of those four codes, c = 128 for Q8_0 and 8 for Q4_0, so that a VPDPBUSD of the
+ * weights' unsigned codes from it gives the signed sums exactly) | u8 mark[16] (the
+ * column's block holds -128, as in GR_PANEL_Q4) | pad */
+#define GR_CPANEL_Y 64
+#define GR_CPANEL_BIAS (GR_CPANEL_Y + 8 * 64)
+#define GR_CPANEL_MARK (GR_CPANEL_BIAS + 8 * 64)
+_Static_assert(GR_CPANEL_MARK + 64 == GGMLRPC_CPANEL_BYTES, "column panel layout");
 
 /* ---- the x86 kernels (x86/quants_x86.c), picked at run time ------------------ */
 #if GR_X86
@@ -290,8 +299,9 @@ GR_AVX2 void vec_dot_q6_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/25
 GR_AVX2 void vec_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q8_0 */, const void *vy /* (n/32,) q8_0 */);
 GR_AVX2 void vec_dot_x4_q4_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q4_0 */, const void *const vy[4] /* (n/32,) q8_0 each */);
 void vec_dot_rows4_q8_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
-void panel_dot2_q8_0_vnni(int64_t n, float *s /* (16,) */, const void *wa, const void *wb, const void *panel);
-void panel_dot2_q4_0_vnni(int64_t n, float *s /* (16,) */, const void *wa, const void *wb, const void *panel);
+void gr_cpanel_decode_vnni(uint32_t type, const void *w_row, int64_t nb, void *row);
+void gr_cpanel_dot_q8_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s);
+void gr_cpanel_dot_q4_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s);
 void vec_dot_rows4_q4_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
 GR_AVX2 void vec_dot_x4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q8_0 */, const void *const vy[4] /* (n/32,) q8_0 each */);
 #endif

@@ -108,53 +108,109 @@ GR_VNNI void vec_dot_rows4_q4_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const 
     gr_rows4_q0(n, s, vx, vy, sizeof(block_q4_0), 1);
 }
 
-/* Two weight rows against a panel of eight activation columns (ggmlrpc_panel_put's
- * layout: the eight columns' float scales, then each column's 32 codes, pb bytes a
- * block): the sixteen outputs, s[j] row a's and s[8 + j] row b's for column j, each
- * summed as vec_dot sums it. One register per column: row a's eight lanes in the
- * low half, row b's in the high half. */
-#define GR_PANEL2_COLUMN(j)                                                                             \
-    {                                                                                                   \
-        const __m512i y = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)(p + 32 + 32 * (j)))); \
-        const __m512i iv = _mm512_dpbusd_epi32(zero, ax, _mm512_mask_sub_epi8(y, neg, zero, y));        \
-        float dy;                                                                                       \
-        memcpy(&dy, p + 4 * (j), 4);                                                                    \
-        acc##j = _mm512_fmadd_ps(_mm512_mul_ps(dx, _mm512_set1_ps(dy)), _mm512_cvtepi32_ps(iv), acc##j); \
-    }
-#define GR_PANEL2_EACH(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+/* Column panels (quants.h, GR_CPANEL_*): one weight row against sixteen columns per
+ * register, the register of partial lane m holding that lane for the sixteen
+ * outputs. Each output's eight lanes take vec_dot's steps (int32 lane sums, times
+ * its scale product, fused into the lane's accumulator) and the same final sum,
+ * lane m of vec_dot's register being register m here. */
 
-GR_VNNI static inline __attribute__((always_inline)) void gr_panel2_q0(int64_t n, float *s /* (16,) */,
-                                                                       const uint8_t *xa, const uint8_t *xb,
-                                                                       const uint8_t *panel, size_t bs, size_t pb,
-                                                                       int q4) {
-    const __m512i zero = _mm512_setzero_si512();
-    __m512 acc0 = _mm512_setzero_ps(), acc1 = acc0, acc2 = acc0, acc3 = acc0, acc4 = acc0, acc5 = acc0,
-           acc6 = acc0, acc7 = acc0;
-    for (int64_t i = 0; i < n / GR_QK; i++) {
-        const size_t o = (size_t)i * bs;
-        const uint8_t *p = panel + (size_t)i * pb;
-        const __m512 dx = _mm512_insertf32x8(_mm512_set1_ps(_cvtsh_ss(gr_f16_at(xa + o))),
-                                             _mm256_set1_ps(_cvtsh_ss(gr_f16_at(xb + o))), 1);
-        const __m512i x = q4 ? gr_pair_q4(xa + o + 2, xb + o + 2) : gr_pair32(xa + o + 2, xb + o + 2);
-        const __m512i ax = _mm512_abs_epi8(x);
-        const __mmask64 neg = _mm512_movepi8_mask(x);
-        GR_PANEL2_EACH(GR_PANEL2_COLUMN)
+/* rows: Q8_0 codes plus 128 (unsigned), or Q4_0's nibbles; then the block scales */
+GR_VNNI void gr_cpanel_decode_vnni(uint32_t type, const void *w_row, int64_t nb, void *row) {
+    uint8_t *u = row;
+    float *dx = (float *)(u + 32 * nb);
+    for (int64_t i = 0; i < nb; i++) {
+        if (type == GR_TYPE_Q8_0) {
+            const block_q8_0 *x = (const block_q8_0 *)w_row + i;
+            const __m256i q = _mm256_loadu_si256((const __m256i *)x->qs);
+            _mm256_storeu_si256((__m256i *)(u + 32 * i), _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)));
+            dx[i] = _cvtsh_ss(x->d);
+        } else {
+            const block_q4_0 *x = (const block_q4_0 *)w_row + i;
+            const __m128i t = _mm_loadu_si128((const __m128i *)x->qs);
+            const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
+            _mm256_storeu_si256((__m256i *)(u + 32 * i), _mm256_and_si256(b, _mm256_set1_epi8(0x0f)));
+            dx[i] = _cvtsh_ss(x->d);
+        }
     }
-#define GR_PANEL2_OUT(j)                                                 \
-    s[j] = gr_hsum_ps8_vnni(_mm512_castps512_ps256(acc##j));             \
-    s[8 + j] = gr_hsum_ps8_vnni(_mm512_extractf32x8_ps(acc##j, 1));
-    GR_PANEL2_EACH(GR_PANEL2_OUT)
-#undef GR_PANEL2_OUT
 }
 
-GR_VNNI void panel_dot2_q8_0_vnni(int64_t n, float *s /* (16,) */, const void *wa, const void *wb,
-                                  const void *panel) {
-    gr_panel2_q0(n, s, wa, wb, panel, sizeof(block_q8_0), GR_PANEL_Q8, 0);
+/* lane m's int32 sums for the sixteen columns: from the bias (fast) or, for a block
+ * whose activations hold -128, by the sign trick on the signed codes, wrap-around
+ * included, as ggml's kernels do */
+#define GR_CP_FAST(m) _mm512_dpbusd_epi32(_mm512_loadu_si512(p + GR_CPANEL_BIAS + 64 * (m)), \
+                                          _mm512_set1_epi32(gr_i32_at(u + 4 * (m))), y##m)
+GR_VNNI static inline int32_t gr_i32_at(const uint8_t *p) {
+    int32_t v;
+    memcpy(&v, p, sizeof v);
+    return v;
 }
 
-GR_VNNI void panel_dot2_q4_0_vnni(int64_t n, float *s /* (16,) */, const void *wa, const void *wb,
-                                  const void *panel) {
-    gr_panel2_q0(n, s, wa, wb, panel, sizeof(block_q4_0), GR_PANEL_Q4, 1);
+/* the slow blocks' lanes, out of line so that the fast path keeps its registers */
+GR_VNNI __attribute__((noinline)) static void gr_cp_slow(const uint8_t *ua, const uint8_t *ub, const uint8_t *p,
+                                                         int q4, __m512i la[8], __m512i lb[8]) {
+    const __m512i zero = _mm512_setzero_si512(), off = _mm512_set1_epi8(q4 ? 8 : (char)0x80);
+    for (int m = 0; m < 8; m++) {
+        const __m512i y = _mm512_loadu_si512(p + GR_CPANEL_Y + 64 * m);
+        const __m512i xa = _mm512_sub_epi8(_mm512_set1_epi32(gr_i32_at(ua + 4 * m)), off);
+        const __m512i xb = _mm512_sub_epi8(_mm512_set1_epi32(gr_i32_at(ub + 4 * m)), off);
+        la[m] = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(xa), _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(xa), zero, y));
+        lb[m] = _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(xb), _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(xb), zero, y));
+    }
+}
+
+#define GR_CP_EACH(X) X(0) X(1) X(2) X(3) X(4) X(5) X(6) X(7)
+#define GR_CP_STEP(m, R, LANES) R##m = _mm512_fmadd_ps(d##R, _mm512_cvtepi32_ps(LANES), R##m);
+/* y loaded where it is used, so that the sixteen accumulators stay in registers */
+#define GR_CP_FAST_AB(m)                                                     \
+    {                                                                        \
+        const __m512i y##m = _mm512_loadu_si512(p + GR_CPANEL_Y + 64 * (m)); \
+        const uint8_t *u = ua;                                               \
+        GR_CP_STEP(m, a, GR_CP_FAST(m))                                      \
+        u = ub;                                                              \
+        GR_CP_STEP(m, b, GR_CP_FAST(m))                                      \
+    }
+#define GR_CP_SLOW_AB(m) GR_CP_STEP(m, a, la[m]) GR_CP_STEP(m, b, lb[m])
+
+/* vec_dot's final sum of the eight lanes, for the sixteen outputs at once */
+GR_VNNI static inline __m512 gr_cp_hsum(__m512 l0, __m512 l1, __m512 l2, __m512 l3, __m512 l4, __m512 l5,
+                                        __m512 l6, __m512 l7) {
+    const __m512 t0 = _mm512_add_ps(l4, l0), t1 = _mm512_add_ps(l5, l1);
+    const __m512 t2 = _mm512_add_ps(l6, l2), t3 = _mm512_add_ps(l7, l3);
+    return _mm512_add_ps(_mm512_add_ps(t0, t2), _mm512_add_ps(t1, t3));
+}
+
+GR_VNNI static inline __attribute__((always_inline)) void gr_cpanel_dot_q0(int64_t nb, const void *row_a,
+                                                                           const void *row_b, const void *panel,
+                                                                           float *s, int q4) {
+    const uint8_t *ra = row_a, *rb = row_b;
+    const float *dxa = (const float *)(ra + 32 * nb), *dxb = (const float *)(rb + 32 * nb);
+    __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
+    __m512 b0 = a0, b1 = a0, b2 = a0, b3 = a0, b4 = a0, b5 = a0, b6 = a0, b7 = a0;
+    for (int64_t i = 0; i < nb; i++) {
+        const uint8_t *p = (const uint8_t *)panel + (size_t)i * GGMLRPC_CPANEL_BYTES;
+        const uint8_t *ua = ra + 32 * i, *ub = rb + 32 * i;
+        const __m512 dy = _mm512_loadu_ps(p);
+        const __m512 da = _mm512_mul_ps(_mm512_set1_ps(dxa[i]), dy), db = _mm512_mul_ps(_mm512_set1_ps(dxb[i]), dy);
+        uint64_t marks[2];
+        memcpy(marks, p + GR_CPANEL_MARK, 16);
+        if (__builtin_expect((marks[0] | marks[1]) == 0, 1)) {
+            GR_CP_EACH(GR_CP_FAST_AB)
+        } else {
+            __m512i la[8], lb[8];
+            gr_cp_slow(ua, ub, p, q4, la, lb);
+            GR_CP_EACH(GR_CP_SLOW_AB)
+        }
+    }
+    _mm512_storeu_ps(s, gr_cp_hsum(a0, a1, a2, a3, a4, a5, a6, a7));
+    _mm512_storeu_ps(s + 16, gr_cp_hsum(b0, b1, b2, b3, b4, b5, b6, b7));
+}
+
+GR_VNNI void gr_cpanel_dot_q8_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s) {
+    gr_cpanel_dot_q0(nb, row_a, row_b, panel, s, 0);
+}
+
+GR_VNNI void gr_cpanel_dot_q4_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s) {
+    gr_cpanel_dot_q0(nb, row_a, row_b, panel, s, 1);
 }
 
 #endif
