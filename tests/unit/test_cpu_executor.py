@@ -199,11 +199,11 @@ def test_prompt_matmul_panels_give_each_row_its_dot(seed, wtype):
             np.testing.assert_array_equal(got.view(np.uint32), want.ravel().view(np.uint32))
 
 
-@pytest.mark.parametrize("wtype", [T.Q4_0, T.Q8_0])
+@pytest.mark.parametrize("wtype", [T.Q4_0, T.Q5_0, T.Q8_0])
 def test_decode_matmul_levels_give_each_row_its_dot(seed, wtype):
     """Decode products (1 and 3 activation rows) take four weight rows at a time
-    where the quant level has such a kernel (AVX2: Q8_0; AVX-512 VNNI: Q8_0 and Q4_0,
-    two rows per register), and Q4_0 keeps its activations' lane sums where it has
+    where the quant level has such a kernel (AVX2: Q8_0; AVX-512 VNNI: Q8_0, Q4_0 and
+    Q5_0, two rows per register), and Q4_0 keeps its activations' lane sums where it has
     none. Plans made at one level and run at another, weight rows in chunks shared by
     two threads with a remainder of two: every output is the one dot product of its
     row."""

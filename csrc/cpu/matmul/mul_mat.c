@@ -15,7 +15,7 @@
  * row is unpacked once for the eight; every output stays bit-equal to its
  * one-column kernel. On AVX-512 VNNI CPUs the K-quants take sixteen weight rows
  * at a time instead (gr_wpanel_*: one row per int32 lane, the columns read in
- * place), with the same float steps per output, and Q8_0/Q4_0 take column panels
+ * place), with the same float steps per output, and Q8_0/Q4_0/Q5_0 take column panels
  * (ggmlrpc_cpanel_*: sixteen columns a register, two weight rows at a time).
  * Decode-sized products take four weight rows at a time against a column
  * (ggmlrpc_get_vec_dot_rows4), fetching the weights ahead of use. Weight rows go
@@ -28,7 +28,8 @@
 #include "cpu/job.h"
 #include "cpu/kernels.h"
 #include "cpu/matmul/matmul.h"
-#include "common/rpc.h"   /* ggmlrpc_blck_size */
+#include "cpu/simd.h"      /* gr_prefetch_block_ahead */
+#include "common/rpc.h"   /* ggmlrpc_blck_size, ggmlrpc_type_size */
 
 /* node iparams: [0] vec_dot type, [1] summation order (GR_MM_* of names.def:
  * vec_dot, prompt-time GEMM, tiled K-quant, IQ4_NL's one-accumulator GEMM through
@@ -65,7 +66,7 @@ static int32_t *mm_sums(const gr_job *job, const gr_mm_scratch *L) {
                ? (int32_t *)(job->wdata + L->sums) : NULL;
 }
 
-/* whether this run takes column panels (Q8_0/Q4_0 prompts on AVX-512 VNNI): the
+/* whether this run takes column panels (Q8_0/Q4_0/Q5_0 prompts on AVX-512 VNNI): the
  * layout has them, the plan made room for them and the kernels run at this level */
 static int mm_cpanels(const gr_job *job, const gr_mm_scratch *L) {
     return L->cpanel && gr_mm_scratch_has(job->node, L->threads + (size_t)job->nth * L->per_thread) &&
@@ -151,6 +152,8 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
     const ggmlrpc_vec_dot_rows4_fn qrows4 = !qdots && qdot && qdot == ggmlrpc_get_vec_dot((uint32_t)s0->type)
                                                 ? ggmlrpc_get_vec_dot_rows4((uint32_t)s0->type) : NULL;
     const int64_t BLK = 16;
+    /* the bytes of one weight row, fetched ahead of use on a block's first column */
+    const size_t wrow = (size_t)(K / ggmlrpc_blck_size((uint32_t)s0->type)) * ggmlrpc_type_size((uint32_t)s0->type);
     for (int64_t ib = a0; ib < a1; ib += BLK) {
         const int64_t ie = ib + BLK < a1 ? ib + BLK : a1;
         int64_t c = b0;
@@ -186,6 +189,7 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
             }
             for (; i01 < ie; i01++) {
                 const char *wr = w + i01 * s0->nb[1];
+                if (c == b0) gr_prefetch_block_ahead(wr, wrow);
                 float v;
                 if (s0->type == GR_TYPE_F32) v = cx->dot32(K, (const float *)wr, (const float *)act);
                 else if (s0->type == GR_TYPE_F16) v = cx->dot16(K, (const uint16_t *)wr, (const uint16_t *)act);
@@ -299,7 +303,7 @@ static void mm_wpanel_chunk(gr_job *job, const mm_ctx *cx, const mm_chunk *c) {
                    (int)(c->ie - c->ib));
 }
 
-/* Q8_0/Q4_0 prompts on AVX-512 VNNI: each chunk's rows decoded into unsigned codes,
+/* Q8_0/Q4_0/Q5_0 prompts on AVX-512 VNNI: each chunk's rows decoded into unsigned codes,
  * then two rows at a time against every column panel of the src1 batch (a short
  * last panel's unused lanes not written) */
 static void mm_cpanel_decode(gr_job *job, const mm_ctx *cx, const mm_chunk *c) {

@@ -1422,6 +1422,7 @@ ggmlrpc_vec_dot_rows4_fn ggmlrpc_get_vec_dot_rows4(uint32_t weight_type) {
     if (gr_simd_level() >= 2) {
         if (one == vec_dot_q8_0_q8_0_avx2) return vec_dot_rows4_q8_0_q8_0_vnni;
         if (one == vec_dot_q4_0_q8_0_avx2) return vec_dot_rows4_q4_0_q8_0_vnni;
+        if (one == vec_dot_q5_0_q8_0_avx2) return vec_dot_rows4_q5_0_q8_0_vnni;
     }
     if (one == vec_dot_q8_0_q8_0_avx2) return vec_dot_rows4_q8_0_q8_0_avx2;
     if (one == vec_dot_q4_K_q8_K_avx2) return vec_dot_rows4_q4_K_q8_K_avx2;
@@ -1490,7 +1491,7 @@ size_t ggmlrpc_cpanel_row_bytes(int64_t nb) {
 void ggmlrpc_cpanel_put(uint32_t weight_type, const void *act /* (nb,) q8_0 */, int64_t nb, void *panel,
                         int lane) {
     const block_q8_0 *y = act;
-    const int32_t c = weight_type == GR_TYPE_Q8_0 ? 128 : 8;
+    const int32_t c = weight_type == GR_TYPE_Q8_0 ? 128 : weight_type == GR_TYPE_Q5_0 ? 16 : 8;
     for (int64_t i = 0; i < nb; i++) {
         uint8_t *p = (uint8_t *)panel + (size_t)i * GGMLRPC_CPANEL_BYTES;
         const float d = gr_fp16_to_fp32(y[i].d);
@@ -1537,6 +1538,7 @@ ggmlrpc_cpanel_dot_fn ggmlrpc_get_cpanel_dot(uint32_t weight_type) {
     if (gr_simd_level() >= 2) {
         if (weight_type == GR_TYPE_Q8_0) return gr_cpanel_dot_q8_0_vnni;
         if (weight_type == GR_TYPE_Q4_0) return gr_cpanel_dot_q4_0_vnni;
+        if (weight_type == GR_TYPE_Q5_0) return gr_cpanel_dot_q5_0_vnni;
     }
 #endif
     (void)weight_type;

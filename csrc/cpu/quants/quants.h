@@ -182,7 +182,7 @@ typedef void (*ggmlrpc_panel_dot_fn)(int64_t n, float *s /* (8,) */, const void 
 size_t ggmlrpc_panel_bytes(uint32_t weight_type);
 void ggmlrpc_panel_put(uint32_t weight_type, const void *act, int64_t nb, void *panel, int lane);
 ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type);
-/* Column panels: Q8_0 and Q4_0 prompts on AVX-512 VNNI (quant level 2). Sixteen
+/* Column panels: Q8_0, Q4_0 and Q5_0 prompts on AVX-512 VNNI (quant level 2). Sixteen
  * Q8_0 activation rows laid out lane by lane (GGMLRPC_CPANEL_BYTES a block: scales,
  * codes, the bias that lets unsigned weight codes give signed sums, -128 marks),
  * weight rows decoded once into unsigned codes and float scales
@@ -245,7 +245,7 @@ int ggmlrpc_vec_dot_type(uint32_t weight_type);
 int ggmlrpc_vec_dot(uint32_t weight_type, int64_t n, float *s, const void *w_row, const void *act_row);
 
 /* Which kernels get_* hands out: 0 portable C, 1 AVX2+FMA+F16C, 2 that and the
- * AVX-512 VNNI decode kernels (rows4 of Q8_0/Q4_0). With level < 0
+ * AVX-512 VNNI kernels (rows4 of Q8_0/Q4_0/Q5_0, column panels). With level < 0
  * only reports the current level; otherwise sets it (clamped to what the CPU
  * has) and returns the level in force. Process-wide: meant for tests and
  * benchmarks comparing paths, not to be flipped while kernels run. */

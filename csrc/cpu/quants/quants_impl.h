@@ -22,27 +22,6 @@
 #define GR_AVX2 __attribute__((target("avx2,fma,f16c")))
 #endif
 
-/* How far ahead of the weights it is reading a decode kernel asks for the next
- * ones. A matrix-vector product streams every weight once and does little with
- * each: one core waiting on memory keeps too few lines in flight, and the
- * hardware prefetcher alone was measured at about 8 GB/s on one core of a
- * Sapphire Rapids class host against 11 GB/s with this (Q8_0 rows, weights not in
- * cache). A prefetch never faults, so the address may lie past the weights. */
-#define GR_PREFETCH_AHEAD 8192
-
-static inline __attribute__((always_inline)) void gr_prefetch_ahead(const void *p) {
-#if GR_X86
-    _mm_prefetch((const char *)((uintptr_t)p + GR_PREFETCH_AHEAD), _MM_HINT_T0);
-#else
-    __builtin_prefetch((const void *)((uintptr_t)p + GR_PREFETCH_AHEAD));
-#endif
-}
-
-/* the same for every cache line of a block of `bytes` */
-static inline __attribute__((always_inline)) void gr_prefetch_block_ahead(const void *p, size_t bytes) {
-    for (size_t o = 0; o < bytes; o += 64) gr_prefetch_ahead((const char *)p + o);
-}
-
 #define GR_QK 32   /* elements per block of the 32-wide formats */
 
 /* ------------------------------------------------------------------------- */
@@ -253,7 +232,7 @@ static inline int gr_k4_minsum(const uint8_t *mn /* (8,) */, const int16_t *bsum
 #define GR_PANEL_Q81 (GR_PANEL_Q8 + 32)
 /* column panels (quants.h): f32 d[16] | for lane m, the sixteen columns' four
  * codes of lane m (i8[8][16][4]) | for lane m, bias[16] (i32[8][16]: -c times the sum
- * of those four codes, c = 128 for Q8_0 and 8 for Q4_0, so that a VPDPBUSD of the
+ * of those four codes, c = 128 for Q8_0, 8 for Q4_0 and 16 for Q5_0, so that a VPDPBUSD of the
  * weights' unsigned codes from it gives the signed sums exactly) | u8 mark[16] (the
  * column's block holds -128, as in GR_PANEL_Q4) | pad */
 #define GR_CPANEL_Y 64
@@ -302,6 +281,8 @@ void vec_dot_rows4_q8_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *co
 void gr_cpanel_decode_vnni(uint32_t type, const void *w_row, int64_t nb, void *row);
 void gr_cpanel_dot_q8_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s);
 void gr_cpanel_dot_q4_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s);
+void gr_cpanel_dot_q5_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s);
+void vec_dot_rows4_q5_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
 void vec_dot_rows4_q4_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
 GR_AVX2 void vec_dot_x4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q8_0 */, const void *const vy[4] /* (n/32,) q8_0 each */);
 #endif

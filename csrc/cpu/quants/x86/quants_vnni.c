@@ -1,5 +1,5 @@
 /* AVX-512 VNNI versions of the decode kernels (four weight rows against one
- * activation row) for Q8_0 and Q4_0: two rows per 512-bit register, each half
+ * activation row) for Q8_0, Q4_0 and Q5_0: two rows per 512-bit register, each half
  * doing exactly what vec_dot_*_q8_0_avx2 does for its row (same int32 lanes, same
  * scale products, same float steps, same final sum), so every output is bit-equal
  * to the one-row kernel's and to ggml's. Picked at run time (quants.c) where the
@@ -60,6 +60,23 @@ GR_VNNI static inline __m512i gr_pair_q4(const uint8_t *a /* (16,) */, const uin
     return _mm512_sub_epi8(nib, _mm512_set1_epi8(8));
 }
 
+/* a Q5_0 block's 32 codes 0..31 (a nibble and the fifth bit from qh), in the order
+ * of its values */
+GR_VNNI static inline __m256i gr_q5_codes(const uint8_t *qh /* (4,) */, const uint8_t *qs /* (16,) */) {
+    uint32_t bits;
+    memcpy(&bits, qh, 4);
+    const __m128i t = _mm_loadu_si128((const __m128i *)qs);
+    const __m256i nib = _mm256_and_si256(_mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1),
+                                         _mm256_set1_epi8(0x0f));
+    return _mm256_or_si256(nib, _mm256_maskz_mov_epi8((__mmask32)bits, _mm256_set1_epi8(0x10)));
+}
+
+/* two Q5_0 blocks' codes minus 16, row a's in the low half */
+GR_VNNI static inline __m512i gr_pair_q5(const uint8_t *a /* block after d */, const uint8_t *b) {
+    const __m512i c = _mm512_inserti64x4(_mm512_castsi256_si512(gr_q5_codes(a, a + 4)), gr_q5_codes(b, b + 4), 1);
+    return _mm512_sub_epi8(c, _mm512_set1_epi8(16));
+}
+
 GR_VNNI static inline void gr_finish4(float *s, __m512 a01, __m512 a23) {
     s[0] = gr_hsum_ps8_vnni(_mm512_castps512_ps256(a01));
     s[1] = gr_hsum_ps8_vnni(_mm512_extractf32x8_ps(a01, 1));
@@ -73,11 +90,11 @@ GR_VNNI static inline gr_fp16_t gr_f16_at(const uint8_t *p) {
     return h;
 }
 
-/* both block types are an f16 scale followed by the codes: bs bytes a block, Q4_0's
- * codes as nibbles (q4) */
+/* the three block types are an f16 scale followed by the codes: bs bytes a block;
+ * kind 0 Q8_0, 1 Q4_0, 2 Q5_0 */
 GR_VNNI static inline __attribute__((always_inline)) void gr_rows4_q0(int64_t n, float *s /* (4,) */,
                                                                       const void *const vx[4], const void *vy,
-                                                                      size_t bs, int q4) {
+                                                                      size_t bs, int kind) {
     const uint8_t *x0 = vx[0], *x1 = vx[1], *x2 = vx[2], *x3 = vx[3];
     const block_q8_0 *y = vy;
     __m512 a01 = _mm512_setzero_ps(), a23 = _mm512_setzero_ps();
@@ -90,8 +107,10 @@ GR_VNNI static inline __attribute__((always_inline)) void gr_rows4_q0(int64_t n,
         __m512 d01, d23;
         gr_scales4(gr_f16_at(x0 + o), gr_f16_at(x1 + o), gr_f16_at(x2 + o), gr_f16_at(x3 + o), y[i].d, &d01, &d23);
         const __m512i qy = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y[i].qs));
-        const __m512i q01 = q4 ? gr_pair_q4(x0 + o + 2, x1 + o + 2) : gr_pair32(x0 + o + 2, x1 + o + 2);
-        const __m512i q23 = q4 ? gr_pair_q4(x2 + o + 2, x3 + o + 2) : gr_pair32(x2 + o + 2, x3 + o + 2);
+#define GR_ROWS4_PAIR(a, b) (kind == 1 ? gr_pair_q4(a + o + 2, b + o + 2) \
+                             : kind == 2 ? gr_pair_q5(a + o + 2, b + o + 2) : gr_pair32(a + o + 2, b + o + 2))
+        const __m512i q01 = GR_ROWS4_PAIR(x0, x1), q23 = GR_ROWS4_PAIR(x2, x3);
+#undef GR_ROWS4_PAIR
         a01 = _mm512_fmadd_ps(d01, _mm512_cvtepi32_ps(gr_dot_i8_x2(q01, qy)), a01);
         a23 = _mm512_fmadd_ps(d23, _mm512_cvtepi32_ps(gr_dot_i8_x2(q23, qy)), a23);
     }
@@ -108,13 +127,19 @@ GR_VNNI void vec_dot_rows4_q4_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const 
     gr_rows4_q0(n, s, vx, vy, sizeof(block_q4_0), 1);
 }
 
+GR_VNNI void vec_dot_rows4_q5_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4],
+                                          const void *vy /* (n/32,) q8_0 */) {
+    gr_rows4_q0(n, s, vx, vy, sizeof(block_q5_0), 2);
+}
+
 /* Column panels (quants.h, GR_CPANEL_*): one weight row against sixteen columns per
  * register, the register of partial lane m holding that lane for the sixteen
  * outputs. Each output's eight lanes take vec_dot's steps (int32 lane sums, times
  * its scale product, fused into the lane's accumulator) and the same final sum,
  * lane m of vec_dot's register being register m here. */
 
-/* rows: Q8_0 codes plus 128 (unsigned), or Q4_0's nibbles; then the block scales */
+/* rows: Q8_0 codes plus 128 (unsigned), Q4_0's nibbles or Q5_0's five-bit codes;
+ * then the block scales */
 GR_VNNI void gr_cpanel_decode_vnni(uint32_t type, const void *w_row, int64_t nb, void *row) {
     uint8_t *u = row;
     float *dx = (float *)(u + 32 * nb);
@@ -123,6 +148,10 @@ GR_VNNI void gr_cpanel_decode_vnni(uint32_t type, const void *w_row, int64_t nb,
             const block_q8_0 *x = (const block_q8_0 *)w_row + i;
             const __m256i q = _mm256_loadu_si256((const __m256i *)x->qs);
             _mm256_storeu_si256((__m256i *)(u + 32 * i), _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)));
+            dx[i] = _cvtsh_ss(x->d);
+        } else if (type == GR_TYPE_Q5_0) {
+            const block_q5_0 *x = (const block_q5_0 *)w_row + i;
+            _mm256_storeu_si256((__m256i *)(u + 32 * i), gr_q5_codes(x->qh, x->qs));
             dx[i] = _cvtsh_ss(x->d);
         } else {
             const block_q4_0 *x = (const block_q4_0 *)w_row + i;
@@ -147,8 +176,8 @@ GR_VNNI static inline int32_t gr_i32_at(const uint8_t *p) {
 
 /* the slow blocks' lanes, out of line so that the fast path keeps its registers */
 GR_VNNI __attribute__((noinline)) static void gr_cp_slow(const uint8_t *ua, const uint8_t *ub, const uint8_t *p,
-                                                         int q4, __m512i la[8], __m512i lb[8]) {
-    const __m512i zero = _mm512_setzero_si512(), off = _mm512_set1_epi8(q4 ? 8 : (char)0x80);
+                                                         char off8, __m512i la[8], __m512i lb[8]) {
+    const __m512i zero = _mm512_setzero_si512(), off = _mm512_set1_epi8(off8);
     for (int m = 0; m < 8; m++) {
         const __m512i y = _mm512_loadu_si512(p + GR_CPANEL_Y + 64 * m);
         const __m512i xa = _mm512_sub_epi8(_mm512_set1_epi32(gr_i32_at(ua + 4 * m)), off);
@@ -181,7 +210,7 @@ GR_VNNI static inline __m512 gr_cp_hsum(__m512 l0, __m512 l1, __m512 l2, __m512 
 
 GR_VNNI static inline __attribute__((always_inline)) void gr_cpanel_dot_q0(int64_t nb, const void *row_a,
                                                                            const void *row_b, const void *panel,
-                                                                           float *s, int q4) {
+                                                                           float *s, char off) {
     const uint8_t *ra = row_a, *rb = row_b;
     const float *dxa = (const float *)(ra + 32 * nb), *dxb = (const float *)(rb + 32 * nb);
     __m512 a0 = _mm512_setzero_ps(), a1 = a0, a2 = a0, a3 = a0, a4 = a0, a5 = a0, a6 = a0, a7 = a0;
@@ -197,7 +226,7 @@ GR_VNNI static inline __attribute__((always_inline)) void gr_cpanel_dot_q0(int64
             GR_CP_EACH(GR_CP_FAST_AB)
         } else {
             __m512i la[8], lb[8];
-            gr_cp_slow(ua, ub, p, q4, la, lb);
+            gr_cp_slow(ua, ub, p, off, la, lb);
             GR_CP_EACH(GR_CP_SLOW_AB)
         }
     }
@@ -206,11 +235,15 @@ GR_VNNI static inline __attribute__((always_inline)) void gr_cpanel_dot_q0(int64
 }
 
 GR_VNNI void gr_cpanel_dot_q8_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s) {
-    gr_cpanel_dot_q0(nb, row_a, row_b, panel, s, 0);
+    gr_cpanel_dot_q0(nb, row_a, row_b, panel, s, (char)0x80);
 }
 
 GR_VNNI void gr_cpanel_dot_q4_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s) {
-    gr_cpanel_dot_q0(nb, row_a, row_b, panel, s, 1);
+    gr_cpanel_dot_q0(nb, row_a, row_b, panel, s, 8);
+}
+
+GR_VNNI void gr_cpanel_dot_q5_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s) {
+    gr_cpanel_dot_q0(nb, row_a, row_b, panel, s, 16);
 }
 
 #endif
