@@ -15,8 +15,9 @@
  * row is unpacked once for the eight; every output stays bit-equal to its
  * one-column kernel. On AVX-512 VNNI CPUs the K-quants take sixteen weight rows
  * at a time instead (gr_wpanel_*: one row per int32 lane, the columns read in
- * place), with the same float steps per output, and Q8_0/Q4_0/Q5_0 take column panels
- * (ggmlrpc_cpanel_*: sixteen columns a register, two weight rows at a time).
+ * place), with the same float steps per output, and Q8_0/Q4_0/Q5_0/IQ4_NL take
+ * column panels (ggmlrpc_cpanel_*: sixteen columns a register, two weight rows at
+ * a time).
  * Decode-sized products take four weight rows at a time against a column
  * (ggmlrpc_get_vec_dot_rows4), fetching the weights ahead of use. Weight rows go
  * to threads in chunks handed out one at a time.
@@ -66,8 +67,9 @@ static int32_t *mm_sums(const gr_job *job, const gr_mm_scratch *L) {
                ? (int32_t *)(job->wdata + L->sums) : NULL;
 }
 
-/* whether this run takes column panels (Q8_0/Q4_0/Q5_0 prompts on AVX-512 VNNI): the
- * layout has them, the plan made room for them and the kernels run at this level */
+/* whether this run takes column panels (Q8_0/Q4_0/Q5_0/IQ4_NL prompts on AVX-512
+ * VNNI): the layout has them, the plan made room for them and the kernels run at
+ * this level */
 static int mm_cpanels(const gr_job *job, const gr_mm_scratch *L) {
     return L->cpanel && gr_mm_scratch_has(job->node, L->threads + (size_t)job->nth * L->per_thread) &&
            ggmlrpc_cpanel_available((uint32_t)job->node->src[0].type);
@@ -303,9 +305,9 @@ static void mm_wpanel_chunk(gr_job *job, const mm_ctx *cx, const mm_chunk *c) {
                    (int)(c->ie - c->ib));
 }
 
-/* Q8_0/Q4_0/Q5_0 prompts on AVX-512 VNNI: each chunk's rows decoded into unsigned codes,
- * then two rows at a time against every column panel of the src1 batch (a short
- * last panel's unused lanes not written) */
+/* Q8_0/Q4_0/Q5_0/IQ4_NL prompts on AVX-512 VNNI: each chunk's rows decoded into
+ * unsigned codes, then two rows at a time against every column panel of the src1
+ * batch (a short last panel's unused lanes not written) */
 static void mm_cpanel_decode(gr_job *job, const mm_ctx *cx, const mm_chunk *c) {
     (void)job;
     const int64_t nb = cx->K / 32;

@@ -30,9 +30,9 @@ static size_t panel_kind(const gr_node *n) {
     return ggmlrpc_panel_bytes((uint32_t)n->src[0].type);
 }
 
-/* Q8_0/Q4_0/Q5_0 prompts where the column-panel kernels run (AVX-512 VNNI): every src1
- * batch's columns as panels of sixteen (ggmlrpc_cpanel_*), then per thread a chunk
- * of decoded weight rows */
+/* Q8_0/Q4_0/Q5_0/IQ4_NL prompts where the column-panel kernels run (AVX-512 VNNI):
+ * every src1 batch's columns as panels of sixteen (ggmlrpc_cpanel_*), then per
+ * thread a chunk of decoded weight rows */
 static int cpanel_kind(const gr_node *n) {
     return panel_kind(n) && ggmlrpc_cpanel_available((uint32_t)n->src[0].type);
 }

@@ -1491,7 +1491,9 @@ size_t ggmlrpc_cpanel_row_bytes(int64_t nb) {
 void ggmlrpc_cpanel_put(uint32_t weight_type, const void *act /* (nb,) q8_0 */, int64_t nb, void *panel,
                         int lane) {
     const block_q8_0 *y = act;
-    const int32_t c = weight_type == GR_TYPE_Q8_0 ? 128 : weight_type == GR_TYPE_Q5_0 ? 16 : 8;
+    const int32_t c = weight_type == GR_TYPE_Q8_0 || weight_type == GR_TYPE_IQ4_NL ? 128
+                      : weight_type == GR_TYPE_Q5_0                                  ? 16
+                                                                                     : 8;
     for (int64_t i = 0; i < nb; i++) {
         uint8_t *p = (uint8_t *)panel + (size_t)i * GGMLRPC_CPANEL_BYTES;
         const float d = gr_fp16_to_fp32(y[i].d);
@@ -1539,6 +1541,9 @@ ggmlrpc_cpanel_dot_fn ggmlrpc_get_cpanel_dot(uint32_t weight_type) {
         if (weight_type == GR_TYPE_Q8_0) return gr_cpanel_dot_q8_0_vnni;
         if (weight_type == GR_TYPE_Q4_0) return gr_cpanel_dot_q4_0_vnni;
         if (weight_type == GR_TYPE_Q5_0) return gr_cpanel_dot_q5_0_vnni;
+        /* its levels plus 128, as Q8_0's codes; summed as tinyBLAS sums it (the one
+         * accumulator of its prompt order, which is the column panels' order) */
+        if (weight_type == GR_TYPE_IQ4_NL) return gr_cpanel_dot_q8_0_vnni;
     }
 #endif
     (void)weight_type;

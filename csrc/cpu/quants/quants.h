@@ -182,13 +182,13 @@ typedef void (*ggmlrpc_panel_dot_fn)(int64_t n, float *s /* (8,) */, const void 
 size_t ggmlrpc_panel_bytes(uint32_t weight_type);
 void ggmlrpc_panel_put(uint32_t weight_type, const void *act, int64_t nb, void *panel, int lane);
 ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type);
-/* Column panels: Q8_0, Q4_0 and Q5_0 prompts on AVX-512 VNNI (quant level 2). Sixteen
- * Q8_0 activation rows laid out lane by lane (GGMLRPC_CPANEL_BYTES a block: scales,
+/* Column panels: Q8_0, Q4_0, Q5_0 and IQ4_NL prompts on AVX-512 VNNI (quant level
+ * 2). Sixteen Q8_0 activation rows laid out lane by lane (GGMLRPC_CPANEL_BYTES a block: scales,
  * codes, the bias that lets unsigned weight codes give signed sums, -128 marks),
  * weight rows decoded once into unsigned codes and float scales
  * (ggmlrpc_cpanel_row_bytes), then two weight rows against the sixteen columns at
  * once: s[j] row a's output for column j, s[16 + j] row b's, each bit-equal to
- * vec_dot's (and ggml's).
+ * vec_dot's (IQ4_NL: ggmlrpc_get_vec_dot_gemm's), and to ggml's.
  *   cpanel_available: whether the kernels run for weight_type at this level;
  *   cpanel_put:   activation row `act` (nb Q8_0 blocks) into lane 0..15 of `panel`;
  *   cpanel_clear: lanes from..15 to zero (a short last panel: outputs left unused);

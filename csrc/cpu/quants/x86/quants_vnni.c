@@ -138,8 +138,8 @@ GR_VNNI void vec_dot_rows4_q5_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const 
  * its scale product, fused into the lane's accumulator) and the same final sum,
  * lane m of vec_dot's register being register m here. */
 
-/* rows: Q8_0 codes plus 128 (unsigned), Q4_0's nibbles or Q5_0's five-bit codes;
- * then the block scales */
+/* rows: Q8_0 codes or IQ4_NL levels plus 128 (unsigned), Q4_0's nibbles or Q5_0's
+ * five-bit codes; then the block scales */
 GR_VNNI void gr_cpanel_decode_vnni(uint32_t type, const void *w_row, int64_t nb, void *row) {
     uint8_t *u = row;
     float *dx = (float *)(u + 32 * nb);
@@ -148,6 +148,14 @@ GR_VNNI void gr_cpanel_decode_vnni(uint32_t type, const void *w_row, int64_t nb,
             const block_q8_0 *x = (const block_q8_0 *)w_row + i;
             const __m256i q = _mm256_loadu_si256((const __m256i *)x->qs);
             _mm256_storeu_si256((__m256i *)(u + 32 * i), _mm256_xor_si256(q, _mm256_set1_epi8((char)0x80)));
+            dx[i] = _cvtsh_ss(x->d);
+        } else if (type == GR_TYPE_IQ4_NL) {   /* the level plus 128 */
+            const block_iq4_nl *x = (const block_iq4_nl *)w_row + i;
+            const __m128i t = _mm_loadu_si128((const __m128i *)x->qs);
+            const __m256i nib = _mm256_and_si256(
+                _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1), _mm256_set1_epi8(0x0f));
+            const __m128i lv = _mm_xor_si128(_mm_loadu_si128((const __m128i *)kvalues_iq4nl), _mm_set1_epi8((char)0x80));
+            _mm256_storeu_si256((__m256i *)(u + 32 * i), _mm256_shuffle_epi8(_mm256_broadcastsi128_si256(lv), nib));
             dx[i] = _cvtsh_ss(x->d);
         } else if (type == GR_TYPE_Q5_0) {
             const block_q5_0 *x = (const block_q5_0 *)w_row + i;
