@@ -13,6 +13,8 @@
 #include "cpu/job.h"
 #include "cpu/kernels.h"
 #include "cpu/matmul/matmul.h"
+#include "cpu/simd.h"      /* gr_prefetch_block_ahead */
+#include "common/rpc.h"   /* ggmlrpc_blck_size, ggmlrpc_type_size */
 
 #define MMID_CH GR_MM_CHUNK_ROWS   /* weight rows per chunk of an expert's run */
 
@@ -72,8 +74,21 @@ static void mmid_route(const gr_tensor *ids, int64_t n_as, int64_t *counts, int6
 static void mmid_vec_dot(const gr_job *job, const mmid_ctx *c, int64_t a, int64_t ib, int64_t ie,
                          ggmlrpc_vec_dot_x4_fn qdot4) {
     const int64_t k_end = c->starts[a] + c->counts[a];
-    for (int64_t i01 = ib; i01 < ie; i01++) {
-        const char *wr = c->w->data + a * c->w->nb[2] + i01 * c->w->nb[1];
+    const char *wa = c->w->data + a * c->w->nb[2];
+    int64_t i01 = ib;
+    /* an expert with fewer than four routed rows (decode): four of its weight rows at
+     * a time against each, the weights fetched ahead of use */
+    const ggmlrpc_vec_dot_rows4_fn qrows4 = c->counts[a] < 4 ? ggmlrpc_get_vec_dot_rows4((uint32_t)c->w->type) : NULL;
+    for (; qrows4 && i01 + 4 <= ie; i01 += 4) {
+        const void *wr[4] = {wa + i01 * c->w->nb[1], wa + (i01 + 1) * c->w->nb[1], wa + (i01 + 2) * c->w->nb[1],
+                             wa + (i01 + 3) * c->w->nb[1]};
+        for (int64_t k = c->starts[a]; k < k_end; k++)
+            qrows4(c->K, mmid_out(c, c->pairs[k]) + i01, wr, mmid_act(job, c, c->pairs[k]));
+    }
+    const size_t wrow = (size_t)(c->K / ggmlrpc_blck_size((uint32_t)c->w->type)) * ggmlrpc_type_size((uint32_t)c->w->type);
+    for (; i01 < ie; i01++) {
+        const char *wr = wa + i01 * c->w->nb[1];
+        gr_prefetch_block_ahead(wr, wrow);
         int64_t k = c->starts[a];
         for (; qdot4 && k + 4 <= k_end; k += 4) {
             const void *act[4] = { mmid_act(job, c, c->pairs[k]), mmid_act(job, c, c->pairs[k + 1]),
