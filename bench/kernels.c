@@ -23,7 +23,7 @@
 
 #include "cpu/quants/quants.h"
 
-enum { K = 1024, T_Q4_0 = 2, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
+enum { K = 1024, T_Q4_0 = 2, T_Q5_0 = 6, T_Q8_0 = 8, T_Q4_K = 12, T_Q6_K = 14 };
 
 static double now(void) {
     struct timespec t;
@@ -35,6 +35,7 @@ static double now(void) {
 static void block_of(uint32_t type, size_t *bytes, int *elems, size_t *scale_at) {
     switch (type) {
     case T_Q4_0: *bytes = 18, *elems = 32, *scale_at = 0; break;
+    case T_Q5_0: *bytes = 22, *elems = 32, *scale_at = 0; break;
     case T_Q8_0: *bytes = 34, *elems = 32, *scale_at = 0; break;
     case T_Q4_K: *bytes = 144, *elems = 256, *scale_at = 0; break;
     default: *bytes = 210, *elems = 256, *scale_at = 208; break;   /* Q6_K */
@@ -174,11 +175,11 @@ int main(void) {
         return 0;
     }
     const struct { uint32_t type; const char *name; } types[] = {
-        {T_Q8_0, "Q8_0"}, {T_Q4_0, "Q4_0"}, {T_Q4_K, "Q4_K"}, {T_Q6_K, "Q6_K"}};
+        {T_Q8_0, "Q8_0"}, {T_Q4_0, "Q4_0"}, {T_Q5_0, "Q5_0"}, {T_Q4_K, "Q4_K"}, {T_Q6_K, "Q6_K"}};
     for (int level = 1; level <= top; level++) {
         ggmlrpc_quants_simd(level);
-        for (int i = 0; i < 4; i++) bench_decode(types[i].type, types[i].name, level);
-        for (int i = 0; i < 2; i++) bench_prompt(types[i].type, types[i].name, level);
+        for (int i = 0; i < 5; i++) bench_decode(types[i].type, types[i].name, level);
+        for (int i = 0; i < 3; i++) bench_prompt(types[i].type, types[i].name, level);
     }
     return 0;
 }

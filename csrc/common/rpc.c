@@ -58,6 +58,11 @@ size_t ggmlrpc_type_size(uint32_t type) {
     return type < GR_TYPE_COUNT ? gr_types[type].size : 0;
 }
 
+size_t ggmlrpc_row_size(uint32_t type, int64_t n) {
+    const int64_t blck = ggmlrpc_blck_size(type);
+    return blck > 0 ? (size_t)(n / blck) * ggmlrpc_type_size(type) : 0;
+}
+
 uint64_t ggmlrpc_nbytes(uint32_t type, const uint32_t ne[4], const uint32_t nb[4], int *overflow) {
     uint64_t blck = (uint64_t)ggmlrpc_blck_size(type);
     uint64_t tsize = ggmlrpc_type_size(type);

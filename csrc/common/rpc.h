@@ -116,6 +116,9 @@ _Static_assert(sizeof(rpc_msg_memset_tensor_req) == 313, "memset req");
 /* Type traits: block size (elements) and bytes per block; 0/0 for removed ids. */
 int64_t ggmlrpc_blck_size(uint32_t type);
 size_t ggmlrpc_type_size(uint32_t type);
+/* bytes of n elements of type in one row (ggml_row_size; n a multiple of the block
+ * size), 0 for a removed id */
+size_t ggmlrpc_row_size(uint32_t type, int64_t n);
 
 /* ggml_nbytes of a tensor described by type/ne/nb, computed in 64 bits.
  * Returns 0 when any ne is 0; sets *overflow when the arithmetic would overflow. */

@@ -30,7 +30,7 @@
 #include "cpu/kernels.h"
 #include "cpu/matmul/matmul.h"
 #include "cpu/simd.h"      /* gr_prefetch_block_ahead */
-#include "common/rpc.h"   /* ggmlrpc_blck_size, ggmlrpc_type_size */
+#include "common/rpc.h"   /* ggmlrpc_blck_size, ggmlrpc_row_size */
 
 /* node iparams: [0] vec_dot type, [1] summation order (GR_MM_* of names.def:
  * vec_dot, prompt-time GEMM, tiled K-quant, IQ4_NL's one-accumulator GEMM through
@@ -155,7 +155,7 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
                                                 ? ggmlrpc_get_vec_dot_rows4((uint32_t)s0->type) : NULL;
     const int64_t BLK = 16;
     /* the bytes of one weight row, fetched ahead of use on a block's first column */
-    const size_t wrow = (size_t)(K / ggmlrpc_blck_size((uint32_t)s0->type)) * ggmlrpc_type_size((uint32_t)s0->type);
+    const size_t wrow = ggmlrpc_row_size((uint32_t)s0->type, K);
     for (int64_t ib = a0; ib < a1; ib += BLK) {
         const int64_t ie = ib + BLK < a1 ? ib + BLK : a1;
         int64_t c = b0;

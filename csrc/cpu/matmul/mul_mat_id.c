@@ -14,7 +14,7 @@
 #include "cpu/kernels.h"
 #include "cpu/matmul/matmul.h"
 #include "cpu/simd.h"      /* gr_prefetch_block_ahead */
-#include "common/rpc.h"   /* ggmlrpc_blck_size, ggmlrpc_type_size */
+#include "common/rpc.h"   /* ggmlrpc_row_size */
 
 #define MMID_CH GR_MM_CHUNK_ROWS   /* weight rows per chunk of an expert's run */
 
@@ -85,7 +85,7 @@ static void mmid_vec_dot(const gr_job *job, const mmid_ctx *c, int64_t a, int64_
         for (int64_t k = c->starts[a]; k < k_end; k++)
             qrows4(c->K, mmid_out(c, c->pairs[k]) + i01, wr, mmid_act(job, c, c->pairs[k]));
     }
-    const size_t wrow = (size_t)(c->K / ggmlrpc_blck_size((uint32_t)c->w->type)) * ggmlrpc_type_size((uint32_t)c->w->type);
+    const size_t wrow = ggmlrpc_row_size((uint32_t)c->w->type, c->K);
     for (; i01 < ie; i01++) {
         const char *wr = wa + i01 * c->w->nb[1];
         gr_prefetch_block_ahead(wr, wrow);

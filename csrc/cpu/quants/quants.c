@@ -1444,6 +1444,20 @@ size_t ggmlrpc_panel_bytes(uint32_t weight_type) {
     return 0;
 }
 
+/* t[m]: the sum of a Q8_0 block's codes 4m..4m+3 (the int32 lane m of the x86
+ * kernels); returns 1 where a code is -128 (the sign trick wraps there) */
+static uint8_t gr_q8_lane_sums(const block_q8_0 *y, int32_t t[8]) {
+    uint8_t mark = 0;
+    for (int m = 0; m < 8; m++) {
+        t[m] = 0;
+        for (int k = 0; k < 4; k++) {
+            t[m] += y->qs[4 * m + k];
+            mark |= y->qs[4 * m + k] == -128;
+        }
+    }
+    return mark;
+}
+
 void ggmlrpc_panel_put(uint32_t weight_type, const void *act /* (nb,) q8_0 or q8_1 */, int64_t nb,
                        void *panel /* (nb,) panel blocks */, int lane) {
     if (weight_type == GR_TYPE_Q4_1 || weight_type == GR_TYPE_Q5_1) {   /* Q8_1 rows */
@@ -1466,17 +1480,12 @@ void ggmlrpc_panel_put(uint32_t weight_type, const void *act /* (nb,) q8_0 or q8
         memcpy(p + 4 * lane, &d, 4);
         memcpy(p + 32 + 32 * lane, y[i].qs, 32);
         if (!off) continue;
-        uint8_t mark = 0;
+        int32_t t[8];
+        p[GR_PANEL_Q8 + 8 * 32 + lane] = gr_q8_lane_sums(&y[i], t);
         for (int m = 0; m < 8; m++) {
-            int t = 0;
-            for (int k = 0; k < 4; k++) {
-                t += y[i].qs[4 * m + k];
-                mark |= y[i].qs[4 * m + k] == -128;
-            }
-            const float f = 8.0f * (float)t;
+            const float f = 8.0f * (float)t[m];
             memcpy(p + GR_PANEL_Q8 + 32 * lane + 4 * m, &f, 4);
         }
-        p[GR_PANEL_Q8 + 8 * 32 + lane] = mark;
     }
 }
 
@@ -1498,18 +1507,13 @@ void ggmlrpc_cpanel_put(uint32_t weight_type, const void *act /* (nb,) q8_0 */, 
         uint8_t *p = (uint8_t *)panel + (size_t)i * GGMLRPC_CPANEL_BYTES;
         const float d = gr_fp16_to_fp32(y[i].d);
         memcpy(p + 4 * lane, &d, 4);
-        uint8_t mark = 0;
+        int32_t t[8];
+        p[GR_CPANEL_MARK + lane] = gr_q8_lane_sums(&y[i], t);
         for (int m = 0; m < 8; m++) {
-            int32_t t = 0;
-            for (int k = 0; k < 4; k++) {
-                t += y[i].qs[4 * m + k];
-                mark |= y[i].qs[4 * m + k] == -128;
-            }
-            const int32_t bias = -c * t;
+            const int32_t bias = -c * t[m];
             memcpy(p + GR_CPANEL_Y + 64 * m + 4 * lane, y[i].qs + 4 * m, 4);
             memcpy(p + GR_CPANEL_BIAS + 64 * m + 4 * lane, &bias, 4);
         }
-        p[GR_CPANEL_MARK + lane] = mark;
     }
 }
 

@@ -231,10 +231,10 @@ static inline int gr_k4_minsum(const uint8_t *mn /* (8,) */, const int16_t *bsum
 /* Q4_1, Q5_1 (Q8_1 activations): f32 d[8] | i8 qs[8][32] | f32 s[8] (Q8_1's d * sum) */
 #define GR_PANEL_Q81 (GR_PANEL_Q8 + 32)
 /* column panels (quants.h): f32 d[16] | for lane m, the sixteen columns' four
- * codes of lane m (i8[8][16][4]) | for lane m, bias[16] (i32[8][16]: -c times the sum
- * of those four codes, c = 128 for Q8_0, 8 for Q4_0 and 16 for Q5_0, so that a VPDPBUSD of the
- * weights' unsigned codes from it gives the signed sums exactly) | u8 mark[16] (the
- * column's block holds -128, as in GR_PANEL_Q4) | pad */
+ * codes of lane m (i8[8][16][4]) | for lane m, bias[16] (i32[8][16]: -c times the
+ * sum of those four codes, c = 128 for Q8_0 and IQ4_NL, 8 for Q4_0 and 16 for Q5_0,
+ * so that a VPDPBUSD of the weights' unsigned codes from it gives the signed sums
+ * exactly) | u8 mark[16] (the column's block holds -128, as in GR_PANEL_Q4) | pad */
 #define GR_CPANEL_Y 64
 #define GR_CPANEL_BIAS (GR_CPANEL_Y + 8 * 64)
 #define GR_CPANEL_MARK (GR_CPANEL_BIAS + 8 * 64)

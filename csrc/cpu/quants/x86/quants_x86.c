@@ -4,30 +4,17 @@
  * twin in quants.c, which the tests compare it against.
  */
 #include "cpu/quants/quants_impl.h"
+#include "cpu/quants/x86/x86_impl.h"
 
 #include <string.h>
 
 #if GR_X86
-
-GR_AVX2 static inline float gr_hsum_ps8(__m256 v) {
-    __m128 r = _mm_add_ps(_mm256_extractf128_ps(v, 1), _mm256_castps256_ps128(v));
-    r = _mm_add_ps(r, _mm_movehl_ps(r, r));
-    r = _mm_add_ss(r, _mm_movehdup_ps(r));
-    return _mm_cvtss_f32(r);
-}
 
 GR_AVX2 static inline int32_t gr_hsum_epi32x8(__m256i v) {
     __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
     r = _mm_add_epi32(r, _mm_unpackhi_epi64(r, r));
     r = _mm_add_epi32(r, _mm_shuffle_epi32(r, _MM_SHUFFLE(2, 3, 0, 1)));
     return _mm_cvtsi128_si32(r);
-}
-
-/* 16 bytes of packed nibbles -> 32 bytes in 0..15: low nibbles first, then high */
-GR_AVX2 static inline __m256i gr_nibbles32(const uint8_t *p /* (16,) */) {
-    const __m128i t = _mm_loadu_si128((const __m128i *)p);
-    const __m256i b = _mm256_inserti128_si256(_mm256_castsi128_si256(t), _mm_srli_epi16(t, 4), 1);
-    return _mm256_and_si256(b, _mm256_set1_epi8(0x0f));
 }
 
 /* signed int8 x signed int8, 32 lanes -> 8 int32 lanes of 4-product sums
@@ -647,27 +634,10 @@ GR_AVX2 void vec_dot_rows4_q6_K_q8_K_avx2(int64_t n, float *s /* (4,) */, const 
     for (int r = 0; r < 4; r++) s[r] = gr_hsum_ps8(acc[r]);
 }
 
-/* 32 bits -> 32 bytes, 0xff where the bit is set (bit j -> byte j) */
-GR_AVX2 static inline __m256i gr_bits_to_bytes32(const uint8_t *p /* (4,) */) {
-    uint32_t b;
-    memcpy(&b, p, sizeof b);
-    const __m256i pick = _mm256_setr_epi8(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1,
-                                          2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
-    const __m256i bit = _mm256_set1_epi64x((long long)0x8040201008040201ull);
-    const __m256i v = _mm256_shuffle_epi8(_mm256_set1_epi32((int)b), pick);
-    return _mm256_cmpeq_epi8(_mm256_and_si256(v, bit), bit);
-}
-
 /* unsigned codes x signed q8 -> 8 int32 lanes as float */
 GR_AVX2 static inline __m256 gr_dot_u8_ps(__m256i qx, __m256i qy) {
     const __m256i p16 = _mm256_maddubs_epi16(qx, qy);
     return _mm256_cvtepi32_ps(_mm256_madd_epi16(p16, _mm256_set1_epi16(1)));
-}
-
-/* Q5_0/Q5_1 codes 0..31: nibbles with bit 4 from qh */
-GR_AVX2 static inline __m256i gr_q5_codes32(const uint8_t *qh /* (4,) */, const uint8_t *qs /* (16,) */) {
-    const __m256i hi = _mm256_and_si256(gr_bits_to_bytes32(qh), _mm256_set1_epi8(0x10));
-    return _mm256_or_si256(gr_nibbles32(qs), hi);
 }
 
 /* Q4_0 and Q5_0: unsigned codes c (nibbles, or nibbles and the fifth bit) and
@@ -862,15 +832,6 @@ GR_AVX2 void vec_dot_q3_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/25
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     *s = gr_hsum_ps8(acc);
-}
-
-/* 16-level formats: PSHUFB looks the 4-bit codes up in the level table */
-GR_AVX2 static inline __m256i gr_lut_nibbles32(const uint8_t *qs /* (16,) */, __m256i lut) {
-    return _mm256_shuffle_epi8(lut, gr_nibbles32(qs));
-}
-
-GR_AVX2 static inline __m256i gr_lut_load(const int8_t *levels /* (16,) */) {
-    return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels));
 }
 
 /* gr_lut_block_scale with the F16 scale through the table (same values) */
