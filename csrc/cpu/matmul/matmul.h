@@ -101,6 +101,10 @@ typedef struct gr_mm_scratch {
     size_t total;             /* the node's wsize */
 } gr_mm_scratch;
 
+/* column panels a src1 batch of n columns takes (the last one short where
+ * GGMLRPC_CPANEL_COLS does not divide n) */
+static inline int64_t gr_cpanel_groups(int64_t n) { return (n + GGMLRPC_CPANEL_COLS - 1) / GGMLRPC_CPANEL_COLS; }
+
 /* the layout of node n (MUL_MAT or MUL_MAT_ID) with nth threads */
 gr_mm_scratch gr_mm_scratch_layout(const gr_node *n, int nth);
 

@@ -75,6 +75,11 @@ static int mm_cpanels(const gr_job *job, const gr_mm_scratch *L) {
            ggmlrpc_cpanel_available((uint32_t)job->node->src[0].type);
 }
 
+/* column panel `group` (over all src1 batches) of a node with K-wide rows */
+static char *mm_cpanel_at(const gr_job *job, const gr_mm_scratch *L, int64_t K, int64_t group) {
+    return job->wdata + L->panels + (size_t)group * (size_t)(K / 32) * GGMLRPC_CPANEL_BYTES;
+}
+
 /* ---- phase 0: src1 into the vec_dot type, sums and panels ------------------- */
 
 static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
@@ -116,11 +121,11 @@ static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
         char *dst = job->wdata + (size_t)ir * row_size;
         gr_mm_convert_row(vdt, s1, src, dst, K, from_float);
         if (sums) ggmlrpc_q4_0_act_sums(dst, sums + ir * (K / 32) * 8, K / 32);
-        if (cp) {   /* lane i11 % 16 of its batch's column panel i11 / 16 */
-            const int64_t i11 = ir % N, G = (N + 15) / 16;
-            char *pan = job->wdata + L->panels + (size_t)((ir / N) * G + i11 / 16) * (size_t)(K / 32) * GGMLRPC_CPANEL_BYTES;
-            ggmlrpc_cpanel_put((uint32_t)s0->type, dst, K / 32, pan, (int)(i11 % 16));
-            if (i11 == N - 1 && N % 16) ggmlrpc_cpanel_clear(pan, K / 32, (int)(N % 16));
+        if (cp) {   /* lane i11 % COLS of its batch's column panel i11 / COLS */
+            const int64_t i11 = ir % N, COLS = GGMLRPC_CPANEL_COLS;
+            char *pan = mm_cpanel_at(job, L, K, (ir / N) * gr_cpanel_groups(N) + i11 / COLS);
+            ggmlrpc_cpanel_put((uint32_t)s0->type, dst, K / 32, pan, (int)(i11 % COLS));
+            if (i11 == N - 1 && N % COLS) ggmlrpc_cpanel_clear(pan, K / 32, (int)(N % COLS));
             continue;
         }
         const int64_t i11 = ir % N, G = N / 8;
@@ -318,20 +323,20 @@ static void mm_cpanel_decode(gr_job *job, const mm_ctx *cx, const mm_chunk *c) {
 
 static void mm_cpanel_chunk(gr_job *job, const mm_ctx *cx, const mm_chunk *c) {
     const gr_tensor *d = cx->d;
-    const int64_t N = cx->N, nb = cx->K / 32, G = (N + 15) / 16;
+    const int64_t N = cx->N, nb = cx->K / 32, G = gr_cpanel_groups(N), COLS = GGMLRPC_CPANEL_COLS;
     const size_t rb = ggmlrpc_cpanel_row_bytes(nb);
     const ggmlrpc_cpanel_dot_fn dot = ggmlrpc_get_cpanel_dot((uint32_t)cx->s0->type);
     for (int64_t g = 0; g < G; g++) {
-        const char *pan = job->wdata + cx->L.panels + (size_t)(c->sl * G + g) * (size_t)nb * GGMLRPC_CPANEL_BYTES;
-        const int64_t cols = N - 16 * g < 16 ? N - 16 * g : 16;
+        const char *pan = mm_cpanel_at(job, &cx->L, cx->K, c->sl * G + g);
+        const int64_t cols = N - COLS * g < COLS ? N - COLS * g : COLS;
         for (int64_t i01 = c->ib; i01 < c->ie; i01 += 2) {
             const int two = i01 + 1 < c->ie;   /* an odd last row is paired with itself */
-            float v[32];
+            float v[2 * GGMLRPC_CPANEL_COLS];
             dot(nb, c->mem + (size_t)(i01 - c->ib) * rb, c->mem + (size_t)(i01 + two - c->ib) * rb, pan, v);
             for (int64_t j = 0; j < cols; j++) {
-                float *out = (float *)(d->data + (16 * g + j) * d->nb[1] + c->i12 * d->nb[2] + c->i13 * d->nb[3]);
+                float *out = (float *)(d->data + (COLS * g + j) * d->nb[1] + c->i12 * d->nb[2] + c->i13 * d->nb[3]);
                 out[i01] = v[j];
-                if (two) out[i01 + 1] = v[16 + j];
+                if (two) out[i01 + 1] = v[COLS + j];
             }
         }
     }

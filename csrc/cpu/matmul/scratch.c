@@ -84,7 +84,7 @@ gr_mm_scratch gr_mm_scratch_layout(const gr_node *n, int nth) {
     } else if (cpanel_kind(n)) {
         L.cpanel = 1;
         L.panels = r64(end);
-        L.panels_end = L.panels + (size_t)((s1->ne[1] + 15) / 16) * (size_t)(s1->ne[2] * s1->ne[3]) *
+        L.panels_end = L.panels + (size_t)gr_cpanel_groups(s1->ne[1]) * (size_t)(s1->ne[2] * s1->ne[3]) *
                                       (size_t)(K / 32) * GGMLRPC_CPANEL_BYTES;
         L.threads = r64(L.panels_end);
         L.per_thread = (size_t)GR_MM_CHUNK_ROWS * ggmlrpc_cpanel_row_bytes(K / 32);
