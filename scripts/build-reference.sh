@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Build the reference llama.cpp peer (ggml-rpc-server, llama-completion, llama-bench,
-# llama-simple, llama-quantize, llama-tokenize, test-backend-ops) from the PyPI sdist
+# llama-simple, llama-quantize, llama-tokenize, test-backend-ops, llama-server) from the PyPI sdist
 # llama-cpp-python==0.3.36 into a cache directory outside the repository. Idempotent:
 # a finished build is reused.
 #
@@ -20,7 +20,7 @@ cpukey=$( (grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m) | md5sum | c
 root=${GGMLRPC_REFERENCE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ggmlrpc/reference-$version-$cpukey}
 bin=$root/build/bin
 targets=(ggml-rpc-server llama-completion llama-bench llama-simple llama-quantize
-         llama-tokenize test-backend-ops)
+         llama-tokenize test-backend-ops llama-server)
 
 have_all() {
     for t in "${targets[@]}"; do [ -x "$bin/$t" ] || return 1; done
@@ -59,7 +59,7 @@ cmake -S "$root/src/vendor/llama.cpp" -B "$root/build" "${generator[@]}" \
     -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF \
     -DLLAMA_BUILD_TESTS=ON \
-    -DLLAMA_BUILD_SERVER=OFF >&2
+    -DLLAMA_BUILD_SERVER=ON >&2
 cmake --build "$root/build" -j "$jobs" --target "${targets[@]}" >&2
 touch "$root/.complete"
 have_all

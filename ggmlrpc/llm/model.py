@@ -818,6 +818,84 @@ class Model:
             logits = self._step(tokens[i:i + self.n_ubatch])
         return logits
 
+    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
+        """Make the context exactly `tokens` and return the last one's logits, running
+        only what the context does not already hold: the longest common prefix is kept
+        (a chat's next turn, a prompt that shares a system prompt), the rest is
+        dropped and the new tokens are evaluated. At least one token is always run,
+        since its logits are the result. Sliding-window caches cannot take back a
+        token, so a model with one starts over when the prefix diverges."""
+        tokens = list(tokens)
+        if not tokens:
+            raise ValueError("prefill needs at least one token")
+        keep = 0
+        for keep, (a, b) in enumerate(zip(self.tokens, tokens[:-1])):
+            if a != b:
+                break
+        else:
+            keep = min(len(self.tokens), len(tokens) - 1)
+        if keep < len(self.tokens):
+            if self.swa is not None:
+                self.reset()
+                keep = 0
+            else:
+                self.truncate(keep)
+        return self.eval(tokens[keep:])
+
+    def truncate(self, n: int) -> None:
+        """Forget the context after its first `n` tokens (their cells are masked from
+        then on and overwritten by the next tokens)."""
+        if not 0 <= n <= self.n_past:
+            raise ValueError(f"cannot keep {n} of {self.n_past} tokens")
+        if n == self.n_past:
+            return
+        if n == 0 or self.swa is not None:
+            if n and self.swa is not None:
+                raise ModelError("a sliding-window cache cannot drop its last tokens")
+            self.reset()
+            return
+        history, left = [], n
+        for batch in self.history:
+            if left <= 0:
+                break
+            history.append(batch[:left])
+            left -= len(batch)
+        self.history = history
+        self.n_past = n
+        self.tokens = self.tokens[:n]
+
+    def stream(self, ids: Sequence[int], n_predict: int, sampler: Sampler,
+               reuse: bool = False) -> Iterator[tuple[int, np.ndarray]]:
+        """Generate after the context `ids`: yields each new token with the logits it
+        was drawn from. `reuse` keeps what the context already holds of `ids`
+        (`prefill`); else the context starts empty. n_predict < 0: until an
+        end-of-generation token or a full context. Sets `stop_reason` ("eog",
+        "length" or "context") when it ends. The last token yielded is not yet in the
+        context: the next `prefill` or `eval` runs it."""
+        tok = self.tokenizer
+        self.stop_reason = None
+        if not reuse:
+            self.reset()
+        logits = self.prefill(ids)
+        n = 0
+        while True:
+            if 0 <= n_predict <= n:
+                self.stop_reason = "length"
+                return
+            t = sampler(logits)
+            n += 1
+            yield t, logits
+            if tok.is_eog(t):
+                self.stop_reason = "eog"
+                return
+            if self.n_past >= self.n_ctx:
+                self.stop_reason = "context"
+                return
+            if 0 <= n_predict <= n:
+                self.stop_reason = "length"
+                return
+            logits = self.eval([t])
+
     def _step(self, tokens: list[int]) -> np.ndarray:
         """One batch through every stage; a server lost on the way is waited for (up
         to `reconnect` seconds), given its layers again, and the context so far is
@@ -948,25 +1026,8 @@ class Model:
         if echo:
             for t in ids:
                 yield tok.token_to_piece(t)
-        logits = self.eval(ids)
-        n = 0
-        while True:
-            if 0 <= n_predict <= n:
-                self.stop_reason = "length"
-                return
-            t = sampler(logits)
-            n += 1
+        for t, _ in self.stream(ids, n_predict, sampler):
             yield tok.token_to_piece(t)
-            if tok.is_eog(t):
-                self.stop_reason = "eog"
-                return
-            if self.n_past >= self.n_ctx:
-                self.stop_reason = "context"
-                return
-            if 0 <= n_predict <= n:
-                self.stop_reason = "length"
-                return
-            logits = self.eval([t])
 
     # -- API -------------------------------------------------------------------
     def tokenize(self, text, add_special: bool = True, parse_special: bool = True) -> list[int]:

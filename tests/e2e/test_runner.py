@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import numpy as np
 import pytest
 
 from ggmlrpc.cli.main import main
@@ -312,3 +313,31 @@ def test_corked_commands_keep_their_order(servers):
             for i in range(12):
                 rb.set_tensor(x, np.full(16, i, np.float32))
         assert np.array_equal(rb.get_array(x), np.full(16, 11))
+
+
+def test_prefill_reuses_the_common_prefix(model_path, servers):
+    """A context that shares a prefix with the next one runs only the rest: the logits
+    are those of the same batches run from an empty context (bit for bit), and close to
+    the whole sequence run as one batch."""
+    with Model.load(model_path, rpc=f"127.0.0.1:{servers[0].port}") as m:
+        a = m.tokenize(PROMPT)
+        b = a + m.tokenize(" and his dog", add_special=False)
+        c = a[:5] + m.tokenize(" a storm came", add_special=False)
+        m.eval(a)
+        b_split = m.eval(b[len(a):])
+        m.reset()
+        m.eval(a[:5])
+        c_split = m.eval(c[5:])
+        m.reset()
+        c_whole = m.eval(c)
+        m.reset()
+        m.prefill(a)
+        runs = len(m.history)
+        assert (m.prefill(b) == b_split).all()
+        assert len(m.history) == runs + 1 and m.history[-1] == b[len(a):]
+        got = m.prefill(c)                       # diverges after 5 tokens
+        assert m.tokens == c and m.n_past == len(c) and sum(map(len, m.history)) == len(c)
+        assert (got == c_split).all() or np.allclose(got, c_split, rtol=1e-3, atol=1e-3)
+        assert np.allclose(got, c_whole, rtol=1e-3, atol=1e-3)
+        again = m.prefill(c)                     # the same context: its last token runs again
+        assert m.n_past == len(c) and np.allclose(again, c_whole, rtol=1e-3, atol=1e-3)
