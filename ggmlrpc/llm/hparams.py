@@ -5,11 +5,14 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
 from .gguf_file import GGUFFile, ModelError
+
+if TYPE_CHECKING:
+    from .archs import Arch
 
 
 @dataclass
@@ -51,11 +54,13 @@ class HParams:
         return bool(self.n_swa) and il % n < n - 1
 
     @classmethod
-    def from_gguf(cls, f: GGUFFile, n_vocab: int,
-                  extra: Callable[[Callable], dict] | None = None) -> "HParams":
-        """`extra(key)` returns the fields one architecture reads on top, through
-        `key(name, default)` (its `<arch>.name` key, or the default)."""
+    def from_gguf(cls, f: GGUFFile, n_vocab: int, arch: "Arch | None" = None) -> "HParams":
+        """The common keys, and what `arch` reads on top (`arch.hparams(key)`, through
+        `key(name, default)`: the file's `<arch>.name`, or the default)."""
         a = f.arch
+        extra = {"swa_pattern": arch.swa_pattern} if arch is not None and arch.swa_pattern else {}
+        if arch is not None and arch.hparams is not None:
+            extra.update(arch.hparams(lambda name, default: f.get(f"{a}.{name}", default)))
 
         def key(name, default=None):
             v = f.get(f"{a}.{name}", default)
@@ -81,7 +86,7 @@ class HParams:
                    n_ctx_orig=int(key("rope.scaling.original_context_length", 0)),
                    **_yarn_hparams(kind, 1.0 / float(scale) if scale else 1.0,
                                    float(f.get(f"{a}.rope.scaling.attn_factor", 1.0))),
-                   **(extra(lambda name, default: f.get(f"{a}.{name}", default)) if extra else {}))
+                   **extra)
 
 
 def _yarn_hparams(kind: str, freq_scale: float, attn_factor: float) -> dict:
@@ -98,3 +103,8 @@ def _yarn_hparams(kind: str, freq_scale: float, attn_factor: float) -> dict:
     cancel = f32(1.0) / (f32(1.0) + f32(0.1) * lnf)
     return {"rope_ext_factor": 1.0, "rope_attn_factor": float(f32(mscale * cancel) * f32(attn_factor))}
 
+
+def inverse_scale(key: Callable) -> float:
+    """1 / rope.scaling.factor, or 1 without one (the sliding-window layers' rope scale)."""
+    scale = key("rope.scaling.factor", None)
+    return 1.0 / float(scale) if scale else 1.0

@@ -1,0 +1,34 @@
+"""gpt-oss: a learned sink logit per head in attention, every other layer on a
+sliding window, routed experts with biases (ADD_ID) and the clamped SwiGLU, gate
+weights soft-maxed over the chosen experts only, the output rows picked after the
+last layer."""
+from __future__ import annotations
+
+from ... import builder as B
+from ..blocks import ATTENTION, EXPERTS
+from ..hparams import inverse_scale
+from . import ROPE_NEOX, Arch
+
+
+def hparams(key) -> dict:
+    return {"n_swa": int(key("attention.sliding_window", 0)),
+            "rope_base_swa": float(key("rope.freq_base_swa", key("rope.freq_base", 10000.0))),
+            "rope_scale_swa": inverse_scale(key)}
+
+
+def weights(hp) -> tuple[str, ...]:
+    return (*ATTENTION, "attn_sinks", "post_attention_norm", *EXPERTS)
+
+
+def layer(c, il: int, x):
+    cur = c.norm(x, "attn_norm", il)
+    cur = c.attention(il, *c.qkv(il, cur))
+    ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
+    cur = c.moe(il, c.norm(ffn_inp, "post_attention_norm", il, "ffn_norm"), oai=True)
+    (out,) = c.out_rows(il, B.add(cur, ffn_inp, name=f"l_out-{il}"))
+    return out
+
+
+ARCH = Arch("gpt-oss", "a sink logit per head, every other layer on a sliding window, biased experts "
+            "through ADD_ID, the clamped SwiGLU, gate weights soft-maxed over the chosen experts",
+            ROPE_NEOX, weights, layer, hparams, swa_pattern=2)

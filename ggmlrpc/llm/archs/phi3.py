@@ -1,0 +1,30 @@
+"""phi3: one fused q/k/v matrix and one fused gate/up matrix (read as views), the
+query scaled instead of the scores, LongRoPE frequency factors (the long set when
+the context exceeds the original one)."""
+from __future__ import annotations
+
+from ... import builder as B
+from ...ggml import GGMLGluOp
+from . import ROPE_NEOX, Arch
+
+
+def weights(hp) -> tuple[str, ...]:
+    return ("attn_norm", "attn_qkv", "attn_output", "ffn_norm", "ffn_up", "ffn_down")
+
+
+def layer(c, il: int, x):
+    w, p = c.w, f"blk.{il}."
+    cur = c.norm(x, "attn_norm", il)
+    q, k, v = c.qkv(il, cur)
+    cur = c.attention(il, c.scale_query(q, il), k, v, 1.0)
+    cur, x = c.out_rows(il, cur, x)
+    ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
+    cur = c.norm(ffn_inp, "ffn_norm", il)
+    up = B.mul_mat(w[p + "ffn_up.weight"], cur, name=f"ffn_up-{il}")   # gate and up halves
+    cur = B.mul_mat(w[p + "ffn_down.weight"], B.glu(GGMLGluOp.SWIGLU, up, name=f"ffn_swiglu-{il}"),
+                    name=f"ffn_out-{il}")
+    return B.add(cur, ffn_inp, name=f"l_out-{il}")
+
+
+ARCH = Arch("phi3", "fused q/k/v and gate/up matrices, LongRoPE frequency factors", ROPE_NEOX,
+            weights, layer)

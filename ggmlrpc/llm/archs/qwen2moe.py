@@ -1,0 +1,8 @@
+"""qwen2moe: qwen2 with routed experts (soft-max gate, top-k, MUL_MAT_ID) plus a
+shared expert behind a sigmoid gate."""
+from __future__ import annotations
+
+from . import ROPE_NEOX, Arch, llama
+
+ARCH = Arch("qwen2moe", "routed experts through MUL_MAT_ID plus a gated shared expert", ROPE_NEOX,
+            llama.weights, llama.layer)
