@@ -48,10 +48,9 @@ class Ctx:
         self.inp = B.Inputs(align)
         self.g = B.Graph()
         self.last = hp.n_layer - 1
-        n_ctx_orig = hp.n_ctx_orig or hp.n_ctx_train
-        self.n_ctx_orig = n_ctx_orig
+        self.n_ctx_orig = hp.n_ctx_orig or hp.n_ctx_train
         self.factors = None     # LongRoPE: the long set once the context exceeds the original one
-        for name in ("rope_freqs.weight", "rope_factors_long.weight" if n_ctx > n_ctx_orig
+        for name in ("rope_freqs.weight", "rope_factors_long.weight" if n_ctx > self.n_ctx_orig
                      else "rope_factors_short.weight"):
             self.factors = self.factors or self.w.get(name)
 
@@ -69,8 +68,8 @@ class Ctx:
         self.attn_in = self.attn_in_swa = (k_idx, v_idx, mask)
         if hp.n_swa and any(hp.is_swa(il) for il in self.st.layers):
             self.attn_in_swa = (inp.new(GGMLType.I64, (T,), "k_idxs_swa"),
-                        inp.new(GGMLType.I64, v_idx.ne[:1], "v_idxs_swa"),
-                        inp.new(mask_type, (self.n_kv_swa, T), "kq_mask_swa"))
+                                inp.new(GGMLType.I64, v_idx.ne[:1], "v_idxs_swa"),
+                                inp.new(mask_type, (self.n_kv_swa, T), "kq_mask_swa"))
         self.out_ids = (inp.new(GGMLType.I32, (self.n_out,), "out_ids")
                         if self.last in self.st.layers and self.n_out < T else None)
 

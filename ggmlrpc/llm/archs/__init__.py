@@ -37,6 +37,8 @@ class Arch:
 def _discover() -> dict[str, Arch]:
     found = {}
     for m in pkgutil.iter_modules(__path__):
+        if m.name.startswith("_"):
+            continue
         arch = importlib.import_module(f"{__name__}.{m.name}").ARCH
         found[arch.name] = arch
     return found
@@ -50,7 +52,3 @@ def readme_table() -> str:
     """The README's table: each architecture and what its graph adds."""
     rows = [f"| `{a.name}` | {a.about} |" for a in ARCHS.values()]
     return "\n".join(["| architecture | what its graph has |", "|---|---|", *rows])
-
-
-if __name__ == "__main__":
-    print(readme_table())

@@ -39,6 +39,32 @@ def layer(c, il: int, x, n_layer_27b: int = 46):
     return B.add(cur, ffn_inp, name=f"l_out-{il}")
 
 
+def softcaps(s) -> None:
+    s.w.add_attn_logit_softcapping(s.shape.attn_softcap)
+    s.w.add_final_logit_softcapping(s.shape.final_softcap)
+
+
+def write(s, keys=softcaps, qk_norms: bool = False) -> None:
+    """synth: output tied to the embeddings, a short window; `keys` writes the
+    model's own keys, `qk_norms` adds per-head q/k norms (gemma3)."""
+    sh, e = s.shape, s.shape.n_embd
+    s.w.add_key_length(s.head)
+    s.w.add_value_length(s.head)
+    s.w.add_sliding_window(sh.n_swa)
+    keys(s)
+    s.w.add_tensor("token_embd.weight", s.embd(tied=True))
+    for i in range(sh.n_layer):
+        p = f"blk.{i}."
+        s.attention(p)
+        if qk_norms:
+            s.qk_norms(p)
+        s.w.add_tensor(p + "post_attention_norm.weight", s.norm(e))
+        s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
+        s.ffn(p, sh.n_ff)
+        s.w.add_tensor(p + "post_ffw_norm.weight", s.norm(e))
+    s.w.add_tensor("output_norm.weight", s.norm(e))
+
+
 ARCH = Arch("gemma2", "scaled embeddings, post-norms, GeGLU, soft-capped attention and logits, "
             "every other layer on a sliding window", ROPE_NEOX, weights, layer, hparams,
-            scale_embd=True, swa_pattern=2)
+            scale_embd=True, swa_pattern=2, synth={"gemma2": write})

@@ -4,6 +4,8 @@ weights soft-maxed over the chosen experts only, the output rows picked after th
 last layer."""
 from __future__ import annotations
 
+import numpy as np
+
 from ... import builder as B
 from ..blocks import ATTENTION, EXPERTS
 from ..hparams import inverse_scale
@@ -29,6 +31,28 @@ def layer(c, il: int, x):
     return out
 
 
+def write(s) -> None:
+    """synth: a short window."""
+    sh, e, n = s.shape, s.shape.n_embd, s.shape.n_expert
+    ff_exp = s.experts()
+    s.w.add_sliding_window(sh.n_swa)
+    s.w.add_tensor("token_embd.weight", s.embd())
+    for i in range(sh.n_layer):
+        p = f"blk.{i}."
+        s.attention(p, biases=True)
+        s.w.add_tensor(p + "attn_output.bias", s.bias(e))
+        s.w.add_tensor(p + "attn_sinks.weight", s.bias(sh.n_head, 1.0))
+        s.w.add_tensor(p + "post_attention_norm.weight", s.norm(e))
+        s.w.add_tensor(p + "ffn_gate_inp.weight", s.mat(n, e, 1.0, dtype=np.float32))
+        s.w.add_tensor(p + "ffn_gate_inp.bias", s.bias(n))
+        for name, rows, cols in (("ffn_gate_exps", ff_exp, e), ("ffn_up_exps", ff_exp, e),
+                                 ("ffn_down_exps", e, ff_exp)):
+            s.w.add_tensor(p + name + ".weight", s.mat(rows, cols, n=n))
+            s.w.add_tensor(p + name + ".bias", s.mat(n, rows, 0.1, dtype=np.float32))
+    s.w.add_tensor("output_norm.weight", s.norm(e))
+    s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
+
+
 ARCH = Arch("gpt-oss", "a sink logit per head, every other layer on a sliding window, biased experts "
             "through ADD_ID, the clamped SwiGLU, gate weights soft-maxed over the chosen experts",
-            ROPE_NEOX, weights, layer, hparams, swa_pattern=2)
+            ROPE_NEOX, weights, layer, hparams, swa_pattern=2, synth={"gpt-oss": write})

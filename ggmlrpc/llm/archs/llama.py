@@ -1,7 +1,13 @@
 """llama (and mistral-style): RMS norms, rope on consecutive pairs, a SwiGLU
-feed-forward, or routed experts where the file has them. The layer serves the
-qwen family too (biases and per-head q/k norms are taken where a file has them)."""
+feed-forward, or routed experts where the file has them (untested: llama.cpp
+renormalizes a llama's chosen expert weights, which this layer does only when
+asked). The layer serves the qwen family too (biases and per-head q/k norms are
+taken where a file has them)."""
 from __future__ import annotations
+
+from functools import partial
+
+import numpy as np
 
 from ... import builder as B
 from ..blocks import ATTENTION, EXPERTS, FEED_FORWARD
@@ -24,4 +30,20 @@ def layer(c, il: int, x, norm_w: bool = False):
     return B.add(cur, ffn_inp, name=f"l_out-{il}")
 
 
-ARCH = Arch("llama", "mistral-style too; routed experts where the file has them", ROPE_NORM, weights, layer)
+def write(s, tied: bool = False) -> None:
+    """synth: `tied` leaves out output.weight, so the output layer reuses the token
+    embeddings (llama.cpp duplicates them onto the output device)."""
+    sh, e = s.shape, s.shape.n_embd
+    s.w.add_tensor("token_embd.weight", s.embd(tied))
+    for i in range(sh.n_layer):
+        p = f"blk.{i}."
+        s.attention(p)
+        s.w.add_tensor(p + "ffn_norm.weight", s.norm(e))
+        s.ffn(p, sh.n_ff)
+    s.w.add_tensor("output_norm.weight", np.ones(e, np.float32))
+    if not tied:
+        s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
+
+
+ARCH = Arch("llama", "RMS norms, rope on consecutive pairs, SwiGLU feed-forward (mistral-style models too)", ROPE_NORM, weights, layer,
+            synth={"llama": write, "llama-tied": partial(write, tied=True)})

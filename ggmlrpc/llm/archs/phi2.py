@@ -29,6 +29,27 @@ def layer(c, il: int, x):
     return B.add(B.add(attn, ffn), x, name=f"l_out-{il}")
 
 
+def write(s) -> None:
+    sh, e, kv = s.shape, s.shape.n_embd, s.n_kv
+    s.w.add_tensor("token_embd.weight", s.embd())
+    for i in range(sh.n_layer):
+        p = f"blk.{i}."
+        s.w.add_tensor(p + "attn_norm.weight", s.norm(e))
+        s.w.add_tensor(p + "attn_norm.bias", s.bias(e))
+        s.w.add_tensor(p + "attn_qkv.weight", s.mat(e + 2 * kv, e))
+        s.w.add_tensor(p + "attn_qkv.bias", s.bias(e + 2 * kv))
+        s.w.add_tensor(p + "attn_output.weight", s.mat(e, e))
+        s.w.add_tensor(p + "attn_output.bias", s.bias(e))
+        s.w.add_tensor(p + "ffn_up.weight", s.mat(sh.n_ff, e))
+        s.w.add_tensor(p + "ffn_up.bias", s.bias(sh.n_ff))
+        s.w.add_tensor(p + "ffn_down.weight", s.mat(e, sh.n_ff))
+        s.w.add_tensor(p + "ffn_down.bias", s.bias(e))
+    s.w.add_tensor("output_norm.weight", s.norm(e))
+    s.w.add_tensor("output_norm.bias", s.bias(e))
+    s.w.add_tensor("output.weight", s.mat(s.n_vocab, e))
+    s.w.add_tensor("output.bias", s.bias(s.n_vocab))
+
+
 ARCH = Arch("phi2", "LayerNorm with biases, fused q/k/v read as views, rope on part of each head, "
             "attention and a GELU feed-forward side by side", ROPE_NEOX, weights, layer,
-            layer_norm=True, synth_rope_share=0.5)
+            layer_norm=True, synth={"phi2": write}, synth_rope_share=0.5)

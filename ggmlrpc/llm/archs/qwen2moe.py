@@ -2,7 +2,9 @@
 shared expert behind a sigmoid gate."""
 from __future__ import annotations
 
-from . import ROPE_NEOX, Arch, llama
+from functools import partial
 
-ARCH = Arch("qwen2moe", "routed experts through MUL_MAT_ID plus a gated shared expert", ROPE_NEOX,
-            llama.weights, llama.layer)
+from . import ROPE_NEOX, Arch, llama, qwen2
+
+ARCH = Arch("qwen2moe", "qwen2 with routed experts through MUL_MAT_ID plus a gated shared expert", ROPE_NEOX,
+            llama.weights, llama.layer, synth={"qwen2moe": partial(qwen2.write, moe=True)})
