@@ -21,6 +21,12 @@ def doc() -> str:
     return DOC.read_text()
 
 
+@pytest.fixture(scope="module")
+def prose(doc) -> str:
+    """The document with every run of whitespace one space (line breaks move)."""
+    return " ".join(doc.split())
+
+
 def section(text: str, title: str) -> str:
     """The text under a `## title` heading, up to the next heading of that level."""
     start = text.index(f"\n## {title}\n")
@@ -80,16 +86,30 @@ def test_type_table_matches_ggml(doc):
     assert {int(x) for x in removed.split(",")} == set(range(ggml.TYPE_COUNT)) - set(want)
 
 
-def test_stated_numbers_come_from_the_code(doc):
+def test_stated_numbers_come_from_the_code(prose):
     v = f"{protocol.PROTO_MAJOR}.{protocol.PROTO_MINOR}.{protocol.PROTO_PATCH}"
-    assert f"version **{v}**" in doc
-    assert f"answers `{protocol.PROTO_MAJOR}, {protocol.PROTO_MINOR}, {protocol.PROTO_PATCH}`" in doc
+    assert f"version **{v}**" in prose
+    assert f"answers `{protocol.PROTO_MAJOR}, {protocol.PROTO_MINOR}, {protocol.PROTO_PATCH}`" in prose
     for n in (protocol.MAX_GRAPH_NODES, protocol.MAX_GRAPH_TENSORS, protocol.MAX_GRAPH_PAYLOAD,
               protocol.HASH_THRESHOLD, work.DEFAULT_PER_BYTE):
-        assert f"{n:,}" in doc, n
-    assert f"2^{work.FLOOR.bit_length() - 1} units" in doc
-    assert f"`{protocol.FNV_OFFSET:#x}`" in doc and f"`{protocol.FNV_PRIME:#x}`" in doc
+        assert f"{n:,}" in prose, n
+    assert f"2^{work.FLOOR.bit_length() - 1} units" in prose
+    assert f"`{protocol.FNV_OFFSET:#x}`" in prose and f"`{protocol.FNV_PRIME:#x}`" in prose
     answered = sum(1 for c in Cmd if protocol.RESPONSE_SIZE[c] is not None)
-    assert f"Only {answered} of the {protocol.CMD_COUNT} commands have a response" in doc
-    assert f"SET_TENSOR reads its {protocol.SET_TENSOR_HEADER_SIZE}-byte header" in doc
-    assert f"a {protocol.HEADER.size}-byte header" in doc and f"an {protocol.SIZE.size}-byte size" in doc
+    assert f"Only {answered} of the {protocol.CMD_COUNT} commands have a response" in prose
+    assert f"SET_TENSOR reads its {protocol.SET_TENSOR_HEADER_SIZE}-byte header" in prose
+    assert f"a {protocol.HEADER.size}-byte header" in prose and f"an {protocol.SIZE.size}-byte size" in prose
+
+
+def test_stated_server_facts_come_from_the_code(prose):
+    from ggmlrpc import server
+    from ggmlrpc.devices import cpu, cuda
+    limits = server.Limits()
+    assert f"`--max-buffers` buffers ({limits.max_buffers})" in prose
+    assert f"`--hello-timeout` seconds ({limits.hello_timeout:g} by default)" in prose
+    assert f"alignment {cpu.CPU_ALIGNMENT} on CPU, {cuda.CUDA_ALIGNMENT} on CUDA" in prose
+    assert cpu.SIZE_MAX == cuda.SIZE_MAX == 2**64 - 1 and "max size 2^64 - 1" in prose
+    assert f"not a multiple of {cuda.MATRIX_ROW_PADDING} gets room" in prose
+    mib = server.BASE_GAP >> 20
+    assert server.BASE_START % server.BASE_GAP == 0
+    assert f"bases are multiples of {mib} MiB with a gap of at least {mib} MiB" in prose
