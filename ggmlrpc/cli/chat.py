@@ -47,13 +47,16 @@ def prompt_tokens(model, template, text: str) -> list[int]:
     return model.tokenize(text, add_special=True, parse_special=True)
 
 
-def common_prefix(a: list[int], b: list[int]) -> int:
-    n = 0
-    for x, y in zip(a, b):
+def kept_by_prefill(model, ids: list[int]) -> int:
+    """How many of `ids` `model.prefill` will keep from the context rather than run
+    (for the speed line): the longest common prefix short of the last token, none
+    where a sliding-window cache would have to drop tokens."""
+    keep = 0
+    for x, y in zip(model.tokens, ids[:-1]):
         if x != y:
             break
-        n += 1
-    return n
+        keep += 1
+    return 0 if keep < len(model.tokens) and model.swa is not None else keep
 
 
 class Chat:
@@ -118,10 +121,11 @@ class Chat:
 
         model, tok, a = self.model, self.model.tokenizer, self.a
         self.last_prompt = (text, ids)
-        n_prompt = len(ids) - common_prefix(model.tokens, ids[:-1])   # what prefill runs
+        n_prompt = len(ids) - kept_by_prefill(model, ids)
         sampler = Sampler(a.temp, a.top_k, a.top_p, a.min_p, seed_of(a),
                           banned=tok.eog if a.ignore_eos else ())
         drawn: list[int] = []
+        tail = b""       # the last piece shown
         t0 = time.perf_counter()
         t_first = t_last = t0
         self.interrupted, self.answering = False, True
@@ -131,7 +135,9 @@ class Chat:
                 if not drawn:
                     t_first = t_last
                 drawn.append(t)
-                self.say(tok.token_to_piece(t).split(b"\0", 1)[0])   # as C strings print
+                piece = tok.token_to_piece(t).split(b"\0", 1)[0]   # as C strings print
+                tail = piece or tail
+                self.say(piece)
                 if self.interrupted:
                     break
         finally:
@@ -141,7 +147,7 @@ class Chat:
         spelled = b"".join(tok.token_to_piece(t, special=True) for t in drawn)
         self.held_text = text + spelled.decode("utf-8", "replace")
         self.held_ids = ids + drawn
-        if not written.endswith(b"\n"):
+        if not tail.endswith(b"\n"):
             self.say("\n")
         if a.show_timings:
             pp = n_prompt / max(t_first - t0, 1e-9)

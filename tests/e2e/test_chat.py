@@ -139,7 +139,11 @@ class Conversation:
         assert ids.count(tok.bos) == 1
         n_run = len(ids) - max(len(self.ids) - 1, 0)   # the last token drawn has not run yet
         self.prompt_len = len(ids)
-        drawn = [t for t, _ in m.stream(ids, n, Sampler(temp=0, banned=self.banned), reuse=True)]
+        drawn = []
+        for t, _ in m.stream(ids, n, Sampler(temp=0, banned=self.banned), reuse=True):
+            if not drawn:     # the prefill has run just these, in one batch
+                assert m.history[-1] == ids[len(ids) - n_run:]
+            drawn.append(t)
         answer = b"".join(tok.token_to_piece(t).split(b"\0", 1)[0] for t in drawn)
         self.messages.append({"role": "assistant", "content": answer.decode("utf-8", "replace")})
         self.held = text + b"".join(tok.token_to_piece(t, True) for t in drawn).decode("utf-8", "replace")
@@ -165,6 +169,22 @@ def test_two_turns_over_a_server(models, endpoint):
     assert got2 == want2                                   # answer, prompt tokens run, tokens drawn
     assert got2[1] < conv.prompt_len - got1[1]             # not even the first turn's prompt again
     assert regen[1] == 1 and regen[2] == 12
+
+
+def test_sliding_window_model(tmp_path):
+    """A sliding-window cache keeps the turns too; /regen, which would drop tokens
+    from it, runs the whole prompt again and the speed line says so."""
+    plain = synth.write_model(tmp_path / "gemma2.gguf", "gemma2",
+                              synth.ModelShape(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=2))
+    path = with_chat_template(plain, tmp_path / "gemma2-chat.gguf", TEMPLATE)
+    child = spawn("-m", path, "--temp", "0", "-n", "10", "-sys", SYSTEM)
+    got = [say(child, "hello there"), say(child, "the old man and the sea")]
+    regen = say(child, "/regen")
+    assert leave(child) == 0
+    with Model.load(path) as m:
+        conv = Conversation(m)
+        assert [conv.turn("hello there", 10), conv.turn("the old man and the sea", 10)] == got
+    assert regen[1] == conv.prompt_len
 
 
 def test_ctrl_c_stops_the_answer_not_the_program(models, endpoint):
