@@ -74,12 +74,23 @@ def template_file(d) -> str:
     return str(path)
 
 
-def spawn(*args, prompt: bool = True) -> pexpect.spawn:
-    child = pexpect.spawn(sys.executable, ["-m", "ggmlrpc.cli.main", "chat", *map(str, args)],
-                          timeout=120, env={"TERM": "xterm", **os.environ})
-    if prompt:
-        child.expect(PROMPT)
-    return child
+@pytest.fixture
+def spawn():
+    """Factory: the command in a pseudo-terminal, at its first prompt unless told;
+    whatever is still running at the end of the test is ended."""
+    children = []
+
+    def start(*args, prompt: bool = True) -> pexpect.spawn:
+        child = pexpect.spawn(sys.executable, ["-m", "ggmlrpc.cli.main", "chat", *map(str, args)],
+                              timeout=120, env={"TERM": "xterm", **os.environ})
+        children.append(child)
+        if prompt:
+            child.expect(PROMPT)
+        return child
+
+    yield start
+    for child in children:
+        child.close(force=True)
 
 
 def say(child, message: str, interrupt: bool = False) -> tuple[bytes, int, int]:
@@ -151,7 +162,7 @@ class Conversation:
         return answer if answer.endswith(b"\n") else answer + b"\n", n_run, len(drawn)
 
 
-def test_two_turns_over_a_server(models, endpoint):
+def test_two_turns_over_a_server(models, endpoint, spawn):
     """Each streamed answer is the greedy model's for the conversation so far; the
     second turn prefills only its own tokens (and the first answer's last token,
     drawn but not yet run); /regen runs nothing new but that token."""
@@ -171,7 +182,7 @@ def test_two_turns_over_a_server(models, endpoint):
     assert regen[1] == 1 and regen[2] == 12
 
 
-def test_sliding_window_model(tmp_path):
+def test_sliding_window_model(tmp_path, spawn):
     """A sliding-window cache keeps the turns too; /regen, which would drop tokens
     from it, runs the whole prompt again and the speed line says so."""
     plain = synth.write_model(tmp_path / "gemma2.gguf", "gemma2",
@@ -187,7 +198,7 @@ def test_sliding_window_model(tmp_path):
     assert regen[1] == conv.prompt_len
 
 
-def test_ctrl_c_stops_the_answer_not_the_program(models, endpoint):
+def test_ctrl_c_stops_the_answer_not_the_program(models, endpoint, spawn):
     """Ctrl-C mid-answer: what was written stays in the conversation, whose next turn
     goes on from the tokens drawn so far; the program carries on to /exit."""
     _, path = models
@@ -204,14 +215,14 @@ def test_ctrl_c_stops_the_answer_not_the_program(models, endpoint):
 
 
 @pytest.mark.parametrize("how", ["/exit", "eof", "ctrl-c"])
-def test_leaving_at_the_prompt(models, how):
+def test_leaving_at_the_prompt(models, how, spawn):
     _, path = models
     child = spawn("-m", path, "-n", "4")
     say(child, "hello")
     assert leave(child, how) == 0
 
 
-def test_full_context_starts_over(models, tmp_path):
+def test_full_context_starts_over(models, tmp_path, spawn):
     """The answer stops where the context is full, a line says so, and the next
     message is answered in a new conversation (only the system prompt's tokens
     are kept); a message that cannot fit at all is refused with one error line."""
@@ -233,7 +244,36 @@ def test_full_context_starts_over(models, tmp_path):
     assert leave(child, "eof") == 0
 
 
-def test_first_message_and_single_turn(models):
+def test_read_and_clear(models, tmp_path, spawn):
+    """/read puts a file before the next message; /clear forgets the conversation:
+    the first message again is the first prompt again, all of it in the context
+    but its last token."""
+    _, path = models
+    notes = tmp_path / "notes.txt"
+    notes.write_text("the fisherman lived by the sea\n")
+
+    def read():
+        child.sendline(f"/read {notes}")
+        child.expect_exact(f"read {notes} (31 characters) for the next message".encode())
+        child.expect(PROMPT)
+
+    child = spawn("-m", path, "--temp", "0", "-n", "6", "-sys", SYSTEM)
+    read()
+    first = say(child, "who lived there")
+    say(child, "and then")
+    child.sendline("/clear")
+    child.expect_exact(b"the conversation starts over")
+    child.expect(PROMPT)
+    read()
+    again = say(child, "who lived there")
+    assert leave(child) == 0
+    with Model.load(path) as m:
+        message = f"--- File: {notes} ---\nthe fisherman lived by the sea\nwho lived there"
+        assert Conversation(m).turn(message, 6) == first
+    assert again[1] == 1
+
+
+def test_first_message_and_single_turn(models, spawn):
     _, path = models
     child = spawn("-m", path, "-n", "4", "-p", "hello", "-st", prompt=False)
     child.expect_exact(b"\r\n> hello\r\n")
@@ -244,7 +284,7 @@ def test_first_message_and_single_turn(models):
     assert child.exitstatus == 0
 
 
-def test_a_template_that_refuses_the_conversation(models, tmp_path):
+def test_a_template_that_refuses_the_conversation(models, tmp_path, spawn):
     """A template that raises (roles it does not take, ...) is one error line; the
     message is dropped and the conversation goes on."""
     plain, _ = models
