@@ -135,7 +135,9 @@ def test_completions_streamed_and_whole(srv):
     assert (r.usage.prompt_tokens, r.usage.completion_tokens) == (n_prompt, 10)
     chunks = list(client.completions.create(model="synth", prompt=PROMPT, max_tokens=10, temperature=0,
                                             stream=True))
-    assert "".join(c.choices[0].text for c in chunks) == whole
+    text = "".join(c.choices[0].text for c in chunks)
+    # as in llama-server, a stream leaves out a character cut by the last token
+    assert text == whole or (whole.startswith(text) and whole[len(text):] == "\ufffd")
     assert [c.choices[0].finish_reason for c in chunks][-1] == "length"
     assert chunks[-1].usage.completion_tokens == 10
     # a prompt given as token ids is the same prompt
