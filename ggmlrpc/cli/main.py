@@ -121,4 +121,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run as `python -m`: the subcommands import this module by its name, so its
+    # CliError must be that module's, not this __main__ copy's
+    from ggmlrpc.cli.main import main as _main
+    sys.exit(_main())

@@ -17,7 +17,7 @@ from starlette.responses import FileResponse, JSONResponse, Response
 from starlette.routing import Route
 
 from ..llm.gguf_file import ModelError
-from .engine import ApiError, Engine, field_of
+from .engine import ApiError, Engine, field_of, text_of
 
 STATIC = Path(__file__).resolve().parent / "static"
 PUBLIC = {"/", "/health", "/v1/health"}       # no API key needed (llama-server's list)
@@ -194,7 +194,7 @@ class Api:
                     probs.append(ev[2])
                 continue
             done = ev[1]
-            text = "".join(texts) + done["rest"]
+            text = text_of(b"".join(texts) + done["rest"])
             logprobs = {"content": probs} if probs else None
             if obj == "chat.completion":
                 choice = {"finish_reason": done["finish_reason"], "index": 0,
@@ -221,7 +221,7 @@ class Api:
         def chunk(ev) -> list[bytes]:
             kind = ev[0]
             if kind == "token":
-                _, text, probs = ev
+                text, probs = text_of(ev[1]), ev[2]
                 if chat:
                     return [sse(self._chunk_chat(head, {"content": text}, None, probs))]
                 return [sse({"choices": [{"text": text, "index": 0,
@@ -234,7 +234,7 @@ class Api:
             out = []
             if chat:
                 if done["rest"]:
-                    out.append(sse(self._chunk_chat(head, {"content": done["rest"]})))
+                    out.append(sse(self._chunk_chat(head, {"content": text_of(done["rest"])})))
                 last = self._chunk_chat(head, {}, done["finish_reason"])
                 out_last = [last]
                 if job.include_usage:
@@ -242,7 +242,7 @@ class Api:
                                      "usage": done["usage"]})
                 out_last[-1]["timings"] = done["timings"]
                 return out + [sse(o) for o in out_last]
-            return [sse({"choices": [{"text": done["rest"], "index": 0, "logprobs": None,
+            return [sse({"choices": [{"text": text_of(done["rest"]), "index": 0, "logprobs": None,
                                       "finish_reason": done["finish_reason"]}],
                          **head, "object": "text_completion", "usage": done["usage"],
                          "timings": done["timings"]})]

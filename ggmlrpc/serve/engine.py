@@ -192,8 +192,9 @@ def token_text(piece: bytes) -> str:
 
 class Generation:
     """A job handed to the worker; its events come out of `events` on the loop that
-    submitted it: ("token", text, logprobs entry or None), then ("done", final dict)
-    or ("error", ApiError)."""
+    submitted it: ("token", bytes, logprobs entry or None), then ("done", final dict,
+    its "rest" the bytes held back to the end) or ("error", ApiError). Bytes become
+    text where they are sent: a chunk at a time, or all at once."""
 
     def __init__(self, job: Job, loop: asyncio.AbstractEventLoop):
         self.job = job
@@ -413,7 +414,7 @@ class Engine:
                 out = text.add(piece, tok.is_eog(t))
                 probs = self._probs(t, logits, job.n_probs) if job.n_probs else None
                 if out or probs is not None:
-                    gen.put(("token", text_of(out), probs))
+                    gen.put(("token", out, probs))
                 if text.stopped:
                     break
         finally:
@@ -438,9 +439,14 @@ class Engine:
             model.reset()        # the client is gone: its context is freed
             return
         reason = "stop" if text.stopped or model.stop_reason == "eog" else "length"
+        rest = text.rest()
+        if job.kind == "chat" or job.stream:
+            # a character cut by the end: llama-server's chat messages and streams leave
+            # it out (a whole text completion keeps its bytes, shown as U+FFFD)
+            rest = rest[:utf8_complete(rest)]
         prompt_ms, gen_ms = (t_prompt - t0) * 1e3, (t1 - t_prompt) * 1e3
         gen.put(("done", {
-            "rest": text_of(text.rest()),
+            "rest": rest,
             "finish_reason": reason,
             "usage": {"completion_tokens": n_gen, "prompt_tokens": len(job.ids),
                       "total_tokens": n_gen + len(job.ids),
