@@ -13,15 +13,13 @@ import re
 import shutil
 import subprocess
 import sys
-import time
 
 import httpx
 import pytest
 
 from ggmlrpc.llm import synth
-from tests.conftest import Proc, free_port
+from tests.e2e.test_serve import N_CTX, Serve
 
-N_CTX = 256
 MAX_TOKENS = 12
 # a template of the model's own (not the ChatML fallback), so the page goes through it
 TEMPLATE = ("{% for m in messages %}<|{{ m.role }}|>{{ m.content }}{% endfor %}"
@@ -65,19 +63,8 @@ def serve(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(plain), str(model),
                     "--chat-template-file", str(d / "template.jinja")],
                    check=True, capture_output=True, stdin=subprocess.DEVNULL)
-    port = free_port()
-    p = Proc([sys.executable, "-m", "ggmlrpc.cli.main", "serve", "-m", str(model), "-c", str(N_CTX),
-              "-t", "1", "--port", str(port)], port)
-    url = f"http://127.0.0.1:{port}"
-    deadline = time.monotonic() + 30
-    while time.monotonic() < deadline:      # it listens a moment before it answers
-        try:
-            if httpx.get(url + "/health").status_code == 200:
-                break
-        except httpx.HTTPError:
-            pass
-        time.sleep(0.05)
-    yield url
+    p = Serve(model, "-t", "1")
+    yield p.url
     out, err = p.stop()
     assert "Traceback" not in err, err
 
