@@ -16,6 +16,10 @@ import sys
 
 import httpx
 import pytest
+from selenium import webdriver
+from selenium.webdriver.chrome.service import Service
+from selenium.webdriver.common.by import By
+from selenium.webdriver.support.ui import WebDriverWait
 
 from ggmlrpc.llm import synth
 from tests.e2e.test_serve import N_CTX, Serve
@@ -40,8 +44,6 @@ def browser_paths() -> tuple[str, str]:
 @pytest.fixture(scope="module")
 def browser():
     chrome, driver = browser_paths()
-    from selenium import webdriver
-    from selenium.webdriver.chrome.service import Service
 
     opts = webdriver.ChromeOptions()
     opts.binary_location = chrome
@@ -55,7 +57,7 @@ def browser():
 
 
 @pytest.fixture(scope="module")
-def serve(tmp_path_factory):
+def model(tmp_path_factory):
     d = tmp_path_factory.mktemp("page")
     plain = synth.write_llama(d / "plain.gguf", synth.LlamaShape(n_ctx=N_CTX), "f32", seed=1)
     (d / "template.jinja").write_text(TEMPLATE)
@@ -63,6 +65,11 @@ def serve(tmp_path_factory):
     subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(plain), str(model),
                     "--chat-template-file", str(d / "template.jinja")],
                    check=True, capture_output=True, stdin=subprocess.DEVNULL)
+    return model
+
+
+@pytest.fixture(scope="module")
+def serve(model):
     p = Serve(model, "-t", "1")
     yield p.url
     out, err = p.stop()
@@ -78,8 +85,6 @@ def answer_over_http(url: str, messages: list[dict]) -> str:
 
 def send_and_wait(b, text: str, n_answers: int) -> str:
     """Type `text`, click Send, wait until the answer has streamed; its text as shown."""
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
 
     b.find_element(By.ID, "input").send_keys(text)
     b.find_element(By.ID, "send").click()
@@ -93,8 +98,6 @@ def send_and_wait(b, text: str, n_answers: int) -> str:
 
 
 def test_chat_page_streams_and_keeps_the_conversation(browser, serve):
-    from selenium.webdriver.common.by import By
-
     b = browser
     b.get(serve + "/")
     assert b.title == "ggml-rpc-cli serve"
@@ -125,9 +128,6 @@ def test_chat_page_streams_and_keeps_the_conversation(browser, serve):
 
 
 def test_chat_page_shows_the_servers_error(browser, serve):
-    from selenium.webdriver.common.by import By
-    from selenium.webdriver.support.ui import WebDriverWait
-
     b = browser
     b.get(serve + "/")
     b.find_element(By.ID, "max").send_keys(str(N_CTX * 4))      # more than the context holds
@@ -142,3 +142,27 @@ def test_chat_page_shows_the_servers_error(browser, serve):
     # the question is back in the box to be sent again, and the page is ready for it
     assert b.find_element(By.ID, "input").get_attribute("value") == "hello"
     assert b.execute_script("return document.body.dataset.state") == "idle"
+
+
+def test_chat_page_sends_the_api_key(browser, model):
+    p = Serve(model, "-t", "1", "--api-key", "sesame")
+    try:
+        b = browser
+        b.get(p.url + "/")
+        b.find_element(By.ID, "max").send_keys(str(MAX_TOKENS))
+        b.find_element(By.ID, "input").send_keys("hello")
+        b.find_element(By.ID, "send").click()
+        WebDriverWait(b, 60).until(lambda b: b.find_elements(By.CSS_SELECTOR, ".msg.error"))
+        refused = httpx.post(p.url + "/v1/chat/completions", json={"messages": []}, timeout=60)
+        assert refused.status_code == 401
+        assert b.find_element(By.CSS_SELECTOR, ".msg.error .content").text == \
+            "error: " + refused.json()["error"]["message"]
+        b.find_element(By.ID, "key").send_keys("sesame")
+        b.find_element(By.ID, "send").click()          # the question is still in the box
+        WebDriverWait(b, 120).until(
+            lambda b: len(b.find_elements(By.CSS_SELECTOR, ".msg.assistant")) == 2
+            and b.execute_script("return document.body.dataset.state") == "idle")
+        assert len(b.find_elements(By.CSS_SELECTOR, ".msg.error")) == 1
+        assert b.find_elements(By.CSS_SELECTOR, ".msg.assistant .content")[1].text
+    finally:
+        p.stop()
