@@ -1,9 +1,9 @@
 """Random-weight GGUF models for tests and benchmarks.
 
 They make no sense as language, but they send exactly the graphs a real model
-of their architecture sends. Weights are written as F32 or F16 with
-``gguf.GGUFWriter``; llama.cpp's ``llama-quantize`` turns them into any
-quantized type. ``write_llama`` writes a llama model; ``write_model`` writes any
+of their architecture sends. Weights are written as F32, F16 or Q8_0 (gguf-py's
+quantizer) with ``gguf.GGUFWriter``; llama.cpp's ``llama-quantize`` turns them into
+any other quantized type. ``write_llama`` writes a llama model; ``write_model`` writes any
 of ``ARCHS`` (llama with tied or untied output, qwen2, qwen3, qwen3moe, gemma2, gemma3, phi2, phi3 and
 the mixtures of experts qwen2moe and gpt-oss), each chosen for the ops its graph
 adds.
@@ -432,7 +432,7 @@ ARCHS = {
 
 def write_model(path: str | Path, arch: str = "llama", shape: LlamaShape | None = None,
                 dtype: str = "f16", seed: int = 0) -> Path:
-    """A random-weight model of one of ``ARCHS`` (F32 or F16 weights; norms, biases,
+    """A random-weight model of one of ``ARCHS`` (F32, F16 or Q8_0 weights; norms, biases,
     rope factors and the expert gate stay F32 as converted models have them)."""
     shape = shape if shape is not None else ModelShape()
     if arch not in ARCHS:
