@@ -48,7 +48,9 @@ def hub(tmp_path_factory):
     f16 = synth.write_llama(d / "f16.gguf", shape, "f16", seed=2).read_bytes()
     # a projector that names the quant is never the model; F16 stands in for its bytes
     paths = cache_repo(d / "cache", REPO, {"tiny-F16.gguf": f16, "tiny-Q8_0.gguf": q8,
-                                           "mmproj-tiny-Q8_0.gguf": f16, "README.md": b"tiny\n"})
+                                           "mmproj-tiny-Q8_0.gguf": f16, "README.md": b"tiny\n",
+                                           "big-Q4_0-00001-of-00002.gguf": f16[:4096],
+                                           "big-Q4_0-00002-of-00002.gguf": f16[4096:8192]})
     env = {**os.environ, "HF_HOME": str(d / "home"), "HF_HUB_CACHE": str(d / "cache"),
            "HF_HUB_OFFLINE": "1"}
     return paths, env
@@ -102,7 +104,8 @@ def test_bench_and_serve_take_hf(hub):
 
 
 @pytest.mark.parametrize("args, message", [
-    (["-hf", REPO + ":Q4_0"], "no GGUF file for quant 'Q4_0' in owner/tiny-GGUF"),
+    (["-hf", REPO + ":Q5_K_M"], "no GGUF file for quant 'Q5_K_M' in owner/tiny-GGUF"),
+    (["-hf", REPO + ":q4_0"], "owner/tiny-GGUF: big-Q4_0-00001-of-00002.gguf is split in 2 files"),
     (["-hf", "owner/absent-GGUF:Q8_0"], "owner/absent-GGUF: "),
     (["-hf", "absent"], "invalid -hf 'absent': expected <user>/<model>[:quant]"),
     (["-hf", REPO, "-hff", "tiny-Q4_0.gguf"], "no file 'tiny-Q4_0.gguf' in owner/tiny-GGUF"),
