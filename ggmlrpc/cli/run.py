@@ -29,7 +29,13 @@ def _flash_attn(value: str) -> str:
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", required=True, help="GGUF model file")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("-m", "--model", help="GGUF model file")
+    src.add_argument("-hf", "-hfr", "--hf-repo", dest="hf_repo", metavar="<user>/<model>[:quant]",
+                     help="a model from Hugging Face, downloaded into huggingface_hub's cache; quant: "
+                          "case-insensitive, default Q4_K_M, else Q8_0, else the repository's first GGUF")
+    p.add_argument("-hff", "--hf-file", dest="hf_file", default=None,
+                   help="the file of the -hf repository to load (instead of the quant's)")
     p.add_argument("--rpc", default=None, help="RPC servers, host:port[,host:port...]")
     p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="ngl", type=int, default=99,
                    help="layers to offload to the servers' devices (default: all)")
@@ -100,6 +106,11 @@ def load_model(a, progress=None):
     from ..llm.gguf_file import ModelError
     from ..llm.model import Model
 
+    if a.hf_repo:
+        from .hf import resolve
+        a.model = resolve(a.hf_repo, a.hf_file)
+    elif a.hf_file:
+        raise CliError("-hff names a file of the -hf repository: give -hf too")
     rpc = split_endpoints(a.rpc) if a.rpc else None
     try:
         model = Model.load(a.model, rpc=rpc, n_gpu_layers=a.ngl, tensor_split=a.ts, n_ctx=a.ctx,
