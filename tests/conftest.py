@@ -233,3 +233,36 @@ def ref_server(ref_bin):
     yield start
     for p in procs:
         p.stop()
+
+
+@pytest.fixture
+def ref_llama_server(ref_bin):
+    """Factory: the reference llama-server on `model` with llama-server's `args`,
+    ready (its /health answers 200); an object with .port, .url, .output(), .close()."""
+    import urllib.error
+    import urllib.request
+
+    procs = []
+
+    def start(model, *args, env=None):
+        port = free_port()
+        p = Proc([str(ref_bin / "llama-server"), "-m", str(model), "--port", str(port), *args], port,
+                 env=dict(os.environ, GGML_NO_BACKTRACE="1") if env is None else env)
+        p.url = f"http://127.0.0.1:{port}"
+        p.close = p.stop
+        procs.append(p)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(p.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return p
+            except (urllib.error.URLError, OSError):
+                pass
+            if p.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server did not come up: {p.output()[1][-2000:]}")
+            time.sleep(0.1)
+
+    yield start
+    for p in procs:
+        p.stop()

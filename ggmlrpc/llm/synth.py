@@ -1,10 +1,10 @@
 """Random-weight GGUF models for tests and benchmarks.
 
 They make no sense as language, but they send exactly the graphs a real model
-of their architecture sends. Weights are written as F32 or F16 with
-``gguf.GGUFWriter``; llama.cpp's ``llama-quantize`` turns them into any
-quantized type. ``write_llama`` writes a llama model; ``write_model`` writes any
-of ``ARCHS``: each architecture of ggmlrpc.llm.archs names its models (llama: with
+of their architecture sends. Weights are written as F32, F16 or Q8_0 (gguf-py's
+quantizer) with ``gguf.GGUFWriter``; llama.cpp's ``llama-quantize`` turns them into
+any other quantized type. ``write_llama`` writes a llama model; ``write_model`` writes
+any of ``ARCHS``: each architecture of ggmlrpc.llm.archs names its models (llama: with
 tied or untied output) and writes their keys and tensors with the helpers of
 ``_Synth``.
 
@@ -91,6 +91,21 @@ class ModelShape(LlamaShape):
     final_softcap: float = 30.0
 
 
+class _Q8_0(np.ndarray):
+    """F32 weights that the writer stores as Q8_0 (gguf-py's quantizer, ggml's rounding)."""
+
+
+def _quantizing(add_tensor):
+    def add(name, tensor, *args, **kw):
+        if isinstance(tensor, _Q8_0):
+            import gguf
+
+            tensor = gguf.quants.quantize(np.asarray(tensor), gguf.GGMLQuantizationType.Q8_0)
+            kw["raw_dtype"] = gguf.GGMLQuantizationType.Q8_0
+        add_tensor(name, tensor, *args, **kw)
+    return add
+
+
 class _Synth:
     """One GGUF being written: the metadata every architecture here shares (sizes,
     rope, SentencePiece vocabulary) and random tensors of the model's dtype."""
@@ -102,10 +117,12 @@ class _Synth:
         self.path = Path(path)
         self.shape = shape
         self.rng = np.random.default_rng(seed)
-        self.dtype, ftype = {"f32": (np.float32, 0), "f16": (np.float16, 1)}[dtype]
+        self.dtype, ftype = {"f32": (np.float32, 0), "f16": (np.float16, 1), "q8_0": (_Q8_0, 7)}[dtype]
         self.head = shape.n_embd // shape.n_head
         self.n_kv = self.head * shape.n_head_kv
         w = self.w = gguf.GGUFWriter(str(self.path), arch)
+        if dtype == "q8_0":
+            w.add_tensor = _quantizing(w.add_tensor)
         if vocab_from is not None:
             self.n_vocab = _graft_vocab(w, vocab_from)
         else:
@@ -149,6 +166,8 @@ class _Synth:
         scale = scale if scale is not None else 1.0 / np.sqrt(cols)
         dims = (rows, cols) if n is None else (n, rows, cols)
         x = self.rng.standard_normal(dims, dtype=np.float32) * scale
+        if (dtype or self.dtype) is _Q8_0:
+            return x.view(_Q8_0)
         return x.astype(dtype or self.dtype)
 
     def embd(self, tied: bool = False):
@@ -245,7 +264,7 @@ ARCHS = {name: (arch.name, write) for arch in archs.ARCHS.values() for name, wri
 
 def write_model(path: str | Path, arch: str = "llama", shape: LlamaShape | None = None,
                 dtype: str = "f16", seed: int = 0, vocab_from: str | Path | None = None) -> Path:
-    """A random-weight model of one of ``ARCHS`` (F32 or F16 weights; norms, biases,
+    """A random-weight model of one of ``ARCHS`` (F32, F16 or Q8_0 weights; norms, biases,
     rope factors and the expert gate stay F32 as converted models have them)."""
     shape = shape if shape is not None else ModelShape()
     if arch not in ARCHS:
@@ -277,7 +296,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ff", type=int, default=256)
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--heads-kv", type=int, default=2)
-    ap.add_argument("--dtype", choices=["f32", "f16"], default="f16")
+    ap.add_argument("--dtype", choices=["f32", "f16", "q8_0"], default="f16")
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--arch", choices=list(ARCHS), default="llama")
     a = ap.parse_args(argv)
