@@ -150,7 +150,7 @@ class Model:
 
     # -- graphs ----------------------------------------------------------------
     def _graph(self, st: Stage, key: tuple) -> StageGraph:
-        return stage_graph(st, key, self._build, self._held)
+        return st.graphs.get(key) or stage_graph(st, key, self._build, self._held)
 
     def _build(self, st: Stage, key: tuple, align: int) -> StageGraph:
         return build(self.arch, self.hp, st, self.kv.cells, self.flash_attn, self.n_ctx, key, align)
