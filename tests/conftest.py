@@ -22,6 +22,16 @@ TRACES = DATA / "traces"
 MODELS = DATA / "models"
 
 
+def pytest_sessionstart(session):
+    """GGMLRPC_KERNELS applies to the servers the tests start in this process as
+    `ggml-rpc-server` applies it: with it and an AVX2 reference build
+    (GGMLRPC_REFERENCE_CPU=avx2 scripts/build-reference.sh, then GGMLRPC_REFERENCE_BIN)
+    the byte tests check the AVX2 family on any x86-64 host."""
+    if os.environ.get("GGMLRPC_KERNELS"):
+        from ggmlrpc.compute.cpu import select_kernel_family
+        select_kernel_family()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))

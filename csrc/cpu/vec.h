@@ -34,9 +34,11 @@ typedef struct gr_vec_ops {
     /* C (M x N) += A (M x K) B (K x N), rows packed: every entry of C one
      * sequential fused sum over k from its old value (ggml's simd_gemm) */
     void (*gemm_f32)(int64_t M, int64_t K, int64_t N, float *C, const float *A, const float *B);
-    /* BF16 products of the AVX512-BF16 families (NULL elsewhere: the vec_dot of the
-     * type table serves), with the signature of a vec_dot: ggml_vec_dot_bf16's order
-     * (two VDPBF16PS accumulators over blocks of 64) and tinyBLAS's (one, n % 32 == 0) */
+    /* BF16 products with the signature of a vec_dot: ggml_vec_dot_bf16's order in the
+     * AVX512-BF16 families (two VDPBF16PS accumulators over blocks of 64; NULL
+     * elsewhere: the vec_dot of the type table serves), and tinyBLAS's in every family
+     * (one accumulator: VDPBF16PS steps of 32 in the AVX512-BF16 families, n % 32 ==
+     * 0; else FMAs on the values widened to F32, n % lanes == 0) */
     void (*dot_bf16)(int64_t n, float *s, const void *x, const void *y);
     void (*dot_bf16_gemm)(int64_t n, float *s, const void *x, const void *y);
     /* ROPE's rotation of np pairs (x[p*istep], x[p*istep + joff]) of an F32 or F16

@@ -623,6 +623,11 @@ CASES = {
     "mul_mat-f16-vec": mul_mat(T.F16, N=1), "mul_mat-f16-gemm": mul_mat(T.F16),
     "mul_mat-f16-f16": mul_mat(T.F16, xt=T.F16), "mul_mat-bf16": mul_mat(T.BF16),
     "mul_mat-bf16-vec-k100": mul_mat(T.BF16, K=100, N=1), "mul_mat-bf16-k96": mul_mat(T.BF16, K=96, N=6),
+    # tinyBLAS takes BF16 weights only four rows at a time and K in whole steps (8 on
+    # AVX2, 16 on AVX-512, 32 with AVX512-BF16); elsewhere vec_dot's order
+    "mul_mat-bf16-m10": mul_mat(T.BF16, K=96, M=10, N=6), "mul_mat-bf16-k40": mul_mat(T.BF16, K=40, N=3),
+    "mul_mat-bf16-k48": mul_mat(T.BF16, K=48, N=4),
+    **{f"mul_mat-BF16-prompt{n}x{b}": mul_mat_prompt(T.BF16, n, b) for n, b in ((19, 1), (11, 2))},
     **{f"mul_mat-{t.name}": mul_mat(t, K=256, M=6, N=n) for t in
        (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL,
         T.IQ4_XS, T.MXFP4) for n in (1,)},
