@@ -202,6 +202,29 @@ def reference_kernel_family(bin_dir: Path) -> str:
     return "other"
 
 
+@functools.lru_cache(maxsize=None)
+def reference_zen_tuned(bin_dir: Path) -> bool:
+    """Whether GCC tuned the reference build for AMD Zen (-march=native on such a CPU, or
+    -march=znver* in its flags). Zen tunings keep scalar multiply-add chains unfused
+    where generic and Intel tunings fuse them; the executor's AVX2 family sums such
+    loops as a Zen-tuned build does (read from its CMake cache; unknown: False)."""
+    try:
+        cache = (bin_dir.parent / "CMakeCache.txt").read_text(errors="replace")
+    except OSError:
+        return False
+    flags = " ".join(line.split("=", 1)[1] for line in cache.splitlines()
+                     if line.startswith(("CMAKE_C_FLAGS:", "CMAKE_CXX_FLAGS:")))
+    if "-march=znver" in flags or "-mtune=znver" in flags:
+        return True
+    native = "GGML_NATIVE:BOOL=ON" in cache
+    try:
+        with open("/proc/cpuinfo") as f:
+            amd = any(line.startswith("vendor_id") and "AuthenticAMD" in line for line in f)
+    except OSError:
+        amd = False
+    return native and amd
+
+
 def reference_has(bin_dir: Path, feature: str) -> bool:
     """ggml_cpu_has_<feature>() of the reference build's CPU library."""
     lib = next(iter(sorted(bin_dir.glob("libggml-cpu.so*"))), None)

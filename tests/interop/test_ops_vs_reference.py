@@ -592,6 +592,11 @@ def add_q(t, add1=False, out_t=None):
     return build
 
 
+# every quantized weight type ggml's CPU backend multiplies
+QUANT_WEIGHTS = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+                 T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ4_NL, T.IQ3_S, T.IQ2_S, T.IQ4_XS,
+                 T.IQ1_M, T.TQ1_0, T.TQ2_0, T.MXFP4, T.NVFP4, T.Q1_0, T.Q2_0)
+
 CASES = {
     "add-f32": binary(Op.ADD), "sub-f32": binary(Op.SUB), "div-f32": binary(Op.DIV),
     "mul-f16": binary(Op.MUL, T.F16, T.F16, T.F16), "mul-f16-f32-f16": binary(Op.MUL, T.F16, T.F32, T.F16),
@@ -631,6 +636,10 @@ CASES = {
     **{f"mul_mat-{t.name}": mul_mat(t, K=256, M=6, N=n) for t in
        (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL,
         T.IQ4_XS, T.MXFP4) for n in (1,)},
+    # every weight type over three blocks (vec_dot's tail after its pairs of blocks):
+    # decode (four rows at a time), a few columns, and a prompt of nine (panels, tiled)
+    **{f"mul_mat-{t.name}-3blocks-n{n}": mul_mat(t, K=3 * ggml.blck_size(t), M=6, N=n)
+       for t in QUANT_WEIGHTS for n in (1, 3, 9)},
     "mul_mat-Q8_0-batch": mul_mat(T.Q8_0, K=128, M=8, N=4), "mul_mat-Q4_0-batch": mul_mat(T.Q4_0, K=128, M=8, N=4),
     **{f"mul_mat-{t.name}-prompt{n}x{b}": mul_mat_prompt(t, n, b)
        for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL)
@@ -757,12 +766,43 @@ def assert_outputs_close(ours, ref):
         assert err <= MAX_NMSE, f"output {i} ({T(t).name}): NMSE {err:.3g} > {MAX_NMSE:g}"
 
 
+# Products whose vec_dot does not yet sum in the order of ggml's x86 kernels (the
+# portable order of ggml's generic code, or another): close, not equal, in every family
+NOT_EXACT_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ3_S, T.IQ2_S, T.IQ1_M, T.TQ1_0,
+                   T.TQ2_0, T.NVFP4, T.Q1_0)
+NOT_EXACT = {n for n in CASES if any(n.startswith(f"mul_mat-{t.name}-") for t in NOT_EXACT_TYPES)}
+# Scalar loops of ggml that GCC compiles by the CPU it tunes for: Zen tunings keep their
+# multiply-add chains unfused, generic and Intel tunings fuse them. The executor's AVX2
+# family sums them as a Zen-tuned build does (what a native build on Zen 2/3 is); its
+# AVX-512 families as a Sapphire Rapids one, except the vec_dot tails (Q2_0, an odd
+# IQ4_NL block), unfused in every family.
+SCALAR_CHAINS = {"solve_tri", "lightning_indexer", "lightning_indexer-f16", "lightning_indexer-q8_0",
+                 "dsv4_hc_pre", "dsv4_hc_pre-gated", "dsv4_hc_post"}
+UNFUSED_TAILS = {"mul_mat-IQ4_NL-3blocks-n1"} | {f"mul_mat-Q2_0-3blocks-n{n}" for n in (1, 3, 9)}
+
+
+def byte_equal_expected(request, bit_exact: bool, ref_bin, name: str) -> bool:
+    """Whether this case must give the reference's bytes here: where we reproduce its
+    kernels, less the known differences above (strict xfail where they are certain)."""
+    from ggmlrpc._native import executor
+    from tests.conftest import reference_zen_tuned
+
+    if not bit_exact:
+        return False
+    avx2 = executor.kernel_family() == "x86-avx2"
+    if name in NOT_EXACT or (name in UNFUSED_TAILS and not avx2):
+        request.applymarker(pytest.mark.xfail(strict=True, reason="not yet in ggml's x86 order"))
+    if avx2 and name in SCALAR_CHAINS | UNFUSED_TAILS and not reference_zen_tuned(ref_bin):
+        return False   # a generic or Intel-tuned AVX2 build: close, not equal
+    return True
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_same_bytes_as_reference(endpoints, bit_exact, name):
+def test_same_bytes_as_reference(endpoints, bit_exact, ref_bin, request, name):
     ours, ref = endpoints
     seed = sum(map(ord, name))
     a, b = run_case(ours, CASES[name], seed), run_case(ref, CASES[name], seed)
-    if bit_exact:
+    if byte_equal_expected(request, bit_exact, ref_bin, name):
         assert a == b
     else:
         assert_outputs_close(a, b)
