@@ -7,9 +7,10 @@ the kernel family that reference was built for is checked bit for bit on any hos
     python scripts/record_op_traces.py BIN_DIR x86-avx2 [CASE...]
 
 writes tests/data/op-traces/x86-avx2/CASE.trc for every case given (default: the
-products, attention and the ops on the family's vector primitives, where the bytes do
-not depend on how GCC tuned the build, the larger ones left out unless named in
-ALWAYS) and drops the files of the cases not recorded.
+products, attention, the ops on the family's vector primitives and the scalar loops
+GCC compiles by its tuning, the larger ones left out unless named in ALWAYS; for a
+"-zen" family, a build tuned for AMD Zen such as -march=znver3, only the last) and
+drops the files of the cases not recorded.
 """
 from __future__ import annotations
 
@@ -31,14 +32,23 @@ OUT = REPO / "tests" / "data" / "op-traces"
 PREFIXES = ("mul_mat", "fa-", "soft_max", "unary-", "glu-", "rms_norm", "norm", "l2_norm", "group_norm",
             "conv_2d", "out_prod", "hadamard", "sum", "rope")
 MAX_BYTES = 24 << 10   # a default case whose session is larger is left out...
-ALWAYS = {"mul_mat-BF16-prompt19x1", "mul_mat-Q8_0-prompt19x1", "mul_mat-IQ4_NL-prompt19x1",   # ...unless here
+ALWAYS = ("mul_mat-BF16-prompt19x1", "mul_mat-Q8_0-prompt19x1", "mul_mat-IQ4_NL-prompt19x1",   # ...unless here
           "mul_mat-Q4_K-tiled", "mul_mat-Q6_K-3blocks-n9", "fa-7", "mul_mat_id-Q4_K-mixed",
-          "mul_mat_id-Q4_0-mixed"}
+          "mul_mat_id-Q4_0-mixed")
 
 
-def default_cases() -> list[str]:
-    skip = ops.NOT_EXACT | ops.SCALAR_CHAINS | ops.UNFUSED_TAILS
-    return [n for n in ops.CASES if n.startswith(PREFIXES) and n not in skip]
+# the cases whose bytes depend on how GCC tuned the build (Zen tunings keep the
+# multiply-add chains of these scalar loops unfused, others fuse them)
+TUNED = ("solve_tri", "lightning_indexer", "lightning_indexer-f16", "lightning_indexer-q8_0", "dsv4_hc_pre",
+         "dsv4_hc_pre-gated", "dsv4_hc_post", "mul_mat-Q2_0-3blocks-n1", "mul_mat-Q2_0-3blocks-n3",
+         "mul_mat-Q2_0-3blocks-n9", "mul_mat-IQ4_NL-3blocks-n1", "mul_mat-MXFP4-3blocks-n1")
+
+
+def default_cases(family: str) -> list[str]:
+    """A Zen-tuned family: the cases its tuning decides; else the ones of PREFIXES too."""
+    if family.endswith("-zen"):
+        return list(TUNED)
+    return [n for n in ops.CASES if n.startswith(PREFIXES) and n not in ops.NOT_EXACT] + list(TUNED)
 
 
 def record(bin_dir: Path, family: str, names: list[str], limit: int | None) -> None:
@@ -58,7 +68,7 @@ def record(bin_dir: Path, family: str, names: list[str], limit: int | None) -> N
                 finally:
                     rec.close()
                 (trc,) = Path(tmp).glob("conn-*.trc")
-                if limit is not None and trc.stat().st_size > limit and name not in ALWAYS:
+                if limit is not None and trc.stat().st_size > limit and name not in ALWAYS + TUNED:
                     print(f"{name}: {trc.stat().st_size} bytes, left out")
                     continue
                 (out / f"{name}.trc").write_bytes(trc.read_bytes())
@@ -83,7 +93,7 @@ def main(argv=None) -> int:
     if unknown:
         print(f"error: unknown cases: {', '.join(unknown)}", file=sys.stderr)
         return 2
-    record(a.bin, a.family, a.cases or default_cases(), None if a.cases else MAX_BYTES)
+    record(a.bin, a.family, a.cases or default_cases(a.family), None if a.cases else MAX_BYTES)
     return 0
 
 

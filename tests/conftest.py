@@ -191,23 +191,25 @@ def reference_kernel_family(bin_dir: Path) -> str:
     (AVX2 + FMA + F16C), "x86-avx512" (512-bit vector ops, other summation orders),
     "x86-avx512-bf16" (also VDPBF16PS for BF16), "x86-avx512-fp16" (also F16 vector
     arithmetic in half precision; ggml does not report AVX512-FP16, so a native AVX-512
-    build on a CPU that has it is taken to use it), or "other"."""
+    build on a CPU that has it is taken to use it), each with "-zen" where GCC tuned the
+    build for AMD Zen (reference_zen_tuned), or "other"."""
     has = {n: reference_has(bin_dir, n) for n in ("avx512", "avx512_bf16", "avx2", "fma", "f16c")}
+    zen = "-zen" if reference_zen_tuned(bin_dir) else ""
     if has["avx512"]:
         if not has["avx512_bf16"]:
-            return "x86-avx512"
-        return "x86-avx512-fp16" if "avx512_fp16" in host_cpu_flags() else "x86-avx512-bf16"
+            return "x86-avx512" + zen
+        return ("x86-avx512-fp16" if "avx512_fp16" in host_cpu_flags() else "x86-avx512-bf16") + zen
     if has["avx2"] and has["fma"] and has["f16c"]:
-        return "x86-avx2"
+        return "x86-avx2" + zen
     return "other"
 
 
 @functools.lru_cache(maxsize=None)
 def reference_zen_tuned(bin_dir: Path) -> bool:
     """Whether GCC tuned the reference build for AMD Zen (-march=native on such a CPU, or
-    -march=znver* in its flags). Zen tunings keep scalar multiply-add chains unfused
-    where generic and Intel tunings fuse them; the executor's AVX2 family sums such
-    loops as a Zen-tuned build does (read from its CMake cache; unknown: False)."""
+    -march=znver* in its flags): Zen tunings keep the multiply-add chains of a few scalar
+    loops unfused where generic and Intel tunings fuse them (read from its CMake cache;
+    unknown: False)."""
     try:
         cache = (bin_dir.parent / "CMakeCache.txt").read_text(errors="replace")
     except OSError:
@@ -231,11 +233,13 @@ def reference_has(bin_dir: Path, feature: str) -> bool:
     return bool(lib and getattr(ctypes.CDLL(str(lib)), f"ggml_cpu_has_{feature}")())
 
 
-# Families whose bit-for-bit claim has been checked against a native reference build on
-# such a CPU (the AVX-512 loops that follow GCC's code generation can depend on the
-# CPU it tuned for). A family not listed here gets the error bounds, not byte equality,
+# Families whose bit-for-bit claim has been checked against a reference build for them
+# (the loops that follow GCC's code generation can depend on the CPU it tuned for):
+# AVX2 against GCC 12 builds for generic x86-64 with AVX2 (what GGML_NATIVE=OFF and
+# Intel-tuned builds compile) and for Zen 3 (-march=znver3), AVX-512 with FP16 on
+# Sapphire Rapids. A family not listed here gets the error bounds, not byte equality,
 # until a session on such a host has run the byte tests and added it.
-VERIFIED_FAMILIES = {"x86-avx2", "x86-avx512-fp16"}
+VERIFIED_FAMILIES = {"x86-avx2", "x86-avx2-zen", "x86-avx512-fp16"}
 
 
 @pytest.fixture(scope="session")

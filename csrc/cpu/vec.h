@@ -11,6 +11,7 @@
 
 typedef struct gr_vec_ops {
     int lanes;     /* 8 or 16: the family's vector width in floats */
+    int fma_chains;   /* the build fuses ggml's scalar multiply-add chains (not tuned for Zen) */
     /* ggml_vec_dot_f32's order: four accumulators of `lanes` over blocks of 4*lanes */
     float (*dot_f32)(int64_t n, const float *x, const float *y);
     /* the prompt-time GEMM's (tinyBLAS's) order: one accumulator of `lanes` (n % lanes == 0) */
@@ -52,10 +53,10 @@ extern gr_vec_ops gr_vec;
  * is set, else the portable twins; returns whether SIMD kernels were chosen (called by
  * the switch of simd.h only) */
 int gr_vec_init(int family, int use_simd);
-/* sum + a*b in a scalar loop of ggml's that GCC leaves unfused in its AVX2 build and
- * fuses in its AVX-512 one (compiled code, read off each build) */
+/* sum + a*b in a scalar loop of ggml's that GCC fuses unless it tunes for Zen
+ * (compiled code, read off generic, Intel- and Zen-tuned builds) */
 static inline float gr_family_madd(float sum, float a, float b) {
-    return gr_vec.lanes == 16 ? fmaf(a, b, sum) : sum + a * b;
+    return gr_vec.fma_chains ? fmaf(a, b, sum) : sum + a * b;
 }
 
 /* ggml_vec_dot_f32's reduction of four partial sums of the family's width

@@ -5,9 +5,12 @@ family: every result read back must be the recorded bytes, on any x86-64 host or
 none. The AVX2 sessions come from ggml built for AVX2/FMA/F16C without AVX-512
 (GGMLRPC_REFERENCE_CPU=avx2 scripts/build-reference.sh): BF16 and F16 prompts through
 tinyBLAS, decode four weight rows at a time, the Q4/Q5/Q8/IQ4_NL panels, the K-quant
-panels, MUL_MAT_ID, attention and the ops on the family's vector primitives. They
-are replayed with this CPU's SIMD kernels, with the AVX2 quant kernels (what an AVX2
-CPU runs) and with the portable ones.
+panels, MUL_MAT_ID, attention, the ops on the family's vector primitives and the
+scalar loops GCC compiles by the CPU it tunes for; x86-avx2-zen/ holds the latter
+from the same sources built with -march=znver3 (a native build on Zen 3), whose
+tuning keeps their multiply-add chains unfused. They are replayed with this CPU's
+SIMD kernels, with the AVX2 quant kernels (what an AVX2 CPU runs) and with the
+portable ones.
 """
 from __future__ import annotations
 
@@ -73,6 +76,7 @@ def replay(endpoint: str, family: str, case: str):
 
 def test_sessions_present():
     assert len([s for s in SESSIONS if s[0] == "x86-avx2"]) >= 100
+    assert len([s for s in SESSIONS if s[0] == "x86-avx2-zen"]) >= 10
 
 
 @pytest.mark.parametrize("family, case", SESSIONS, ids=[f"{f}-{c}" for f, c in SESSIONS])
@@ -83,15 +87,18 @@ def test_recorded_results_bit_for_bit(endpoint, kernels, family, case):
     assert not result.differences, "\n".join(map(str, result.differences))
 
 
-@pytest.mark.parametrize("case", ["mul_mat-bf16-k96", "mul_mat-f32-gemm", "soft_max-f32"])
-def test_another_family_differs(endpoint, case):
-    """The check can fail: the same sessions with the AVX-512 family's orders do not
-    give the AVX2 build's bytes."""
+@pytest.mark.parametrize("recorded, ours, case", [
+    ("x86-avx2", "x86-avx512", "mul_mat-bf16-k96"), ("x86-avx2", "x86-avx512", "mul_mat-f32-gemm"),
+    ("x86-avx2", "x86-avx512", "soft_max-f32"), ("x86-avx2", "x86-avx2-zen", "solve_tri"),
+    ("x86-avx2-zen", "x86-avx2", "dsv4_hc_pre"), ("x86-avx2-zen", "x86-avx2", "mul_mat-Q2_0-3blocks-n1")])
+def test_another_family_differs(endpoint, recorded, ours, case):
+    """The check can fail: sessions replayed with the orders of another family, or
+    of the same family under the other tuning, do not give the recorded bytes."""
     from ggmlrpc._native import executor
-    old = executor.set_kernel_family("x86-avx512")
+    old = executor.set_kernel_family(ours)
     try:
         result = Replayer(endpoint, timeout=60, max_nmse=1e-30, tie=0.0).replay(
-            load_connection(OP_TRACES / "x86-avx2" / f"{case}.trc"))
+            load_connection(OP_TRACES / recorded / f"{case}.trc"))
     finally:
         executor.set_kernel_family(old)
     assert [d.command for d in result.differences] == ["GET_TENSOR"]

@@ -771,38 +771,20 @@ def assert_outputs_close(ours, ref):
 NOT_EXACT_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ3_S, T.IQ2_S, T.IQ1_M, T.TQ1_0,
                    T.TQ2_0, T.NVFP4, T.Q1_0)
 NOT_EXACT = {n for n in CASES if any(n.startswith(f"mul_mat-{t.name}-") for t in NOT_EXACT_TYPES)}
-# Scalar loops of ggml that GCC compiles by the CPU it tunes for: Zen tunings keep their
-# multiply-add chains unfused, generic and Intel tunings fuse them. The executor's AVX2
-# family sums them as a Zen-tuned build does (what a native build on Zen 2/3 is); its
-# AVX-512 families as a Sapphire Rapids one, except the vec_dot tails (Q2_0, an odd
-# IQ4_NL block), unfused in every family.
-SCALAR_CHAINS = {"solve_tri", "lightning_indexer", "lightning_indexer-f16", "lightning_indexer-q8_0",
-                 "dsv4_hc_pre", "dsv4_hc_pre-gated", "dsv4_hc_post"}
-UNFUSED_TAILS = {"mul_mat-IQ4_NL-3blocks-n1"} | {f"mul_mat-Q2_0-3blocks-n{n}" for n in (1, 3, 9)}
-
-
-def byte_equal_expected(request, bit_exact: bool, ref_bin, name: str) -> bool:
+def byte_equal_expected(request, bit_exact: bool, name: str) -> bool:
     """Whether this case must give the reference's bytes here: where we reproduce its
-    kernels, less the known differences above (strict xfail where they are certain)."""
-    from ggmlrpc._native import executor
-    from tests.conftest import reference_zen_tuned
-
-    if not bit_exact:
-        return False
-    avx2 = executor.kernel_family() == "x86-avx2"
-    if name in NOT_EXACT or (name in UNFUSED_TAILS and not avx2):
+    kernels, less the known differences above (strict xfail)."""
+    if bit_exact and name in NOT_EXACT:
         request.applymarker(pytest.mark.xfail(strict=True, reason="not yet in ggml's x86 order"))
-    if avx2 and name in SCALAR_CHAINS | UNFUSED_TAILS and not reference_zen_tuned(ref_bin):
-        return False   # a generic or Intel-tuned AVX2 build: close, not equal
-    return True
+    return bit_exact
 
 
 @pytest.mark.parametrize("name", list(CASES))
-def test_same_bytes_as_reference(endpoints, bit_exact, ref_bin, request, name):
+def test_same_bytes_as_reference(endpoints, bit_exact, request, name):
     ours, ref = endpoints
     seed = sum(map(ord, name))
     a, b = run_case(ours, CASES[name], seed), run_case(ref, CASES[name], seed)
-    if byte_equal_expected(request, bit_exact, ref_bin, name):
+    if byte_equal_expected(request, bit_exact, name):
         assert a == b
     else:
         assert_outputs_close(a, b)
