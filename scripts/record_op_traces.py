@@ -41,7 +41,7 @@ ALWAYS = ("mul_mat-BF16-prompt19x1", "mul_mat-Q8_0-prompt19x1", "mul_mat-IQ4_NL-
 # multiply-add chains of these scalar loops unfused, others fuse them)
 TUNED = ("solve_tri", "lightning_indexer", "lightning_indexer-f16", "lightning_indexer-q8_0", "dsv4_hc_pre",
          "dsv4_hc_pre-gated", "dsv4_hc_post", "mul_mat-Q2_0-3blocks-n1", "mul_mat-Q2_0-3blocks-n3",
-         "mul_mat-Q2_0-3blocks-n9", "mul_mat-IQ4_NL-3blocks-n1", "mul_mat-MXFP4-3blocks-n1")
+         "mul_mat-Q2_0-3blocks-n9", "mul_mat-IQ4_NL-3blocks-n1", "mul_mat-MXFP4-3blocks-n1", "norm-strided")
 
 
 def default_cases(family: str) -> list[str]:

@@ -139,6 +139,12 @@ def norm(opcode, params):
     return build
 
 
+def norm_strided(c, r):
+    """NORM of a permuted view: ggml's scalar loop over strided rows"""
+    x = c.permute(inp(c, r, T.F32, (6, 33, 2), 1.0, 0.3), 1, 0, 2, 3)
+    return [c.op(Op.NORM, T.F32, x.ne, x, params=[f32_bits(1e-5)])]
+
+
 def soft_max(mask_t=T.F16, max_bias=0.0, sinks=False):
     def build(c, r):
         x = inp(c, r, T.F32, (37, 6, 4, 2), 3.0)
@@ -612,7 +618,7 @@ CASES = {
     "cpy-f32-f16": cpy(T.F32, T.F16), "cpy-f16-f32": cpy(T.F16, T.F32), "cpy-f32-bf16": cpy(T.F32, T.BF16),
     "cont-transposed-f16": cont_transposed,
     "get_rows-f32": get_rows(T.F32), "get_rows-f16": get_rows(T.F16), "set_rows-f16": set_rows,
-    "rms_norm": norm(Op.RMS_NORM, [f32_bits(1e-5)]), "norm": norm(Op.NORM, [f32_bits(1e-5)]),
+    "rms_norm": norm(Op.RMS_NORM, [f32_bits(1e-5)]), "norm": norm(Op.NORM, [f32_bits(1e-5)]), "norm-strided": norm_strided,
     "l2_norm": norm(Op.L2_NORM, [f32_bits(1e-6)]), "group_norm": norm(Op.GROUP_NORM, [3, f32_bits(1e-6)]),
     "soft_max-f16": soft_max(), "soft_max-f32": soft_max(T.F32), "soft_max-alibi": soft_max(max_bias=8.0),
     "soft_max-sinks": soft_max(sinks=True),
