@@ -48,7 +48,8 @@ def default_cases(family: str) -> list[str]:
     """A Zen-tuned family: the cases its tuning decides; else the ones of PREFIXES too."""
     if family.endswith("-zen"):
         return list(TUNED)
-    return [n for n in ops.CASES if n.startswith(PREFIXES) and n not in ops.NOT_EXACT] + list(TUNED)
+    return list(dict.fromkeys([n for n in ops.CASES if n.startswith(PREFIXES) and n not in ops.NOT_EXACT]
+                              + list(TUNED)))
 
 
 def record(bin_dir: Path, family: str, names: list[str], limit: int | None) -> None:
