@@ -13,14 +13,36 @@
 # directory is keyed by the CPU's feature flags: a cache made on another CPU kind is never
 # run here. GGMLRPC_REFERENCE_DIR overrides the cache location
 # (default: ${XDG_CACHE_HOME:-$HOME/.cache}/ggmlrpc/reference-0.3.36-<cpu key>).
+#
+# GGMLRPC_REFERENCE_CPU=avx2 builds instead the ggml an AVX2 machine without AVX-512
+# (Zen 3, say) runs: AVX2, FMA, F16C, BMI2 and no AVX-512 whatever this CPU has, keyed
+# "avx2", with only the programs the byte tests and session recordings need
+# (ggml-rpc-server, llama-completion, llama-quantize, test-backend-ops). Point the tests
+# at it with GGMLRPC_REFERENCE_BIN and run our executor with GGMLRPC_KERNELS=x86-avx2.
 set -euo pipefail
 
 version=0.3.36
-cpukey=$( (grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m) | md5sum | cut -c1-8)
-root=${GGMLRPC_REFERENCE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ggmlrpc/reference-$version-$cpukey}
+cpu=${GGMLRPC_REFERENCE_CPU:-native}
+case $cpu in
+native)
+    cpukey=$( (grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m) | md5sum | cut -c1-8)
+    targets=(ggml-rpc-server llama-completion llama-bench llama-simple llama-quantize
+             llama-tokenize test-backend-ops llama-server)
+    arch=(-DGGML_NATIVE=ON) ;;
+avx2)
+    cpukey=avx2
+    targets=(ggml-rpc-server llama-completion llama-quantize test-backend-ops)
+    arch=(-DGGML_NATIVE=OFF -DGGML_SSE42=ON -DGGML_AVX=ON -DGGML_AVX2=ON -DGGML_FMA=ON
+          -DGGML_F16C=ON -DGGML_BMI2=ON -DGGML_AVX_VNNI=OFF -DGGML_AVX512=OFF
+          -DGGML_AVX512_VBMI=OFF -DGGML_AVX512_VNNI=OFF -DGGML_AVX512_BF16=OFF
+          -DGGML_AMX_TILE=OFF -DGGML_AMX_INT8=OFF -DGGML_AMX_BF16=OFF) ;;
+*)
+    echo "GGMLRPC_REFERENCE_CPU: native or avx2, not '$cpu'" >&2
+    exit 2 ;;
+esac
+cache=${XDG_CACHE_HOME:-$HOME/.cache}/ggmlrpc
+root=${GGMLRPC_REFERENCE_DIR:-$cache/reference-$version-$cpukey}
 bin=$root/build/bin
-targets=(ggml-rpc-server llama-completion llama-bench llama-simple llama-quantize
-         llama-tokenize test-backend-ops llama-server)
 
 have_all() {
     for t in "${targets[@]}"; do [ -x "$bin/$t" ] || return 1; done
@@ -39,6 +61,14 @@ flock 9
 if have_all; then echo "$bin"; exit 0; fi
 
 if [ ! -d "$root/src/vendor/llama.cpp" ]; then
+    # another build of this version (for another CPU) has the sources unpacked
+    for other in "$cache"/reference-$version-*/src; do
+        if [ -f "$other/vendor/llama.cpp/CMakeLists.txt" ] && [ ! -e "$root/src" ]; then
+            cp -a "$other" "$root/src"
+        fi
+    done
+fi
+if [ ! -d "$root/src/vendor/llama.cpp" ]; then
     tmp=$(mktemp -d)
     python3 -m pip download --quiet --no-deps --no-binary llama-cpp-python \
         "llama-cpp-python==$version" -d "$tmp" >&2
@@ -54,7 +84,7 @@ command -v ninja >/dev/null 2>&1 && generator=(-G Ninja)
 cmake -S "$root/src/vendor/llama.cpp" -B "$root/build" "${generator[@]}" \
     -DCMAKE_BUILD_TYPE=Release \
     -DGGML_RPC=ON \
-    -DGGML_NATIVE=ON \
+    "${arch[@]}" \
     -DBUILD_SHARED_LIBS=ON \
     -DLLAMA_CURL=OFF \
     -DLLAMA_OPENSSL=OFF \

@@ -22,6 +22,16 @@ TRACES = DATA / "traces"
 MODELS = DATA / "models"
 
 
+def pytest_sessionstart(session):
+    """GGMLRPC_KERNELS applies to the servers the tests start in this process as
+    `ggml-rpc-server` applies it: with it and an AVX2 reference build
+    (GGMLRPC_REFERENCE_CPU=avx2 scripts/build-reference.sh, then GGMLRPC_REFERENCE_BIN)
+    the byte tests check the AVX2 family on any x86-64 host."""
+    if os.environ.get("GGMLRPC_KERNELS"):
+        from ggmlrpc.compute.cpu import select_kernel_family
+        select_kernel_family()
+
+
 def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -181,15 +191,40 @@ def reference_kernel_family(bin_dir: Path) -> str:
     (AVX2 + FMA + F16C), "x86-avx512" (512-bit vector ops, other summation orders),
     "x86-avx512-bf16" (also VDPBF16PS for BF16), "x86-avx512-fp16" (also F16 vector
     arithmetic in half precision; ggml does not report AVX512-FP16, so a native AVX-512
-    build on a CPU that has it is taken to use it), or "other"."""
+    build on a CPU that has it is taken to use it), each with "-zen" where GCC tuned the
+    build for AMD Zen (reference_zen_tuned), or "other"."""
     has = {n: reference_has(bin_dir, n) for n in ("avx512", "avx512_bf16", "avx2", "fma", "f16c")}
+    zen = "-zen" if reference_zen_tuned(bin_dir) else ""
     if has["avx512"]:
         if not has["avx512_bf16"]:
-            return "x86-avx512"
-        return "x86-avx512-fp16" if "avx512_fp16" in host_cpu_flags() else "x86-avx512-bf16"
+            return "x86-avx512" + zen
+        return ("x86-avx512-fp16" if "avx512_fp16" in host_cpu_flags() else "x86-avx512-bf16") + zen
     if has["avx2"] and has["fma"] and has["f16c"]:
-        return "x86-avx2"
+        return "x86-avx2" + zen
     return "other"
+
+
+@functools.lru_cache(maxsize=None)
+def reference_zen_tuned(bin_dir: Path) -> bool:
+    """Whether GCC tuned the reference build for AMD Zen (-march=native on such a CPU, or
+    -march=znver* in its flags): Zen tunings keep the multiply-add chains of a few scalar
+    loops unfused where generic and Intel tunings fuse them (read from its CMake cache;
+    unknown: False)."""
+    try:
+        cache = (bin_dir.parent / "CMakeCache.txt").read_text(errors="replace")
+    except OSError:
+        return False
+    flags = " ".join(line.split("=", 1)[1] for line in cache.splitlines()
+                     if line.startswith(("CMAKE_C_FLAGS:", "CMAKE_CXX_FLAGS:")))
+    if "-march=znver" in flags or "-mtune=znver" in flags:
+        return True
+    native = "GGML_NATIVE:BOOL=ON" in cache
+    try:
+        with open("/proc/cpuinfo") as f:
+            amd = any(line.startswith("vendor_id") and "AuthenticAMD" in line for line in f)
+    except OSError:
+        amd = False
+    return native and amd
 
 
 def reference_has(bin_dir: Path, feature: str) -> bool:
@@ -198,11 +233,13 @@ def reference_has(bin_dir: Path, feature: str) -> bool:
     return bool(lib and getattr(ctypes.CDLL(str(lib)), f"ggml_cpu_has_{feature}")())
 
 
-# Families whose bit-for-bit claim has been checked against a native reference build on
-# such a CPU (the AVX-512 loops that follow GCC's code generation can depend on the
-# CPU it tuned for). A family not listed here gets the error bounds, not byte equality,
+# Families whose bit-for-bit claim has been checked against a reference build for them
+# (the loops that follow GCC's code generation can depend on the CPU it tuned for):
+# AVX2 against GCC 12 builds for generic x86-64 with AVX2 (what GGML_NATIVE=OFF and
+# Intel-tuned builds compile) and for Zen 3 (-march=znver3), AVX-512 with FP16 on
+# Sapphire Rapids. A family not listed here gets the error bounds, not byte equality,
 # until a session on such a host has run the byte tests and added it.
-VERIFIED_FAMILIES = {"x86-avx2", "x86-avx512-fp16"}
+VERIFIED_FAMILIES = {"x86-avx2", "x86-avx2-zen", "x86-avx512-fp16"}
 
 
 @pytest.fixture(scope="session")

@@ -40,20 +40,24 @@ static pthread_once_t init_once = PTHREAD_ONCE_INIT;
 static int simd_wanted = 1;   /* SIMD kernels unless set_simd(0) */
 static int simd_enabled;      /* ... and the CPU has them for the family */
 static int family;            /* the ggml build whose orders the primitives follow */
+static int zen;               /* ... tuned for AMD Zen (unfused multiply-add chains) */
 
 /* the one SIMD switch (simd.h): every table the family decides */
-int gr_simd_select(int fam, int use_simd) {
+int gr_simd_select(int fam, int zen_tuned, int use_simd) {
     const int simd = gr_vec_init(fam, use_simd);
+    gr_vec.fma_chains = !zen_tuned;
+    ggmlrpc_quants_set_fma_chains(!zen_tuned);
     gr_tiled_init(simd, fam);
     return simd;
 }
 
 static void select_kernels(void) {
-    simd_enabled = gr_simd_select(family, simd_wanted);
+    simd_enabled = gr_simd_select(family, zen, simd_wanted);
 }
 
 static void exec_init(void) {
     family = gr_cpu_native_family();
+    zen = gr_cpu_native_zen();
     select_kernels();
 }
 
@@ -79,6 +83,19 @@ int ggmlrpc_exec_set_family(int f) {
     pthread_once(&init_once, exec_init);
     const int old = family;
     family = f ? f : gr_cpu_native_family();
+    select_kernels();
+    return old;
+}
+
+int ggmlrpc_exec_zen(void) {
+    pthread_once(&init_once, exec_init);
+    return zen;
+}
+
+int ggmlrpc_exec_set_zen(int z) {
+    pthread_once(&init_once, exec_init);
+    const int old = zen;
+    zen = z < 0 ? gr_cpu_native_zen() : z != 0;
     select_kernels();
     return old;
 }

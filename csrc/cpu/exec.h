@@ -138,6 +138,11 @@ int ggmlrpc_exec_set_simd(int enable);
  * restores that; both return the old one. */
 int ggmlrpc_exec_family(void);
 int ggmlrpc_exec_set_family(int family);
+/* Whether that build was tuned for AMD Zen (GCC keeps its scalar multiply-add chains
+ * unfused there, fuses them under generic and Intel tunings); by default whether this
+ * CPU is a Zen. set_zen(-1) restores that; both return the old one. */
+int ggmlrpc_exec_zen(void);
+int ggmlrpc_exec_set_zen(int zen);
 /* the family's vector width in floats (8 or 16): ggml's prompt-time GEMM needs K % lanes == 0 */
 int ggmlrpc_exec_vec_lanes(void);
 

@@ -20,6 +20,15 @@ unsigned gr_cpu_features(void) {
     return f;
 }
 
+int gr_cpu_native_zen(void) {
+#if GR_X86
+    __builtin_cpu_init();
+    return __builtin_cpu_is("amd");
+#else
+    return 0;
+#endif
+}
+
 int gr_cpu_native_family(void) {
     const unsigned f = gr_cpu_features();
     if (!(f & GR_CPU_AVX512)) return GR_FAMILY_AVX2;

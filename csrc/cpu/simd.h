@@ -61,10 +61,14 @@ enum gr_cpu_feature {
 unsigned gr_cpu_features(void);
 /* The family (enum gr_family) a native ggml build on this CPU is. */
 int gr_cpu_native_family(void);
+/* Whether GCC tunes a native build on this CPU for AMD Zen. Zen tunings keep the
+ * multiply-add chains of ggml's scalar loops unfused (they avoid FMA chains) where
+ * the generic and Intel tunings fuse them: the same family sums those loops two ways. */
+int gr_cpu_native_zen(void);
 
-/* The one switch (exec.c): the primitives and kernels of `family`, SIMD where the
- * CPU has it and use_simd is set, else the portable twins; returns whether SIMD
- * kernels were chosen. */
-int gr_simd_select(int family, int use_simd);
+/* The one switch (exec.c): the primitives and kernels of `family` as a build tuned
+ * for Zen (zen) or not compiles them, SIMD where the CPU has it and use_simd is set,
+ * else the portable twins; returns whether SIMD kernels were chosen. */
+int gr_simd_select(int family, int zen, int use_simd);
 
 #endif

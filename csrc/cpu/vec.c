@@ -205,6 +205,17 @@ static void dot_bf16_gemm_c(int64_t n, float *s, const void *vx, const void *vy)
     *s = hsum_16(acc);
 }
 
+/* tinyBLAS without BF16 products: the values widened to F32, one accumulator of the
+ * family's width (a product of two BF16 values is exact, fused or not) */
+static void dot_bf16_wide_gemm_c(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = vx, *y = vy;
+    const int L = vec_lanes;
+    float acc[16] = {0};
+    for (int64_t i = 0; i < n; i += L)
+        for (int l = 0; l < L; l++) acc[l] = fmaf(bf16_f32(x[i + l]), bf16_f32(y[i + l]), acc[l]);
+    *s = hsum_lanes(acc, L);
+}
+
 /* An AVX512-FP16 build scales and accumulates F16 vectors in half precision over
  * blocks of 128 (four 32-lane registers): v rounded to F16, one rounding per
  * operation. a*b + c of F16 values is exact in double precision (22 + 11 significant
@@ -252,7 +263,7 @@ int gr_vec_init(int family, int use_simd) {
         .soft_max = soft_max_c, .silu = silu_c, .swiglu = swiglu_c,
         .mad_f32 = mad_f32_c, .mad_f16 = mad_f16_c, .scale_f16 = scale_f16_c,
         .tile_cols = 2, .tile_f32_gemm = tile_f32_gemm_c, .tile_f16_gemm = tile_f16_gemm_c, .gemm_f32 = gemm_f32_c,
-        .dot_bf16 = bf16 ? dot_bf16_c : NULL, .dot_bf16_gemm = bf16 ? dot_bf16_gemm_c : NULL,
+        .dot_bf16 = bf16 ? dot_bf16_c : NULL, .dot_bf16_gemm = bf16 ? dot_bf16_gemm_c : dot_bf16_wide_gemm_c,
         .rope_rotate = rope_rotate_c,
     };
     int simd = 0;
@@ -265,7 +276,7 @@ int gr_vec_init(int family, int use_simd) {
             .soft_max = soft_max_avx, .silu = silu_avx, .swiglu = swiglu_avx,
             .mad_f32 = mad_f32_avx, .mad_f16 = mad_f16_avx, .scale_f16 = scale_f16_c,
             .tile_cols = 2, .tile_f32_gemm = tile_f32_gemm_avx, .tile_f16_gemm = tile_f16_gemm_avx,
-            .gemm_f32 = gemm_f32_avx,
+            .gemm_f32 = gemm_f32_avx, .dot_bf16_gemm = dot_bf16_gemm_avx,
             .rope_rotate = rope_rotate_avx,
         };
         simd = 1;
@@ -283,7 +294,8 @@ int gr_vec_init(int family, int use_simd) {
             .scale_f16 = fp16 ? scale_f16_avx512fp16 : scale_f16_c,
             .tile_cols = 6, .tile_f32_gemm = tile_f32_gemm_avx512, .tile_f16_gemm = tile_f16_gemm_avx512,
             .gemm_f32 = gemm_f32_avx,
-            .dot_bf16 = bf16 ? dot_bf16_avx512bf16 : NULL, .dot_bf16_gemm = bf16 ? dot_bf16_gemm_avx512bf16 : NULL,
+            .dot_bf16 = bf16 ? dot_bf16_avx512bf16 : NULL,
+            .dot_bf16_gemm = bf16 ? dot_bf16_gemm_avx512bf16 : dot_bf16_gemm_avx512,
             .rope_rotate = rope_rotate_avx,
         };
         simd = 1;

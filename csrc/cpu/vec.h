@@ -11,6 +11,7 @@
 
 typedef struct gr_vec_ops {
     int lanes;     /* 8 or 16: the family's vector width in floats */
+    int fma_chains;   /* the build fuses ggml's scalar multiply-add chains (not tuned for Zen) */
     /* ggml_vec_dot_f32's order: four accumulators of `lanes` over blocks of 4*lanes */
     float (*dot_f32)(int64_t n, const float *x, const float *y);
     /* the prompt-time GEMM's (tinyBLAS's) order: one accumulator of `lanes` (n % lanes == 0) */
@@ -34,9 +35,11 @@ typedef struct gr_vec_ops {
     /* C (M x N) += A (M x K) B (K x N), rows packed: every entry of C one
      * sequential fused sum over k from its old value (ggml's simd_gemm) */
     void (*gemm_f32)(int64_t M, int64_t K, int64_t N, float *C, const float *A, const float *B);
-    /* BF16 products of the AVX512-BF16 families (NULL elsewhere: the vec_dot of the
-     * type table serves), with the signature of a vec_dot: ggml_vec_dot_bf16's order
-     * (two VDPBF16PS accumulators over blocks of 64) and tinyBLAS's (one, n % 32 == 0) */
+    /* BF16 products with the signature of a vec_dot: ggml_vec_dot_bf16's order in the
+     * AVX512-BF16 families (two VDPBF16PS accumulators over blocks of 64; NULL
+     * elsewhere: the vec_dot of the type table serves), and tinyBLAS's in every family
+     * (one accumulator: VDPBF16PS steps of 32 in the AVX512-BF16 families, n % 32 ==
+     * 0; else FMAs on the values widened to F32, n % lanes == 0) */
     void (*dot_bf16)(int64_t n, float *s, const void *x, const void *y);
     void (*dot_bf16_gemm)(int64_t n, float *s, const void *x, const void *y);
     /* ROPE's rotation of np pairs (x[p*istep], x[p*istep + joff]) of an F32 or F16
@@ -50,10 +53,10 @@ extern gr_vec_ops gr_vec;
  * is set, else the portable twins; returns whether SIMD kernels were chosen (called by
  * the switch of simd.h only) */
 int gr_vec_init(int family, int use_simd);
-/* sum + a*b in a scalar loop of ggml's that GCC leaves unfused in its AVX2 build and
- * fuses in its AVX-512 one (compiled code, read off each build) */
+/* sum + a*b in a scalar loop of ggml's that GCC fuses unless it tunes for Zen
+ * (compiled code, read off generic, Intel- and Zen-tuned builds) */
 static inline float gr_family_madd(float sum, float a, float b) {
-    return gr_vec.lanes == 16 ? fmaf(a, b, sum) : sum + a * b;
+    return gr_vec.fma_chains ? fmaf(a, b, sum) : sum + a * b;
 }
 
 /* ggml_vec_dot_f32's reduction of four partial sums of the family's width

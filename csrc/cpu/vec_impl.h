@@ -121,6 +121,8 @@ static inline float dpbf16_lane(float acc, const uint16_t *a /* (2,) */, const u
 #if GR_X86
 void dot_bf16_avx512bf16(int64_t n, float *s, const void *vx, const void *vy);
 void dot_bf16_gemm_avx512bf16(int64_t n, float *s, const void *vx, const void *vy);
+void dot_bf16_gemm_avx(int64_t n, float *s, const void *vx, const void *vy);
+void dot_bf16_gemm_avx512(int64_t n, float *s, const void *vx, const void *vy);
 float dot_f16_avx(int64_t n, const uint16_t *x, const uint16_t *y);
 float dot_f16_avx512(int64_t n, const uint16_t *x, const uint16_t *y);
 float dot_f16_gemm_avx(int64_t n, const uint16_t *x, const uint16_t *y);

@@ -51,6 +51,8 @@ cdef extern from "cpu/exec.h" nogil:
     int ggmlrpc_exec_set_simd(int enable)
     int ggmlrpc_exec_family()
     int ggmlrpc_exec_set_family(int family)
+    int ggmlrpc_exec_zen()
+    int ggmlrpc_exec_set_zen(int zen)
     int ggmlrpc_exec_vec_lanes()
 
 cdef extern from "cpu/quants/quants.h" nogil:

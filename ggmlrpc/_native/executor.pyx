@@ -252,19 +252,33 @@ FAMILIES = FAMILY   # the older name
 _FAMILY_NAMES = {v: k for k, v in FAMILIES.items()}
 
 
+ZEN = "-zen"   # a family name's suffix: the build was tuned for AMD Zen
+
+
+def _family_name(int family, int zen):
+    return _FAMILY_NAMES[family] + (ZEN if zen else "")
+
+
 def kernel_family():
     """The ggml build whose results the kernels reproduce bit for bit: "x86-avx2",
-    "x86-avx512", "x86-avx512-bf16" or "x86-avx512-fp16" (which has BF16 too); by default
-    the one a native build on this CPU is."""
-    return _FAMILY_NAMES[ggmlrpc_exec_family()]
+    "x86-avx512", "x86-avx512-bf16" or "x86-avx512-fp16" (which has BF16 too), with
+    "-zen" where GCC tuned it for AMD Zen (a native build on such a CPU: it keeps the
+    multiply-add chains of a few scalar loops unfused that other tunings fuse); by
+    default the one a native build on this CPU is."""
+    return _family_name(ggmlrpc_exec_family(), ggmlrpc_exec_zen())
 
 
 def set_kernel_family(name):
     """Reproduce another family (None: this CPU's native one); returns the old name. Not
     while graphs run. A family whose SIMD this CPU lacks runs on the portable twins."""
-    if name is not None and name not in FAMILIES:
-        raise ValueError(f"unknown kernel family {name!r}; known: {', '.join(FAMILIES)}")
-    return _FAMILY_NAMES[ggmlrpc_exec_set_family(FAMILIES[name] if name else 0)]
+    base = name[:-len(ZEN)] if name and name.endswith(ZEN) else name
+    if base is not None and base not in FAMILIES:
+        known = ", ".join(f"{f}[{ZEN}]" for f in FAMILIES)
+        raise ValueError(f"unknown kernel family {name!r}; known: {known}")
+    old = kernel_family()
+    ggmlrpc_exec_set_family(FAMILIES[base] if base else 0)
+    ggmlrpc_exec_set_zen((name != base) if base else -1)
+    return old
 
 
 def vec_lanes():

@@ -64,8 +64,9 @@ def cancel_token():
 
 def select_kernel_family(env=os.environ) -> str:
     """GGMLRPC_KERNELS names the ggml build whose results the executor reproduces bit for
-    bit ("x86-avx2", "x86-avx512", "x86-avx512-bf16", "x86-avx512-fp16"); unset, it is the one a native
-    llama.cpp build on this CPU is. Returns the family in use."""
+    bit ("x86-avx2", "x86-avx512", "x86-avx512-bf16", "x86-avx512-fp16", each with "-zen" for a
+    build GCC tuned for AMD Zen); unset, it is the one a native llama.cpp build on this CPU
+    is. Returns the family in use."""
     ex = _native()
     name = env.get("GGMLRPC_KERNELS") or None
     try:

@@ -180,13 +180,14 @@ def test_unknown_kernel_family_refused():
     assert "Starting RPC server" not in r.stdout
 
 
-def test_kernel_family_from_environment(server_proc):
+@pytest.mark.parametrize("family", ["x86-avx2", "x86-avx2-zen"])
+def test_kernel_family_from_environment(server_proc, family):
     """GGMLRPC_KERNELS picks the ggml build the executor reproduces (said at debug level)."""
-    p = server_proc(env=dict(os.environ, GGMLRPC_KERNELS="x86-avx2", GGML_RPC_DEBUG="1"))
+    p = server_proc(env=dict(os.environ, GGMLRPC_KERNELS=family, GGML_RPC_DEBUG="1"))
     with RemoteBackend(p.endpoint) as rb:
         assert rb.device_count() == 1
     p.stop()
-    assert "CPU kernels reproduce ggml's x86-avx2 build" in p.output()[1]
+    assert f"CPU kernels reproduce ggml's {family} build" in p.output()[1]
 
 
 def test_any_host_warning_on_stderr(server_proc):

@@ -90,7 +90,7 @@ KV_Q4 = ("-fa", "on", "-ctk", "q4_0", "-ctv", "q4_0")
 # this switch keeps the plain quantized cache
 NO_ROT = (("LLAMA_ATTN_ROT_DISABLE", "1"),)
 
-WEIGHTS = ("F32", "F16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M",
+WEIGHTS = ("F32", "F16", "BF16", "Q8_0", "Q4_0", "Q4_1", "Q5_0", "Q5_1", "Q2_K", "Q3_K_M", "Q4_K_M",
            "Q5_K_M", "Q6_K", "IQ4_NL", "IQ4_XS", "MXFP4")
 
 CASES: list[Case] = (

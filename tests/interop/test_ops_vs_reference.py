@@ -139,6 +139,12 @@ def norm(opcode, params):
     return build
 
 
+def norm_strided(c, r):
+    """NORM of a permuted view: ggml's scalar loop over strided rows"""
+    x = c.permute(inp(c, r, T.F32, (6, 33, 2), 1.0, 0.3), 1, 0, 2, 3)
+    return [c.op(Op.NORM, T.F32, x.ne, x, params=[f32_bits(1e-5)])]
+
+
 def soft_max(mask_t=T.F16, max_bias=0.0, sinks=False):
     def build(c, r):
         x = inp(c, r, T.F32, (37, 6, 4, 2), 3.0)
@@ -592,6 +598,11 @@ def add_q(t, add1=False, out_t=None):
     return build
 
 
+# every quantized weight type ggml's CPU backend multiplies
+QUANT_WEIGHTS = (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K,
+                 T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ4_NL, T.IQ3_S, T.IQ2_S, T.IQ4_XS,
+                 T.IQ1_M, T.TQ1_0, T.TQ2_0, T.MXFP4, T.NVFP4, T.Q1_0, T.Q2_0)
+
 CASES = {
     "add-f32": binary(Op.ADD), "sub-f32": binary(Op.SUB), "div-f32": binary(Op.DIV),
     "mul-f16": binary(Op.MUL, T.F16, T.F16, T.F16), "mul-f16-f32-f16": binary(Op.MUL, T.F16, T.F32, T.F16),
@@ -607,7 +618,7 @@ CASES = {
     "cpy-f32-f16": cpy(T.F32, T.F16), "cpy-f16-f32": cpy(T.F16, T.F32), "cpy-f32-bf16": cpy(T.F32, T.BF16),
     "cont-transposed-f16": cont_transposed,
     "get_rows-f32": get_rows(T.F32), "get_rows-f16": get_rows(T.F16), "set_rows-f16": set_rows,
-    "rms_norm": norm(Op.RMS_NORM, [f32_bits(1e-5)]), "norm": norm(Op.NORM, [f32_bits(1e-5)]),
+    "rms_norm": norm(Op.RMS_NORM, [f32_bits(1e-5)]), "norm": norm(Op.NORM, [f32_bits(1e-5)]), "norm-strided": norm_strided,
     "l2_norm": norm(Op.L2_NORM, [f32_bits(1e-6)]), "group_norm": norm(Op.GROUP_NORM, [3, f32_bits(1e-6)]),
     "soft_max-f16": soft_max(), "soft_max-f32": soft_max(T.F32), "soft_max-alibi": soft_max(max_bias=8.0),
     "soft_max-sinks": soft_max(sinks=True),
@@ -623,9 +634,18 @@ CASES = {
     "mul_mat-f16-vec": mul_mat(T.F16, N=1), "mul_mat-f16-gemm": mul_mat(T.F16),
     "mul_mat-f16-f16": mul_mat(T.F16, xt=T.F16), "mul_mat-bf16": mul_mat(T.BF16),
     "mul_mat-bf16-vec-k100": mul_mat(T.BF16, K=100, N=1), "mul_mat-bf16-k96": mul_mat(T.BF16, K=96, N=6),
+    # tinyBLAS takes BF16 weights only four rows at a time and K in whole steps (8 on
+    # AVX2, 16 on AVX-512, 32 with AVX512-BF16); elsewhere vec_dot's order
+    "mul_mat-bf16-m10": mul_mat(T.BF16, K=96, M=10, N=6), "mul_mat-bf16-k40": mul_mat(T.BF16, K=40, N=3),
+    "mul_mat-bf16-k48": mul_mat(T.BF16, K=48, N=4),
+    **{f"mul_mat-BF16-prompt{n}x{b}": mul_mat_prompt(T.BF16, n, b) for n, b in ((19, 1), (11, 2))},
     **{f"mul_mat-{t.name}": mul_mat(t, K=256, M=6, N=n) for t in
        (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_NL,
         T.IQ4_XS, T.MXFP4) for n in (1,)},
+    # every weight type over three blocks (vec_dot's tail after its pairs of blocks):
+    # decode (four rows at a time), a few columns, and a prompt of nine (panels, tiled)
+    **{f"mul_mat-{t.name}-3blocks-n{n}": mul_mat(t, K=3 * ggml.blck_size(t), M=6, N=n)
+       for t in QUANT_WEIGHTS for n in (1, 3, 9)},
     "mul_mat-Q8_0-batch": mul_mat(T.Q8_0, K=128, M=8, N=4), "mul_mat-Q4_0-batch": mul_mat(T.Q4_0, K=128, M=8, N=4),
     **{f"mul_mat-{t.name}-prompt{n}x{b}": mul_mat_prompt(t, n, b)
        for t in (T.Q4_0, T.Q4_1, T.Q5_0, T.Q5_1, T.Q8_0, T.IQ4_NL)
@@ -752,12 +772,25 @@ def assert_outputs_close(ours, ref):
         assert err <= MAX_NMSE, f"output {i} ({T(t).name}): NMSE {err:.3g} > {MAX_NMSE:g}"
 
 
+# Products whose vec_dot does not yet sum in the order of ggml's x86 kernels (the
+# portable order of ggml's generic code, or another): close, not equal, in every family
+NOT_EXACT_TYPES = (T.IQ2_XXS, T.IQ2_XS, T.IQ3_XXS, T.IQ1_S, T.IQ3_S, T.IQ2_S, T.IQ1_M, T.TQ1_0,
+                   T.TQ2_0, T.NVFP4, T.Q1_0)
+NOT_EXACT = {n for n in CASES if any(n.startswith(f"mul_mat-{t.name}-") for t in NOT_EXACT_TYPES)}
+def byte_equal_expected(request, bit_exact: bool, name: str) -> bool:
+    """Whether this case must give the reference's bytes here: where we reproduce its
+    kernels, less the known differences above (strict xfail)."""
+    if bit_exact and name in NOT_EXACT:
+        request.applymarker(pytest.mark.xfail(strict=True, reason="not yet in ggml's x86 order"))
+    return bit_exact
+
+
 @pytest.mark.parametrize("name", list(CASES))
-def test_same_bytes_as_reference(endpoints, bit_exact, name):
+def test_same_bytes_as_reference(endpoints, bit_exact, request, name):
     ours, ref = endpoints
     seed = sum(map(ord, name))
     a, b = run_case(ours, CASES[name], seed), run_case(ref, CASES[name], seed)
-    if bit_exact:
+    if byte_equal_expected(request, bit_exact, name):
         assert a == b
     else:
         assert_outputs_close(a, b)

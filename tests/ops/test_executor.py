@@ -172,7 +172,7 @@ def graph_zoo(c, rng):
     return outs
 
 
-@pytest.fixture(params=["x86-avx2", "x86-avx512", "x86-avx512-bf16", "x86-avx512-fp16"])
+@pytest.fixture(params=["x86-avx2", "x86-avx2-zen", "x86-avx512", "x86-avx512-bf16", "x86-avx512-fp16"])
 def family(request):
     """Each ggml build whose orders the executor reproduces, in turn."""
     from ggmlrpc._native import executor

@@ -472,8 +472,8 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     };
     if (s0->type != GR_TYPE_F32 && s0->type != GR_TYPE_F16)
         cx.qdot = order == GR_MM_Q0_GEMM ? ggmlrpc_get_vec_dot_gemm((uint32_t)s0->type) : ggmlrpc_get_vec_dot((uint32_t)s0->type);
-    if (s0->type == GR_TYPE_BF16 && gr_vec.dot_bf16)   /* an AVX512-BF16 build's products */
-        cx.qdot = order == GR_MM_GEMM ? gr_vec.dot_bf16_gemm : gr_vec.dot_bf16;
+    if (s0->type == GR_TYPE_BF16 && order == GR_MM_GEMM) cx.qdot = gr_vec.dot_bf16_gemm;   /* tinyBLAS */
+    else if (s0->type == GR_TYPE_BF16 && gr_vec.dot_bf16) cx.qdot = gr_vec.dot_bf16;  /* an AVX512-BF16 build's */
 
     /* the larger side split between threads */
     int64_t a0 = 0, a1 = cx.nr0, b0 = 0, b1 = cx.nr1;

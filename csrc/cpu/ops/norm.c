@@ -11,6 +11,7 @@
 
 #include "cpu/job.h"
 #include "cpu/kernels.h"
+#include "cpu/vec.h"        /* gr_family_madd */
 
 /* ---- norms ------------------------------------------------------------------ */
 
@@ -54,7 +55,8 @@ void gr_k_rms_norm(gr_job *job, int phase) {
 }
 
 /* Strided rows (permuted views): ggml sums the row and the centred squares in
- * float, one element after another (the squares fused into the sum). */
+ * float, one element after another (the squares fused into the sum unless GCC
+ * tuned the build for Zen). */
 static void norm_row_strided(const gr_tensor *s, const gr_tensor *d, int64_t ir, float eps) {
     const int64_t ne0 = s->ne[0];
     const char *x = gr_row(s, ir);
@@ -66,7 +68,7 @@ static void norm_row_strided(const gr_tensor *s, const gr_tensor *d, int64_t ir,
     for (int64_t i = 0; i < ne0; i++) {
         const float v = *(const float *)(x + i * s->nb[0]) - mean;
         *(float *)(y + i * d->nb[0]) = v;
-        variance = fmaf(v, v, variance);
+        variance = gr_family_madd(variance, v, v);
     }
     variance /= ne0;
     const float scale = 1.0f / sqrtf(variance + eps);

@@ -222,9 +222,9 @@ void gr_k_solve_tri(gr_job *job, int phase) {
         float *x = (float *)(d->data + i2 * d->nb[2] + i3 * d->nb[3]);
         for (int64_t i = 0; i < nn; i++) {
             /* as GCC vectorizes ggml's loop: groups of rounded products (four when
-             * the column is contiguous or the build is AVX-512's, else two) added in
-             * order, the rest fused */
-            const int64_t g = k == 1 || gr_vec.lanes == 16 ? 4 : 2;
+             * the column is contiguous or the build is not tuned for Zen, else two)
+             * added in order, the rest fused */
+            const int64_t g = k == 1 || gr_vec.fma_chains ? 4 : 2;
             const float *ai = a + i * nn;
             float sum = 0.0f;
             int64_t t = 0;

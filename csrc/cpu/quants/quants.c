@@ -1094,9 +1094,9 @@ static void vec_dot_q2_0_q8_0(int64_t n, float *s, const void *vx /* (n/64,) q2_
                 const int e = 32 * k + j;
                 isum += (((x[i].qs[e / 4] >> (2 * (e % 4))) & 3) - 1) * yb->qs[j];
             }
-            bsum += gr_fp16_to_fp32(yb->d) * (float)isum;
+            bsum = gr_chain_madd(bsum, gr_fp16_to_fp32(yb->d), (float)isum);
         }
-        sum += gr_fp16_to_fp32(x[i].d) * bsum;
+        sum = gr_chain_madd(sum, gr_fp16_to_fp32(x[i].d), bsum);
     }
     *s = sum;
 }
@@ -1355,6 +1355,10 @@ int ggmlrpc_quants_simd(int level) {
     __atomic_store_n(&gr_level, set, __ATOMIC_RELAXED);
     return set;
 }
+
+__attribute__((visibility("hidden"))) int gr_fma_chains = 1;
+
+void ggmlrpc_quants_set_fma_chains(int on) { __atomic_store_n(&gr_fma_chains, on != 0, __ATOMIC_RELAXED); }
 
 static const gr_qtraits *gr_find(uint32_t type) {
     return type < GR_NTYPES && gr_traits[type].blck > 0 ? &gr_traits[type] : NULL;

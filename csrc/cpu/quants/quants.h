@@ -251,6 +251,12 @@ int ggmlrpc_vec_dot(uint32_t weight_type, int64_t n, float *s, const void *w_row
  * benchmarks comparing paths, not to be flipped while kernels run. */
 int ggmlrpc_quants_simd(int level);
 
+/* Whether the vec_dot kernels fuse the multiply-adds of ggml's scalar loops (its Q2_0
+ * product, the odd last block of IQ4_NL and MXFP4) as a build not tuned for AMD Zen
+ * does (1, the default), or keep them unfused as a Zen-tuned one (0). Set by the
+ * executor with its kernel family. */
+void ggmlrpc_quants_set_fma_chains(int on);
+
 #ifdef __cplusplus
 }
 #endif

@@ -41,6 +41,13 @@ static const int8_t kvalues_fp4[16] = {
 /* float -> int32 the way CVTTSS2SI does it: truncation toward zero, and
  * INT32_MIN for NaN or out of range. ggml's `(int8_t)(v)` casts compile to
  * this on x86, followed by keeping the low byte. */
+/* sum + a*b of one of ggml's scalar loops, fused unless the build was tuned for Zen
+ * (ggmlrpc_quants_set_fma_chains) */
+extern __attribute__((visibility("hidden"))) int gr_fma_chains;
+static inline float gr_chain_madd(float sum, float a, float b) {
+    return __atomic_load_n(&gr_fma_chains, __ATOMIC_RELAXED) ? fmaf(a, b, sum) : sum + a * b;
+}
+
 static inline int32_t gr_cvtt_i32(float v) {
     if (v >= -2147483648.0f && v < 2147483648.0f) {
         return (int32_t)v;

@@ -45,6 +45,19 @@ GR_AVX2 float dot_f32_gemm_avx(int64_t n, const float *x, const float *y) {
     return hsum_8_avx(acc);
 }
 
+/* tinyBLAS's BF16 order without BF16 products: the values widened to F32 */
+GR_AVX2 void dot_bf16_gemm_avx(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = vx, *y = vy;
+    __m256 acc = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n; i += 8) {
+        const __m256i a = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(x + i)));
+        const __m256i b = _mm256_cvtepu16_epi32(_mm_loadu_si128((const __m128i *)(y + i)));
+        acc = _mm256_fmadd_ps(_mm256_castsi256_ps(_mm256_slli_epi32(a, 16)),
+                              _mm256_castsi256_ps(_mm256_slli_epi32(b, 16)), acc);
+    }
+    *s = hsum_8_avx(acc);
+}
+
 GR_AVX2 float dot_f16_avx(int64_t n, const uint16_t *x, const uint16_t *y) {
     const int64_t np = n & ~(int64_t)31;
     __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
@@ -277,6 +290,18 @@ GR_AVX512 float dot_f32_gemm_avx512(int64_t n, const float *x, const float *y) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc);
     return hsum_16_avx512(acc);
+}
+
+GR_AVX512 void dot_bf16_gemm_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+    const uint16_t *x = vx, *y = vy;
+    __m512 acc = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n; i += 16) {
+        const __m512i a = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(x + i)));
+        const __m512i b = _mm512_cvtepu16_epi32(_mm256_loadu_si256((const __m256i *)(y + i)));
+        acc = _mm512_fmadd_ps(_mm512_castsi512_ps(_mm512_slli_epi32(a, 16)),
+                              _mm512_castsi512_ps(_mm512_slli_epi32(b, 16)), acc);
+    }
+    *s = hsum_16_avx512(acc);
 }
 
 GR_AVX512 float dot_f16_avx512(int64_t n, const uint16_t *x, const uint16_t *y) {

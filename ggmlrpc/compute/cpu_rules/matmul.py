@@ -67,8 +67,10 @@ def rule_mul_mat(node, srcs):
     order = path("MUL_MAT", "VEC_DOT")
     if w.type in (T.F32, T.F16) and N >= 2 and K % ex.vec_lanes() == 0 and M % 4 == 0 and x_ready:
         order = path("MUL_MAT", "GEMM")
-    # BF16 on an AVX512-BF16 build: tinyBLAS's VDPBF16PS order over steps of 32
-    if w.type == T.BF16 and ex.has_bf16_products() and N >= 2 and K % 32 == 0 and x_ready:
+    # BF16: tinyBLAS's one accumulator, over VDPBF16PS steps of 32 on an AVX512-BF16
+    # build, else over the family's lanes (it takes 4 weight rows at a time, as for F32)
+    bf16_step = 32 if ex.has_bf16_products() else ex.vec_lanes()
+    if w.type == T.BF16 and N >= 2 and K % bf16_step == 0 and M % 4 == 0 and x_ready:
         order = path("MUL_MAT", "GEMM")
     if w.type in TILED_TYPES and N >= 8:
         order = path("MUL_MAT", "TILED")

@@ -843,7 +843,8 @@ static inline float gr_lut_block_scale_tab(const uint8_t *b /* block */, int e8m
 }
 
 /* IQ4_NL/MXFP4 like ggml's AVX2 kernels: even and odd blocks go to two
- * accumulators; an odd last block is added in scalar float */
+ * accumulators; an odd last block is added in scalar float (fused or not, as the
+ * build was tuned) */
 GR_AVX2 static inline float gr_dot_lut_row(int64_t nb, const uint8_t *x /* (nb,) blocks */, int e8m0,
                                            const block_q8_0 *y /* (nb,) */, const int8_t *levels /* (16,) */) {
     const size_t stride = e8m0 ? sizeof(block_mxfp4) : sizeof(block_iq4_nl);
@@ -863,7 +864,8 @@ GR_AVX2 static inline float gr_dot_lut_row(int64_t nb, const uint8_t *x /* (nb,)
     float sum = gr_hsum_ps8(_mm256_add_ps(acc[0], acc[1]));
     if (i < nb) {
         const uint8_t *b = x + (size_t)i * stride;
-        sum += (GR_F16(y[i].d) * gr_lut_block_scale_tab(b, e8m0)) * (float)gr_dot_lut32(b + qoff, levels, y[i].qs);
+        sum = gr_chain_madd(sum, GR_F16(y[i].d) * gr_lut_block_scale_tab(b, e8m0),
+                            (float)gr_dot_lut32(b + qoff, levels, y[i].qs));
     }
     return sum;
 }
