@@ -33,7 +33,7 @@ from .metrics import SessionStats
 from .protocol import (CONN_CAPS_SIZE, Cmd, CMD_COUNT, MAX_GRAPH_PAYLOAD, REQUEST_SIZE,
                        SET_TENSOR_HEADER_SIZE, TENSOR_SIZE)
 from .cache import TensorCache, cache_directory  # noqa: F401 (cache_directory: public here too)
-from .transport import Conn, local_caps
+from .transport import FD_RESERVE, Conn, in_fd_reserve, local_caps
 
 log = logging.getLogger("ggmlrpc.server")
 
@@ -276,6 +276,12 @@ class Server:
                 log.error("accept() failed, listener closed: %s", e)
                 raise
             peer = "%s:%d" % addr[:2]
+            if in_fd_reserve(sock.fileno()):
+                self._throttle("fds", logging.WARNING, "refusing connection from %s: fewer than "
+                               "%d descriptors left (kept for the server)", peer, FD_RESERVE)
+                _close_quietly(sock)
+                self._count_refusal("resources")
+                continue
             with self._lock:
                 n = len(self._sessions)
                 over = self.limits.max_clients is not None and n >= self.limits.max_clients
