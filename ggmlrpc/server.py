@@ -41,6 +41,7 @@ U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
 U64x2 = struct.Struct("<QQ")  # (handle, size), (free, total), (offset, size|hash)
 GRAPH_CHUNK = 16 << 20           # graph payloads grow only as their bytes arrive
+ANNOUNCED_MAX = 16               # cache misses a connection may upload after (llama.cpp: one)
 
 # Opaque address space handed to clients: each buffer gets a base that is a
 # multiple of 2 MiB, followed by a gap, so that neighbouring buffers never touch.
@@ -435,6 +436,7 @@ class Session:
         self.limits = server.limits
         self.held = [0] * len(self.devices)  # bytes of buffers and plan scratch per device, in the ledgers
         self._noted: set[str] = set()
+        self.announced: list[int] = []   # hashes answered "not cached", whose upload may be kept
         self.next_base = BASE_START
         try:
             self.peer = "%s:%d" % sock.getpeername()[:2]
@@ -700,8 +702,13 @@ class Session:
         if n:
             self.conn.recv_into_buffer(b.mem, at, n)
         cache = self.server.cache
-        if cache is not None and cache_flag:
-            h = b.mem.fnv1a(at, n) if n else protocol.FNV_OFFSET
+        if cache is not None and cache_flag and n > protocol.HASH_THRESHOLD and self.announced:
+            # kept only as llama.cpp's client asks for it: a weight over the threshold,
+            # announced by a SET_TENSOR_HASH that this connection was told is not cached
+            h = b.mem.fnv1a(at, n)
+            if h not in self.announced:
+                return
+            self.announced.remove(h)
             try:
                 path = cache.store(h, b.view()[at:at + n] if n else b"")
             except OSError as e:
@@ -721,6 +728,9 @@ class Session:
         data = cache.load(h) if cache is not None else None
         if data is None:
             self.stats.cache_misses += 1
+            if len(self.announced) >= ANNOUNCED_MAX:
+                self.announced.pop(0)
+            self.announced.append(h)
             if self.debug:
                 self.server.dbg("[set_tensor_hash] hash: %x -> not cached", h)
             self.reply(b"\x00")

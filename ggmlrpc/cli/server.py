@@ -9,7 +9,7 @@ import signal
 import sys
 import threading
 
-from ..cache import TensorCache, cache_directory
+from ..cache import DEFAULT_MAX_FILES, TensorCache, cache_directory
 from ..devices import select_devices, split_names
 from ..errors import DeviceError
 from ..metrics import Metrics, parse_endpoint
@@ -36,7 +36,9 @@ def usage(prog: str) -> str:
             "      --cache-preload FILE         fill the cache from a local GGUF model (repeatable; implies -c)\n"
             "      --cache-readonly             serve only preloaded cache files, store no uploads (implies -c);\n"
             "                                   use this when clients do not trust each other\n"
-            "      --cache-max-size SIZE        cap the uploaded cache files, least recently used evicted (implies -c)\n"
+            "      --cache-max-size SIZE        cap the disk space of the cache files, least recently used uploads\n"
+            "                                   evicted (implies -c)\n"
+            f"      --cache-max-files N          cap the number of cache files, the same way (default: {DEFAULT_MAX_FILES}; implies -c)\n"
             f"      --max-clients N              connections served at once, more are refused (default: {Limits.max_clients})\n"
             f"      --hello-timeout SECONDS      time a new connection has to complete HELLO (default: {Limits.hello_timeout:g})\n"
             "      --idle-timeout SECONDS       close a connection silent for this long (default: never)\n"
@@ -60,6 +62,7 @@ class Params:
     metrics: tuple[str, int] | None = None
     cache_readonly = False
     cache_max_size: int | None = None
+    cache_max_files: int | None = DEFAULT_MAX_FILES
     preload: list[str]
 
     def __init__(self):
@@ -154,6 +157,9 @@ def parse(argv: list[str], prog: str) -> Params:
             p.cache = p.cache_readonly = True
         elif arg == "--cache-max-size":
             p.cache_max_size = parse_size(value())
+            p.cache = True
+        elif arg == "--cache-max-files":
+            p.cache_max_files = positive_int(arg, value())
             p.cache = True
         elif arg == "--max-clients":
             p.limits.max_clients = positive_int(arg, value())
@@ -264,7 +270,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"Failed to create cache directory: {cache_dir}\n")
             return 1
         cache = TensorCache(cache_dir, readonly=params.cache_readonly,
-                            max_size=params.cache_max_size)
+                            max_size=params.cache_max_size, max_files=params.cache_max_files)
         for path in params.preload:
             try:
                 n, size = cache.preload(path)
