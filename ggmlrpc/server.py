@@ -58,6 +58,8 @@ class Limits:
     """What one server lets its clients hold. None turns a limit off."""
 
     max_clients: int | None = 32          # connections served at once; more are refused
+    max_per_address: int | None = 16      # of those, from one peer address (llama.cpp's
+                                          # client opens one per server and process)
     hello_timeout: float | None = 10.0    # seconds from accept to a complete HELLO
     idle_timeout: float | None = None     # seconds without a byte from a connected client
     max_buffers: int | None = 1024        # live buffers per connection
@@ -235,6 +237,7 @@ class Server:
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._sessions: set[Session] = set()
+        self._per_address: dict[str, int] = {}  # live sessions by peer address
         self._threads: set[threading.Thread] = set()
         self._closing = threading.Event()
         self.listener: socket.socket | None = None
@@ -286,14 +289,24 @@ class Server:
             with self._lock:
                 n = len(self._sessions)
                 over = self.limits.max_clients is not None and n >= self.limits.max_clients
+                mine = self._per_address.get(addr[0], 0)
+                cap = self.limits.max_per_address
+                over_address = not over and cap is not None and mine >= cap
             if over:
                 self._throttle("cap", logging.WARNING, "refusing connection from %s: %d clients "
                                "connected (the limit, --max-clients)", peer, n)
                 _close_quietly(sock)
                 self._count_refusal("max_clients")
                 continue
+            if over_address:
+                self._throttle("addr", logging.WARNING, "refusing connection from %s: %d "
+                               "connections from that address (the limit, --max-per-address)",
+                               peer, mine)
+                _close_quietly(sock)
+                self._count_refusal("max_per_address")
+                continue
             try:
-                self._spawn(sock)
+                self._spawn(sock, addr[0])
             except Exception as e:  # can't start new thread, no memory for the session
                 self._throttle("spawn", logging.ERROR, "refusing connection from %s: cannot "
                                "start its session: %r", peer, e)
@@ -303,22 +316,30 @@ class Server:
                 continue
             backoff = 0.0
 
-    def _spawn(self, sock: socket.socket) -> None:
+    def _spawn(self, sock: socket.socket, address: str) -> None:
         session = Session(self, sock)
+        session.address = address
         t = threading.Thread(target=self._serve, args=(session,), daemon=True,
                              name=f"rpc-client-{next(self._ids)}")
         with self._lock:
             self._sessions.add(session)
             self._threads.add(t)
+            self._per_address[address] = self._per_address.get(address, 0) + 1
         self.say("Accepted client connection")
         try:
             t.start()
         except BaseException:
-            with self._lock:
-                self._sessions.discard(session)
-                self._threads.discard(t)
+            self._forget_session(session, t)
             self.say("Client connection closed")
             raise
+
+    def _forget_session(self, session: "Session", thread: threading.Thread) -> None:
+        with self._lock:
+            self._sessions.discard(session)
+            self._threads.discard(thread)
+            left = self._per_address.pop(session.address, 1) - 1
+            if left:
+                self._per_address[session.address] = left
 
     def _count_refusal(self, reason: str) -> None:
         if self.metrics is not None:
@@ -402,9 +423,7 @@ class Server:
             session.release()
             if session.metrics is not None:
                 session.metrics.detach(session)
-            with self._lock:
-                self._sessions.discard(session)
-                self._threads.discard(threading.current_thread())
+            self._forget_session(session, threading.current_thread())
             self.say("Client connection closed")
 
     # One write per line: sessions print from their own threads, and print() writes
@@ -439,9 +458,10 @@ class Session:
         self.announced: list[int] = []   # hashes answered "not cached", whose upload may be kept
         self.next_base = BASE_START
         try:
-            self.peer = "%s:%d" % sock.getpeername()[:2]
+            self.address, port = sock.getpeername()[:2]
+            self.peer = "%s:%d" % (self.address, port)
         except OSError:
-            self.peer = "?"
+            self.address, self.peer = "?", "?"
         self.end: BaseException | None = None  # why the connection ended
         self.cancel = cancel_token()  # set to stop this session's running graph
         self.stats = SessionStats()  # plain counters; read by a metrics collector if any

@@ -40,6 +40,7 @@ def usage(prog: str) -> str:
             "                                   evicted (implies -c)\n"
             f"      --cache-max-files N          cap the number of cache files, the same way (default: {DEFAULT_MAX_FILES}; implies -c)\n"
             f"      --max-clients N              connections served at once, more are refused (default: {Limits.max_clients})\n"
+            f"      --max-per-address N          of those, from one address (default: {Limits.max_per_address})\n"
             f"      --hello-timeout SECONDS      time a new connection has to complete HELLO (default: {Limits.hello_timeout:g})\n"
             "      --idle-timeout SECONDS       close a connection silent for this long (default: never)\n"
             f"      --max-buffers N              live buffers per connection (default: {Limits.max_buffers})\n"
@@ -163,6 +164,8 @@ def parse(argv: list[str], prog: str) -> Params:
             p.cache = True
         elif arg == "--max-clients":
             p.limits.max_clients = positive_int(arg, value())
+        elif arg == "--max-per-address":
+            p.limits.max_per_address = positive_int(arg, value())
         elif arg == "--max-buffers":
             p.limits.max_buffers = positive_int(arg, value())
         elif arg == "--hello-timeout":

@@ -129,6 +129,27 @@ def test_idle_timeout(closing, caplog, codec_name):
             assert busy.call(15) == DEVICE_COUNT_ANSWER
 
 
+def test_one_address_cannot_take_every_slot(closing):
+    """--max-clients connections held open from one address: the ones past
+    --max-per-address are refused, and a client from another address is served."""
+    srv = limited(hello_timeout=60)
+    closing(srv)
+    flood = [Raw(srv.port) for _ in range(Limits().max_clients)]
+    served = 0
+    for r in flood:
+        try:
+            served += r.hello() == HELLO_ANSWER
+        except OSError:
+            pass                                   # refused: closed or reset
+    try:
+        assert served == Limits().max_per_address < Limits().max_clients
+        with Raw(srv.port, source="127.0.0.2") as other:
+            assert other.hello() == HELLO_ANSWER
+    finally:
+        for r in flood:
+            r.close()
+
+
 def test_idle_timeout_off_by_default():
     assert Limits().idle_timeout is None and Limits().hello_timeout
 
@@ -143,7 +164,7 @@ CHILD = textwrap.dedent("""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     port, mode = int(sys.argv[1]), sys.argv[2]
     srv = Server([CpuDevice(1)], "127.0.0.1", port, out=sys.stdout,
-                 limits=Limits(max_clients=10000, hello_timeout=120))
+                 limits=Limits(max_clients=10000, max_per_address=None, hello_timeout=120))
     srv.bind()
     if mode == "fds":
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
