@@ -14,6 +14,9 @@ what each file holds:
   planted behind the server's back is never served;
 - an upload whose FNV name is already indexed with a different digest is a
   collision: the name is never served again (a preloaded file stays and wins);
+- an upload is served only to the peer address that wrote it (or that uploaded the
+  same bytes since), preloaded files to everyone: one peer's bytes stored under
+  another's FNV-1a name never reach that other peer;
 - `readonly` serves only files preloaded from local GGUF models and stores no
   upload, which is what a server shared by clients that do not trust each other
   must run with: with a writable cache, the first client to store bytes under a
@@ -44,7 +47,7 @@ import tempfile
 import threading
 import time
 from collections import OrderedDict
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 
 from . import protocol
 
@@ -53,6 +56,7 @@ log = logging.getLogger("ggmlrpc.cache")
 INDEX_NAME = ".ggmlrpc-index.json"
 INDEX_VERSION = 2       # 1: one JSON document rewritten per store (still read)
 DEFAULT_MAX_FILES = 4096  # each one over HASH_THRESHOLD: 40 GiB at least
+MAX_OWNERS = 16           # addresses an upload is served to, the latest uploaders
 TMP_PREFIX = ".tmp-"
 HEX16 = re.compile(r"^[0-9a-f]{16}$")
 DIGEST_SIZE = 32  # BLAKE2b-256
@@ -90,6 +94,7 @@ class Entry:
     source: str      # "upload" or "preload"
     used: float      # time of the last write or hit (LRU order)
     disk: int = 0    # bytes of disk the file takes (its blocks)
+    owners: list = field(default_factory=list)  # peer addresses an upload is served to
 
     def matches(self, st: os.stat_result) -> bool:
         return (st.st_size == self.size and st.st_mtime_ns == self.mtime_ns
@@ -306,14 +311,17 @@ class TensorCache:
         return True
 
     # -- serving -----------------------------------------------------------------
-    def load(self, h: int):
+    def load(self, h: int, peer: str | None = None):
         """A read-only mapping (or b"" when empty) of the file for hash h, or None when
         there is no servable file: not written by this cache, changed since, a hash
-        with a collision, or an upload while the cache is read-only."""
+        with a collision, an upload while the cache is read-only, or an upload by
+        another address than `peer` (None: a local caller, served any file)."""
         name = self.name(h)
         with self._lock:
             e = self.entries.get(name)
             if e is None or name in self.conflicts or (self.readonly and e.source != "preload"):
+                return None
+            if e.source == "upload" and peer is not None and peer not in e.owners:
                 return None
             try:
                 f = open(self.path(name), "rb")
@@ -334,23 +342,24 @@ class TensorCache:
                 except (OSError, ValueError):
                     return None
 
-    def store(self, h: int, view, source: str = "upload") -> str | None:
-        """Keep `view` (bytes whose FNV-1a is h) as the file for h; the file's path, or
-        None when it is not kept (read-only cache, collision, over max_size)."""
+    def store(self, h: int, view, source: str = "upload", owner: str | None = None) -> str | None:
+        """Keep `view` (bytes whose FNV-1a is h) as the file for h, served to `owner`
+        (a peer address) if an upload; the file's path, or None when it is not kept
+        (read-only cache, collision, over max_size or max_files)."""
         if self.readonly and source == "upload":
             return None
         name = self.name(h)
         n = len(view)
         digest = strong_digest(view)
         with self._lock:
-            verdict = self._admit(name, digest, n, source)
+            verdict = self._admit(name, digest, n, source, owner)
         if verdict != "write":
             return verdict
         # the bytes go to disk outside the lock (other sessions keep hitting); another
         # store of the same name may have happened meanwhile, so admit again after
         tmp, st = self._write_file(view)
         with self._lock:
-            verdict = self._admit(name, digest, n, source)
+            verdict = self._admit(name, digest, n, source, owner)
             if verdict != "write":
                 _unlink(tmp)
                 return verdict
@@ -359,14 +368,15 @@ class TensorCache:
             except BaseException:
                 _unlink(tmp)
                 raise
-            e = Entry(digest, n, st.st_mtime_ns, st.st_ino, source, time.time(), st.st_blocks * 512)
+            e = Entry(digest, n, st.st_mtime_ns, st.st_ino, source, time.time(), st.st_blocks * 512,
+                      [owner] if owner is not None else [])
             self._add(name, e)
             if source == "preload":
                 self.conflicts.discard(name)
             self._note({"put": name, "entry": asdict(e)})
         return self.path(name)
 
-    def _admit(self, name: str, digest: str, n: int, source: str) -> str | None:
+    def _admit(self, name: str, digest: str, n: int, source: str, owner: str | None) -> str | None:
         """With the lock held: "write" when the bytes should be written, else what
         store() returns (the path when the same bytes are there, None when refused)."""
         known = self._known(name)
@@ -376,6 +386,9 @@ class TensorCache:
             if source == "preload" and known.source != "preload":
                 known.source = "preload"
                 self._add(name, known)
+                self._note({"put": name, "entry": asdict(known)})
+            elif owner is not None and owner not in known.owners:
+                known.owners = [*known.owners[-(MAX_OWNERS - 1):], owner]
                 self._note({"put": name, "entry": asdict(known)})
             self._touch(name, known)
             return self.path(name)

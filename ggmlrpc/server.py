@@ -730,7 +730,7 @@ class Session:
                 return
             self.announced.remove(h)
             try:
-                path = cache.store(h, b.view()[at:at + n] if n else b"")
+                path = cache.store(h, b.view()[at:at + n], owner=self.address)
             except OSError as e:
                 # the data is in place; a full or broken cache must not cost the
                 # client its connection (llama.cpp ignores a failed write as well)
@@ -745,7 +745,7 @@ class Session:
         t, b = self.tensor(req)
         offset, h = U64x2.unpack_from(req, TENSOR_SIZE)
         cache = self.server.cache
-        data = cache.load(h) if cache is not None else None
+        data = cache.load(h, peer=self.address) if cache is not None else None
         if data is None:
             self.stats.cache_misses += 1
             if len(self.announced) >= ANNOUNCED_MAX:

@@ -24,6 +24,7 @@ from ggmlrpc.protocol import Cmd
 from ggmlrpc.cache import INDEX_NAME, TensorCache
 from ggmlrpc.server import cache_directory
 from tests.conftest import our_server_argv, start_server
+from tests.protocol.rawclient import HELLO_ANSWER, Raw, frame, tensor
 
 BIG = protocol.HASH_THRESHOLD + 4096          # strictly above the client's threshold
 HEX16 = re.compile(r"^[0-9a-f]{16}$")
@@ -430,18 +431,36 @@ def test_collision_after_store_is_never_served(native_cached, cache_dir, weak_fn
     assert attacker not in [(cache_dir / n).read_bytes() for n in cache_files(cache_dir)]
 
 
-def test_writable_cache_serves_the_first_writer(native_cached, weak_fnv, seed):
-    """What the README warns about: with a writable cache, bytes stored first under a
-    hash are what a later client asking for that hash gets. Read-only + preload is the
-    answer (next test)."""
-    endpoint, _ = native_cached
+def raw_upload(port: int, source: str, data: bytes, h: int) -> bool:
+    """llama.cpp's hash-first upload over a raw connection from another loopback
+    address (another peer to the server); True when the server had the hash."""
+    r = Raw(port, source=source)
+    try:
+        assert r.hello() == HELLO_ANSWER
+        handle, base = r.alloc(len(data))
+        t = tensor(buffer=handle, data=base, ne=(len(data) // 4,))
+        hit = r.call(Cmd.SET_TENSOR_HASH, t + struct.pack("<QQ", 0, h), 1)[8:] == b"\x01"
+        if not hit:
+            r.send(frame(Cmd.SET_TENSOR, t + struct.pack("<BQ", 1, 0) + data))
+        r.call(Cmd.DEVICE_COUNT)    # a fence: the upload was handled
+        return hit
+    finally:
+        r.close()
+
+
+def test_uploads_are_served_to_their_writer_only(native_cached, weak_fnv, seed):
+    """With a writable cache, bytes one peer uploads under a hash are served to that
+    peer's address only: an attacker storing its bytes under the hash of a victim's
+    weights reaches nobody but itself (it used to be served to the victim)."""
+    endpoint, srv = native_cached
     victim, attacker = colliding_pair(seed)
-    with RemoteBackend(endpoint) as a, RemoteBackend(endpoint) as v:
-        _, ta = fresh_tensor(a, len(attacker))
-        assert upload(a, ta, attacker, weak_fnv(attacker)) is False
+    h = weak_fnv(victim)
+    assert raw_upload(srv.port, "127.0.0.2", attacker, h) is False    # stored, by .2
+    assert raw_upload(srv.port, "127.0.0.2", attacker, h) is True     # served to .2
+    with RemoteBackend(endpoint) as v:                                # 127.0.0.1
         _, tv = fresh_tensor(v, len(victim))
-        assert v.set_tensor_hash(tv, weak_fnv(victim)) is True
-        assert v.get_tensor(tv) == attacker
+        assert v.set_tensor_hash(tv, h) is False
+        assert v.get_tensor(tv, 0, 4096) == bytes(4096)
 
 
 def test_readonly_preloaded_cache_cannot_be_poisoned(cache_dir, tmp_path, weak_fnv, seed):
