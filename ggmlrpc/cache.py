@@ -57,6 +57,7 @@ INDEX_NAME = ".ggmlrpc-index.json"
 INDEX_VERSION = 2       # 1: one JSON document rewritten per store (still read)
 DEFAULT_MAX_FILES = 4096  # each one over HASH_THRESHOLD: 40 GiB at least
 MAX_OWNERS = 16           # addresses an upload is served to, the latest uploaders
+NO_PEER = "-"             # the owner of uploads whose writer is unknown (a version 1 index)
 TMP_PREFIX = ".tmp-"
 HEX16 = re.compile(r"^[0-9a-f]{16}$")
 DIGEST_SIZE = 32  # BLAKE2b-256
@@ -95,6 +96,7 @@ class Entry:
     used: float      # time of the last write or hit (LRU order)
     disk: int = 0    # bytes of disk the file takes (its blocks)
     owners: list = field(default_factory=list)  # peer addresses an upload is served to
+                                                # (none: stored locally, served to all)
 
     def matches(self, st: os.stat_result) -> bool:
         return (st.st_size == self.size and st.st_mtime_ns == self.mtime_ns
@@ -224,7 +226,8 @@ class TensorCache:
             doc = None
         if isinstance(doc, dict) and doc.get("version") == 1:
             return ([{"version": INDEX_VERSION}]
-                    + [{"put": k, "entry": v} for k, v in doc.get("entries", {}).items()]
+                    + [{"put": k, "entry": {**v, "owners": [NO_PEER]}}   # served to no peer
+                       for k, v in doc.get("entries", {}).items()]
                     + [{"conflict": c} for c in doc.get("conflicts", [])]
                     + [{"preload": k, "record": v} for k, v in doc.get("preloads", {}).items()
                        if isinstance(v, dict)])
@@ -321,7 +324,7 @@ class TensorCache:
             e = self.entries.get(name)
             if e is None or name in self.conflicts or (self.readonly and e.source != "preload"):
                 return None
-            if e.source == "upload" and peer is not None and peer not in e.owners:
+            if e.source == "upload" and e.owners and peer is not None and peer not in e.owners:
                 return None
             try:
                 f = open(self.path(name), "rb")
