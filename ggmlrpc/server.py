@@ -66,11 +66,15 @@ class Limits:
     mem_limit: int | None = None          # bytes of buffers per device, all clients
                                           # together; None: the device's free memory at
                                           # start less MEM_MARGIN of it
+    client_mem_limit: int | None = None   # of those, what one connection may hold (buffers
+                                          # and stored-graph scratch); None: the device's
+                                          # limit less 1/CLIENT_RESERVE of it
     max_graph_work: int | None = DEFAULT_PER_BYTE  # a graph's work per byte of the buffers it
                                           # uses (ggmlrpc.compute.work); None: no limit
 
 
 MEM_MARGIN = 10  # percent of a device's free memory at start kept out of the default limit
+CLIENT_RESERVE = 8  # 1/8 of a device's limit is never held by one connection (the others')
 ACCEPT_BACKOFF_MAX = 0.25  # seconds between accept() retries while descriptors or threads run out
 
 
@@ -88,8 +92,12 @@ class MemoryLedger:
     can commit more than the limit.
     """
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, share: int | None = None):
         self.limit = limit
+        # what one connection may hold: by default all but an eighth, so that one client
+        # (llama.cpp's holds all its weights on one connection) can use nearly the whole
+        # device and still never starve the others
+        self.share = min(limit, share) if share is not None else limit - limit // CLIENT_RESERVE
         self.used = 0
         self._lock = threading.Lock()
 
@@ -231,7 +239,8 @@ class Server:
         self.cache = cache
         self.limits = limits or Limits()
         self.ledgers = [MemoryLedger(self.limits.mem_limit if self.limits.mem_limit is not None
-                                     else default_mem_limit(d)) for d in self.devices]
+                                     else default_mem_limit(d), self.limits.client_mem_limit)
+                        for d in self.devices]
         self.debug = ("GGML_RPC_DEBUG" in os.environ) if debug is None else debug
         self.out = out or sys.stdout
         self._ids = itertools.count(1)
@@ -531,6 +540,10 @@ class Session:
         first: a graph whose scratch would pass the memory limit is refused."""
         scratch = plan.scratch_bytes
         ledger = self.server.ledgers[device]
+        if scratch > ledger.share - self.held[device]:
+            raise ValidationError(f"graph needs {scratch} bytes of scratch memory on device "
+                                  f"{device}, this connection holds {self.held[device]} of the "
+                                  f"{ledger.share} bytes one client may (--client-mem-limit)")
         if scratch and not ledger.reserve(scratch):
             raise ValidationError(f"graph needs {scratch} bytes of scratch memory on device "
                                   f"{device}, {ledger.used} of {ledger.limit} bytes in use (--mem-limit)")
@@ -650,6 +663,12 @@ class Session:
         if not ledger.reserve(req):
             self.note("memory", "[alloc_buffer] %s: refused %d bytes on device %d: %d of %d bytes "
                       "in use (--mem-limit)", self.peer, req, dev, ledger.used, ledger.limit)
+            return self.reply(U64x2.pack(0, 0))
+        if req > ledger.share - self.held[dev]:
+            ledger.release(req)
+            self.note("share", "[alloc_buffer] %s: refused %d bytes on device %d: the connection "
+                      "holds %d of the %d bytes one client may (--client-mem-limit)", self.peer,
+                      req, dev, self.held[dev], ledger.share)
             return self.reply(U64x2.pack(0, 0))
         if req:
             mem = self.devices[dev].alloc_buffer(req)

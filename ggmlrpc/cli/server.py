@@ -13,7 +13,7 @@ from ..cache import DEFAULT_MAX_FILES, TensorCache, cache_directory
 from ..devices import select_devices, split_names
 from ..errors import DeviceError
 from ..metrics import Metrics, parse_endpoint
-from ..server import MEM_MARGIN, Limits, Server
+from ..server import CLIENT_RESERVE, MEM_MARGIN, Limits, Server
 
 MiB = 1024 * 1024
 
@@ -46,6 +46,8 @@ def usage(prog: str) -> str:
             f"      --max-buffers N              live buffers per connection (default: {Limits.max_buffers})\n"
             "      --mem-limit SIZE             buffer bytes per device, all clients together\n"
             f"                                   (default: the device's free memory at start less {MEM_MARGIN}%)\n"
+            "      --client-mem-limit SIZE      of those, what one connection may hold, buffers and graph scratch\n"
+            f"                                   (default: --mem-limit less 1/{CLIENT_RESERVE}, kept for the others)\n"
             "      --max-graph-work N           refuse a graph whose estimated work is over N units per byte of\n"
             "                                   the buffers it uses (a unit: about one multiply-add of a matrix\n"
             f"                                   product); 0: no limit (default: {Limits.max_graph_work})\n"
@@ -174,6 +176,8 @@ def parse(argv: list[str], prog: str) -> Params:
             p.limits.idle_timeout = seconds(arg, value())
         elif arg == "--mem-limit":
             p.limits.mem_limit = parse_size(value())
+        elif arg == "--client-mem-limit":
+            p.limits.client_mem_limit = parse_size(value())
         elif arg == "--max-graph-work":
             v = value()
             p.limits.max_graph_work = None if v.strip() == "0" else positive_int(arg, v)
