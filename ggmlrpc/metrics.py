@@ -44,8 +44,10 @@ plus prometheus_client's process_* metrics of the server process.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import re
+import sys
 import threading
 from bisect import bisect_left
 from collections import Counter
@@ -61,6 +63,8 @@ try:
     from ._native.counters import CommandCounters as _NativeCounters
 except ImportError:  # pragma: no cover - only without the built extension
     _NativeCounters = None
+
+log = logging.getLogger("ggmlrpc.metrics")
 
 # Upper bounds of the command latency buckets, in seconds (+Inf follows).
 LATENCY_BUCKETS = (10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,
@@ -482,6 +486,10 @@ def _http_classes():
                 super().process_request_thread(request, client_address)
             finally:
                 self.slots.release()
+
+        def handle_error(self, request, client_address) -> None:
+            # a silent or vanished scrape connection: no traceback on stderr
+            log.debug("metrics connection from %s:%d: %r", *client_address[:2], sys.exc_info()[1])
 
     return BoundedServer, Handler
 
