@@ -16,6 +16,7 @@ from ..metrics import Metrics, parse_endpoint
 from ..server import CLIENT_RESERVE, MEM_MARGIN, Limits, Server
 
 MiB = 1024 * 1024
+UNLIMITED = 1 << 64  # a size limit that nothing reaches
 
 
 def default_threads() -> int:
@@ -47,7 +48,8 @@ def usage(prog: str) -> str:
             "      --mem-limit SIZE             buffer bytes per device, all clients together\n"
             f"                                   (default: the device's free memory at start less {MEM_MARGIN}%)\n"
             "      --client-mem-limit SIZE      of those, what one connection may hold, buffers and graph scratch\n"
-            f"                                   (default: --mem-limit less 1/{CLIENT_RESERVE}, kept for the others)\n"
+            f"                                   (default: --mem-limit less 1/{CLIENT_RESERVE}, kept for the others;\n"
+            "                                   0: all of --mem-limit)\n"
             "      --max-graph-work N           refuse a graph whose estimated work is over N units per byte of\n"
             "                                   the buffers it uses (a unit: about one multiply-add of a matrix\n"
             f"                                   product); 0: no limit (default: {Limits.max_graph_work})\n"
@@ -176,8 +178,8 @@ def parse(argv: list[str], prog: str) -> Params:
             p.limits.idle_timeout = seconds(arg, value())
         elif arg == "--mem-limit":
             p.limits.mem_limit = parse_size(value())
-        elif arg == "--client-mem-limit":
-            p.limits.client_mem_limit = parse_size(value())
+        elif arg == "--client-mem-limit":   # 0: a connection may hold all of --mem-limit
+            p.limits.client_mem_limit = parse_size(value()) or UNLIMITED
         elif arg == "--max-graph-work":
             v = value()
             p.limits.max_graph_work = None if v.strip() == "0" else positive_int(arg, v)

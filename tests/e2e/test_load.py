@@ -391,7 +391,8 @@ def test_init_tensor_without_buffer_does_not_flood_the_log(closing, caplog):
 
 def test_limits_from_the_command_line(server_proc):
     p = server_proc("--max-clients", "2", "--mem-limit", "1M", "--max-buffers", "3",
-                    "--hello-timeout", "30", "--idle-timeout", "30")
+                    "--hello-timeout", "30", "--idle-timeout", "30", "--client-mem-limit", "512K",
+                    "--max-per-address", "2")
     first = Raw(p.port)
     assert first.hello() == HELLO_ANSWER
     assert alloc_raw(first, 2 * MiB) == 0                  # over --mem-limit
@@ -399,12 +400,14 @@ def test_limits_from_the_command_line(server_proc):
     assert alloc_raw(first, 1024) == 0                     # over --max-buffers
     second = Raw(p.port)
     assert second.hello() == HELLO_ANSWER
+    assert alloc_raw(second, 600 * 1024) == 0              # over --client-mem-limit
     third = Raw(p.port)
     assert refused(third)                                  # over --max-clients
     for r in (first, second, third):
         r.close()
     _, err = p.stop()
     assert "--mem-limit" in err and "buffers held" in err and "--max-clients" in err
+    assert "--client-mem-limit" in err
 
 
 @pytest.mark.parametrize("args", [["--max-clients", "0"], ["--mem-limit", "lots"],
