@@ -353,11 +353,23 @@ class RemoteBackend:
         """(free, total) bytes."""
         return struct.unpack("<QQ", self._call(Cmd.GET_DEVICE_MEMORY, struct.pack("<I", device)))
 
+    # What a server reports is checked before anything is laid out with it: a number
+    # out of these bounds raises ProtocolError (ggml's alignments are powers of two of a
+    # few hundred bytes at most; MAX_ALIGNMENT leaves ample room above them).
+    MAX_ALIGNMENT = 1 << 16
+
     def get_alignment(self, device: int = 0) -> int:
-        return struct.unpack("<Q", self._call(Cmd.GET_ALIGNMENT, struct.pack("<I", device)))[0]
+        (a,) = struct.unpack("<Q", self._call(Cmd.GET_ALIGNMENT, struct.pack("<I", device)))
+        if a == 0 or a & (a - 1) or a > self.MAX_ALIGNMENT:
+            raise ProtocolError(f"{self.endpoint}: device {device} reports an alignment of {a} "
+                                f"bytes (not a power of two up to {self.MAX_ALIGNMENT})")
+        return a
 
     def get_max_size(self, device: int = 0) -> int:
-        return struct.unpack("<Q", self._call(Cmd.GET_MAX_SIZE, struct.pack("<I", device)))[0]
+        (m,) = struct.unpack("<Q", self._call(Cmd.GET_MAX_SIZE, struct.pack("<I", device)))
+        if m == 0:
+            raise ProtocolError(f"{self.endpoint}: device {device} reports a maximum buffer size of 0")
+        return m
 
     # -- buffers -------------------------------------------------------------
     def alloc_buffer(self, size: int, device: int = 0) -> RemoteBuffer | None:
@@ -368,6 +380,9 @@ class RemoteBackend:
             if handle == 0:
                 return None
             base = self.buffer_get_base(handle)
+        if rsize < size or (rsize and (base == 0 or base > (1 << 64) - rsize)):
+            raise ProtocolError(f"{self.endpoint}: a buffer of {size} bytes came back as {rsize} "
+                                f"bytes at {base:#x} (not inside the 64-bit address space)")
         return RemoteBuffer(self, handle, rsize, base, device)
 
     def buffer_get_base(self, handle: int) -> int:

@@ -44,8 +44,10 @@ plus prometheus_client's process_* metrics of the server process.
 from __future__ import annotations
 
 import ipaddress
+import logging
 import os
 import re
+import sys
 import threading
 from bisect import bisect_left
 from collections import Counter
@@ -55,11 +57,14 @@ from . import __version__, protocol
 from .errors import (ConnectionLost, DeviceError, GgmlRpcError, ProtocolError, RpcTimeout,
                      UnsupportedError, ValidationError)
 from .protocol import CMD_COUNT, CONN_CAPS_SIZE, HEADER, RESPONSE_SIZE, SIZE, Cmd
+from .transport import in_fd_reserve
 
 try:
     from ._native.counters import CommandCounters as _NativeCounters
 except ImportError:  # pragma: no cover - only without the built extension
     _NativeCounters = None
+
+log = logging.getLogger("ggmlrpc.metrics")
 
 # Upper bounds of the command latency buckets, in seconds (+Inf follows).
 LATENCY_BUCKETS = (10e-6, 25e-6, 50e-6, 100e-6, 250e-6, 500e-6, 1e-3, 2.5e-3, 5e-3, 10e-3,
@@ -274,13 +279,21 @@ class Metrics:
 
     # -- the HTTP endpoint -----------------------------------------------------
     def serve(self, host: str = "127.0.0.1", port: int = 0) -> int:
-        """Serve /metrics on host:port in a daemon thread; returns the port."""
-        from prometheus_client import CollectorRegistry, ProcessCollector, start_http_server
+        """Serve /metrics on host:port in a daemon thread; returns the port. At most
+        HTTP_MAX_CONNECTIONS are served at once (more are closed on arrival), each
+        has HTTP_TIMEOUT seconds per read or write, and none takes the server's
+        descriptor reserve: the metrics port is no second way to starve the RPC one."""
+        from wsgiref.simple_server import make_server
+
+        from prometheus_client import CollectorRegistry, ProcessCollector, make_wsgi_app
 
         registry = CollectorRegistry(auto_describe=False)
         registry.register(self)
         ProcessCollector(registry=registry)
-        self.httpd, _ = start_http_server(port, addr=host, registry=registry)
+        server_cls, handler_cls = _http_classes()
+        self.httpd = make_server(host, port, make_wsgi_app(registry), server_cls,
+                                 handler_class=handler_cls)
+        threading.Thread(target=self.httpd.serve_forever, daemon=True, name="metrics-http").start()
         return self.httpd.server_address[1]
 
     def close(self) -> None:
@@ -440,6 +453,45 @@ class Metrics:
         yield GaugeMetricFamily("ggmlrpc_cache_files", "files in the local cache", value=files)
         yield GaugeMetricFamily("ggmlrpc_cache_disk_bytes", "bytes of the local cache's files",
                                 value=size)
+
+
+HTTP_MAX_CONNECTIONS = 4    # scrapes served at once; Prometheus sends one at a time
+HTTP_TIMEOUT = 5.0          # seconds a scrape connection may stay silent
+
+
+def _http_classes():
+    """prometheus_client's threading WSGI server and silent handler, bounded."""
+    from prometheus_client.exposition import ThreadingWSGIServer, _SilentHandler
+
+    class Handler(_SilentHandler):
+        timeout = HTTP_TIMEOUT
+
+    class BoundedServer(ThreadingWSGIServer):
+        def __init__(self, *args, **kw):
+            self.slots = threading.BoundedSemaphore(HTTP_MAX_CONNECTIONS)
+            super().__init__(*args, **kw)
+
+        def verify_request(self, request, client_address) -> bool:
+            return not in_fd_reserve(request.fileno()) and self.slots.acquire(blocking=False)
+
+        def process_request(self, request, client_address) -> None:
+            try:
+                super().process_request(request, client_address)
+            except BaseException:   # no thread for it: the request is closed by the caller
+                self.slots.release()
+                raise
+
+        def process_request_thread(self, request, client_address) -> None:
+            try:
+                super().process_request_thread(request, client_address)
+            finally:
+                self.slots.release()
+
+        def handle_error(self, request, client_address) -> None:
+            # a silent or vanished scrape connection: no traceback on stderr
+            log.debug("metrics connection from %s:%d: %r", *client_address[:2], sys.exc_info()[1])
+
+    return BoundedServer, Handler
 
 
 def _le(bound: float) -> str:

@@ -151,13 +151,23 @@ def check_tensor_shape(t: RpcTensor) -> int:
     if t.ne[0] % blck:
         raise ValidationError(
             f"ne[0]={t.ne[0]} is not a multiple of the block size {blck} of {ggml.type_name(t.type)}")
-    elems = t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3]
-    if elems > 0x7FFFFFFFFFFFFFFF:
-        raise ValidationError("tensor element count overflows")
-    n = ggml.nbytes(t.type, t.ne, t.nb)
-    if n >= 1 << 64:
-        raise ValidationError("tensor byte size overflows")
-    t.nbytes = n
+    checked(t.ne[0] * t.ne[1] * t.ne[2] * t.ne[3], "tensor element count", INT64_MAX)
+    n = t.nbytes = checked(ggml.nbytes(t.type, t.ne, t.nb), "tensor byte size")
+    return n
+
+
+INT64_MAX = (1 << 63) - 1
+SIZE_MAX = (1 << 64) - 1
+
+
+def checked(n: int, what: str, limit: int = SIZE_MAX) -> int:
+    """A size or count computed from client numbers, checked before anything uses it:
+    n when 0 <= n <= limit, else ValidationError (the twin of csrc/common/checked.h,
+    where C saturates instead; Python's integers do not wrap, so the check is the
+    range a native size_t, or a bound of our own, can hold)."""
+    if not 0 <= n <= limit:
+        raise ValidationError(f"{what} overflows" if limit == SIZE_MAX or limit == INT64_MAX
+                              else f"{what} of {n} is over the limit of {limit}")
     return n
 
 

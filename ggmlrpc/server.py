@@ -33,7 +33,7 @@ from .metrics import SessionStats
 from .protocol import (CONN_CAPS_SIZE, Cmd, CMD_COUNT, MAX_GRAPH_PAYLOAD, REQUEST_SIZE,
                        SET_TENSOR_HEADER_SIZE, TENSOR_SIZE)
 from .cache import TensorCache, cache_directory  # noqa: F401 (cache_directory: public here too)
-from .transport import Conn, local_caps
+from .transport import FD_RESERVE, Conn, in_fd_reserve, local_caps
 
 log = logging.getLogger("ggmlrpc.server")
 
@@ -41,6 +41,7 @@ U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
 U64x2 = struct.Struct("<QQ")  # (handle, size), (free, total), (offset, size|hash)
 GRAPH_CHUNK = 16 << 20           # graph payloads grow only as their bytes arrive
+ANNOUNCED_MAX = 16               # cache misses a connection may upload after (llama.cpp: one)
 
 # Opaque address space handed to clients: each buffer gets a base that is a
 # multiple of 2 MiB, followed by a gap, so that neighbouring buffers never touch.
@@ -57,17 +58,23 @@ class Limits:
     """What one server lets its clients hold. None turns a limit off."""
 
     max_clients: int | None = 32          # connections served at once; more are refused
+    max_per_address: int | None = 16      # of those, from one peer address (llama.cpp's
+                                          # client opens one per server and process)
     hello_timeout: float | None = 10.0    # seconds from accept to a complete HELLO
     idle_timeout: float | None = None     # seconds without a byte from a connected client
     max_buffers: int | None = 1024        # live buffers per connection
     mem_limit: int | None = None          # bytes of buffers per device, all clients
                                           # together; None: the device's free memory at
                                           # start less MEM_MARGIN of it
+    client_mem_limit: int | None = None   # of those, what one connection may hold (buffers
+                                          # and stored-graph scratch); None: the device's
+                                          # limit less 1/CLIENT_RESERVE of it
     max_graph_work: int | None = DEFAULT_PER_BYTE  # a graph's work per byte of the buffers it
                                           # uses (ggmlrpc.compute.work); None: no limit
 
 
 MEM_MARGIN = 10  # percent of a device's free memory at start kept out of the default limit
+CLIENT_RESERVE = 8  # 1/8 of a device's limit is never held by one connection (the others')
 ACCEPT_BACKOFF_MAX = 0.25  # seconds between accept() retries while descriptors or threads run out
 
 
@@ -85,8 +92,12 @@ class MemoryLedger:
     can commit more than the limit.
     """
 
-    def __init__(self, limit: int):
+    def __init__(self, limit: int, share: int | None = None):
         self.limit = limit
+        # what one connection may hold: by default all but an eighth, so that one client
+        # (llama.cpp's holds all its weights on one connection) can use nearly the whole
+        # device and still never starve the others
+        self.share = min(limit, share) if share is not None else limit - limit // CLIENT_RESERVE
         self.used = 0
         self._lock = threading.Lock()
 
@@ -228,12 +239,14 @@ class Server:
         self.cache = cache
         self.limits = limits or Limits()
         self.ledgers = [MemoryLedger(self.limits.mem_limit if self.limits.mem_limit is not None
-                                     else default_mem_limit(d)) for d in self.devices]
+                                     else default_mem_limit(d), self.limits.client_mem_limit)
+                        for d in self.devices]
         self.debug = ("GGML_RPC_DEBUG" in os.environ) if debug is None else debug
         self.out = out or sys.stdout
         self._ids = itertools.count(1)
         self._lock = threading.Lock()
         self._sessions: set[Session] = set()
+        self._per_address: dict[str, int] = {}  # live sessions by peer address
         self._threads: set[threading.Thread] = set()
         self._closing = threading.Event()
         self.listener: socket.socket | None = None
@@ -276,17 +289,33 @@ class Server:
                 log.error("accept() failed, listener closed: %s", e)
                 raise
             peer = "%s:%d" % addr[:2]
+            if in_fd_reserve(sock.fileno()):
+                self._throttle("fds", logging.WARNING, "refusing connection from %s: fewer than "
+                               "%d descriptors left (kept for the server)", peer, FD_RESERVE)
+                _close_quietly(sock)
+                self._count_refusal("resources")
+                continue
             with self._lock:
                 n = len(self._sessions)
                 over = self.limits.max_clients is not None and n >= self.limits.max_clients
+                mine = self._per_address.get(addr[0], 0)
+                cap = self.limits.max_per_address
+                over_address = not over and cap is not None and mine >= cap
             if over:
                 self._throttle("cap", logging.WARNING, "refusing connection from %s: %d clients "
                                "connected (the limit, --max-clients)", peer, n)
                 _close_quietly(sock)
                 self._count_refusal("max_clients")
                 continue
+            if over_address:
+                self._throttle("addr", logging.WARNING, "refusing connection from %s: %d "
+                               "connections from that address (the limit, --max-per-address)",
+                               peer, mine)
+                _close_quietly(sock)
+                self._count_refusal("max_per_address")
+                continue
             try:
-                self._spawn(sock)
+                self._spawn(sock, addr[0])
             except Exception as e:  # can't start new thread, no memory for the session
                 self._throttle("spawn", logging.ERROR, "refusing connection from %s: cannot "
                                "start its session: %r", peer, e)
@@ -296,22 +325,30 @@ class Server:
                 continue
             backoff = 0.0
 
-    def _spawn(self, sock: socket.socket) -> None:
+    def _spawn(self, sock: socket.socket, address: str) -> None:
         session = Session(self, sock)
+        session.address = address
         t = threading.Thread(target=self._serve, args=(session,), daemon=True,
                              name=f"rpc-client-{next(self._ids)}")
         with self._lock:
             self._sessions.add(session)
             self._threads.add(t)
+            self._per_address[address] = self._per_address.get(address, 0) + 1
         self.say("Accepted client connection")
         try:
             t.start()
         except BaseException:
-            with self._lock:
-                self._sessions.discard(session)
-                self._threads.discard(t)
+            self._forget_session(session, t)
             self.say("Client connection closed")
             raise
+
+    def _forget_session(self, session: "Session", thread: threading.Thread) -> None:
+        with self._lock:
+            self._sessions.discard(session)
+            self._threads.discard(thread)
+            left = self._per_address.pop(session.address, 1) - 1
+            if left:
+                self._per_address[session.address] = left
 
     def _count_refusal(self, reason: str) -> None:
         if self.metrics is not None:
@@ -395,9 +432,7 @@ class Server:
             session.release()
             if session.metrics is not None:
                 session.metrics.detach(session)
-            with self._lock:
-                self._sessions.discard(session)
-                self._threads.discard(threading.current_thread())
+            self._forget_session(session, threading.current_thread())
             self.say("Client connection closed")
 
     # One write per line: sessions print from their own threads, and print() writes
@@ -429,11 +464,13 @@ class Session:
         self.limits = server.limits
         self.held = [0] * len(self.devices)  # bytes of buffers and plan scratch per device, in the ledgers
         self._noted: set[str] = set()
+        self.announced: list[int] = []   # hashes answered "not cached", whose upload may be kept
         self.next_base = BASE_START
         try:
-            self.peer = "%s:%d" % sock.getpeername()[:2]
+            self.address, port = sock.getpeername()[:2]
+            self.peer = "%s:%d" % (self.address, port)
         except OSError:
-            self.peer = "?"
+            self.address, self.peer = "?", "?"
         self.end: BaseException | None = None  # why the connection ended
         self.cancel = cancel_token()  # set to stop this session's running graph
         self.stats = SessionStats()  # plain counters; read by a metrics collector if any
@@ -503,6 +540,10 @@ class Session:
         first: a graph whose scratch would pass the memory limit is refused."""
         scratch = plan.scratch_bytes
         ledger = self.server.ledgers[device]
+        if scratch > ledger.share - self.held[device]:
+            raise ValidationError(f"graph needs {scratch} bytes of scratch memory on device "
+                                  f"{device}, this connection holds {self.held[device]} of the "
+                                  f"{ledger.share} bytes one client may (--client-mem-limit)")
         if scratch and not ledger.reserve(scratch):
             raise ValidationError(f"graph needs {scratch} bytes of scratch memory on device "
                                   f"{device}, {ledger.used} of {ledger.limit} bytes in use (--mem-limit)")
@@ -623,6 +664,12 @@ class Session:
             self.note("memory", "[alloc_buffer] %s: refused %d bytes on device %d: %d of %d bytes "
                       "in use (--mem-limit)", self.peer, req, dev, ledger.used, ledger.limit)
             return self.reply(U64x2.pack(0, 0))
+        if req > ledger.share - self.held[dev]:
+            ledger.release(req)
+            self.note("share", "[alloc_buffer] %s: refused %d bytes on device %d: the connection "
+                      "holds %d of the %d bytes one client may (--client-mem-limit)", self.peer,
+                      req, dev, self.held[dev], ledger.share)
+            return self.reply(U64x2.pack(0, 0))
         if req:
             mem = self.devices[dev].alloc_buffer(req)
             if mem is None:
@@ -694,10 +741,15 @@ class Session:
         if n:
             self.conn.recv_into_buffer(b.mem, at, n)
         cache = self.server.cache
-        if cache is not None and cache_flag:
-            h = b.mem.fnv1a(at, n) if n else protocol.FNV_OFFSET
+        if cache is not None and cache_flag and n > protocol.HASH_THRESHOLD and self.announced:
+            # kept only as llama.cpp's client asks for it: a weight over the threshold,
+            # announced by a SET_TENSOR_HASH that this connection was told is not cached
+            h = b.mem.fnv1a(at, n)
+            if h not in self.announced:
+                return
+            self.announced.remove(h)
             try:
-                path = cache.store(h, b.view()[at:at + n] if n else b"")
+                path = cache.store(h, b.view()[at:at + n], owner=self.address)
             except OSError as e:
                 # the data is in place; a full or broken cache must not cost the
                 # client its connection (llama.cpp ignores a failed write as well)
@@ -712,9 +764,12 @@ class Session:
         t, b = self.tensor(req)
         offset, h = U64x2.unpack_from(req, TENSOR_SIZE)
         cache = self.server.cache
-        data = cache.load(h) if cache is not None else None
+        data = cache.load(h, peer=self.address) if cache is not None else None
         if data is None:
             self.stats.cache_misses += 1
+            if len(self.announced) >= ANNOUNCED_MAX:
+                self.announced.pop(0)
+            self.announced.append(h)
             if self.debug:
                 self.server.dbg("[set_tensor_hash] hash: %x -> not cached", h)
             self.reply(b"\x00")

@@ -9,6 +9,7 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
+import resource
 import socket
 import time
 
@@ -23,6 +24,20 @@ try:
     from ._native import wire as _wire
 except ImportError:  # pragma: no cover - only without the built extension
     _wire = None
+
+
+# Descriptors no accepted connection may take, on either of a server's ports (RPC and
+# metrics): what the server itself needs whatever its clients do (cache files and
+# their index, a scrape, log files, the spare descriptor that refuses connections).
+FD_RESERVE = 32
+
+
+def in_fd_reserve(fd: int) -> bool:
+    """Whether a descriptor just accepted (`fd`) lies in the reserve. Descriptors are
+    handed out lowest first, so fd n means at least n + 1 are open: a number within
+    FD_RESERVE of the RLIMIT_NOFILE limit leaves fewer than FD_RESERVE free."""
+    soft, _ = resource.getrlimit(resource.RLIMIT_NOFILE)
+    return soft != resource.RLIM_INFINITY and fd >= soft - FD_RESERVE
 
 
 def _ms(timeout: float | None) -> int:

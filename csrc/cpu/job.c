@@ -1,6 +1,7 @@
 /* The job side of a run (job.h): error reporting, work chunks and the scratch
  * rules several kernels share. Below the kernels and the run loop: it calls
  * neither. */
+#include "common/checked.h"
 #include <stdarg.h>
 #include <stdio.h>
 
@@ -46,9 +47,9 @@ size_t gr_ws_rows(const gr_node *n, int nth) {
     int64_t w = n->dst.ne[0] > n->src[0].ne[0] ? n->dst.ne[0] : n->src[0].ne[0];
     for (int i = 1; i < n->n_src; i++)
         if (n->src[i].ne[0] > w) w = n->src[i].ne[0];
-    return (size_t)nth * (size_t)(3 * w + 48) * sizeof(float);
+    return gr_sz_mul3(gr_sz(nth), gr_sz_add(gr_sz_mul(3, gr_sz(w)), 48), sizeof(float));
 }
 
 size_t gr_ws_row(const gr_node *n, int nth) {
-    return (size_t)nth * (size_t)(n->src[0].ne[0] + 16) * sizeof(float);
+    return gr_sz_mul3(gr_sz(nth), gr_sz_add(gr_sz(n->src[0].ne[0]), 16), sizeof(float));
 }

@@ -9,13 +9,14 @@ import signal
 import sys
 import threading
 
-from ..cache import TensorCache, cache_directory
+from ..cache import DEFAULT_MAX_FILES, TensorCache, cache_directory
 from ..devices import select_devices, split_names
 from ..errors import DeviceError
 from ..metrics import Metrics, parse_endpoint
-from ..server import MEM_MARGIN, Limits, Server
+from ..server import CLIENT_RESERVE, MEM_MARGIN, Limits, Server
 
 MiB = 1024 * 1024
+UNLIMITED = 1 << 64  # a size limit that nothing reaches
 
 
 def default_threads() -> int:
@@ -36,13 +37,19 @@ def usage(prog: str) -> str:
             "      --cache-preload FILE         fill the cache from a local GGUF model (repeatable; implies -c)\n"
             "      --cache-readonly             serve only preloaded cache files, store no uploads (implies -c);\n"
             "                                   use this when clients do not trust each other\n"
-            "      --cache-max-size SIZE        cap the uploaded cache files, least recently used evicted (implies -c)\n"
+            "      --cache-max-size SIZE        cap the disk space of the cache files, least recently used uploads\n"
+            "                                   evicted (implies -c)\n"
+            f"      --cache-max-files N          cap the number of cache files, the same way (default: {DEFAULT_MAX_FILES}; implies -c)\n"
             f"      --max-clients N              connections served at once, more are refused (default: {Limits.max_clients})\n"
+            f"      --max-per-address N          of those, from one address (default: {Limits.max_per_address})\n"
             f"      --hello-timeout SECONDS      time a new connection has to complete HELLO (default: {Limits.hello_timeout:g})\n"
             "      --idle-timeout SECONDS       close a connection silent for this long (default: never)\n"
             f"      --max-buffers N              live buffers per connection (default: {Limits.max_buffers})\n"
             "      --mem-limit SIZE             buffer bytes per device, all clients together\n"
             f"                                   (default: the device's free memory at start less {MEM_MARGIN}%)\n"
+            "      --client-mem-limit SIZE      of those, what one connection may hold, buffers and graph scratch\n"
+            f"                                   (default: --mem-limit less 1/{CLIENT_RESERVE}, kept for the others;\n"
+            "                                   0: all of --mem-limit)\n"
             "      --max-graph-work N           refuse a graph whose estimated work is over N units per byte of\n"
             "                                   the buffers it uses (a unit: about one multiply-add of a matrix\n"
             f"                                   product); 0: no limit (default: {Limits.max_graph_work})\n"
@@ -60,6 +67,7 @@ class Params:
     metrics: tuple[str, int] | None = None
     cache_readonly = False
     cache_max_size: int | None = None
+    cache_max_files: int | None = DEFAULT_MAX_FILES
     preload: list[str]
 
     def __init__(self):
@@ -155,8 +163,13 @@ def parse(argv: list[str], prog: str) -> Params:
         elif arg == "--cache-max-size":
             p.cache_max_size = parse_size(value())
             p.cache = True
+        elif arg == "--cache-max-files":
+            p.cache_max_files = positive_int(arg, value())
+            p.cache = True
         elif arg == "--max-clients":
             p.limits.max_clients = positive_int(arg, value())
+        elif arg == "--max-per-address":
+            p.limits.max_per_address = positive_int(arg, value())
         elif arg == "--max-buffers":
             p.limits.max_buffers = positive_int(arg, value())
         elif arg == "--hello-timeout":
@@ -165,6 +178,8 @@ def parse(argv: list[str], prog: str) -> Params:
             p.limits.idle_timeout = seconds(arg, value())
         elif arg == "--mem-limit":
             p.limits.mem_limit = parse_size(value())
+        elif arg == "--client-mem-limit":   # 0: a connection may hold all of --mem-limit
+            p.limits.client_mem_limit = parse_size(value()) or UNLIMITED
         elif arg == "--max-graph-work":
             v = value()
             p.limits.max_graph_work = None if v.strip() == "0" else positive_int(arg, v)
@@ -264,7 +279,7 @@ def main(argv: list[str] | None = None) -> int:
             sys.stderr.write(f"Failed to create cache directory: {cache_dir}\n")
             return 1
         cache = TensorCache(cache_dir, readonly=params.cache_readonly,
-                            max_size=params.cache_max_size)
+                            max_size=params.cache_max_size, max_files=params.cache_max_files)
         for path in params.preload:
             try:
                 n, size = cache.preload(path)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from .. import ggml
 from ..errors import ValidationError
+from ..protocol import checked
 from ..ggml import GGMLOp as Op
 
 DEFAULT_PER_BYTE = 1 << 14   # --max-graph-work: work per byte of the graph's buffers
@@ -30,6 +31,12 @@ FLOOR = 1 << 32              # what any graph may do, whatever its buffers
 ELEM_COST = 16               # per element of each tensor, and per step of a scalar loop
 ROW_COST = 256               # per row of each tensor
 QUANTIZE_COST = 32           # per element written in a quantized type (block searches), x ELEM_COST
+# Logical elements of one tensor of a graph, a bound apart from the work limit: 2^48
+# is some 10^5 times the largest tensors of today's models (a 128k-token embedding
+# table of width 16384 has 2^31 elements; the KQ scores of 512 tokens over a 128k
+# context and 128 heads 2^33), so it refuses nothing ggml's CPU backend would
+# compute in practice, and it keeps every size computed from a shape far from 2^64.
+MAX_ELEMENTS = 1 << 48
 
 
 def _n(t) -> int:
@@ -137,9 +144,21 @@ def backing_bytes(graph) -> int:
     return sum(seen.values())
 
 
+def check_elements(graph) -> None:
+    """Every tensor a node reads or writes has at most MAX_ELEMENTS logical elements,
+    whatever the work limit (--max-graph-work 0 included)."""
+    for node, srcs in _nodes(graph):
+        for t in (node, *srcs):
+            if t is not None and _n(t) > MAX_ELEMENTS:
+                checked(_n(t), f"tensor {t.name_str!r} ({ggml.op_name(node.op)} node "
+                        f"{node.name_str!r}): its number of elements", MAX_ELEMENTS)
+
+
 def check_graph(graph, per_byte: int | None, floor: int = FLOOR) -> int:
-    """Raise ValidationError when the graph's work is over max(floor, per_byte x the
-    bytes backing it); per_byte None or 0: no limit. Returns the estimate."""
+    """Raise ValidationError when a tensor has more than MAX_ELEMENTS elements or the
+    graph's work is over max(floor, per_byte x the bytes backing it); per_byte None
+    or 0: no work limit. Returns the estimate."""
+    check_elements(graph)
     if not per_byte:
         return 0
     limit = max(floor, per_byte * backing_bytes(graph))

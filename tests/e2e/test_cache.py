@@ -24,6 +24,7 @@ from ggmlrpc.protocol import Cmd
 from ggmlrpc.cache import INDEX_NAME, TensorCache
 from ggmlrpc.server import cache_directory
 from tests.conftest import our_server_argv, start_server
+from tests.protocol.rawclient import HELLO_ANSWER, Raw, frame, tensor
 
 BIG = protocol.HASH_THRESHOLD + 4096          # strictly above the client's threshold
 HEX16 = re.compile(r"^[0-9a-f]{16}$")
@@ -157,42 +158,53 @@ def raw_set(rb: RemoteBackend, t, data: bytes, cache_flag: int, offset: int = 0)
              data)
 
 
-def test_files_only_with_cache_flag(any_cached, cache_dir, seed):
+def upload(rb: RemoteBackend, t, data: bytes, h: int) -> bool:
+    """What llama.cpp's client does for a weight over the threshold: SET_TENSOR_HASH,
+    and on "not cached" SET_TENSOR with the cache flag. True on a hit."""
+    if rb.set_tensor_hash(t, h):
+        return True
+    raw_set(rb, t, data, cache_flag=1)
+    rb.synchronize()
+    return False
+
+
+def test_only_announced_weights_are_stored(any_cached, cache_dir, seed):
+    """The cache flag keeps bytes only as llama.cpp's client sends it: over 10 MiB,
+    right after this connection's SET_TENSOR_HASH of those bytes was answered "not
+    cached". Small writes, unannounced ones and ones announced under another hash
+    store nothing (any size used to be kept, 4-byte files included)."""
     endpoint, _ = any_cached
-    rng = np.random.default_rng(seed)
-    data = rng.integers(0, 256, 3000, dtype=np.uint8).tobytes()
-    name = f"{fnv1a_loop(data):016x}"
+    data = big_payload(seed)
+    h = protocol.codec("native").fnv1a(data)
     with RemoteBackend(endpoint) as rb:
         _, t = fresh_tensor(rb, len(data))
+        raw_set(rb, t, data[:3000], cache_flag=1)           # small
+        raw_set(rb, t, data, cache_flag=1)                  # big, never announced
+        assert rb.set_tensor_hash(t, h ^ 1) is False        # announced under another hash
+        raw_set(rb, t, data, cache_flag=1)
         raw_set(rb, t, data, cache_flag=0)
         rb.synchronize()
         assert cache_files(cache_dir) == []
-        raw_set(rb, t, data, cache_flag=1)
-        rb.synchronize()
-        assert cache_files(cache_dir) == [name]
-        assert (cache_dir / name).read_bytes() == data
-        # the file is named by the bytes received, whatever the offset
-        raw_set(rb, t, data[:1000], cache_flag=1, offset=2000)
-        rb.synchronize()
-        assert cache_files(cache_dir) == sorted([name, f"{fnv1a_loop(data[:1000]):016x}"])
+        assert upload(rb, t, data, h) is False              # announced, then sent: kept
+        assert cache_files(cache_dir) == [f"{h:016x}"]
+        assert (cache_dir / f"{h:016x}").read_bytes() == data
         # ... and the write itself happened
-        assert rb.get_tensor(t) == data[:2000] + data[:1000]
+        assert rb.get_tensor(t) == data
 
 
 def test_hash_hit_and_changed_files(any_cached, cache_dir, seed):
     """A hit is served only from a file this server wrote and that is unchanged since;
     a file planted or rewritten behind its back is never served."""
     endpoint, _ = any_cached
-    rng = np.random.default_rng(seed)
-    data = rng.integers(0, 256, 4096, dtype=np.uint8).tobytes()
-    h = fnv1a_loop(data)
+    data = big_payload(seed)
+    h = protocol.codec("native").fnv1a(data)
     path = cache_dir / f"{h:016x}"
     with RemoteBackend(endpoint) as rb:
         _, t = fresh_tensor(rb, len(data))
         assert rb.set_tensor_hash(t, h) is False          # nothing cached yet
         path.write_bytes(data)                            # planted, not written by the server
         assert rb.set_tensor_hash(t, h) is False
-        assert rb.get_tensor(t) == bytes(len(data))
+        assert rb.get_tensor(t, 0, 4096) == bytes(4096)
         raw_set(rb, t, data, cache_flag=1)                # stored by the server
         _, u = fresh_tensor(rb, len(data))
         assert rb.set_tensor_hash(u, h) is True
@@ -203,31 +215,32 @@ def test_hash_hit_and_changed_files(any_cached, cache_dir, seed):
                     data[:2048],                          # truncated
                     data + b"\0",                         # one byte longer
                     b""):                                 # emptied
-            raw_set(rb, t, data, cache_flag=1)            # a fresh, served copy
+            upload(rb, t, data, h)                        # a fresh, served copy
             assert rb.set_tensor_hash(v, h) is True
             rb.memset_tensor(v, 0)
             path.write_bytes(bad)
             assert rb.set_tensor_hash(v, h) is False, len(bad)
-            assert rb.get_tensor(v) == bytes(len(data))   # nothing written
+            assert rb.get_tensor(v, 0, 4096) == bytes(4096)   # nothing written
         # a file with the right content under the name of other bytes is not used either
-        other = fnv1a_loop(data[::-1])
+        other = h ^ 0x5A5A
         (cache_dir / f"{other:016x}").write_bytes(data)
         assert rb.set_tensor_hash(v, other) is False
-        assert rb.get_tensor(v) == bytes(len(data))
+        assert rb.get_tensor(v, 0, 4096) == bytes(4096)
 
 
 def test_cache_write_failure_keeps_the_connection(native_cached, cache_dir, seed):
     """The file name is taken by a directory: the rename fails, no temporary file
     stays, and the client goes on (llama.cpp ignores failed cache writes too)."""
     endpoint, srv = native_cached
-    data = np.random.default_rng(seed).integers(0, 256, 2048, dtype=np.uint8).tobytes()
-    blocker = cache_dir / f"{fnv1a_loop(data):016x}"
+    data = big_payload(seed)
+    h = protocol.codec("native").fnv1a(data)
+    blocker = cache_dir / f"{h:016x}"
     blocker.mkdir()
     with RemoteBackend(endpoint) as rb:
         _, t = fresh_tensor(rb, len(data))
-        raw_set(rb, t, data, cache_flag=1)
+        assert upload(rb, t, data, h) is False
         assert rb.get_tensor(t) == data
-        assert rb.set_tensor_hash(t, fnv1a_loop(data)) is False  # a directory is no cache file
+        assert rb.set_tensor_hash(t, h) is False             # a directory is no cache file
     assert cache_files(cache_dir) == [blocker.name]
     assert os.listdir(blocker) == []
 
@@ -289,12 +302,12 @@ def test_cache_directory_rules(server_proc, tmp_path, rule):
     assert banner_cache_line(out) == str(want)
     assert want.is_dir()
     # and the server uses it
-    data = os.urandom(512)
+    data = os.urandom(BIG)
+    h = protocol.codec("native").fnv1a(data)
     with RemoteBackend(p.endpoint) as rb:
         _, t = fresh_tensor(rb, len(data))
-        raw_set(rb, t, data, cache_flag=1)
-        rb.synchronize()
-    assert cache_files(want) == [f"{fnv1a_loop(data):016x}"]
+        assert upload(rb, t, data, h) is False
+    assert cache_files(want) == [f"{h:016x}"]
 
 
 def test_no_cache_banner(server_proc):
@@ -383,7 +396,7 @@ def weak_fnv(monkeypatch):
     return lambda data: fnv1a_loop(data[:64])
 
 
-def colliding_pair(seed: int, n: int = 8192) -> tuple[bytes, bytes]:
+def colliding_pair(seed: int, n: int = BIG) -> tuple[bytes, bytes]:
     rng = np.random.default_rng(seed)
     head = rng.integers(0, 256, 64, dtype=np.uint8).tobytes()
     victim = head + rng.integers(0, 256, n - 64, dtype=np.uint8).tobytes()
@@ -400,36 +413,54 @@ def test_collision_after_store_is_never_served(native_cached, cache_dir, weak_fn
     h = weak_fnv(victim)
     assert h == weak_fnv(attacker)
     with RemoteBackend(endpoint) as v, RemoteBackend(endpoint) as a:
+        _, ta = fresh_tensor(a, len(attacker))
+        assert a.set_tensor_hash(ta, h) is False          # the attacker announces first
         _, tv = fresh_tensor(v, len(victim))
-        raw_set(v, tv, victim, cache_flag=1)
+        assert upload(v, tv, victim, h) is False
         _, tv2 = fresh_tensor(v, len(victim))
         assert v.set_tensor_hash(tv2, h) is True and v.get_tensor(tv2) == victim
-        _, ta = fresh_tensor(a, len(attacker))
-        raw_set(a, ta, attacker, cache_flag=1)
+        raw_set(a, ta, attacker, cache_flag=1)            # then uploads colliding bytes
         a.synchronize()
         assert a.get_tensor(ta) == attacker               # its own write still happened
         _, tv3 = fresh_tensor(v, len(victim))
         assert v.set_tensor_hash(tv3, h) is False         # "not cached": the victim uploads
-        assert v.get_tensor(tv3) == bytes(len(victim))
+        assert v.get_tensor(tv3, 0, 4096) == bytes(4096)
         raw_set(v, tv3, victim, cache_flag=1)             # and its upload does not revive it
         assert v.set_tensor_hash(tv3, h) is False
     assert "share the FNV-1a hash" in caplog.text
     assert attacker not in [(cache_dir / n).read_bytes() for n in cache_files(cache_dir)]
 
 
-def test_writable_cache_serves_the_first_writer(native_cached, weak_fnv, seed):
-    """What the README warns about: with a writable cache, bytes stored first under a
-    hash are what a later client asking for that hash gets. Read-only + preload is the
-    answer (next test)."""
-    endpoint, _ = native_cached
+def raw_upload(port: int, source: str, data: bytes, h: int) -> bool:
+    """llama.cpp's hash-first upload over a raw connection from another loopback
+    address (another peer to the server); True when the server had the hash."""
+    r = Raw(port, source=source)
+    try:
+        assert r.hello() == HELLO_ANSWER
+        handle, base = r.alloc(len(data))
+        t = tensor(buffer=handle, data=base, ne=(len(data) // 4,))
+        hit = r.call(Cmd.SET_TENSOR_HASH, t + struct.pack("<QQ", 0, h), 1)[8:] == b"\x01"
+        if not hit:
+            r.send(frame(Cmd.SET_TENSOR, t + struct.pack("<BQ", 1, 0) + data))
+        r.call(Cmd.DEVICE_COUNT)    # a fence: the upload was handled
+        return hit
+    finally:
+        r.close()
+
+
+def test_uploads_are_served_to_their_writer_only(native_cached, weak_fnv, seed):
+    """With a writable cache, bytes one peer uploads under a hash are served to that
+    peer's address only: an attacker storing its bytes under the hash of a victim's
+    weights reaches nobody but itself (it used to be served to the victim)."""
+    endpoint, srv = native_cached
     victim, attacker = colliding_pair(seed)
-    with RemoteBackend(endpoint) as a, RemoteBackend(endpoint) as v:
-        _, ta = fresh_tensor(a, len(attacker))
-        raw_set(a, ta, attacker, cache_flag=1)
-        a.synchronize()
+    h = weak_fnv(victim)
+    assert raw_upload(srv.port, "127.0.0.2", attacker, h) is False    # stored, by .2
+    assert raw_upload(srv.port, "127.0.0.2", attacker, h) is True     # served to .2
+    with RemoteBackend(endpoint) as v:                                # 127.0.0.1
         _, tv = fresh_tensor(v, len(victim))
-        assert v.set_tensor_hash(tv, weak_fnv(victim)) is True
-        assert v.get_tensor(tv) == attacker
+        assert v.set_tensor_hash(tv, h) is False
+        assert v.get_tensor(tv, 0, 4096) == bytes(4096)
 
 
 def test_readonly_preloaded_cache_cannot_be_poisoned(cache_dir, tmp_path, weak_fnv, seed):
@@ -485,10 +516,9 @@ def test_preload_wins_over_a_colliding_upload(cache_dir, tmp_path, weak_fnv, see
     srv = start_server("native", cache=cache)
     try:
         with RemoteBackend(f"127.0.0.1:{srv.port}") as rb:
-            forged = raw[:64] + b"\xee" * 4032
+            forged = raw[:64] + b"\xee" * (len(raw) - 64)
             _, tf = fresh_tensor(rb, len(forged))
-            raw_set(rb, tf, forged, cache_flag=1)
-            rb.synchronize()
+            assert upload(rb, tf, forged, h) is True      # the preloaded file answers
             _, tw = fresh_tensor(rb, len(raw))
             assert rb.set_tensor_hash(tw, h) is True
             assert rb.get_tensor(tw) == raw
@@ -499,8 +529,8 @@ def test_preload_wins_over_a_colliding_upload(cache_dir, tmp_path, weak_fnv, see
 
 
 def test_index_survives_a_restart_and_tmp_files_do_not(cache_dir, seed):
-    data = big_payload(seed, 5000)
-    h = fnv1a_loop(data)
+    data = big_payload(seed)
+    h = protocol.codec("native").fnv1a(data)
     stale = cache_dir / ".tmp-interrupted"
     stale.write_bytes(b"half a file")
     srv = cached_server(cache_dir)
@@ -508,8 +538,7 @@ def test_index_survives_a_restart_and_tmp_files_do_not(cache_dir, seed):
         assert not stale.exists()                          # removed at start
         with RemoteBackend(f"127.0.0.1:{srv.port}") as rb:
             _, t = fresh_tensor(rb, len(data))
-            raw_set(rb, t, data, cache_flag=1)
-            rb.synchronize()
+            assert upload(rb, t, data, h) is False
     finally:
         srv.close()
     srv = cached_server(cache_dir)                         # a new process would read the same
@@ -521,19 +550,72 @@ def test_index_survives_a_restart_and_tmp_files_do_not(cache_dir, seed):
         srv.close()
 
 
+def disk_usage(d) -> int:
+    return sum(os.stat(os.path.join(d, n)).st_blocks * 512 for n in cache_files(d))
+
+
 def test_max_size_evicts_least_recently_used(cache_dir, seed):
     rng = np.random.default_rng(seed)
-    blobs = [rng.integers(0, 256, 1000, dtype=np.uint8).tobytes() for _ in range(4)]
+    block = os.statvfs(cache_dir).f_frsize
+    blobs = [rng.integers(0, 256, block, dtype=np.uint8).tobytes() for _ in range(4)]
     names = [fnv1a_loop(b) for b in blobs]
-    cache = TensorCache(str(cache_dir), max_size=2500)
+    cache = TensorCache(str(cache_dir), max_size=2 * block + block // 2)
     cache.store(names[0], blobs[0])
     cache.store(names[1], blobs[1])
     assert cache.load(names[0]) is not None               # 0 is now more recent than 1
-    cache.store(names[2], blobs[2])                       # 3000 > 2500: 1 goes
+    cache.store(names[2], blobs[2])                       # 3 blocks > 2.5: 1 goes
     assert sorted(cache_files(cache_dir)) == sorted(f"{names[i]:016x}" for i in (0, 2))
     assert cache.load(names[1]) is None
-    assert cache.store(names[3], rng.bytes(3000)) is None  # larger than the cap: not kept
-    assert cache.total_size() <= 2500
+    assert cache.store(names[3], rng.bytes(3 * block)) is None  # larger than the cap: not kept
+    assert cache.total_size() <= 2 * block + block // 2
+
+
+def test_max_size_counts_disk_blocks_not_bytes(cache_dir, seed):
+    """Tiny files take a block of disk each: 200 files of 4 bytes under a 64 KiB cap
+    leave at most 64 KiB of files on disk (they used to count 4 bytes each, 800 in
+    all, and took 800 KiB)."""
+    rng = np.random.default_rng(seed)
+    cache = TensorCache(str(cache_dir), max_size=64 << 10)
+    for i in range(200):
+        data = rng.bytes(4)
+        cache.store(fnv1a_loop(data), data)
+    assert 0 < disk_usage(cache_dir) <= 64 << 10
+    assert cache.total_size() == disk_usage(cache_dir)
+
+
+def test_max_files_evicts_least_recently_used(cache_dir, seed):
+    rng = np.random.default_rng(seed)
+    blobs = [rng.bytes(100) for _ in range(5)]
+    names = [fnv1a_loop(b) for b in blobs]
+    cache = TensorCache(str(cache_dir), max_files=3)
+    for i in range(3):
+        cache.store(names[i], blobs[i])
+    assert cache.load(names[0]) is not None               # 1 is now the least recent
+    cache.store(names[3], blobs[3])
+    cache.store(names[4], blobs[4])
+    assert sorted(cache_files(cache_dir)) == sorted(f"{names[i]:016x}" for i in (0, 3, 4))
+    again = TensorCache(str(cache_dir), max_files=3)      # the index says the same
+    assert all(again.load(names[i]) is not None for i in (0, 3, 4))
+
+
+def test_a_store_appends_to_the_index(cache_dir, seed, monkeypatch):
+    """The index is not rewritten per store (that cost O(files) per store, quadratic
+    in all): 500 stores append 500 records and rewrite it at most once, and a new
+    cache object reads every entry back."""
+    rng = np.random.default_rng(seed)
+    cache = TensorCache(str(cache_dir))
+    index = str(cache_dir / INDEX_NAME)
+    rewrites = []
+    real_replace = os.replace
+    monkeypatch.setattr(os, "replace", lambda a, b: (rewrites.append(b) if str(b) == index else None,
+                                                     real_replace(a, b))[1])
+    blobs = [rng.bytes(64) for _ in range(500)]
+    for b in blobs:
+        assert cache.store(fnv1a_loop(b), b) is not None
+    assert len(rewrites) <= 1
+    monkeypatch.undo()
+    again = TensorCache(str(cache_dir))
+    assert all(bytes(again.load(fnv1a_loop(b))) == b for b in blobs)
 
 
 def test_preload_again_does_not_hash_the_model_again(cache_dir, tmp_path, seed):

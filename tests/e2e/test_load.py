@@ -129,6 +129,27 @@ def test_idle_timeout(closing, caplog, codec_name):
             assert busy.call(15) == DEVICE_COUNT_ANSWER
 
 
+def test_one_address_cannot_take_every_slot(closing):
+    """--max-clients connections held open from one address: the ones past
+    --max-per-address are refused, and a client from another address is served."""
+    srv = limited(hello_timeout=60)
+    closing(srv)
+    flood = [Raw(srv.port) for _ in range(Limits().max_clients)]
+    served = 0
+    for r in flood:
+        try:
+            served += r.hello() == HELLO_ANSWER
+        except OSError:
+            pass                                   # refused: closed or reset
+    try:
+        assert served == Limits().max_per_address < Limits().max_clients
+        with Raw(srv.port, source="127.0.0.2") as other:
+            assert other.hello() == HELLO_ANSWER
+    finally:
+        for r in flood:
+            r.close()
+
+
 def test_idle_timeout_off_by_default():
     assert Limits().idle_timeout is None and Limits().hello_timeout
 
@@ -143,7 +164,7 @@ CHILD = textwrap.dedent("""
     logging.basicConfig(level=logging.INFO, format="%(message)s", stream=sys.stderr)
     port, mode = int(sys.argv[1]), sys.argv[2]
     srv = Server([CpuDevice(1)], "127.0.0.1", port, out=sys.stdout,
-                 limits=Limits(max_clients=10000, hello_timeout=120))
+                 limits=Limits(max_clients=10000, max_per_address=None, hello_timeout=120))
     srv.bind()
     if mode == "fds":
         soft, hard = resource.getrlimit(resource.RLIMIT_NOFILE)
@@ -274,12 +295,44 @@ def test_memory_limit_over_all_connections(closing, caplog):
     assert alloc_raw(b, 8 * MiB) == 0
     a.close()                                      # its 40 MiB come back
     wait_stats(srv, sessions=2)
-    assert alloc_raw(b, 40 * MiB) != 0
+    assert alloc_raw(b, 30 * MiB) != 0             # b: 50 MiB, under its share of 56
     w.bystander.check()
     b.close()
     w.aftermath()
     assert srv.memory()["used"] == [Bystander.SIZE]
     w.bystander.close()
+
+
+def test_one_connection_cannot_take_the_whole_limit(closing, caplog):
+    """A connection holds at most its share of a device's limit (by default the limit
+    less an eighth), buffers and stored-graph scratch together: a small graph that asks
+    for the rest of the limit as scratch is refused and closes its own connection,
+    and another client still gets memory."""
+    from tests.protocol.rawclient import F16, F32, FLAG_COMPUTE, GRAPH_COMPUTE, graph, tensor
+    srv = limited(mem_limit=64 * MiB)
+    closing(srv)
+    a, b = Raw(srv.port), Raw(srv.port)
+    assert a.hello() == b.hello() == HELLO_ANSWER
+    assert alloc_raw(a, 60 * MiB) == 0             # over the share (56 MiB) of one client
+    logged(caplog, "--client-mem-limit", logging.WARNING)
+    h = alloc_raw(a, 40 * MiB)
+    assert h
+    (base,) = struct.unpack("<Q", a.call(BUFFER_GET_BASE, u64(h), 8)[8:])
+    # a stride-0 activation of 10240 rows of 1024 converted to F16: 20 MiB of scratch,
+    # within the device's limit (40 + 20 < 64 MiB), not within this client's share
+    K, N = 1024, 10240
+    w = tensor(id=1, type=F16, buffer=h, data=base, ne=(K, 1))
+    x = tensor(id=2, type=F32, buffer=h, data=base + 4096, ne=(K, N), nb=(4, 0, 0, 0))
+    y = tensor(id=3, type=F32, buffer=h, data=base + 8192, ne=(1, N), op=29, src=(1, 2),
+               flags=FLAG_COMPUTE, name=b"y")
+    payload = graph(0, [3], [w, x, y])
+    assert len(payload) < 1024
+    a.send(frame(GRAPH_COMPUTE, payload))
+    assert refused(a)
+    logged(caplog, "--client-mem-limit", logging.ERROR)
+    assert alloc_raw(b, 20 * MiB) != 0
+    a.close()
+    b.close()
 
 
 def test_default_memory_limit_stops_overcommit(closing):
@@ -338,7 +391,8 @@ def test_init_tensor_without_buffer_does_not_flood_the_log(closing, caplog):
 
 def test_limits_from_the_command_line(server_proc):
     p = server_proc("--max-clients", "2", "--mem-limit", "1M", "--max-buffers", "3",
-                    "--hello-timeout", "30", "--idle-timeout", "30")
+                    "--hello-timeout", "30", "--idle-timeout", "30", "--client-mem-limit", "512K",
+                    "--max-per-address", "2")
     first = Raw(p.port)
     assert first.hello() == HELLO_ANSWER
     assert alloc_raw(first, 2 * MiB) == 0                  # over --mem-limit
@@ -346,12 +400,14 @@ def test_limits_from_the_command_line(server_proc):
     assert alloc_raw(first, 1024) == 0                     # over --max-buffers
     second = Raw(p.port)
     assert second.hello() == HELLO_ANSWER
+    assert alloc_raw(second, 600 * 1024) == 0              # over --client-mem-limit
     third = Raw(p.port)
     assert refused(third)                                  # over --max-clients
     for r in (first, second, third):
         r.close()
     _, err = p.stop()
     assert "--mem-limit" in err and "buffers held" in err and "--max-clients" in err
+    assert "--client-mem-limit" in err
 
 
 @pytest.mark.parametrize("args", [["--max-clients", "0"], ["--mem-limit", "lots"],
@@ -374,7 +430,7 @@ def test_plan_scratch_is_counted_in_the_memory_limit(closing, caplog):
     from tests.ops.conftest import Ctx
 
     K, M, N = 1024, 8, 1024                         # activations: 4 MiB of F32
-    srv = limited(mem_limit=12 * MiB)
+    srv = limited(mem_limit=12 * MiB, client_mem_limit=12 * MiB)
     closing(srv)
     w = Watch(srv, caplog)
     rng = np.random.default_rng(1)

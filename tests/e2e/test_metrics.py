@@ -9,7 +9,11 @@ a test that reads counters of a live connection first completes one more command
 from __future__ import annotations
 
 import os
+import socket
 import struct
+import sys
+import textwrap
+import time
 import urllib.request
 
 import numpy as np
@@ -21,7 +25,7 @@ from ggmlrpc.client import RemoteBackend, op
 from ggmlrpc.ggml import GGMLOp, GGMLType
 from ggmlrpc.metrics import LATENCY_BUCKETS, Metrics, parse_endpoint
 from tests.conftest import Proc, free_port, our_server_argv, start_server
-from tests.protocol.rawclient import (DEVICE_COUNT, GET_ALIGNMENT, GET_MAX_SIZE, GET_TENSOR, Raw,
+from tests.protocol.rawclient import (DEVICE_COUNT, GET_ALIGNMENT, GET_MAX_SIZE, GET_TENSOR, HELLO_ANSWER, Raw,
                                       SET_TENSOR, frame, tensor, u32, wait_for)
 
 TENSOR = 296  # rpc_tensor
@@ -478,3 +482,44 @@ def test_connection_over_the_cap_counted_as_refused():
             assert s.value("ggmlrpc_connections_accepted_total") == 1 + refused + closed
     finally:
         m.close()
+
+
+LOW_FDS = textwrap.dedent("""
+    import resource, runpy, sys
+    resource.setrlimit(resource.RLIMIT_NOFILE, (128, resource.getrlimit(resource.RLIMIT_NOFILE)[1]))
+    sys.argv = ["ggml-rpc-server", *sys.argv[1:]]
+    runpy.run_module("ggmlrpc.cli.server", run_name="__main__")
+""")
+
+
+def test_idle_metrics_connections_leave_rpc_clients_served():
+    """A server with 128 descriptors: 300 connections to the metrics port that never
+    send a byte. The metrics port serves a few at a time and times them out, neither
+    port takes the descriptor reserve, so an RPC client is still served meanwhile,
+    and a scrape is answered once the idle ones are gone."""
+    port, mport = free_port(), free_port()
+    p = Proc([sys.executable, "-c", LOW_FDS, "-p", str(port), "--metrics", f"127.0.0.1:{mport}"], port)
+    idle = []
+    try:
+        for _ in range(300):
+            try:
+                idle.append(socket.create_connection(("127.0.0.1", mport), timeout=5))
+            except OSError:
+                break   # refused, or nothing accepted any more: enough
+        time.sleep(0.5)    # let the server accept what it will
+        for _ in range(3):
+            with Raw(port) as r:
+                assert r.hello() == HELLO_ANSWER
+        assert p.proc.poll() is None
+
+        def scraped():
+            try:
+                return scrape(mport).value("ggmlrpc_connections_accepted_total") >= 1
+            except OSError:
+                return False
+        wait_for(scraped, 60, "a scrape answered")
+    finally:
+        for s in idle:
+            s.close()
+        _, err = p.stop()
+    assert "Traceback" not in err, err[-2000:]        # timed-out scrapes are no errors

@@ -75,8 +75,11 @@ def fnv1a(data: bytes) -> int:
 class Raw:
     """A TCP connection to a server that speaks raw bytes. Reads time out (a hang fails)."""
 
-    def __init__(self, port: int, timeout: float = 10.0):
-        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout)
+    def __init__(self, port: int, timeout: float = 10.0, source: str | None = None):
+        """source: the local address to connect from (another loopback address:
+        another peer to the server)."""
+        self.sock = socket.create_connection(("127.0.0.1", port), timeout=timeout,
+                                             source_address=(source, 0) if source else None)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def close(self) -> None:

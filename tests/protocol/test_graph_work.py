@@ -7,10 +7,10 @@ import time
 
 import pytest
 
-from tests.protocol.rawclient import FLAG_COMPUTE, GRAPH_COMPUTE, OP_ADD, frame, graph
+from tests.protocol.rawclient import FLAG_COMPUTE, GRAPH_COMPUTE, HELLO_ANSWER, OP_ADD, frame, graph
 from tests.protocol.test_hostile import Arena
 
-HUGE = (1 << 31, 1 << 31, 1, 1)   # 2^62 elements over 4 bytes: years of additions
+HUGE = (1 << 24, 1 << 24, 1, 1)   # 2^48 elements over 4 bytes: hours of additions
 
 
 @pytest.fixture
@@ -37,4 +37,31 @@ def test_work_limit_off(server, caplog):
     from ggmlrpc.compute import work
     from ggmlrpc.protocol import RpcTensor
     node = RpcTensor(op=OP_ADD, ne=HUGE, nb=(0, 0, 0, 0))
-    assert work.node_work(node, [node, node]) > 1 << 62
+    assert work.node_work(node, [node, node]) > 1 << 48
+
+
+OP_MUL_MAT = 29
+# 2^63 - 1 = 3577 * 42799 * 92737 * 649657: the most elements a tensor may have
+WRAP = (3577, 42799, 92737, 649657)
+
+
+def test_scratch_size_cannot_wrap(server_proc):
+    """A stride-0 F32 activation of 2^63 - 1 elements times F16 weights: converting it
+    to F16 takes 2^64 - 2 bytes of scratch, a size that wraps to 0 when rounded up
+    unchecked (the conversion then writes over the heap). With the work limit off the
+    graph is still refused, and only its connection pays."""
+    from tests.protocol.rawclient import F16, F32, Raw
+    from tests.protocol.test_hostile import Attacker
+    proc = server_proc("--max-graph-work", "0")
+    a = Attacker(proc.port)
+    w = a.t(id=1, type=F16, ne=(WRAP[0], 1, 1, 1))
+    x = a.t(id=2, type=F32, ne=WRAP, nb=(4, 0, 0, 0), data=a.base + 8192)
+    y = a.t(id=3, type=F32, ne=(1,) + WRAP[1:], nb=(4, 0, 0, 0), data=a.base + 32768,
+            op=OP_MUL_MAT, src=(1, 2), flags=FLAG_COMPUTE, name=b"y")
+    a.send(frame(GRAPH_COMPUTE, graph(0, [3], [w, x, y])))
+    a.raw.expect_closed()
+    a.raw.close()
+    assert proc.proc.poll() is None, proc.output()[1][-2000:]
+    with Raw(proc.port) as other:          # the server goes on serving
+        assert other.hello() == HELLO_ANSWER
+    assert "elements" in proc.output()[1]

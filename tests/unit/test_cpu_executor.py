@@ -338,3 +338,21 @@ def test_failures_stop_every_thread_at_one_barrier(seed, n_threads):
             ex.run(plan)
     p.buffer.mem.write(p.offset, np.tile(np.array([0, 1], np.int32), 8).tobytes())
     ex.run(plan)    # and the pool still works
+
+
+def test_scratch_sizes_saturate_instead_of_wrapping(monkeypatch):
+    """The planner's own line of defence, with the element bound (compute.work) lifted:
+    a stride-0 F32 activation of 2^63 - 1 elements times F16 weights needs 2^64 - 2
+    bytes to convert, which rounded up without checks wraps to 0 (the conversion then
+    writes past the scratch). The C size rules saturate and the plan is refused."""
+    from ggmlrpc.compute import work
+    monkeypatch.setattr(work, "MAX_ELEMENTS", (1 << 63) - 1)
+    wrap = (3577, 42799, 92737, 649657)          # their product: 2^63 - 1
+    b = Builder()
+    w = b.tensor(T.F16, (wrap[0], 1))
+    x = b.tensor(T.F32, (wrap[0], 1))
+    x.ne, x.nb = wrap, (4, 0, 0, 0)
+    y = b.tensor(T.F32, (1, 1), Op.MUL_MAT, src=(w, x))
+    y.ne, y.nb = (1,) + wrap[1:], (4, 0, 0, 0)
+    with pytest.raises(ValidationError, match="scratch"):
+        CpuExecutor(1).compile(b.graph())

@@ -14,7 +14,8 @@ from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
 
 def t(ne, type=T.F32, op=Op.NONE, params=()):
     ne = tuple(ne) + (1,) * (4 - len(ne))
-    return SimpleNamespace(ne=ne, type=type, op=op, op_params=tuple(params) + (0,) * (16 - len(params)))
+    return SimpleNamespace(ne=ne, type=type, op=op, op_params=tuple(params) + (0,) * (16 - len(params)),
+                           name_str="t")
 
 
 def llama_prompt_work(n_tokens, n_ctx, n_layer=32, d=4096, d_ff=11008, n_head=32, vocab=32000):
@@ -78,11 +79,23 @@ class G:
 
 
 def test_stride0_broadcast_refused():
-    huge = (1 << 31, 1 << 31, 1, 1)
+    huge = (1 << 24, 1 << 24, 1, 1)            # MAX_ELEMENTS: hours of additions
     g = G([(t(huge, op=Op.ADD), [t(huge), t(huge)])], 1 << 30)
     with pytest.raises(ValidationError, match="over the limit"):
         work.check_graph(g, work.DEFAULT_PER_BYTE)
     assert work.check_graph(g, None) == 0      # limit off
+
+
+@pytest.mark.parametrize("per_byte", [work.DEFAULT_PER_BYTE, None])
+def test_element_count_bounded_without_the_work_limit(per_byte):
+    """More than MAX_ELEMENTS logical elements in any tensor of a node is refused
+    whatever the work limit, --max-graph-work 0 (None) included."""
+    over = (1 << 24, (1 << 24) + 1, 1, 1)
+    for node, srcs in ((t(over, op=Op.ADD), [t((1,)), t((1,))]),
+                       (t((1,), op=Op.SUM), [t(over)])):
+        g = G([(node, srcs)], 1 << 30)
+        with pytest.raises(ValidationError, match="number of elements"):
+            work.check_graph(g, per_byte)
 
 
 def test_small_graph_on_small_buffer_passes():

@@ -6,6 +6,7 @@
  * computed in F32 (the "tiled" path). Rows are independent in both, so the
  * split between threads does not change any result.
  */
+#include "common/checked.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -25,12 +26,13 @@ static inline int64_t fa_row_floats(int64_t DK, int64_t DV) { return DK + 2 * DV
 
 size_t gr_ws_flash_attn(const gr_node *n, int nth) {
     const int64_t DK = n->src[1].ne[0], DV = n->src[2].ne[0];
+    /* DK, DV < 2^32 (u32 on the wire): these per-thread counts fit in 64 bits */
     int64_t per;
     if (n->iparams[1] == GR_FA_TILED) per = FA_TQ * DK + 2 * FA_TQ * FA_TK + FA_TQ * DV + FA_TK * DV + FA_TK * DK + DK;
     else per = fa_row_floats(DK, DV);
-    size_t total = (size_t)nth * (size_t)(per + 16) * sizeof(float);
+    size_t total = gr_sz_mul3(gr_sz(nth), gr_sz(per + 16), sizeof(float));
     if (n->iparams[1] == GR_FA_SPLIT)   /* (M, S, VKQ) per head and chunk */
-        total += (size_t)n->src[0].ne[2] * (size_t)nth * (size_t)(2 + DV) * sizeof(float);
+        total = gr_sz_add(total, gr_sz_mul(gr_sz_mul3(gr_sz(n->src[0].ne[2]), gr_sz(nth), gr_sz(2 + DV)), sizeof(float)));
     return total;
 }
 

@@ -1,10 +1,16 @@
 /* The scratch layout of MUL_MAT and MUL_MAT_ID (matmul.h): computed here once,
  * for the planner's wsize and for the kernels' offsets alike. */
+#include "common/checked.h"
 #include "cpu/job.h"
 #include "cpu/kernels.h"
 #include "cpu/matmul/matmul.h"
 
-static inline size_t r64(size_t x) { return (x + 63) & ~(size_t)63; }
+static inline size_t r64(size_t x) { return gr_sz_round(x, 64); }
+
+/* a chunk of K-quant weight rows in kernel layout, one thread's */
+static size_t krow_chunk_bytes(int64_t K) {
+    return gr_sz_mul3(GR_MM_CHUNK_ROWS, gr_sz(K / 256), GR_KROW_BYTES + 8);
+}
 
 /* Q4_0 weights, activations converted here to Q8_0 (so never holding -128 unless
  * the input is not finite), one dot product per output: the activation rows'
@@ -51,59 +57,63 @@ static int mmid_kpanel_kind(const gr_node *n) {
 }
 
 gr_mm_scratch gr_mm_scratch_layout(const gr_node *n, int nth) {
+    /* every size below comes from client shapes: checked arithmetic (common/checked.h),
+     * an overflow saturates and the planner refuses the graph */
     gr_mm_scratch L = {0};
     const gr_tensor *s0 = &n->src[0], *s1 = &n->src[1];
     const int64_t K = s0->ne[0];
+    const size_t T = gr_sz(nth), batches = gr_sz_mul(gr_sz(s1->ne[2]), gr_sz(s1->ne[3]));
     /* runs of eight columns of one src1 batch: the panels a node writes */
-    const size_t groups = (size_t)(s1->ne[1] / 8) * (size_t)(s1->ne[2] * s1->ne[3]);
-    const size_t conv_rows = s1->type == n->iparams[0] ? 0 : (size_t)n->iparams[2] * (size_t)gr_nrows(s1);
+    const size_t groups = gr_sz_mul(gr_sz(s1->ne[1] / 8), batches);
+    const size_t conv_rows = s1->type == n->iparams[0] ? 0 : gr_sz_mul(gr_sz(n->iparams[2]), gr_sz(gr_nrows(s1)));
     L.conv = r64(conv_rows);
     L.q4_sums = q4_sums_kind(n);
     L.sums = L.conv;
-    L.sums_bytes = L.q4_sums ? (size_t)gr_nrows(s1) * (size_t)(K / 32) * 32 : 0;
-    size_t end = L.conv + L.sums_bytes;
+    L.sums_bytes = L.q4_sums ? gr_sz_mul3(gr_sz(gr_nrows(s1)), gr_sz(K / 32), 32) : 0;
+    size_t end = gr_sz_add(L.conv, L.sums_bytes);
     if (n->kernel == GR_K_MUL_MAT_ID) {
-        const size_t n_as = (size_t)s0->ne[2], pairs = (size_t)(n->src[2].ne[0] * n->src[2].ne[1]);
+        const size_t n_as = gr_sz(s0->ne[2]), pairs = gr_sz_mul(gr_sz(n->src[2].ne[0]), gr_sz(n->src[2].ne[1]));
         L.index = end;
-        L.pairs = L.index + r64(2 * n_as * sizeof(int64_t));
-        L.index_bytes = r64(2 * n_as * sizeof(int64_t)) + r64(pairs * sizeof(int64_t));
+        L.pairs = gr_sz_add(L.index, r64(gr_sz_mul3(2, n_as, sizeof(int64_t))));
+        L.index_bytes = gr_sz_add(r64(gr_sz_mul3(2, n_as, sizeof(int64_t))), r64(gr_sz_mul(pairs, sizeof(int64_t))));
         L.kpanel = mmid_kpanel_kind(n);
-        L.threads = r64(L.index + L.index_bytes);
+        L.threads = r64(gr_sz_add(L.index, L.index_bytes));
         L.krows = r64(gr_tiled_row_bytes(K));
-        L.per_thread = r64(L.krows + (L.kpanel ? (size_t)GR_MM_CHUNK_ROWS * (size_t)(K / 256) * (GR_KROW_BYTES + 8) : 0));
-        end = L.index + L.index_bytes;
-        if (n->iparams[1] == GR_MM_TILED) end = L.threads + (size_t)nth * L.per_thread;
+        L.per_thread = r64(gr_sz_add(L.krows, L.kpanel ? krow_chunk_bytes(K) : 0));
+        end = gr_sz_add(L.index, L.index_bytes);
+        if (n->iparams[1] == GR_MM_TILED) end = gr_sz_add(L.threads, gr_sz_mul(T, L.per_thread));
     } else if (kpanel_kind(n)) {
         L.kpanel = 1;
         L.panel_block = GR_KPANEL_BYTES;
         L.panels = L.conv;
-        L.panels_end = L.panels + groups * (size_t)(K / 256) * GR_KPANEL_BYTES;
+        L.panels_end = gr_sz_add(L.panels, gr_sz_mul3(groups, gr_sz(K / 256), GR_KPANEL_BYTES));
         L.threads = r64(L.panels_end);
-        L.per_thread = r64((size_t)GR_MM_CHUNK_ROWS * (size_t)(K / 256) * (GR_KROW_BYTES + 8));
-        end = L.threads + (size_t)nth * L.per_thread;
+        L.per_thread = r64(krow_chunk_bytes(K));
+        end = gr_sz_add(L.threads, gr_sz_mul(T, L.per_thread));
     } else if (cpanel_kind(n)) {
         L.cpanel = 1;
         L.panels = r64(end);
-        L.panels_end = L.panels + (size_t)gr_cpanel_groups(s1->ne[1]) * (size_t)(s1->ne[2] * s1->ne[3]) *
-                                      (size_t)(K / 32) * GGMLRPC_CPANEL_BYTES;
+        L.panels_end = gr_sz_add(L.panels, gr_sz_mul(gr_sz_mul3(gr_sz(gr_cpanel_groups(s1->ne[1])), batches, gr_sz(K / 32)),
+                                                     GGMLRPC_CPANEL_BYTES));
         L.threads = r64(L.panels_end);
-        L.per_thread = (size_t)GR_MM_CHUNK_ROWS * ggmlrpc_cpanel_row_bytes(K / 32);
-        end = L.threads + (size_t)nth * L.per_thread;
+        L.per_thread = gr_sz_mul(GR_MM_CHUNK_ROWS, ggmlrpc_cpanel_row_bytes(K / 32));
+        end = gr_sz_add(L.threads, gr_sz_mul(T, L.per_thread));
     } else {
         L.panel_block = panel_kind(n);
         if (L.panel_block) {
             L.panels = r64(end);
-            L.panels_end = L.panels + groups * (size_t)(K / 32) * L.panel_block;
+            L.panels_end = gr_sz_add(L.panels, gr_sz_mul3(groups, gr_sz(K / 32), L.panel_block));
             end = L.panels_end;
         }
-        if (n->iparams[1] == GR_MM_TILED) end += (size_t)nth * gr_tiled_row_bytes(K);   /* no sums, no panels here */
+        if (n->iparams[1] == GR_MM_TILED) /* no sums, no panels here */
+            end = gr_sz_add(end, gr_sz_mul(T, gr_tiled_row_bytes(K)));
     }
     if (n->kernel == GR_K_MUL_MAT && n->iparams[1] == GR_MM_TILED) {
         /* also where K panels were planned but the run has no room for them */
         L.tiled = L.conv;
         L.tiled_bytes = gr_tiled_row_bytes(K);
     }
-    L.total = end + 64;
+    L.total = gr_sz_add(end, 64);
     return L;
 }
 

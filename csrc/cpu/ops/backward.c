@@ -4,6 +4,7 @@
  * every ops file: the planner checked types and shapes, arithmetic follows ggml's
  * CPU backend, fused where its x86 build fuses.
  */
+#include "common/checked.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -186,5 +187,5 @@ void gr_k_opt_step(gr_job *job, int phase) {
 /* per-thread sums, then a row of floats per thread */
 size_t gr_ws_cross_entropy(const gr_node *n, int nth) {
     const int64_t ne00 = n->src[0].ne[0];
-    return (size_t)(nth + 16) * sizeof(float) + (size_t)nth * (size_t)(ne00 + 16) * sizeof(float);
+    return gr_sz_add((size_t)(nth + 16) * sizeof(float), gr_sz_mul3(gr_sz(nth), gr_sz_add(gr_sz(ne00), 16), sizeof(float)));
 }

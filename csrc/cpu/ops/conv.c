@@ -4,6 +4,7 @@
  * shapes and layouts, kernels stay inside each tensor's ne/nb, and every sum
  * follows ggml's CPU backend (ops.cpp) term for term.
  */
+#include "common/checked.h"
 #include <float.h>
 #include <math.h>
 #include <stdint.h>
@@ -179,7 +180,7 @@ size_t gr_ws_conv(const gr_node *n, int nth) {
     const gr_tensor *k = &n->src[0];
     const int64_t K = gr_nelements(k) / (n->sub == GR_V_CONV_CONV_3D ? n->op_params[11] : k->ne[3]);
     const size_t ts = k->type == GR_TYPE_F16 ? 2 : 4;
-    return (size_t)nth * ((size_t)K * GR_TILE_COLS_MAX * ts + 16 * 4 + 4);
+    return gr_sz_mul(gr_sz(nth), gr_sz_add(gr_sz_mul3(gr_sz(K), GR_TILE_COLS_MAX, ts), 16 * 4 + 4));
 }
 
 /* ---- CONV_2D_DW ------------------------------------------------------------------ */
@@ -286,7 +287,7 @@ void gr_k_conv_transpose(gr_job *job, int phase) {
 size_t gr_ws_conv_transpose(const gr_node *n, int nth) {
     (void)nth;
     const size_t ts = n->src[0].type == GR_TYPE_F16 ? 2 : 4;
-    return (size_t)(gr_nelements(&n->src[0]) + gr_nelements(&n->src[1])) * ts + 64;
+    return gr_sz_add(gr_sz_mul(gr_sz_add(gr_sz(gr_nelements(&n->src[0])), gr_sz(gr_nelements(&n->src[1]))), ts), 64);
 }
 
 /* ---- IM2COL_3D, COL2IM_1D, IM2COL_BACK, POOL_2D_BACK ------------------------------- */

@@ -4,6 +4,7 @@
  * every ops file: the planner checked types and shapes, sums follow ggml's CPU
  * backend, fused where its x86 build fuses.
  */
+#include "common/checked.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -294,7 +295,7 @@ void gr_k_gated_delta_net(gr_job *job, int phase) {
 
 /* per thread: a row of S floats, and an S x S state when snapshots are kept (op_params[0] > 1) */
 size_t gr_ws_gated_delta_net(const gr_node *n, int nth) {
-    const int64_t S = n->src[2].ne[0];
-    const int64_t per = S + (n->op_params[0] > 1 ? S * S : 0);
-    return (size_t)nth * (size_t)(per + 16) * sizeof(float);
+    const size_t S = gr_sz(n->src[2].ne[0]);
+    const size_t per = gr_sz_add(S, n->op_params[0] > 1 ? gr_sz_mul(S, S) : 0);
+    return gr_sz_mul3(gr_sz(nth), gr_sz_add(per, 16), sizeof(float));
 }

@@ -5,6 +5,7 @@
  * (ops.cpp, vec.h): the same rounding points and the same fused multiply-adds
  * where ggml's x86 build fuses.
  */
+#include "common/checked.h"
 #include <math.h>
 #include <stdint.h>
 #include <string.h>
@@ -157,5 +158,5 @@ void gr_k_rope(gr_job *job, int phase) {
 
 /* a row of floats per thread (the rotation cache) */
 size_t gr_ws_rope(const gr_node *n, int nth) {
-    return (size_t)nth * (size_t)(n->dst.ne[0] + 16) * sizeof(float);
+    return gr_sz_mul3(gr_sz(nth), gr_sz_add(gr_sz(n->dst.ne[0]), 16), sizeof(float));
 }
