@@ -342,6 +342,8 @@ class Engine:
                         top_p=float(field_of(body, "top_p", float, 0.95)),
                         min_p=float(field_of(body, "min_p", float, 0.05)),
                         seed=None if seed < 0 else seed & 0xFFFFFFFF)
+        if field_of(body, "ignore_eos", bool, False):
+            sampling["banned"] = self.model.tokenizer.eog
         if kind == "chat":
             if field_of(body, "logprobs", bool, False):
                 n_probs = field_of(body, "top_logprobs", int, 20)
