@@ -100,7 +100,8 @@ def one_request(url: str, prompt: list[int], n_gen: int, pid: int | None = None)
     times, usage, timings = [], None, None
     t0 = time.perf_counter()
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
-        r.raise_for_status()
+        if r.status_code != 200:
+            raise RuntimeError(f"{url}: {r.status_code} {r.read().decode(errors='replace')}")
         for line in r.iter_lines():
             if not line.startswith("data: ") or line == "data: [DONE]":
                 continue
@@ -133,7 +134,8 @@ def bare_request(model: Model, prompt: list[int], n_gen: int) -> dict:
 
 
 def bench_type(ref: Path, qtype: str, args) -> dict:
-    shape = LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64, n_head_kv=args.embd // 64)
+    shape = LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64, n_head_kv=args.embd // 64,
+                       n_ctx=args.ctx)      # llama-server holds a context to what the model was trained on
     m = lb.model(ref, qtype, shape)
     rng = np.random.default_rng(0)
     row = {"type": qtype, "model": m.name, "prompt": args.prompt, "gen": args.gen}

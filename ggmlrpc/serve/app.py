@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest

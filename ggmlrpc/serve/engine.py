@@ -9,7 +9,6 @@ filled is forgotten."""
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import queue
 import secrets
