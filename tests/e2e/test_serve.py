@@ -14,15 +14,10 @@ import openai
 import pytest
 
 from ggmlrpc.llm import synth
+from ggmlrpc.serve.engine import CHATML
 from tests.conftest import Proc, free_port, our_server_argv
 
 N_CTX = 256
-CHATML = ("{%- for message in messages -%}\n"
-          "  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n"
-          "{%- endfor -%}\n"
-          "{%- if add_generation_prompt -%}\n"
-          "  {{- '<|im_start|>assistant\\n' -}}\n"
-          "{%- endif -%}")
 STRICT = ("{%- if messages[0].role == 'system' -%}{{ raise_exception('no system messages here') }}"
           "{%- endif -%}" + CHATML)
 MESSAGES = [{"role": "user", "content": "tell me about the old fisherman"}]
@@ -277,24 +272,46 @@ def test_bad_input_through_openai(srv):
         client.completions.create(model="synth", prompt=LONG, max_tokens=2, stream=True)
 
 
-def test_hang_up_mid_stream(srv):
-    """The client reads two chunks and closes its socket: the generation stops at once
-    (far fewer tokens than asked for are counted), and its context is freed."""
-    m0 = srv.metrics()
-    body = json.dumps({"prompt": PROMPT, "max_tokens": 200, "stream": True, "temperature": 0}).encode()
+def hang_up(srv, body: dict) -> None:
+    """Send `body` to /v1/completions on a raw socket and close it: a stream after two
+    chunks, a whole answer once the generation has begun."""
+    data = json.dumps(body).encode()
     with socket.create_connection(("127.0.0.1", srv.port)) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        got = b""
-        while got.count(b"data: ") < 2:
-            got += s.recv(4096)
+                  b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+        if body["stream"]:
+            got = s.recv(4096)
+            assert got.startswith(b"HTTP/1.1 200"), got
+            while got.count(b"data: ") < 2:
+                more = s.recv(4096)
+                assert more, got
+                got += more
+        else:
+            for _ in range(200):
+                if srv.metrics()["llamacpp:requests_processing"] == 1:
+                    break
+                time.sleep(0.01)
+
+
+def settled(srv) -> dict:
     for _ in range(100):
         m = srv.metrics()
         if m["llamacpp:requests_processing"] == 0:
-            break
+            return m
         time.sleep(0.05)
-    m = srv.metrics()
-    assert m["llamacpp:requests_processing"] == 0 and m["llamacpp:kv_cache_tokens"] == 0
+    raise AssertionError("the generation did not stop")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_hang_up(srv, stream):
+    """The client closes its socket mid-stream (after two chunks), or while it waits
+    for a whole answer: the generation stops at once (far fewer tokens than asked
+    for are counted), and its context is freed."""
+    m0 = srv.metrics()
+    body = {"prompt": PROMPT, "max_tokens": 200, "stream": stream, "temperature": 0}
+    hang_up(srv, body)
+    m = settled(srv)
+    assert m["llamacpp:kv_cache_tokens"] == 0
     n = m["llamacpp:tokens_predicted_total"] - m0["llamacpp:tokens_predicted_total"]
     time.sleep(0.3)
     assert srv.metrics()["llamacpp:tokens_predicted_total"] - m0["llamacpp:tokens_predicted_total"] == n < 100
