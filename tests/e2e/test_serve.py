@@ -34,7 +34,7 @@ class Serve(Proc):
     def __init__(self, model, *args, host="127.0.0.1"):
         port = free_port()
         super().__init__(serve_argv("-m", str(model), "-c", str(N_CTX), "--host", host,
-                                    "--port", str(port), *args), port)
+                                    "--port", str(port), *args), port, timeout=120)
         self.url = f"http://{host}:{port}"
         for _ in range(200):      # listening comes a moment before the app is ready
             try:
