@@ -320,6 +320,22 @@ def test_hang_up(srv, stream):
     assert r["usage"]["completion_tokens"] == 20
 
 
+def test_clients_at_once_are_served_in_turn(srv):
+    """-np 2 is accepted but requests run one at a time: three clients at once (one
+    streaming) all get their whole answer, the same greedy text."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(stream):
+        body = {"prompt": PROMPT, "max_tokens": 30, "temperature": 0, "stream": stream}
+        if not stream:
+            return srv.post("/v1/completions", body).json()["choices"][0]["text"]
+        return "".join(c.choices[0].text for c in srv.client().completions.create(model="synth", **body))
+
+    with ThreadPoolExecutor(3) as pool:
+        texts = list(pool.map(ask, [False, True, False]))
+    assert texts[0] == texts[2] and texts[0].startswith(texts[1]) and len(texts[1]) > 0
+
+
 def test_key_host_and_template_errors(files, rpc):
     """--api-key (401 without it, /health open), a --host other than 127.0.0.1 (the
     warning), a template that raises (400, and the next request is served)."""
