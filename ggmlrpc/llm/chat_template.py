@@ -60,7 +60,9 @@ class ChatTemplate:
             if not isinstance(source, str):
                 raise TemplateError("the model has no chat template (give one with --chat-template-file)")
         def text(tid):
-            return tokenizer.tokens[tid] if tid is not None and 0 <= tid < tokenizer.n_vocab else ""
+            if tid is None or not 0 <= tid < tokenizer.n_vocab:
+                return ""
+            return tokenizer.tokens[tid].decode("utf-8", "replace")   # token texts are bytes
         return cls(source, text(getattr(tokenizer, "bos", None)), text(getattr(tokenizer, "eos", None)))
 
     def render(self, messages: list[dict], add_generation_prompt: bool = True, tools=None,
