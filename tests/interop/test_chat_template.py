@@ -1,0 +1,139 @@
+"""Chat templates rendered as llama-server renders them: real templates from the
+reference sdist (models/templates/) grafted into small generated models with real
+vocabularies, each rendered by ChatTemplate and by llama-server --jinja's
+/apply-template on the same conversations, compared byte for byte; and the prompt's
+tokens compared with what llama-server's /tokenize makes of its own prompt."""
+from __future__ import annotations
+
+import json
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from ggmlrpc.llm import synth
+from ggmlrpc.llm.chat_template import ChatTemplate, TemplateError
+from ggmlrpc.llm.gguf_file import GGUFFile
+from ggmlrpc.llm.tokenizer import Tokenizer
+from tests.interop.test_tokenizer import vocab_dir
+
+pytestmark = pytest.mark.interop
+
+# template file -> (vocabulary it is grafted onto, what it is exercised with)
+TEMPLATES = {
+    "meta-llama-Llama-3.1-8B-Instruct": ("llama-bpe", {"tools"}),
+    "meta-llama-Llama-3.2-3B-Instruct": ("llama-bpe", set()),
+    "Qwen-Qwen2.5-7B-Instruct": ("qwen2", {"tools"}),
+    "Qwen-Qwen3-0.6B": ("qwen2", {"tools", "reasoning"}),
+    "Qwen-QwQ-32B": ("qwen2", {"reasoning"}),
+    "google-gemma-2-2b-it": ("llama-spm", set()),
+    "microsoft-Phi-3.5-mini-instruct": ("phi-3", set()),
+    "mistralai-Mistral-Nemo-Instruct-2407": ("llama-spm", {"tools"}),
+    "deepseek-ai-DeepSeek-R1-Distill-Qwen-32B": ("deepseek-coder", {"reasoning"}),
+    "NousResearch-Hermes-2-Pro-Llama-3-8B-tool_use": ("llama-bpe", {"tools"}),
+}
+
+TOOLS = [{"type": "function", "function": {
+    "name": "get_weather", "description": "The weather in a city, now.",
+    "parameters": {"type": "object", "properties": {
+        "city": {"type": "string", "description": "Name of the city"},
+        "unit": {"type": "string", "enum": ["celsius", "fahrenheit"]}},
+        "required": ["city"]}}}]
+
+CHAT = [{"role": "system", "content": "You are a terse assistant."},
+        {"role": "user", "content": "Hello there!"},
+        {"role": "assistant", "content": "Hi. What do you need?"},
+        {"role": "user", "content": "Say \"yes\" in Fran\u00e7ais \u2713, then stop."}]
+NO_SYSTEM = CHAT[1:]
+PARTS = [{"role": "user", "content": [{"type": "text", "text": "First part."},
+                                      {"type": "text", "text": "Second part."}]}]
+CONTINUE = [{"role": "user", "content": "Count to three."},
+            {"role": "assistant", "content": "One, two,"}]
+TOOL_CHAT = [
+    {"role": "system", "content": "You can look up the weather."},
+    {"role": "user", "content": "Weather in Paris?"},
+    {"role": "assistant", "content": "", "tool_calls": [{
+        "id": "call0abc1", "type": "function",
+        "function": {"name": "get_weather", "arguments": "{\"city\": \"Paris\", \"unit\": \"celsius\"}"}}]},
+    {"role": "tool", "tool_call_id": "call0abc1", "name": "get_weather", "content": "{\"temp\": 21.5}"},
+    {"role": "assistant", "content": "It is 21.5 \u00b0C in Paris."},
+    {"role": "user", "content": "And in Rome?"}]
+REASONING = [{"role": "user", "content": "What is 2+2?"},
+             {"role": "assistant", "content": "4.", "reasoning_content": "Two and two make four."},
+             {"role": "user", "content": "And 3+3?"}]
+
+
+def cases(uses: set) -> list[tuple[str, dict]]:
+    out = [("chat", {"messages": CHAT}),
+           ("no-system", {"messages": NO_SYSTEM}),
+           ("no-generation-prompt", {"messages": CHAT, "add_generation_prompt": False}),
+           ("content-parts", {"messages": PARTS})]
+    if "reasoning" not in uses:
+        out.append(("continue", {"messages": CONTINUE}))
+    if "tools" in uses:
+        out += [("tools", {"messages": CHAT, "tools": TOOLS}),
+                ("tool-calls", {"messages": TOOL_CHAT, "tools": TOOLS})]
+    if "reasoning" in uses:
+        out.append(("reasoning", {"messages": REASONING}))
+    return out
+
+
+class _KeysOnly:
+    """Passes a vocabulary's keys to a writer, less its chat templates."""
+
+    def __init__(self, writer):
+        self.writer = writer
+
+    def add_key_value(self, key, *args):
+        if not key.startswith("tokenizer.chat_template"):
+            self.writer.add_key_value(key, *args)
+
+
+def graft(tmp: Path, vocab: Path, template: str) -> Path:
+    """A small random llama model with `vocab`'s tokenizer and `template`."""
+    import gguf
+
+    keys = tmp / "vocab.gguf"
+    w = gguf.GGUFWriter(str(keys), "llama")
+    synth._graft_vocab(_KeysOnly(w), vocab)
+    w.add_chat_template(template)
+    w.write_header_to_file()
+    w.write_kv_data_to_file()
+    w.write_tensors_to_file()
+    w.close()
+    shape = synth.LlamaShape(n_layer=1, n_embd=32, n_ff=32, n_head=2, n_head_kv=1, n_ctx=256)
+    return synth.write_llama(tmp / "model.gguf", shape, seed=1, vocab_from=keys)
+
+
+def post(port: int, path: str, body: dict):
+    req = urllib.request.Request(f"http://127.0.0.1:{port}{path}", json.dumps(body).encode(),
+                                 {"Content-Type": "application/json"})
+    try:
+        with urllib.request.urlopen(req, timeout=60) as r:
+            return json.loads(r.read())
+    except urllib.error.HTTPError as e:
+        return {"error": json.loads(e.read() or b"{}").get("error", {"code": e.code})}
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_same_prompt_as_llama_server(ref_bin, ref_llama_server, tmp_path, name):
+    vocab, uses = TEMPLATES[name]
+    source = (vocab_dir(ref_bin) / "templates" / f"{name}.jinja").read_text()
+    model = graft(tmp_path, vocab_dir(ref_bin) / f"ggml-vocab-{vocab}.gguf", source)
+    f = GGUFFile(model)
+    tok = Tokenizer.from_gguf(f)
+    ours = ChatTemplate.from_gguf(f, tok)
+    srv = ref_llama_server(model, "--jinja")
+    for case, body in cases(uses):
+        ref = post(srv.port, "/apply-template", body)
+        kw = {k: v for k, v in body.items() if k != "messages"}
+        if "error" in ref:  # llama-server refuses this conversation: so must we
+            with pytest.raises(TemplateError):
+                ours.render(body["messages"], **kw)
+            continue
+        got = ours.render(body["messages"], **kw)
+        assert got == ref["prompt"], (name, case)
+        toks = post(srv.port, "/tokenize", {"content": ref["prompt"], "add_special": True,
+                                            "parse_special": True})["tokens"]
+        assert ours.prompt_tokens(tok, body["messages"], **kw) == toks, (name, case)
