@@ -24,12 +24,14 @@ llama.cpp renders with its own Jinja engine (common/jinja) after preparing the i
 - a leading BOS text is cut when the vocabulary adds BOS itself (and a trailing EOS
   text when it adds EOS); a trailing assistant message is continued, not closed.
 
-Jinja2 runs in ImmutableSandboxedEnvironment with trim_blocks, lstrip_blocks and loop
+Jinja2 runs in ImmutableSandboxedEnvironment (lists may be appended to and popped
+from, as llama.cpp allows; nothing else changes a value) with trim_blocks, lstrip_blocks and loop
 controls (the settings llama.cpp's lexer applies), undefined values chain as in
 llama.cpp (`a.b.c` of something missing is undefined, not an error), and `+` between
 a string and none/undefined treats the missing side as empty, as llama.cpp does."""
 from __future__ import annotations
 
+import copy
 import datetime
 import json
 import time
@@ -256,6 +258,13 @@ class _Env(ImmutableSandboxedEnvironment):
             self.probe.keys.add((id(obj), attribute))
         return super().getattr(obj, attribute)
 
+    def is_safe_attribute(self, obj, attr, value):
+        # llama.cpp's engine lets a template append to and pop from a list (Kimi K2's
+        # do); nothing else that changes a value. The inputs are copies made per render.
+        if isinstance(obj, list) and attr in ("append", "pop"):
+            return True
+        return super().is_safe_attribute(obj, attr, value)
+
     def unsafe_undefined(self, obj, attribute):
         raise SecurityError(f"access to attribute {attribute!r} of a {type(obj).__name__} is not allowed")
 
@@ -388,7 +397,7 @@ def normalize_tools(tools) -> list[dict]:
         params = f.get("parameters")
         out.append({"type": "function", "function": {
             "name": f["name"], "description": f.get("description") or "",
-            "parameters": params if params is not None else {}}})
+            "parameters": copy.deepcopy(params) if params is not None else {}}})
     return out
 
 
@@ -608,7 +617,7 @@ class ChatTemplate:
         context = {"enable_thinking": ("enable_thinking" in self.source) if enable_thinking is None
                    else bool(enable_thinking),
                    "datetime": day.strftime("%b %d %Y"), "date_string": day.strftime("%d %b %Y")}
-        context.update(extra)
+        context.update(copy.deepcopy(extra))
         if not continue_final:
             return self._apply(msgs, tools, add_generation_prompt, context, now)
         closed = self._apply(msgs, tools, False, context, now)
