@@ -33,7 +33,9 @@ from __future__ import annotations
 
 import copy
 import datetime
+import functools
 import json
+import re
 import time
 
 import jinja2
@@ -278,6 +280,32 @@ class _Env(ImmutableSandboxedEnvironment):
         return super().call_binop(context, operator, left, right)
 
 
+_MARKER = r"(?:<[^>]*>|\[[^\]]*\])"
+_WS = " \t\r\n"
+
+
+def _is_marker(seg: str) -> bool:
+    return len(seg) > 1 and (seg[0], seg[-1]) in (("<", ">"), ("[", "]"))
+
+
+def _segments(text: str) -> list[str]:
+    """Text cut into markers (`<...>`, `[...]`) and the text between them."""
+    return re.findall(r"<[^>]*>|\[[^\]]*\]|[^<\[]+|[<\[]", text)
+
+
+def _segment_diff(a: str, b: str) -> tuple[str, str]:
+    """What differs between two texts once the segments they start and end with alike
+    are set aside: (a's part, b's part)."""
+    sa, sb = _segments(a), _segments(b)
+    i = 0
+    while i < min(len(sa), len(sb)) and sa[i] == sb[i]:
+        i += 1
+    j = 0
+    while j < min(len(sa), len(sb)) - i and sa[-1 - j] == sb[-1 - j]:
+        j += 1
+    return "".join(sa[i:len(sa) - j]), "".join(sb[i:len(sb) - j])
+
+
 def _raise(message):
     raise TemplateError(f"chat template raised: {message}")
 
@@ -514,6 +542,71 @@ class ChatTemplate:
             caps["tool_calls"] = ok and (p.used(msgs[1], "tool_calls") or "array" in p.ops.get(id(calls), ()))
         return caps
 
+    @functools.cached_property
+    def reasoning_markers(self) -> tuple[str, str]:
+        """The text that opens and closes the assistant's reasoning ("" when none is
+        found), found as llama.cpp's chat autoparser finds them: an assistant turn is
+        rendered with and without reasoning, and the markers (`<...>` or `[...]` with
+        the whitespace around them) that wrap the reasoning are taken; older Qwen and
+        DeepSeek templates, which drop reasoning, and Granite 3.3 are known to use
+        <think></think>. Specialized formats llama.cpp handles apart (gpt-oss, Kimi K2,
+        ...) are not covered."""
+        src = self.source
+        if ("content.split('</think>')" in src and "reasoning_content" not in src
+                and "<SPECIAL_12>" not in src) or \
+                "Write your thoughts between <think></think> and write your response between" in src:
+            return "<think>", "</think>"
+        user = {"role": "user", "content": "U_USER_MSG Hello END_U"}
+        reply = {"role": "assistant", "content": "A_ASST_MSG I can help END_A"}
+        thought = "REASON_PART I am thinking END_R"
+        start = end = ""
+        # 1. an assistant turn with reasoning: the markers around it
+        out = self._quiet(messages=[user, dict(reply, reasoning_content=thought)], enable_thinking=True)
+        if out is not None and thought in out:
+            m = re.search(f"({_MARKER}[ \t\r\n]*){re.escape(thought)}([ \t\r\n]*{_MARKER}[ \t\r\n]*)", out)
+            if m:
+                start, end = m.group(1), m.group(2)
+            else:
+                m = re.search(f"{re.escape(thought)}[ \t\r\n]*({_MARKER}[ \t\r\n]*)", out)
+                end = m.group(1) if m else ""
+        # 2. the generation prompt with thinking off and on: what one adds
+        a = self._quiet(messages=[user], add_generation_prompt=True, enable_thinking=False)
+        b = self._quiet(messages=[user], add_generation_prompt=True, enable_thinking=True)
+        if a is None or b is None:
+            return start, end
+        left, right = _segment_diff(a, b)
+        lt, rt = left.strip(_WS), right.strip(_WS)
+        if not lt and right:
+            if rt and b.endswith(rt) and not start:
+                start = right
+        elif not rt and left:
+            if lt and a.endswith(lt) and not end:
+                seg = [x for x in _segments(a) if x.strip(_WS)]
+                if len(seg) >= 2 and seg[-1] == lt and _is_marker(seg[-2]):
+                    start = seg[-2]
+                end = left
+        elif lt and rt:
+            for base, extended in ((b, a), (a, b)):
+                anchor = base[-64:]
+                pos = extended.rfind(anchor)
+                if pos < 0 or pos + len(anchor) >= len(extended):
+                    continue
+                extra = extended[pos + len(anchor):].strip(_WS)
+                seg = [x for x in _segments(extra) if x.strip(_WS)]
+                if extra and len(seg) == 2 and all(map(_is_marker, seg)):
+                    start, end = start or seg[0], end or seg[1]
+                    break
+        if "laguna_glm_thinking" in src:  # llama.cpp trims Laguna's markers to the tags
+            start, end = start.strip(_WS), end.strip(_WS)
+        return start, end
+
+    def _quiet(self, **ctx) -> str | None:
+        """The template on a probe conversation, or None where it fails."""
+        try:
+            return self._t.render(bos_token=self.bos_token, eos_token=self.eos_token, **ctx)
+        except Exception:  # as llama.cpp: a template that fails on a probe tells nothing
+            return None
+
     # -- rendering ------------------------------------------------------------------
 
     def _prepare(self, messages: list[dict]) -> list[dict]:
@@ -592,12 +685,12 @@ class ChatTemplate:
         """The prompt llama-server's /apply-template (and /v1/chat/completions) builds
         for these OpenAI-style `messages` and `tools`.
 
-        `enable_thinking` defaults to whether the template reads it (llama-server
-        turns it on for templates that can think). `continue_final` (default: when the
+        `enable_thinking` defaults to whether the template marks reasoning
+        (`reasoning_markers`), as llama-server turns it on for templates that think. `continue_final` (default: when the
         last message is the assistant's) renders the conversation before it with the
-        assistant's opening and then its text, so that generation continues it, as
-        llama-server does; it does not add the reasoning block of a trailing assistant
-        message. `extra` are chat_template_kwargs (e.g. reasoning_effort). `now`
+        assistant's opening and then its text (its reasoning reopened first where
+        `reasoning_markers` are known), so that generation continues it, as
+        llama-server does. `extra` are chat_template_kwargs (e.g. reasoning_effort). `now`
         (seconds since the epoch) fixes the date the template sees."""
         msgs = normalize_messages(messages)
         tools = normalize_tools(tools)
@@ -614,21 +707,33 @@ class ChatTemplate:
         msgs = self._fix(msgs)
         now = time.time() if now is None else now
         day = datetime.datetime.fromtimestamp(now)
-        context = {"enable_thinking": ("enable_thinking" in self.source) if enable_thinking is None
+        context = {"enable_thinking": any(self.reasoning_markers) if enable_thinking is None
                    else bool(enable_thinking),
                    "datetime": day.strftime("%b %d %Y"), "date_string": day.strftime("%d %b %Y")}
         context.update(copy.deepcopy(extra))
         if not continue_final:
             return self._apply(msgs, tools, add_generation_prompt, context, now)
         closed = self._apply(msgs, tools, False, context, now)
+        if last is None or len(last) == 2 and not last["content"]:
+            return closed  # nothing to continue
         opened = self._apply(msgs, tools, True, context, now)
         n = 0
         while n < min(len(closed), len(opened)) and closed[n] == opened[n]:
             n += 1
-        if last is None or len(last) == 1 and not last["content"]:
-            return closed  # nothing to continue
+        opening = opened[n:]
         c = last["content"]
-        return closed + opened[n:] + (c if isinstance(c, str) else "\n\n".join(p["text"] for p in c))
+        text = c if isinstance(c, str) else "\n\n".join(p["text"] for p in c)
+        thought = last.get("reasoning_content", "")
+        start, end = self.reasoning_markers
+        if start:
+            # the reasoning block is reopened (and closed again when the text follows)
+            i = opening.find(start)
+            opening = (opening[:i] if i >= 0 else opening) + start + thought
+            if text or not thought:
+                opening += end
+        if text or not thought:
+            opening += text
+        return closed + opening
 
     def prompt_tokens(self, tokenizer, messages: list[dict], **kw) -> list[int]:
         """The tokens llama-server evaluates for this conversation: `render(messages,
