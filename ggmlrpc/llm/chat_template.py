@@ -367,8 +367,8 @@ def normalize_messages(messages) -> list[dict]:
     for m in messages:
         if not isinstance(m, dict) or not isinstance(m.get("role"), str):
             _bad("each message must be an object with a string 'role'")
-        if "content" not in m and "tool_calls" not in m:
-            _bad("a message needs 'content' or 'tool_calls'")
+        if "content" not in m and (m["role"] != "assistant" or "tool_calls" not in m):
+            _bad("a message needs 'content' (an assistant's may have 'tool_calls' instead)")
         j = {"role": m["role"]}
         content = m.get("content")
         if isinstance(content, list):
@@ -455,7 +455,7 @@ class ChatTemplate:
     rendered with."""
 
     def __init__(self, source: str, bos_token: str = "", eos_token: str = "",
-                 add_bos: bool = False, add_eos: bool = False):
+                 add_bos: bool = False, add_eos: bool = False, tool_use: str | None = None):
         if not source or source == "chatml":
             source = CHATML
         for (needles, check) in _PATCHES:
@@ -470,6 +470,10 @@ class ChatTemplate:
         except jinja2.TemplateError as e:
             raise TemplateError(f"chat template does not parse: {e}") from None
         self.caps = self._probe_caps()
+        # the model's second template, for conversations with tools (llama.cpp's
+        # "tool_use" variant)
+        self.tool_use = ChatTemplate(tool_use, bos_token, eos_token, add_bos, add_eos) \
+            if tool_use else None
 
     @classmethod
     def from_gguf(cls, file, tokenizer, path: str | None = None) -> "ChatTemplate":
@@ -482,18 +486,21 @@ class ChatTemplate:
                     source = f.read()
             except (OSError, UnicodeDecodeError) as e:
                 raise TemplateError(f"cannot read chat template file: {e}") from None
+            tool_use = None
         else:
             source = file.meta.get("tokenizer.chat_template")
-            if not isinstance(source, str):
-                source = file.meta.get("tokenizer.chat_template.tool_use")
-            source = source if isinstance(source, str) else ""
+            tool_use = file.meta.get("tokenizer.chat_template.tool_use")
+            tool_use = tool_use if isinstance(tool_use, str) else None
+            if not isinstance(source, str) or source == "chatml":
+                source, tool_use = tool_use or "", None
 
         def text(tid):
             if tid is None or not 0 <= tid < tokenizer.n_vocab:
                 return ""
             return tokenizer.token_to_piece(tid, special=True).decode("utf-8", "replace")
         return cls(source, text(getattr(tokenizer, "bos", None)), text(getattr(tokenizer, "eos", None)),
-                   bool(getattr(tokenizer, "add_bos", False)), bool(getattr(tokenizer, "add_eos", False)))
+                   bool(getattr(tokenizer, "add_bos", False)), bool(getattr(tokenizer, "add_eos", False)),
+                   tool_use)
 
     # llama.cpp's jinja::caps_get: render fixed conversations and see what was read
     def _try(self, messages, tools=None, **extra) -> tuple[_Probe, bool, str, object, object]:
@@ -692,6 +699,9 @@ class ChatTemplate:
         `reasoning_markers` are known), so that generation continues it, as
         llama-server does. `extra` are chat_template_kwargs (e.g. reasoning_effort). `now`
         (seconds since the epoch) fixes the date the template sees."""
+        if tools and self.tool_use is not None:
+            return self.tool_use.render(messages, add_generation_prompt, tools, enable_thinking,
+                                        continue_final, now, **extra)
         msgs = normalize_messages(messages)
         tools = normalize_tools(tools)
         if continue_final is None:

@@ -103,14 +103,18 @@ class _KeysOnly:
             self.writer.add_key_value(key, *args)
 
 
-def graft(tmp: Path, vocab: Path, template: str) -> Path:
-    """A small random llama model with `vocab`'s tokenizer and `template`."""
+def graft(tmp: Path, vocab: Path, template: str | None) -> Path:
+    """A small random llama model with `vocab`'s tokenizer and `template` (None: the
+    vocabulary file's own templates)."""
     import gguf
 
     keys = tmp / "vocab.gguf"
     w = gguf.GGUFWriter(str(keys), "llama")
-    synth._graft_vocab(_KeysOnly(w), vocab)
-    w.add_chat_template(template)
+    if template is None:
+        synth._graft_vocab(w, vocab)
+    else:
+        synth._graft_vocab(_KeysOnly(w), vocab)
+        w.add_chat_template(template)
     w.write_header_to_file()
     w.write_kv_data_to_file()
     w.write_tensors_to_file()
@@ -129,11 +133,8 @@ def post(port: int, path: str, body: dict):
         return {"error": json.loads(e.read() or b"{}").get("error", {"code": e.code})}
 
 
-@pytest.mark.parametrize("name", list(TEMPLATES))
-def test_same_prompt_as_llama_server(ref_bin, ref_llama_server, tmp_path, name):
-    vocab, uses = TEMPLATES[name]
-    source = (vocab_dir(ref_bin) / "templates" / f"{name}.jinja").read_text()
-    model = graft(tmp_path, vocab_dir(ref_bin) / f"ggml-vocab-{vocab}.gguf", source)
+def same_as_llama_server(ref_llama_server, model: Path, uses: set, name: str) -> list[str]:
+    """Every case rendered by both and compared; returns the cases both refuse."""
     f = GGUFFile(model)
     tok = Tokenizer.from_gguf(f)
     ours = ChatTemplate.from_gguf(f, tok)
@@ -153,4 +154,20 @@ def test_same_prompt_as_llama_server(ref_bin, ref_llama_server, tmp_path, name):
                                             "parse_special": True})["tokens"]
         assert ours.prompt_tokens(tok, body["messages"], **kw) == toks, (name, case)
     print(f"\n[{name}] refused by both: {refused}")
-    assert "chat" not in refused
+    return refused
+
+
+@pytest.mark.parametrize("name", list(TEMPLATES))
+def test_same_prompt_as_llama_server(ref_bin, ref_llama_server, tmp_path, name):
+    vocab, uses = TEMPLATES[name]
+    source = (vocab_dir(ref_bin) / "templates" / f"{name}.jinja").read_text()
+    model = graft(tmp_path, vocab_dir(ref_bin) / f"ggml-vocab-{vocab}.gguf", source)
+    assert "chat" not in same_as_llama_server(ref_llama_server, model, uses, name)
+
+
+def test_the_models_tool_use_template(ref_bin, ref_llama_server, tmp_path):
+    # Command R's vocabulary file carries its templates: a default one and a "tool_use"
+    # one, which llama-server takes when the request has tools
+    model = graft(tmp_path, vocab_dir(ref_bin) / "ggml-vocab-command-r.gguf", None)
+    assert GGUFFile(model).meta.get("tokenizer.chat_template.tool_use")
+    assert "chat" not in same_as_llama_server(ref_llama_server, model, {"tools"}, "command-r")
