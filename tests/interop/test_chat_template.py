@@ -1,8 +1,9 @@
 """Chat templates rendered as llama-server renders them: real templates from the
-reference sdist (models/templates/) grafted into small generated models with real
-vocabularies, each rendered by ChatTemplate and by llama-server --jinja's
-/apply-template on the same conversations, compared byte for byte; and the prompt's
-tokens compared with what llama-server's /tokenize makes of its own prompt."""
+reference sdist (models/templates/) with small generated models that carry real
+vocabularies (the template grafted into the model's metadata, or given to both as a
+file), each rendered by ChatTemplate and by llama-server --jinja's /apply-template on
+the same conversations, compared byte for byte; and the prompt's tokens compared with
+what llama-server's /tokenize makes of its own prompt."""
 from __future__ import annotations
 
 import json
@@ -133,12 +134,13 @@ def post(port: int, path: str, body: dict):
         return {"error": json.loads(e.read() or b"{}").get("error", {"code": e.code})}
 
 
-def same_as_llama_server(ref_llama_server, model: Path, uses: set, name: str) -> list[str]:
-    """Every case rendered by both and compared; returns the cases both refuse."""
-    f = GGUFFile(model)
-    tok = Tokenizer.from_gguf(f)
-    ours = ChatTemplate.from_gguf(f, tok)
-    srv = ref_llama_server(model, "--jinja")
+def same_as_llama_server(ref_llama_server, model: Path, uses: set, name: str,
+                         template: Path | None = None) -> list[str]:
+    """Every case rendered by both and compared; returns the cases both refuse.
+    `template`: a template file both take instead of the model's own."""
+    f, tok = load(model)
+    ours = ChatTemplate.from_gguf(f, tok, path=template)
+    srv = ref_llama_server(model, "--jinja", *(["--chat-template-file", str(template)] if template else []))
     refused = []
     for case, body in cases(uses):
         ref = post(srv.port, "/apply-template", body)
@@ -157,12 +159,46 @@ def same_as_llama_server(ref_llama_server, model: Path, uses: set, name: str) ->
     return refused
 
 
+_loaded: dict = {}
+
+
+def load(model: Path):
+    if model not in _loaded:
+        f = GGUFFile(model)
+        _loaded[model] = f, Tokenizer.from_gguf(f)
+    return _loaded[model]
+
+
+@pytest.fixture(scope="module")
+def vocab_model(ref_bin, tmp_path_factory):
+    """Factory: a small random llama model with one of the sdist's vocabularies (one
+    per vocabulary: writing and reading a large vocabulary is the slow part here)."""
+    made: dict = {}
+
+    def get(vocab: str) -> Path:
+        if vocab not in made:
+            shape = synth.LlamaShape(n_layer=1, n_embd=32, n_ff=32, n_head=2, n_head_kv=1, n_ctx=256)
+            made[vocab] = synth.write_llama(tmp_path_factory.mktemp(vocab) / "model.gguf", shape,
+                                            seed=1, vocab_from=vocab_dir(ref_bin) / f"ggml-vocab-{vocab}.gguf")
+        return made[vocab]
+    return get
+
+
 @pytest.mark.parametrize("name", list(TEMPLATES))
-def test_same_prompt_as_llama_server(ref_bin, ref_llama_server, tmp_path, name):
+def test_same_prompt_as_llama_server(ref_bin, ref_llama_server, vocab_model, name):
+    # the template given as a file to both (llama-server's --chat-template-file)
     vocab, uses = TEMPLATES[name]
+    template = vocab_dir(ref_bin) / "templates" / f"{name}.jinja"
+    assert "chat" not in same_as_llama_server(ref_llama_server, vocab_model(vocab), uses, name, template)
+
+
+def test_template_grafted_into_the_model(ref_bin, ref_llama_server, tmp_path):
+    # the template in the model's own metadata (tokenizer.chat_template)
+    name = "meta-llama-Llama-3.1-8B-Instruct"
     source = (vocab_dir(ref_bin) / "templates" / f"{name}.jinja").read_text()
-    model = graft(tmp_path, vocab_dir(ref_bin) / f"ggml-vocab-{vocab}.gguf", source)
-    assert "chat" not in same_as_llama_server(ref_llama_server, model, uses, name)
+    model = graft(tmp_path, vocab_dir(ref_bin) / "ggml-vocab-llama-bpe.gguf", source)
+    assert GGUFFile(model).meta.get("tokenizer.chat_template") == source
+    assert "chat" not in same_as_llama_server(ref_llama_server, model, {"tools"}, name)
 
 
 def test_the_models_tool_use_template(ref_bin, ref_llama_server, tmp_path):
