@@ -693,12 +693,13 @@ class ChatTemplate:
         for these OpenAI-style `messages` and `tools`.
 
         `enable_thinking` defaults to whether the template marks reasoning
-        (`reasoning_markers`), as llama-server turns it on for templates that think. `continue_final` (default: when the
-        last message is the assistant's) renders the conversation before it with the
-        assistant's opening and then its text (its reasoning reopened first where
-        `reasoning_markers` are known), so that generation continues it, as
-        llama-server does. `extra` are chat_template_kwargs (e.g. reasoning_effort). `now`
-        (seconds since the epoch) fixes the date the template sees."""
+        (`reasoning_markers`), as llama-server turns it on for templates that think.
+        `continue_final` (default: when the last message is the assistant's) renders
+        the conversation before it, the assistant's opening, then its text (its
+        reasoning reopened first where `reasoning_markers` are known), so that
+        generation continues it, as llama-server does. `extra` are the
+        chat_template_kwargs (e.g. reasoning_effort). `now` (seconds since the epoch)
+        fixes the date the template sees."""
         if tools and self.tool_use is not None:
             return self.tool_use.render(messages, add_generation_prompt, tools, enable_thinking,
                                         continue_final, now, **extra)
@@ -710,10 +711,10 @@ class ChatTemplate:
                 _bad("cannot have 2 or more assistant messages at the end of the list")
         if continue_final and msgs and msgs[-1].get("tool_calls"):
             _bad("cannot continue an assistant message that contains tool calls")
+        last = msgs[-1] if continue_final and msgs else None
         msgs = self._prepare(msgs)
-        last = None
-        if continue_final and msgs:
-            last = msgs.pop()
+        if last is not None:
+            msgs.pop()
         msgs = self._fix(msgs)
         now = time.time() if now is None else now
         day = datetime.datetime.fromtimestamp(now)
