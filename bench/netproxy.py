@@ -19,7 +19,7 @@ import socket
 import threading
 import time
 
-# ggml RPC commands that are answered (shared/spec/PROTOCOL.md): each one costs its
+# ggml RPC commands that are answered (docs/protocol.md): each one costs its
 # client a round trip
 ANSWERED = {0: "ALLOC_BUFFER", 1: "GET_ALIGNMENT", 2: "GET_MAX_SIZE", 3: "BUFFER_GET_BASE",
             7: "SET_TENSOR_HASH", 8: "GET_TENSOR", 9: "COPY_TENSOR", 11: "GET_DEVICE_MEMORY",

@@ -1,6 +1,6 @@
 """A GRAPH_COMPUTE payload, deserialized and validated against a session's buffers.
 
-Rules (PROTOCOL.md, "What the server must check"): every id a node, source or view
+Rules (docs/protocol.md, "The graph payload"): every id a node, source or view
 names exists in the tensor list and comes before its user (post-order, so no
 cycles); node ids are nonzero; each tensor passes the shape checks (a block type's
 nb[0] is its block size, ggml's layout rule, so that its byte extent is what the

@@ -235,46 +235,34 @@ def ref_server(ref_bin):
         p.stop()
 
 
-class RefLlamaServer:
-    """The reference llama-server on a model, ready to answer (its /health says ok)."""
-
-    def __init__(self, bin_dir: Path, model, *args, timeout: float = 120.0):
-        import urllib.request
-
-        port = free_port()
-        argv = [str(bin_dir / "llama-server"), "-m", str(model), "--host", "127.0.0.1",
-                "--port", str(port), "-ngl", "0", "-c", "256", "-t", "1", *args]
-        self.proc = Proc(argv, port)
-        self.port = port
-        deadline = time.monotonic() + timeout
-        while True:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=5) as r:
-                    if r.status == 200:
-                        return
-            except OSError:
-                pass
-            if self.proc.proc.poll() is not None or time.monotonic() > deadline:
-                out, err = self.close()
-                raise RuntimeError(f"llama-server did not come up:\n{err[-2000:]}")
-            time.sleep(0.2)
-
-    def close(self):
-        return self.proc.stop()
-
-
 @pytest.fixture
 def ref_llama_server(ref_bin):
-    """Factory: the reference llama-server on a model (`extra` arguments after the
-    defaults: 127.0.0.1, a free port, -ngl 0, -c 256, one thread); each has .port and
-    .close() and is stopped at the end of the test."""
-    servers = []
+    """Factory: the reference llama-server on `model` with llama-server's `args`,
+    ready (its /health answers 200); an object with .port, .url, .output(), .close()."""
+    import urllib.error
+    import urllib.request
 
-    def start(model, *extra):
-        s = RefLlamaServer(ref_bin, model, *extra)
-        servers.append(s)
-        return s
+    procs = []
+
+    def start(model, *args, env=None):
+        port = free_port()
+        p = Proc([str(ref_bin / "llama-server"), "-m", str(model), "--port", str(port), *args], port,
+                 env=dict(os.environ, GGML_NO_BACKTRACE="1") if env is None else env)
+        p.url = f"http://127.0.0.1:{port}"
+        p.close = p.stop
+        procs.append(p)
+        deadline = time.monotonic() + 120
+        while True:
+            try:
+                with urllib.request.urlopen(p.url + "/health", timeout=5) as r:
+                    if r.status == 200:
+                        return p
+            except (urllib.error.URLError, OSError):
+                pass
+            if p.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"llama-server did not come up: {p.output()[1][-2000:]}")
+            time.sleep(0.1)
 
     yield start
-    for s in servers:
-        s.close()
+    for p in procs:
+        p.stop()

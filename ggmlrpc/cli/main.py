@@ -3,6 +3,8 @@
     ggml-rpc-cli probe host:port[,host:port...]
     ggml-rpc-cli run -m model.gguf [--rpc host:port,...] [-ngl N] -p PROMPT -n N ...
     ggml-rpc-cli bench -m model.gguf [--rpc host:port,...] -p 64 -n 32 -r 3
+    ggml-rpc-cli chat -m model.gguf [--rpc host:port,...] [-sys PROMPT] ...
+    ggml-rpc-cli serve -m model.gguf [--rpc host:port,...] [--host H] [--port P] ...
 
 Errors are one line on stderr and exit status 1, never a traceback.
 """
@@ -101,8 +103,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each server (default 5)")
     p.add_argument("--json", action="store_true", help="one JSON object per server")
     p.set_defaults(func=cmd_probe)
-    from . import run
+    from . import chat, run, serve
     run.add_parsers(sub)
+    chat.add_parser(sub)
+    serve.add_parsers(sub)
     return ap
 
 
@@ -119,4 +123,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # run as `python -m`: the subcommands import this module by its name, so its
+    # CliError must be that module's, not this __main__ copy's
+    from ggmlrpc.cli.main import main as _main
+    sys.exit(_main())

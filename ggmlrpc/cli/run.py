@@ -4,6 +4,7 @@ llama-bench."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -28,7 +29,13 @@ def _flash_attn(value: str) -> str:
 
 
 def add_model_args(p: argparse.ArgumentParser) -> None:
-    p.add_argument("-m", "--model", required=True, help="GGUF model file")
+    src = p.add_mutually_exclusive_group(required=True)
+    src.add_argument("-m", "--model", help="GGUF model file")
+    src.add_argument("-hf", "-hfr", "--hf-repo", dest="hf_repo", metavar="<user>/<model>[:quant]",
+                     help="a model from Hugging Face, downloaded into huggingface_hub's cache; quant: "
+                          "case-insensitive, default Q4_K_M, else Q8_0, else the repository's first GGUF")
+    p.add_argument("-hff", "--hf-file", dest="hf_file", default=None,
+                   help="the file of the -hf repository to load (instead of the quant's)")
     p.add_argument("--rpc", default=None, help="RPC servers, host:port[,host:port...]")
     p.add_argument("-ngl", "--gpu-layers", "--n-gpu-layers", dest="ngl", type=int, default=99,
                    help="layers to offload to the servers' devices (default: all)")
@@ -45,6 +52,23 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("--reconnect", type=float, default=0.0, metavar="SECONDS",
                    help="wait this long for a server lost during generation to come back "
                         "(it gets its layers again and the context is replayed; default 0: fail)")
+
+
+def add_sampling_args(p: argparse.ArgumentParser) -> None:
+    """How many tokens to generate and how to draw them (llama.cpp's defaults)."""
+    p.add_argument("-n", "--n-predict", dest="n_predict", type=int, default=-1,
+                   help="tokens to generate (default: -1, until end of text or a full context)")
+    p.add_argument("--temp", type=float, default=0.8, help="temperature (default 0.8; 0 = greedy)")
+    p.add_argument("--top-k", dest="top_k", type=int, default=40)
+    p.add_argument("--top-p", dest="top_p", type=float, default=0.95)
+    p.add_argument("--min-p", dest="min_p", type=float, default=0.05)
+    p.add_argument("-s", "--seed", type=int, default=-1, help="random seed (default: -1, random)")
+    p.add_argument("--ignore-eos", action="store_true", help="never end at end-of-generation tokens")
+
+
+def seed_of(a) -> int:
+    """The seed given, or a random one for -1."""
+    return a.seed if a.seed >= 0 else int.from_bytes(os.urandom(4), "little")
 
 
 class Progress:
@@ -82,6 +106,11 @@ def load_model(a, progress=None):
     from ..llm.gguf_file import ModelError
     from ..llm.model import Model
 
+    if a.hf_repo:
+        from .hf import resolve
+        a.model = resolve(a.hf_repo, a.hf_file)
+    elif a.hf_file:
+        raise CliError("-hff names a file of the -hf repository: give -hf too")
     rpc = split_endpoints(a.rpc) if a.rpc else None
     try:
         model = Model.load(a.model, rpc=rpc, n_gpu_layers=a.ngl, tensor_split=a.ts, n_ctx=a.ctx,
@@ -99,9 +128,24 @@ def load_model(a, progress=None):
     return model
 
 
-def cmd_run(a) -> int:
+@contextlib.contextmanager
+def running(model):
+    """Close `model` at the end; what goes wrong while it runs becomes one line."""
     from ..llm.gguf_file import ModelError
 
+    try:
+        yield model
+    except ModelError as e:
+        raise CliError(str(e)) from None
+    except UnsupportedError as e:
+        raise CliError(f"the local CPU cannot run this model: {e}") from None
+    except GgmlRpcError as e:
+        raise CliError(f"server lost during generation: {e}") from None
+    finally:
+        model.close()
+
+
+def cmd_run(a) -> int:
     prompt = a.prompt
     if a.file:
         try:
@@ -111,8 +155,8 @@ def cmd_run(a) -> int:
             raise CliError(f"cannot read prompt file: {e}") from None
     model = load_model(a, Progress())
     out = sys.stdout.buffer
-    seed = a.seed if a.seed >= 0 else int.from_bytes(os.urandom(4), "little")
-    try:
+    seed = seed_of(a)
+    with running(model):
         for piece in model.generate(prompt, a.n_predict, temp=a.temp, top_k=a.top_k, top_p=a.top_p,
                                     min_p=a.min_p, seed=seed, ignore_eos=a.ignore_eos, echo=True):
             # llama-completion prints each piece as a C string: nothing from a NUL byte on
@@ -122,14 +166,6 @@ def cmd_run(a) -> int:
             out.write(b" [end of text]\n")
         out.write(b"\n\n")
         out.flush()
-    except ModelError as e:
-        raise CliError(str(e)) from None
-    except UnsupportedError as e:
-        raise CliError(f"the local CPU cannot run this model: {e}") from None
-    except GgmlRpcError as e:
-        raise CliError(f"server lost during generation: {e}") from None
-    finally:
-        model.close()
     return 0
 
 
@@ -185,14 +221,7 @@ def add_parsers(sub) -> None:
     add_model_args(p)
     p.add_argument("-p", "--prompt", default="", help="prompt")
     p.add_argument("-f", "--file", default=None, help="read the prompt from a file")
-    p.add_argument("-n", "--n-predict", dest="n_predict", type=int, default=-1,
-                   help="tokens to generate (default: -1, until end of text or a full context)")
-    p.add_argument("--temp", type=float, default=0.8, help="temperature (default 0.8; 0 = greedy)")
-    p.add_argument("--top-k", dest="top_k", type=int, default=40)
-    p.add_argument("--top-p", dest="top_p", type=float, default=0.95)
-    p.add_argument("--min-p", dest="min_p", type=float, default=0.05)
-    p.add_argument("-s", "--seed", type=int, default=-1, help="random seed (default: -1, random)")
-    p.add_argument("--ignore-eos", action="store_true", help="never end at end-of-generation tokens")
+    add_sampling_args(p)
     for flag in ("-no-cnv", "--no-conversation", "--simple-io", "--no-repack", "--no-warmup"):
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)  # llama-completion's, no-ops
     p.set_defaults(func=cmd_run)

@@ -477,9 +477,10 @@ class ChatTemplate:
 
     @classmethod
     def from_gguf(cls, file, tokenizer, path: str | None = None) -> "ChatTemplate":
-        """The template of `path` if given, else the model's own (ChatML when it has
-        none, as llama.cpp); the model's BOS and EOS texts and whether its vocabulary
-        adds them."""
+        """The template of `path` if given, else the model's own (its "tool_use" one when
+        it has only that; TemplateError when it has none: llama.cpp takes ChatML then,
+        `ChatTemplate("chatml", ...)`); the model's BOS and EOS texts and whether its
+        vocabulary adds them (none without a `tokenizer`: only the template is read)."""
         if path is not None:
             try:
                 with open(path, encoding="utf-8") as f:
@@ -492,10 +493,12 @@ class ChatTemplate:
             tool_use = file.meta.get("tokenizer.chat_template.tool_use")
             tool_use = tool_use if isinstance(tool_use, str) else None
             if not isinstance(source, str) or source == "chatml":
-                source, tool_use = tool_use or "", None
+                source, tool_use = tool_use, None
+            if source is None:
+                raise TemplateError("the model has no chat template (give one with --chat-template-file)")
 
         def text(tid):
-            if tid is None or not 0 <= tid < tokenizer.n_vocab:
+            if tokenizer is None or tid is None or not 0 <= tid < tokenizer.n_vocab:
                 return ""
             return tokenizer.token_to_piece(tid, special=True).decode("utf-8", "replace")
         return cls(source, text(getattr(tokenizer, "bos", None)), text(getattr(tokenizer, "eos", None)),

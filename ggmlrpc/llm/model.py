@@ -1,21 +1,22 @@
-"""A GGUF model (llama, qwen2, qwen3, qwen2moe, qwen3moe, gemma2, gemma3, phi2, phi3,
-gpt-oss) spread over the
-local CPU and RPC servers.
+"""A GGUF model of one of the architectures of ggmlrpc.llm.archs spread over the
+local CPU and RPC servers: loading, the steps (and a lost server's recovery), and
+generation.
 
     model = Model.load("model.gguf", rpc=["10.0.0.2:50052"], n_gpu_layers=99)
     for piece in model.generate("Once upon a time", n_predict=16, temp=0):
         print(piece.decode(errors="replace"), end="", flush=True)
     model.close()
 
-Placement follows llama.cpp: the token embeddings stay on the local CPU; the last
-`n_gpu_layers` layers go to the servers' devices, in contiguous runs in proportion
-to `tensor_split` (default: each device's free memory); the output layer goes with
-the last layer when every layer is offloaded, else it stays on the CPU. Each
-layer's KV cache (F16) lives beside it; sliding-window layers keep only the window
-and a micro-batch of cells, reused as a ring in llama.cpp's order (SwaCells). Rope
-scaling (linear, YaRN) comes from the file's metadata. Every device runs one graph
-per step (its layers), built with ggmlrpc.builder exactly as llama.cpp builds it (same ops in
-the same order, flash attention, the output rows picked before the last
+Placement follows llama.cpp (ggmlrpc.llm.placement): the token embeddings stay on
+the local CPU; the last `n_gpu_layers` layers go to the servers' devices, in
+contiguous runs in proportion to `tensor_split` (default: each device's free
+memory); the output layer goes with the last layer when every layer is offloaded,
+else it stays on the CPU. Each layer's KV cache (F16) lives beside it;
+sliding-window layers keep only the window and a micro-batch of cells, reused as a
+ring in llama.cpp's order (ggmlrpc.llm.kv_cache). Rope scaling (linear, YaRN) comes
+from the file's metadata. Every device runs one graph per step (its layers), built
+with ggmlrpc.builder exactly as llama.cpp builds it (ggmlrpc.llm.blocks: same ops
+in the same order, flash attention, the output rows picked before the last
 feed-forward), so our CPU executor gives llama.cpp's logits bit for bit; the
 residual stream moves between devices with GET_TENSOR / SET_TENSOR. A decode step
 whose graphs have the shapes of the previous one reruns them with
@@ -26,295 +27,28 @@ first needs the token sampled from the last one's logits).
 """
 from __future__ import annotations
 
-import math
 import time
-from dataclasses import dataclass, field
 from typing import Iterator, Sequence
 
 import numpy as np
 
-from .. import builder as B
-from ..client import RemoteBackend, RemoteBuffer, Tensor
+from ..client import RemoteBuffer
 from ..errors import ConnectionLost, GgmlRpcError
-from ..ggml import GGMLGluOp, GGMLType, GGMLUnaryOp
 from ..local import LocalBackend
+from .archs import ARCHS, SUPPORTED_ARCHS
+from .blocks import build, stage_weights
 from .gguf_file import GGUFFile, ModelError
+from .hparams import HParams
+from .kv_cache import KV_PAD, KVCache, SwaCells
+from .placement import (Device, Stage, StageGraph, alloc_stage, assign_layers, open_devices, plan_stages,
+                        send_weights, stage_graph)
 from .sampling import Sampler
 from .tokenizer import Tokenizer
 
-KV_PAD = 256          # llama.cpp pads the attended cache cells to a multiple of this
+__all__ = ["Model", "HParams", "SwaCells", "KV_PAD", "N_UBATCH", "SUPPORTED_ARCHS", "Device", "Stage",
+           "assign_layers", "ModelError"]
+
 N_UBATCH = 512        # prompt tokens per graph (llama.cpp's default micro-batch)
-# architecture -> rope mode (0: consecutive pairs, 2: NeoX halves); the optional
-# tensors (q/k/v/output biases, per-head q/k norms) are used wherever a file has them
-ROPE_MODE = {"llama": 0, "qwen2": 2, "qwen3": 2, "qwen2moe": 2, "qwen3moe": 2, "gemma2": 2, "gemma3": 2,
-             "phi2": 2, "phi3": 2, "gpt-oss": 2}
-# gpt-oss: a learned sink logit per head, every other layer on a sliding window,
-# experts with biases (ADD_ID) and the clamped SwiGLU, gate weights soft-maxed over
-# the chosen experts only, the output rows picked after the last layer
-OSS = {"gpt-oss"}
-# phi3: fused q/k/v and fused gate/up matrices, LongRoPE frequency factors (the long
-# set when the context exceeds the original one)
-FUSED_FFN = {"phi3"}
-# phi2: LayerNorm with biases, one fused q/k/v matrix, rope on part of each head,
-# attention and a GELU feed-forward side by side on the same normed input
-PARALLEL = {"phi2"}
-
-# gemma2/3: embeddings scaled by sqrt(n_embd), norms after attention and feed-forward,
-# GELU-gated feed-forward, sliding-window layers (gemma2: every other one, with tanh
-# soft-capped attention and logits; gemma3: five of every six, their own rope base)
-GEMMA = {"gemma2", "gemma3"}
-SCALED_QUERY = GEMMA | PARALLEL | FUSED_FFN
-SWA_PATTERN = {"gemma2": 2, "gemma3": 6}
-# mixtures of experts whose chosen gate probabilities are renormalized to sum to 1
-NORM_EXPERT_WEIGHTS = {"qwen3moe"}
-SUPPORTED_ARCHS = tuple(ROPE_MODE)
-OPTIONAL = ("attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
-            "attn_output.bias", "attn_norm.bias", "attn_qkv.bias", "ffn_up.bias", "ffn_down.bias",
-            "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias")
-
-
-@dataclass
-class HParams:
-    n_vocab: int
-    n_ctx_train: int
-    n_embd: int
-    n_layer: int
-    n_ff: int
-    n_head: int
-    n_head_kv: int
-    head_dim: int
-    n_rot: int
-    eps: float
-    rope_base: float
-    rope_scale: float
-    n_expert: int = 0
-    n_expert_used: int = 0
-    n_ctx_orig: int = 0            # rope's original context (0: n_ctx_train)
-    n_swa: int = 0                 # sliding window (0: none)
-    swa_pattern: int = 0           # layer il slides when il % swa_pattern < swa_pattern - 1
-    rope_base_swa: float = 10000.0
-    rope_scale_swa: float = 1.0
-    attn_softcap: float = 0.0
-    final_softcap: float = 0.0
-    rope_ext_factor: float = 0.0   # YaRN: 1 (mix of interpolated and extrapolated frequencies)
-    rope_attn_factor: float = 1.0  # rope's magnitude factor
-    yarn_beta_fast: float = 32.0
-    yarn_beta_slow: float = 1.0
-
-    @property
-    def n_embd_kv(self) -> int:
-        return self.head_dim * self.n_head_kv
-
-    @classmethod
-    def from_gguf(cls, f: GGUFFile, n_vocab: int) -> "HParams":
-        a = f.arch
-
-        def key(name, default=None):
-            v = f.get(f"{a}.{name}", default)
-            if v is None:
-                raise ModelError(f"{f.path}: missing {a}.{name}")
-            return v
-
-        n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
-        head_dim = int(key("attention.key_length", n_embd // n_head))
-        scale = f.get(f"{a}.rope.scaling.factor") or f.get(f"{a}.rope.scale_linear")
-        kind = str(f.get(f"{a}.rope.scaling.type", "linear"))
-        if kind == "none":
-            scale = None
-        return cls(n_vocab=n_vocab, n_ctx_train=int(key("context_length")), n_embd=n_embd,
-                   n_layer=int(key("block_count")), n_ff=int(key("feed_forward_length")),
-                   n_head=n_head, n_head_kv=int(key("attention.head_count_kv", n_head)),
-                   head_dim=head_dim, n_rot=int(key("rope.dimension_count", head_dim)),
-                   eps=float(f.get(f"{a}.attention.layer_norm_rms_epsilon")
-                             or key("attention.layer_norm_epsilon")),
-                   rope_base=float(key("rope.freq_base", 10000.0)),
-                   rope_scale=1.0 / float(scale) if scale else 1.0,
-                   n_expert=int(key("expert_count", 0)), n_expert_used=int(key("expert_used_count", 0)),
-                   n_ctx_orig=int(key("rope.scaling.original_context_length", 0)),
-                   **_yarn_hparams(kind, 1.0 / float(scale) if scale else 1.0,
-                                   float(f.get(f"{a}.rope.scaling.attn_factor", 1.0))),
-                   **_gemma_hparams(f, a))
-
-
-def _yarn_hparams(kind: str, freq_scale: float, attn_factor: float) -> dict:
-    """llama.cpp's rope extension factors: YaRN mixes in extrapolated frequencies
-    (ext_factor 1); ggml's rope then grows the magnitude by 1 + 0.1 ln(factor), which
-    llama.cpp's attention factor cancels again (both in F32, as llama.cpp computes
-    them), times the file's own attention factor."""
-    f32 = np.float32
-    if kind != "yarn":
-        return {"rope_attn_factor": attn_factor}
-    factor = f32(1.0) / f32(freq_scale)
-    lnf = f32(math.log(factor))
-    mscale = f32(1.0) if factor <= 1.0 else f32(0.1) * lnf + f32(1.0)
-    cancel = f32(1.0) / (f32(1.0) + f32(0.1) * lnf)
-    return {"rope_ext_factor": 1.0, "rope_attn_factor": float(f32(mscale * cancel) * f32(attn_factor))}
-
-
-def _gemma_hparams(f: GGUFFile, a: str) -> dict:
-    """llama.cpp's defaults and keys for the sliding-window architectures (gemma2,
-    gemma3, gpt-oss)."""
-    key = lambda name, default: f.get(f"{a}.{name}", default)  # noqa: E731
-    base = float(key("rope.freq_base", 10000.0))
-    scale = key("rope.scaling.factor", None)
-    if a == "gemma2":
-        return {"n_swa": int(key("attention.sliding_window", 4096)), "swa_pattern": 2,
-                "rope_base_swa": float(key("rope.freq_base_swa", base)),
-                "rope_scale_swa": 1.0 / float(scale) if scale else 1.0,
-                "attn_softcap": float(key("attn_logit_softcapping", 50.0)),
-                "final_softcap": float(key("final_logit_softcapping", 30.0))}
-    if a == "gpt-oss":
-        return {"n_swa": int(key("attention.sliding_window", 0)), "swa_pattern": 2,
-                "rope_base_swa": float(key("rope.freq_base_swa", base)),
-                "rope_scale_swa": 1.0 / float(scale) if scale else 1.0}
-    if a == "gemma3":
-        return {"n_swa": int(key("attention.sliding_window", 0)), "swa_pattern": 6,
-                "rope_base_swa": float(key("rope.freq_base_swa", 10000.0)),
-                "final_softcap": float(key("final_logit_softcapping", 0.0))}
-    return {}
-
-
-@dataclass
-class Device:
-    """One compute device: a backend (local or a server) and its device index."""
-    backend: object            # LocalBackend | RemoteBackend
-    index: int
-    name: str
-    free: int
-
-    @property
-    def local(self) -> bool:
-        return isinstance(self.backend, LocalBackend)
-
-
-@dataclass
-class _Graph:
-    """A built graph of one stage for one input shape, and its input tensors."""
-    key: tuple
-    graph: B.Graph
-    inputs: dict[str, Tensor]
-    out: Tensor
-    layout: B.Inputs
-
-    @property
-    def inputs_size(self) -> int:
-        return self.layout.size
-
-    def place_inputs(self, buffer: RemoteBuffer) -> None:
-        self.layout.place(buffer)
-        # every input of a step goes in one SET_TENSOR over the inputs' whole span
-        self.span = buffer.tensor(GGMLType.I8, (max(self.layout.size, 1),), 0, name="inputs")
-        self.image = np.zeros(self.layout.size, np.uint8)
-        # the result of each step lands here (read before the next step overwrites it)
-        self.result = bytearray(self.out.nbytes)
-
-    def write_inputs(self, backend, values: dict) -> None:
-        for name, t in self.inputs.items():
-            raw = np.frombuffer(memoryview(values[name]).cast("B"), np.uint8)
-            if raw.nbytes != t.nbytes:
-                raise ValueError(f"input {name}: {raw.nbytes} bytes for a tensor of {t.nbytes}")
-            self.image[t.offset:t.offset + raw.nbytes] = raw
-        backend.set_tensor(self.span, self.image)
-
-
-@dataclass
-class Stage:
-    """What one device runs each step: maybe the embeddings, a run of layers, maybe
-    the output layer."""
-    device: Device
-    layers: list[int]
-    embed: bool = False
-    output: bool = False
-    weights: dict[str, Tensor] = field(default_factory=dict)
-    kv: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
-    buffers: list[RemoteBuffer] = field(default_factory=list)
-    compute: RemoteBuffer | None = None
-    inputs_buf: RemoteBuffer | None = None
-    mapped: bool = False        # weights used in place in the file mapping (local CPU)
-    graphs: dict[tuple, _Graph] = field(default_factory=dict)
-
-
-class SwaCells:
-    """The cells of a sliding-window layer's KV cache, filled as llama.cpp fills them
-    for one sequence: `size` cells (n_swa + a micro-batch, rounded up to 256, at most
-    the context) used as a ring. A new token takes the next cell from the head that
-    is empty or holds a position the window has left behind (measured from the
-    newest position before the batch); overwriting a position also drops every
-    older one still in the cache. The attention reads the cells in cell order, so
-    the same layout gives llama.cpp's sums."""
-
-    def __init__(self, size: int, n_swa: int):
-        self.size, self.n_swa = size, n_swa
-        self.pos = np.full(size, -1, np.int64)    # the position in each cell (-1: empty)
-        self.head = 0
-
-    def reset(self) -> None:
-        self.pos[:] = -1
-        self.head = 0
-
-    def place(self, positions: np.ndarray) -> np.ndarray:
-        """The cells of the new tokens (they take them at once)."""
-        pos, n = self.pos, len(positions)
-        full = pos >= 0
-        newest = int(pos.max())
-        head = 0 if self.head > int(full.sum()) + 2 * n else self.head
-        cells: list[int] = []
-        for _ in range(self.size):
-            if head >= self.size:
-                head = 0
-            if pos[head] < 0 or newest + 1 - pos[head] >= self.n_swa:
-                cells.append(head)
-                if len(cells) == n:
-                    break
-            head += 1
-        else:
-            raise ModelError(f"no room for {n} tokens in a sliding-window cache of {self.size} cells")
-        idx = np.asarray(cells, np.int64)
-        dropped = int(pos[idx].max())
-        pos[idx] = positions
-        if dropped >= 0:      # keep the positions in the cache contiguous
-            pos[(pos >= 0) & (pos <= dropped)] = -1
-        self.head = cells[-1] + 1
-        return idx
-
-    def n_kv(self) -> int:
-        """The cells a step attends: up to the last used one, rounded up to KV_PAD."""
-        used = np.nonzero(self.pos >= 0)[0]
-        last = int(used[-1]) + 1 if used.size else 0
-        return min(self.size, max(KV_PAD, -(-last // KV_PAD) * KV_PAD))
-
-    def mask(self, positions: np.ndarray, n_kv: int) -> np.ndarray:
-        """0 where a token may attend a cell, -inf elsewhere: (tokens, n_kv)."""
-        cell = self.pos[:n_kv][None, :]
-        p = positions.astype(np.int64)[:, None]
-        keep = (cell >= 0) & (cell <= p) & (p - cell < self.n_swa)
-        return np.where(keep, 0.0, -np.inf)
-
-
-def _align(n: int, a: int) -> int:
-    return (n + a - 1) // a * a
-
-
-def assign_layers(n_layer: int, n_gpu_layers: int, split: Sequence[float]) -> list[int]:
-    """The device of each layer: -1 for the local CPU, else an index into `split`
-    (llama.cpp's rule: the last n_gpu_layers layers, cut by cumulative fractions)."""
-    n_off = max(0, min(n_gpu_layers, n_layer)) if split else 0
-    start = n_layer - n_off
-    total = sum(split) if split else 0.0
-    if split and total <= 0:
-        raise ModelError("tensor split must have a positive sum")
-    cum, acc = [], 0.0
-    for s in split:
-        acc += s / total
-        cum.append(acc)
-    out = []
-    for il in range(n_layer):
-        if il < start:
-            out.append(-1)
-            continue
-        x = (il - start) / n_off
-        out.append(next((i for i, c in enumerate(cum) if c > x), len(cum) - 1))
-    return out
 
 
 class Model:
@@ -334,7 +68,12 @@ class Model:
         self.stop_reason: str | None = None
         self._mapped: RemoteBuffer | None = None   # the file mapping as a local buffer
         self.n_ubatch = N_UBATCH
-        self.swa: SwaCells | None = None
+        self.kv: KVCache | None = None
+
+    @property
+    def swa(self) -> SwaCells | None:
+        """The sliding-window layers' cells (None: the model has none)."""
+        return self.kv.swa if self.kv is not None else None
 
     # -- loading ---------------------------------------------------------------
     @classmethod
@@ -364,136 +103,44 @@ class Model:
         f = self.file = GGUFFile(path)
         if f.arch not in SUPPORTED_ARCHS:
             raise ModelError(f"architecture {f.arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
+        self.arch = ARCHS[f.arch]
         self.tokenizer = Tokenizer.from_gguf(f)
-        hp = self.hp = HParams.from_gguf(f, self.tokenizer.n_vocab)
+        hp = self.hp = HParams.from_gguf(f, self.tokenizer.n_vocab, self.arch)
         self.flash_attn = flash_attn
         self.n_ctx = n_ctx or hp.n_ctx_train
         if self.n_ubatch < 1:
             raise ModelError(f"micro-batch size must be at least 1, got {self.n_ubatch}")
         self.n_ubatch = min(self.n_ubatch, self.n_ctx)
-        # sliding-window layers keep only the window and a micro-batch (llama.cpp's SWA cache)
-        self.swa = (SwaCells(min(self.n_ctx, -(-min(self.n_ctx, hp.n_swa + self.n_ubatch) // KV_PAD) * KV_PAD),
-                             hp.n_swa) if hp.n_swa else None)
-        cpu = LocalBackend(n_threads)
-        self.backends.append(cpu)
-        cpu_dev = Device(cpu, 0, "CPU", cpu.get_device_memory(0)[0])
-        remote: list[Device] = []
-        if isinstance(rpc, str):
-            rpc = [e for e in rpc.split(",") if e]
-        for ep in rpc or []:
-            rb = RemoteBackend(ep, timeout=timeout)
-            self.backends.append(rb)
-            for d in range(rb.device_count()):
-                remote.append(Device(rb, d, f"RPC{len(remote)}[{ep}]", rb.get_device_memory(d)[0]))
-        if tensor_split:
-            if len(tensor_split) > len(remote):
-                raise ModelError(f"--tensor-split names {len(tensor_split)} devices, "
-                                 f"the servers have {len(remote)}")
-            split = list(tensor_split) + [0.0] * (len(remote) - len(tensor_split))
-        else:
-            split = [float(d.free) for d in remote]
-        where = assign_layers(hp.n_layer, n_gpu_layers, split)
-        devs = [cpu_dev if w < 0 else remote[w] for w in where]
-        out_dev = devs[-1] if remote and n_gpu_layers > hp.n_layer else cpu_dev
-        # stages: the CPU (embeddings), then each run of layers on one device, then the output
-        self.stages = [Stage(cpu_dev, [], embed=True)]
-        for il, d in enumerate(devs):
-            if self.stages[-1].device is not d:
-                self.stages.append(Stage(d, []))
-            self.stages[-1].layers.append(il)
-        if self.stages[-1].device is not out_dev:
-            self.stages.append(Stage(out_dev, []))
-        self.stages[-1].output = True
+        self.kv = KVCache(hp, self.n_ctx, self.n_ubatch, flash_attn)
+        cpu, remote = open_devices(rpc, n_threads, timeout, self.backends)
+        self.stages = plan_stages(cpu, remote, hp.n_layer, n_gpu_layers, tensor_split)
         self._upload(progress)
-
-    def _weight_names(self, st: Stage) -> list[str]:
-        names = []
-        if st.embed:
-            names.append("token_embd.weight")
-        ffn = (("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps") if self.hp.n_expert
-               else ("ffn_gate", "ffn_up", "ffn_down"))
-        if self.file.arch in GEMMA:
-            ffn += ("post_attention_norm", "post_ffw_norm")
-        shared = ("ffn_gate_inp_shexp", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp")
-        arch = self.file.arch
-        attn = (("attn_norm", "attn_qkv", "attn_output") if arch in PARALLEL else
-                ("attn_norm", "attn_qkv", "attn_output", "ffn_norm") if arch in FUSED_FFN else
-                ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "ffn_norm"))
-        if arch in PARALLEL | FUSED_FFN:
-            ffn = ("ffn_up", "ffn_down")
-        if arch in OSS:
-            attn = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output", "attn_sinks",
-                    "post_attention_norm")
-        if st.layers:
-            names += [n for n in ("rope_freqs.weight", "rope_factors_long.weight",
-                                  "rope_factors_short.weight") if n in self.file.tensors]
-        for il in st.layers:
-            names += [f"blk.{il}.{n}.weight" for n in (*attn, *ffn)]
-            names += [f"blk.{il}.{n}.weight" for n in shared if f"blk.{il}.{n}.weight" in self.file.tensors]
-            names += [f"blk.{il}.{n}" for n in OPTIONAL if f"blk.{il}.{n}" in self.file.tensors]
-        if st.output:
-            names.append("output_norm.weight")
-            if "output_norm.bias" in self.file.tensors:
-                names.append("output_norm.bias")
-            names.append("output.weight" if "output.weight" in self.file.tensors else "token_embd.weight")
-            if "output.bias" in self.file.tensors:
-                names.append("output.bias")
-        return list(dict.fromkeys(names))
 
     def _upload(self, progress) -> None:
         total = sum(self._alloc_stage(st) for st in self.stages)
         done = 0
+
+        def sent(nbytes: int, cached: bool) -> None:
+            nonlocal done
+            done += nbytes
+            self._sent(nbytes, cached)
+            if progress:
+                progress(done, total, self.cached_bytes)
+
         for st in self.stages:
-            done = self._send_weights(st, done, total, progress)
+            send_weights(st, self.file, sent)
         # reserve the compute and input memory of the largest graph each stage runs
         for st in self.stages:
-            self._graph(st, (self.n_ubatch, self.n_ctx, 1, self.swa.size if self.swa else 0))
+            self._graph(st, self.kv.largest(self.n_ubatch))
             st.graphs.clear()
 
+    def _sent(self, nbytes: int, cached: bool) -> None:
+        if cached:
+            self.cached_bytes += nbytes
+
     def _alloc_stage(self, st: Stage) -> int:
-        """One buffer on the stage's device for its weights and KV cache; places the
-        tensors in it. Returns the weight bytes to send. On the local CPU the weights
-        stay in the file's mapping and only the cache gets a buffer."""
-        f, hp = self.file, self.hp
-        be, dev = st.device.backend, st.device.index
-        align = be.get_alignment(dev)
-        names = self._weight_names(st)
-        for n in names:
-            if n not in f.tensors:
-                raise ModelError(f"{f.path}: missing tensor {n}")
-        st.mapped = st.device.local
-        size = 0 if st.mapped else sum(_align(f.tensors[n].nbytes, align) for n in names)
-        kv_size = sum(2 * _align(2 * hp.n_embd_kv * self._cells(il), align) for il in st.layers)
-        st.buffers, st.weights, st.kv = [], {}, {}
-        st.compute = st.inputs_buf = None
-        st.graphs.clear()
-        if st.mapped:
-            whole = self._file_buffer(be)
-            start = f.reader.data.ctypes.data
-            for n in names:
-                ti = f.tensors[n]
-                st.weights[n] = whole.tensor(ti.type, ti.ne, ti.data.ctypes.data - start, name=n)
-        if not size + kv_size:
-            return 0
-        buf = be.alloc_buffer(size + kv_size, dev)
-        if buf is None:
-            raise ModelError(f"{st.device.name}: cannot allocate {(size + kv_size) >> 20} MiB "
-                             f"for weights and KV cache (free: {st.device.free >> 20} MiB)")
-        st.buffers.append(buf)
-        off = 0
-        for n in names if not st.mapped else ():
-            ti = f.tensors[n]
-            st.weights[n] = buf.tensor(ti.type, ti.ne, off, name=n)
-            off += _align(ti.nbytes, align)
-        for il in st.layers:
-            kv_row = _align(2 * hp.n_embd_kv * self._cells(il), align)
-            k = buf.tensor(GGMLType.F16, (hp.n_embd_kv, self._cells(il)), off, name=f"cache_k_l{il}")
-            v = buf.tensor(GGMLType.F16, (hp.n_embd_kv, self._cells(il)), off + kv_row, name=f"cache_v_l{il}")
-            off += 2 * kv_row
-            st.kv[il] = (k, v)
-        if kv_size:
-            be.memset_tensor(buf.tensor(GGMLType.I8, (kv_size,), size, name="kv"), 0)
-        return 0 if st.mapped else sum(f.tensors[n].nbytes for n in names)
+        names = stage_weights(self.arch, self.hp, st, self.file.tensors)
+        return alloc_stage(st, self.file, names, self.kv, self._file_buffer)
 
     def _file_buffer(self, be: LocalBackend) -> RemoteBuffer:
         """The whole file mapping as one read-only local buffer (made once)."""
@@ -501,298 +148,12 @@ class Model:
             self._mapped = be.map_buffer(self.file.reader.data)
         return self._mapped
 
-    def _send_weights(self, st: Stage, done: int = 0, total: int = 0, progress=None) -> int:
-        be = st.device.backend
-        if st.mapped:
-            return done
-        for n, t in st.weights.items():
-            data = self.file.tensors[n].data
-            if be.set_tensor(t, data, weights=True):
-                self.cached_bytes += data.nbytes
-            done += data.nbytes
-            if progress:
-                progress(done, total, self.cached_bytes)
-        return done
-
     # -- graphs ----------------------------------------------------------------
-    def _graph(self, st: Stage, key: tuple) -> _Graph:
-        """Stage `st`'s graph for `key` = (new tokens, attended cells, output rows),
-        built once and placed in the stage's compute and input buffers."""
-        g = st.graphs.get(key)
-        if g is not None:
-            return g
-        be, dev = st.device.backend, st.device.index
-        align = be.get_alignment(dev)
-        g = self._build(st, *key, align)
-        alloc = B.Allocator(align)
-        need = alloc.plan(g.graph)
-        for attr, size in (("compute", need), ("inputs_buf", g.inputs_size)):
-            cur = getattr(st, attr, None)
-            if cur is None or cur.size < size:
-                if cur is not None:
-                    be.free_buffer(cur)
-                    st.graphs.clear()    # every cached graph pointed into the old buffer
-                    self._held.clear()
-                new = be.alloc_buffer(max(size, align), dev)
-                if new is None:
-                    raise ModelError(f"{st.device.name}: cannot allocate {size >> 20} MiB of compute memory")
-                setattr(st, attr, new)
-        alloc.place(st.compute)
-        g.place_inputs(st.inputs_buf)
-        st.graphs[key] = g
-        return g
+    def _graph(self, st: Stage, key: tuple) -> StageGraph:
+        return st.graphs.get(key) or stage_graph(st, key, self._build, self._held)
 
-    def _build(self, st: Stage, n_tokens: int, n_kv: int, n_out: int, n_kv_swa: int,
-               align: int) -> "_Graph":
-        """llama.cpp's llama graph for the layers of `st`: n_tokens new tokens attending
-        n_kv cache cells (n_kv_swa in sliding-window layers), n_out rows of output
-        (the last n_out tokens)."""
-        hp, w = self.hp, st.weights
-        inp = B.Inputs(align)
-        g = B.Graph()
-        T = n_tokens
-        last_layer = hp.n_layer - 1
-        if st.embed:
-            x = B.get_rows(w["token_embd.weight"], inp.new(GGMLType.I32, (T,), "inp_tokens"),
-                           name="inp_embd")
-            if self.file.arch in GEMMA:
-                x = B.scale(x, math.sqrt(hp.n_embd), name="inp_scaled")
-        else:
-            rows = T if st.layers else n_out
-            x = inp.new(GGMLType.F32, (hp.n_embd, rows), "embd")
-        if st.layers:
-            pos = inp.new(GGMLType.I32, (T,), "inp_pos")
-            k_idx = inp.new(GGMLType.I64, (T,), "k_idxs")
-            # without flash attention the V cache is transposed: one index per element
-            v_idx = inp.new(GGMLType.I64, (T if self.flash_attn else T * hp.n_embd_kv,), "v_idxs")
-            mask_type = GGMLType.F16 if self.flash_attn else GGMLType.F32
-            mask = inp.new(mask_type, (n_kv, T), "kq_mask")
-            if hp.n_swa and any(self._swa(il) for il in st.layers):
-                # the sliding-window layers' own cells: indices and mask
-                k_idx = (k_idx, inp.new(GGMLType.I64, (T,), "k_idxs_swa"))
-                v_idx = (v_idx, inp.new(GGMLType.I64, v_idx.ne[:1], "v_idxs_swa"))
-                mask = (mask, inp.new(mask_type, (n_kv_swa, T), "kq_mask_swa"))
-            out_ids = (inp.new(GGMLType.I32, (n_out,), "out_ids")
-                       if last_layer in st.layers and n_out < T else None)
-        late = self.file.arch in OSS   # gpt-oss picks the output rows after its last layer
-        for il in st.layers:
-            x = self._layer(g, st, il, x, pos, k_idx, v_idx, mask,
-                            out_ids if il == last_layer and not late else None, T,
-                            n_kv_swa if self._swa(il) else n_kv)
-        if late and st.layers and st.layers[-1] == last_layer and out_ids is not None:
-            x = B.get_rows(x, out_ids)
-        if st.output:
-            x = self._norm(x, w, "output_norm", "result_norm")
-            out_w = w["output.weight"] if "output.weight" in w else w["token_embd.weight"]
-            x = B.mul_mat(out_w, x, name="result_output")
-            if "output.bias" in w:
-                x = B.add(x, w["output.bias"], name="result_output")
-            if hp.final_softcap:
-                x = B.scale(B.unary(GGMLUnaryOp.TANH, B.scale(x, 1.0 / hp.final_softcap)),
-                            hp.final_softcap, name="result_output")
-        g.expand(x, output=True)
-        return _Graph((n_tokens, n_kv, n_out, n_kv_swa), g, {t.name: t for t in inp.tensors}, x, inp)
-
-    def _layer(self, g: B.Graph, st: Stage, il: int, x: Tensor, pos, k_idx, v_idx, mask,
-               out_ids, T: int, n_kv: int) -> Tensor:
-        hp, w = self.hp, st.weights
-        p = f"blk.{il}."
-        hd = hp.head_dim
-        swa = self._swa(il)
-        n_ctx_orig = hp.n_ctx_orig or hp.n_ctx_train
-        factors = None     # LongRoPE: the long set once the context exceeds the original one
-        for name in ("rope_freqs.weight", "rope_factors_long.weight" if self.n_ctx > n_ctx_orig
-                     else "rope_factors_short.weight"):
-            factors = factors or w.get(name)
-        rope = dict(n_dims=hp.n_rot, mode=ROPE_MODE[self.file.arch], n_ctx_orig=n_ctx_orig,
-                    freq_base=hp.rope_base_swa if swa else hp.rope_base,
-                    freq_scale=hp.rope_scale_swa if swa else hp.rope_scale,
-                    ext_factor=hp.rope_ext_factor, attn_factor=hp.rope_attn_factor,
-                    beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow)
-        cur = cur_in = self._norm(x, w, p + "attn_norm", f"attn_norm-{il}")
-        parallel = self.file.arch in PARALLEL
-
-        def proj(name: str, n_head: int, rotate: bool) -> Tensor:
-            """x W (+ bias), heads split, (+ per-head RMS norm), (+ rope): llama.cpp's order."""
-            t = B.mul_mat(w[p + f"attn_{name}.weight"], cur, name=f"{name.upper()}cur-{il}")
-            if p + f"attn_{name}.bias" in w:
-                t = B.add(t, w[p + f"attn_{name}.bias"], name=f"{name.upper()}cur-{il}")
-            t = B.reshape(t, (hd, n_head, T))
-            if p + f"attn_{name}_norm.weight" in w:
-                t = B.mul(B.rms_norm(t, hp.eps), w[p + f"attn_{name}_norm.weight"],
-                          name=f"{name.upper()}cur_normed-{il}")
-            return B.rope_ext(t, pos, factors, name=f"{name.upper()}cur-{il}", **rope) if rotate else t
-
-        gemma = self.file.arch in GEMMA
-        if isinstance(mask, tuple):
-            mask, k_idx, v_idx = (t[1] if swa else t[0] for t in (mask, k_idx, v_idx))
-        n_cells = self._cells(il)
-        if p + "attn_qkv.weight" in w:   # one matrix: q, k, v are views of its rows
-            qkv = B.mul_mat(w[p + "attn_qkv.weight"], cur, name=f"wqkv-{il}")
-            if p + "attn_qkv.bias" in w:
-                qkv = B.add(qkv, w[p + "attn_qkv.bias"], name=f"wqkv_b-{il}")
-            es, rs = qkv.nb[0], qkv.nb[1]
-
-            def part(n_head, at):
-                return B.view(qkv, (hd, n_head, T), (es, es * hd, rs, rs * T), es * at)
-
-            q = B.rope_ext(part(hp.n_head, 0), pos, factors, name=f"Qcur-{il}", **rope)
-            k = B.rope_ext(part(hp.n_head_kv, hd * hp.n_head), pos, factors, name=f"Kcur-{il}", **rope)
-            v = part(hp.n_head_kv, hd * (hp.n_head + hp.n_head_kv))
-        else:
-            q = proj("q", hp.n_head, True)
-            k = proj("k", hp.n_head_kv, True)
-            v = proj("v", hp.n_head_kv, False)
-        kq_scale = 1.0 / math.sqrt(hd)
-        if self.file.arch in SCALED_QUERY:   # the query is scaled, the scores are not
-            big = hp.n_layer == {"gemma2": 46, "gemma3": 62}.get(self.file.arch)   # 27B: n_embd / n_head
-            q_scale = 1.0 / math.sqrt(hp.n_embd // hp.n_head if big else hd)
-            q, kq_scale = B.scale(q, q_scale, name=f"Qcur_scaled-{il}"), 1.0
-        cache_k, cache_v = st.kv[il]
-        # rows of n_embd_kv, one per token, however the heads lie in memory
-        k2 = B.view(k, (hp.n_embd_kv, T), (k.nb[0], k.nb[2]))
-        v2 = B.view(v, (hp.n_embd_kv, T), (v.nb[0], v.nb[2]))
-        # the cache writes run before the attention that reads the cache
-        g.expand(B.set_rows(cache_k, k2, k_idx))
-        row = 2 * hd   # F16 cache rows
-        kv_nb = (2, row, row * hp.n_head_kv, row * hp.n_head_kv * n_kv)
-        kk = B.permute(B.view(cache_k, (hd, hp.n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
-        qq = B.permute(q, 0, 2, 1, 3)
-        if self.flash_attn:
-            g.expand(B.set_rows(cache_v, v2, v_idx))
-            vv = B.permute(B.view(cache_v, (hd, hp.n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
-            o = B.flash_attn_ext(qq, kk, vv, mask, kq_scale, logit_softcap=hp.attn_softcap,
-                                 sinks=w.get(p + "attn_sinks.weight"))
-            o = B.reshape(o, (hd * hp.n_head, T), name=f"kqv_out-{il}")
-        else:
-            # V transposed: element (cell, channel) at channel * n_ctx + cell
-            flat = B.reshape(cache_v, (1, hp.n_embd_kv * n_cells))
-            v2 = v2 if B.is_contiguous(v2) else B.cont(v2)
-            g.expand(B.set_rows(flat, B.reshape(v2, (1, T * hp.n_embd_kv)), v_idx))
-            vt = B.view(cache_v, (n_kv, hp.n_head_kv, hd, 1),
-                        (2, 2 * n_cells * hd, 2 * n_cells, 2 * n_cells * hp.n_embd_kv))
-            kq = B.mul_mat(kk, qq, name=f"kq-{il}", prec_f32=True)
-            if hp.attn_softcap:
-                kq = B.scale(B.unary(GGMLUnaryOp.TANH, B.scale(kq, 1.0 / hp.attn_softcap)),
-                             hp.attn_softcap, name=f"kq_scaled_2-{il}")
-            kq = B.soft_max_ext(kq, mask, kq_scale, name=f"kq_soft_max-{il}",
-                                sinks=w.get(p + "attn_sinks.weight"))
-            kqv = B.mul_mat(B.permute(vt, 0, 2, 1, 3), kq, name=f"kqv-{il}")
-            o = B.cont(B.permute(kqv, 0, 2, 1, 3), (hd * hp.n_head, T), name=f"kqv_out-{il}")
-        cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
-        if p + "attn_output.bias" in w:
-            cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")
-        attn_in = cur_in
-        if out_ids is not None:
-            cur = B.get_rows(cur, out_ids)
-            x = B.get_rows(x, out_ids)
-            attn_in = B.get_rows(attn_in, out_ids) if parallel else attn_in
-        if parallel:   # the feed-forward reads the attention's input, not its output
-            up = B.mul_mat(w[p + "ffn_up.weight"], attn_in, name=f"ffn_up-{il}")
-            if p + "ffn_up.bias" in w:
-                up = B.add(up, w[p + "ffn_up.bias"], name=f"ffn_up_b-{il}")
-            ffn = B.mul_mat(w[p + "ffn_down.weight"], B.unary(GGMLUnaryOp.GELU, up, name=f"ffn_gelu-{il}"),
-                            name=f"ffn_down-{il}")
-            if p + "ffn_down.bias" in w:
-                ffn = B.add(ffn, w[p + "ffn_down.bias"], name=f"ffn_out-{il}")
-            return B.add(B.add(cur, ffn), x, name=f"l_out-{il}")
-        if gemma:
-            cur = B.mul(B.rms_norm(cur, hp.eps), w[p + "post_attention_norm.weight"],
-                        name=f"attn_post_norm-{il}")
-        ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
-        norm_w = w[p + "post_attention_norm.weight" if self.file.arch in OSS else p + "ffn_norm.weight"]
-        cur = B.mul(B.rms_norm(ffn_inp, hp.eps), norm_w, name=f"ffn_norm-{il}")
-        if hp.n_expert:
-            cur = self._moe(g, w, p, il, cur)
-        elif self.file.arch in FUSED_FFN:   # one matrix gives gate and up halves
-            up = B.mul_mat(w[p + "ffn_up.weight"], cur, name=f"ffn_up-{il}")
-            cur = B.mul_mat(w[p + "ffn_down.weight"], B.glu(GGMLGluOp.SWIGLU, up, name=f"ffn_swiglu-{il}"),
-                            name=f"ffn_out-{il}")
-        else:
-            cur = self._ffn(w, p, "", il, cur, GGMLGluOp.GEGLU if gemma else GGMLGluOp.SWIGLU)
-        if gemma:
-            cur = B.mul(B.rms_norm(cur, hp.eps), w[p + "post_ffw_norm.weight"], name=f"ffn_post_norm-{il}")
-        return B.add(cur, ffn_inp, name=f"l_out-{il}")
-
-    def _norm(self, x: Tensor, w: dict, name: str, out: str) -> Tensor:
-        """RMS norm times its weight, or (phi2) LayerNorm times its weight plus its bias."""
-        if self.file.arch in PARALLEL:
-            y = B.mul(B.norm(x, self.hp.eps), w[name + ".weight"])
-            return B.add(y, w[name + ".bias"], name=out) if name + ".bias" in w else y
-        return B.mul(B.rms_norm(x, self.hp.eps), w[name + ".weight"], name=out)
-
-    def _cells(self, il: int) -> int:
-        """The KV cache cells of layer il."""
-        return self.swa.size if self.swa is not None and self._swa(il) else self.n_ctx
-
-    def _swa(self, il: int) -> bool:
-        """Layers that attend a sliding window (gemma2: the even ones; gemma3: all but
-        every sixth)."""
-        n = self.hp.swa_pattern
-        return bool(self.hp.n_swa) and il % n < n - 1
-
-    @staticmethod
-    def _ffn(w: dict, p: str, suffix: str, il: int, cur: Tensor, act: int = GGMLGluOp.SWIGLU) -> Tensor:
-        """Gated feed-forward: down(act(gate x) * up x), act SwiGLU or GeGLU."""
-        gate = B.mul_mat(w[p + f"ffn_gate{suffix}.weight"], cur, name=f"ffn_gate{suffix}-{il}")
-        up = B.mul_mat(w[p + f"ffn_up{suffix}.weight"], cur, name=f"ffn_up{suffix}-{il}")
-        return B.mul_mat(w[p + f"ffn_down{suffix}.weight"], B.glu_split(act, gate, up, name=f"ffn_glu-{il}"),
-                         name=f"ffn_out-{il}")
-
-    def _moe(self, g: B.Graph, w: dict, p: str, il: int, cur: Tensor) -> Tensor:
-        """A mixture of experts as llama.cpp builds it: soft-max gate, the top
-        n_expert_used experts (MUL_MAT_ID) weighted by their gate probability
-        (renormalized for qwen3moe; gpt-oss: biased gate and experts, soft-max over
-        the chosen logits, clamped SwiGLU) and summed, plus qwen2moe's shared expert
-        behind a sigmoid gate."""
-        hp = self.hp
-        oss = self.file.arch in OSS
-        n_embd, T, k = cur.ne[0], cur.ne[1], hp.n_expert_used
-
-        def biased(t: Tensor, name: str, ids: Tensor | None = None) -> Tensor:
-            b = w.get(p + name + ".bias")
-            if b is None:
-                return t
-            return B.add(t, b, name=t.name) if ids is None else B.add_id(t, b, ids, name=t.name)
-
-        logits = biased(B.mul_mat(w[p + "ffn_gate_inp.weight"], cur, name=f"ffn_moe_logits-{il}"),
-                        "ffn_gate_inp")
-        probs = logits if oss else B.soft_max(logits, name=f"ffn_moe_probs-{il}")
-        chosen = B.argsort_top_k(probs, k, name=f"ffn_moe_topk-{il}")
-        weights = B.get_rows(B.reshape(probs, (1, hp.n_expert, T)), chosen, name=f"ffn_moe_weights-{il}")
-        if oss:   # soft-max over the chosen experts only
-            weights = B.reshape(B.soft_max(B.reshape(weights, (k, T))), (1, k, T))
-        if self.file.arch in NORM_EXPERT_WEIGHTS:
-            weights = B.reshape(weights, (k, T))
-            total = B.clamp(B.sum_rows(weights), 6.103515625e-5, math.inf, name=f"ffn_moe_weights_sum-{il}")
-            weights = B.reshape(B.div(weights, total, name=f"ffn_moe_weights_norm-{il}"), (1, k, T))
-        g.expand(weights)
-        x = B.reshape(cur, (n_embd, 1, T))
-        up = biased(B.mul_mat_id(w[p + "ffn_up_exps.weight"], x, chosen, name=f"ffn_moe_up-{il}"),
-                    "ffn_up_exps", chosen)
-        gate = biased(B.mul_mat_id(w[p + "ffn_gate_exps.weight"], x, chosen, name=f"ffn_moe_gate-{il}"),
-                      "ffn_gate_exps", chosen)
-        act = (B.swiglu_oai(gate, up, 1.702, 7.0, name=f"ffn_moe_swiglu_oai-{il}") if oss
-               else B.swiglu_split(gate, up, name=f"ffn_moe_swiglu-{il}"))
-        down = biased(B.mul_mat_id(w[p + "ffn_down_exps.weight"], act, chosen, name=f"ffn_moe_down-{il}"),
-                      "ffn_down_exps", chosen)
-        experts = B.mul(down, weights, name=f"ffn_moe_weighted-{il}")
-        g.expand(experts)
-        views = [B.view(experts, (n_embd, T), (experts.nb[0], experts.nb[2]), i * experts.nb[1])
-                 for i in range(k)]
-        for v in views:
-            g.expand(v)
-        moe = views[0]
-        for v in views[1:]:
-            moe = g.expand(B.add(moe, v, name=f"ffn_moe_out-{il}"))
-        if k == 1:
-            moe = B.cont(moe)
-        if p + "ffn_gate_inp_shexp.weight" not in w:
-            return moe
-        gate_in = B.mul_mat(w[p + "ffn_gate_inp_shexp.weight"], cur, name=f"ffn_shexp_gate_inp-{il}")
-        shared_gate = B.div(B.silu(gate_in), gate_in, name=f"ffn_shexp_gate-{il}")
-        shared = B.mul(self._ffn(w, p, "_shexp", il, cur), shared_gate, name=f"ffn_shexp_out-{il}")
-        return B.add(moe, shared, name=f"ffn_out-{il}")
+    def _build(self, st: Stage, key: tuple, align: int) -> StageGraph:
+        return build(self.arch, self.hp, st, self.kv.cells, self.flash_attn, self.n_ctx, key, align)
 
     # -- evaluation ------------------------------------------------------------
     def reset(self) -> None:
@@ -800,8 +161,8 @@ class Model:
         self.n_past = 0
         self.tokens = []
         self.history = []
-        if self.swa is not None:
-            self.swa.reset()
+        if self.kv is not None:
+            self.kv.reset()
 
     def eval(self, tokens: Sequence[int]) -> np.ndarray:
         """Run `tokens` after the context so far; the logits of the last one (F32, n_vocab)."""
@@ -923,7 +284,7 @@ class Model:
                 for st in self.stages:
                     if st.device.backend is be:
                         self._alloc_stage(st)
-                        self._send_weights(st)
+                        send_weights(st, self.file, self._sent)
                 break
             except ConnectionLost as e:
                 if getattr(e, "backend", be) is not be:
@@ -945,44 +306,16 @@ class Model:
             raise
 
     def _run_step(self, tokens: list[int]) -> np.ndarray:
-        ring = (self.swa.pos.copy(), self.swa.head) if self.swa is not None else None
+        saved = self.kv.save()
         try:
             return self._run_stages(tokens)
         except BaseException:
-            if ring is not None:     # the batch did not happen: its cells are free again
-                self.swa.pos[:], self.swa.head = ring
+            self.kv.restore(saved)     # the batch did not happen: its cells are free again
             raise
-
-    def _inputs(self, tokens: list[int]) -> tuple[tuple, dict]:
-        """A step's graph key and input values: positions, cache cells, masks."""
-        T, p0 = len(tokens), self.n_past
-        n_kv = min(self.n_ctx, max(KV_PAD, -(-(p0 + T) // KV_PAD) * KV_PAD))
-        pos = np.arange(p0, p0 + T, dtype=np.int32)
-        mask_type = np.float16 if self.flash_attn else np.float32
-        values = {"inp_tokens": np.asarray(tokens, np.int32), "inp_pos": pos,
-                  "out_ids": np.asarray([T - 1], np.int32)}
-
-        def cells(prefix: str, idx: np.ndarray, n_cells: int, mask: np.ndarray, suffix: str = ""):
-            values["k_idxs" + suffix] = idx
-            if self.flash_attn:
-                values["v_idxs" + suffix] = idx
-            else:   # one index per element of the transposed V cache, token-major
-                chan = np.arange(self.hp.n_embd_kv, dtype=np.int64) * n_cells
-                values["v_idxs" + suffix] = (chan[None, :] + idx[:, None]).reshape(-1)
-            values[prefix + suffix] = mask.astype(mask_type)
-
-        cells("kq_mask", pos.astype(np.int64), self.n_ctx,
-              np.where(np.arange(n_kv)[None, :] <= pos[:, None], 0.0, -np.inf))
-        n_kv_swa = 0
-        if self.swa is not None:
-            idx = self.swa.place(pos)
-            n_kv_swa = self.swa.n_kv()
-            cells("kq_mask", idx, self.swa.size, self.swa.mask(pos, n_kv_swa), "_swa")
-        return (T, n_kv, 1, n_kv_swa), values
 
     def _run_stages(self, tokens: list[int]) -> np.ndarray:
         T = len(tokens)
-        key, values = self._inputs(tokens)
+        key, values = self.kv.inputs(tokens, self.n_past)
         x = None
         for st in self.stages:
             be, dev = st.device.backend, st.device.index

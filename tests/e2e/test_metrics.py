@@ -1,7 +1,7 @@
 """Prometheus metrics (ggmlrpc.metrics): what a scrape of /metrics says after known traffic.
 
 Every scrape goes over HTTP and through prometheus_client's parser. Request and
-response sizes are the protocol's (PROTOCOL.md), written out here from the frames
+response sizes are the protocol's (docs/protocol.md), written out here from the frames
 the raw client builds. A server counts a command once its response is sent, so
 a test that reads counters of a live connection first completes one more command
 (a fence) and asserts nothing about that one.

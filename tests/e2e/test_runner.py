@@ -14,14 +14,20 @@ import pytest
 from ggmlrpc.cli.main import main
 from ggmlrpc.errors import ConnectionLost
 from ggmlrpc.llm import synth
+from ggmlrpc.llm.archs import ARCHS
 from ggmlrpc.llm.gguf_file import ModelError
 from ggmlrpc.llm.model import Model, assign_layers
 from tests.conftest import Proc, free_port, our_server_argv, start_server
 
+# every architecture but llama, which the tests below cover in more ways
+OTHER_ARCHS = [a for a in ARCHS if a != "llama"]
+
+
 def arch_shape(arch: str, n_embd: int) -> synth.ModelShape:
-    """Two layers; gemma3 seven (six sliding-window layers, one global, rope bases 1e4/1e6)."""
-    return synth.ModelShape(n_layer=7 if arch == "gemma3" else 2, n_embd=n_embd, n_ff=2 * n_embd,
-                            n_head=4, n_head_kv=2, rope_base=1e6 if arch == "gemma3" else 10000.0)
+    """Two layers, or what the architecture's test_shape says (gemma3: seven, six
+    sliding-window layers and one global, rope bases 1e4/1e6)."""
+    return synth.ModelShape(**{"n_layer": 2, "n_embd": n_embd, "n_ff": 2 * n_embd, "n_head": 4, "n_head_kv": 2,
+                               **ARCHS[arch].test_shape})
 
 
 PROMPT = "the old fisherman lived in a small village by the sea"
@@ -60,7 +66,7 @@ def test_same_tokens_everywhere(model_path, servers):
     assert len(no_fa) == 12 and greedy(model_path, rpc=eps, flash_attn=False)[0] == no_fa
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma2", "gemma3", "phi2", "phi3", "gpt-oss"])
+@pytest.mark.parametrize("arch", OTHER_ARCHS)
 def test_other_architectures_same_tokens_everywhere(tmp_path, servers, arch):
     path = synth.write_model(tmp_path / f"{arch}.gguf", arch,
                              arch_shape(arch, 64))

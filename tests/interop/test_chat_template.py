@@ -140,7 +140,8 @@ def same_as_llama_server(ref_llama_server, model: Path, uses: set, name: str,
     `template`: a template file both take instead of the model's own."""
     f, tok = load(model)
     ours = ChatTemplate.from_gguf(f, tok, path=template)
-    srv = ref_llama_server(model, "--jinja", *(["--chat-template-file", str(template)] if template else []))
+    srv = ref_llama_server(model, "--jinja", "-ngl", "0", "-c", "256", "-t", "1",
+                           *(["--chat-template-file", str(template)] if template else []))
     refused = []
     for case, body in cases(uses):
         ref = post(srv.port, "/apply-template", body)

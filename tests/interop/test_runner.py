@@ -14,7 +14,8 @@ import pytest
 
 from ggmlrpc.cli.main import main
 from ggmlrpc.llm import synth
-from tests.e2e.test_runner import arch_shape
+from ggmlrpc.llm.archs import ARCHS
+from tests.e2e.test_runner import OTHER_ARCHS, arch_shape
 
 pytestmark = pytest.mark.interop
 
@@ -130,18 +131,12 @@ def test_real_vocabularies(ref_bin, tmp_path, vocab, server_proc, capfdbinary):
     assert capfdbinary.readouterr()[0] == mine and len(mine) > len(VOCAB_PROMPT)
 
 
-@pytest.mark.parametrize("arch", ["qwen2", "qwen3", "qwen2moe", "qwen3moe", "gemma2", "gemma3", "phi2", "phi3", "gpt-oss"])
+@pytest.mark.parametrize("arch", OTHER_ARCHS)
 def test_other_architectures(ref_bin, tmp_path, arch, ref_server, capfdbinary):
-    """qwen2 (q/k/v biases, NeoX rope), qwen3 (per-head q/k RMS norms) and qwen2moe
-    (soft-max routed experts through MUL_MAT_ID plus a gated shared expert), qwen3moe
-    (renormalized expert weights, no shared expert) and gemma2 (scaled embeddings,
-    post-norms, GeGLU, soft-capped attention and logits, a sliding window of 8 on
-    even layers, so a 60-token prompt crosses it), gemma3 (q/k norms, five sliding
-    layers in six with their own rope base) and phi2 (LayerNorm with biases, fused
-    q/k/v as views, partial rope, parallel GELU feed-forward), phi3 (fused gate/up,
-    LongRoPE factors) and gpt-oss (attention sinks, biased experts, clamped SwiGLU):
-    in-process
-    with and without flash attention, and split over our process and llama.cpp's server."""
+    """Every architecture but llama (what each graph adds: its module in
+    ggmlrpc.llm.archs; gemma2 and gpt-oss have a window of 8 on every other layer, so
+    a 60-token prompt crosses it): in-process with and without flash attention, and
+    split over our process and llama.cpp's server."""
     model = synth.write_model(tmp_path / f"{arch}.gguf", arch,
                               arch_shape(arch, 128),
                               "f16", seed=4)
@@ -198,7 +193,7 @@ def test_rope_scaling_from_the_file(ref_bin, tmp_path, scaling, factor, server_p
         assert same_text(mine, completion(ref_bin, model, ["-ngl", "0", "-t", "2"], expect=mine)), args
 
 
-@pytest.mark.parametrize("arch", ["gemma3", "gemma2", "gpt-oss"])
+@pytest.mark.parametrize("arch", [a.name for a in ARCHS.values() if a.swa_pattern])
 def test_sliding_window_cache_wraps_like_llama(ref_bin, tmp_path, arch, capfdbinary):
     """Sliding-window layers keep n_swa + a micro-batch cells (rounded up to 256):
     with -ub 16 and a window of 8 that is 256 cells, which 300 new tokens wrap

@@ -1,7 +1,7 @@
 """Raw-socket helpers for the protocol tests: frames built by hand with struct.
 
 Nothing here uses ggmlrpc's encoders, so the tests check our server against the
-byte layouts of PROTOCOL.md rather than against our own codec.
+byte layouts of docs/protocol.md rather than against our own codec.
 
     request  : | cmd u8 | size u64 | payload |
     response : | size u64 | payload |
@@ -14,7 +14,7 @@ import socket
 import struct
 import time
 
-# command ids (PROTOCOL.md "Commands")
+# command ids (docs/protocol.md "Commands")
 ALLOC_BUFFER, GET_ALIGNMENT, GET_MAX_SIZE, BUFFER_GET_BASE, FREE_BUFFER, BUFFER_CLEAR = range(6)
 SET_TENSOR, SET_TENSOR_HASH, GET_TENSOR, COPY_TENSOR, GRAPH_COMPUTE, GET_DEVICE_MEMORY = range(6, 12)
 INIT_TENSOR, GET_ALLOC_SIZE, HELLO, DEVICE_COUNT, GRAPH_RECOMPUTE, MEMSET_TENSOR = range(12, 18)
@@ -43,7 +43,7 @@ def frame(cmd: int, payload: bytes = b"", size: int | None = None) -> bytes:
 def tensor(id: int = 1, type: int = F32, buffer: int = 0, ne=(1, 1, 1, 1), nb=None, op: int = OP_NONE,
            op_params=(), flags: int = 0, src=(), view_src: int = 0, view_offs: int = 0,
            data: int = 0, name: bytes = b"", use_count: int = 0) -> bytes:
-    """One rpc_tensor (296 bytes), field by field at the offsets of PROTOCOL.md."""
+    """One rpc_tensor (296 bytes), field by field at the offsets of docs/protocol.md."""
     ne = tuple(ne) + (1,) * (4 - len(ne))
     if nb is None:  # contiguous F32/F16 (block size 1) or Q4_0 (32 elements in 18 bytes)
         row = {F32: 4 * ne[0], F16: 2 * ne[0], Q4_0: 18 * (ne[0] // 32)}[type]

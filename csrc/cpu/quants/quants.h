@@ -36,7 +36,7 @@
 extern "C" {
 #endif
 
-/* ggml_type ids (shared/spec/PROTOCOL.md, "ggml_type") used by this library. */
+/* ggml_type ids (docs/protocol.md, "Tensor types") used by this library. */
 enum gr_type {
     GR_TYPE_F32 = 0,
     GR_TYPE_F16 = 1,

@@ -1,0 +1,310 @@
+"""The blocks every architecture's layer is built from, as llama.cpp builds them
+(its llm_graph_context): norms, q/k/v projections with rope, attention over the KV
+cache (flash attention, or soft-max over a transposed V cache), gated
+feed-forward, mixture of experts; and a stage's whole graph (`build`): the
+embeddings, its run of layers, the output layer. Node names and op order are
+llama.cpp's, so the CPU executor gives its logits bit for bit.
+
+The optional tensors (OPTIONAL: biases, per-head q/k norms, a shared expert) are
+used wherever a file has them."""
+from __future__ import annotations
+
+import math
+from typing import TYPE_CHECKING, Callable, Container
+
+from .. import builder as B
+from ..client import Tensor
+from ..ggml import GGMLGluOp, GGMLType, GGMLUnaryOp
+from .hparams import HParams
+from .placement import Stage, StageGraph
+
+if TYPE_CHECKING:
+    from .archs import Arch
+
+# the per-layer tensors (blk.N.<name>.weight) of the common blocks
+ATTENTION = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output")
+FEED_FORWARD = ("ffn_gate", "ffn_up", "ffn_down")
+EXPERTS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+# per-layer tensors the blocks use when a file has them
+OPTIONAL = ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+            "ffn_down_shexp.weight",
+            "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
+            "attn_output.bias", "attn_norm.bias", "attn_qkv.bias", "ffn_up.bias", "ffn_down.bias",
+            "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias")
+# rope frequency factors (LongRoPE: a long and a short set), used wherever a file has them
+ROPE_FACTORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
+
+
+class Ctx:
+    """One stage's graph being built for one input shape: its graph, weights, cache
+    tensors and inputs (positions, cache cells, masks, output rows), and the blocks
+    an architecture's `layer(c, il, x)` calls."""
+
+    def __init__(self, arch: "Arch", hp: HParams, st: Stage, cells: Callable[[int], int], flash_attn: bool,
+                 n_ctx: int, key: tuple, align: int):
+        self.arch, self.hp, self.w, self.st = arch, hp, st.weights, st
+        self.cells, self.flash_attn = cells, flash_attn
+        self.T, self.n_kv, self.n_out, self.n_kv_swa = key
+        self.inp = B.Inputs(align)
+        self.g = B.Graph()
+        self.last = hp.n_layer - 1
+        self.n_ctx_orig = hp.n_ctx_orig or hp.n_ctx_train
+        self.factors = None     # LongRoPE: the long set once the context exceeds the original one
+        for name in ("rope_freqs.weight", "rope_factors_long.weight" if n_ctx > self.n_ctx_orig
+                     else "rope_factors_short.weight"):
+            self.factors = self.factors or self.w.get(name)
+
+    def layer_inputs(self) -> None:
+        """Positions, cache cells and masks (the sliding-window layers' own too), and
+        the output rows when this stage ends the model and fewer rows than tokens come out."""
+        T, hp, inp = self.T, self.hp, self.inp
+        self.pos = inp.new(GGMLType.I32, (T,), "inp_pos")
+        k_idx = inp.new(GGMLType.I64, (T,), "k_idxs")
+        # without flash attention the V cache is transposed: one index per element
+        v_idx = inp.new(GGMLType.I64, (T if self.flash_attn else T * hp.n_embd_kv,), "v_idxs")
+        mask_type = GGMLType.F16 if self.flash_attn else GGMLType.F32
+        mask = inp.new(mask_type, (self.n_kv, T), "kq_mask")
+        # (cache indices of K, of V, mask): of the full-attention layers, of the sliding-window ones
+        self.attn_in = self.attn_in_swa = (k_idx, v_idx, mask)
+        if hp.n_swa and any(hp.is_swa(il) for il in self.st.layers):
+            self.attn_in_swa = (inp.new(GGMLType.I64, (T,), "k_idxs_swa"),
+                                inp.new(GGMLType.I64, v_idx.ne[:1], "v_idxs_swa"),
+                                inp.new(mask_type, (self.n_kv_swa, T), "kq_mask_swa"))
+        self.out_ids = (inp.new(GGMLType.I32, (self.n_out,), "out_ids")
+                        if self.last in self.st.layers and self.n_out < T else None)
+
+    # -- blocks ----------------------------------------------------------------
+    def norm(self, x: Tensor, name: str, il: int | None = None, out: str | None = None) -> Tensor:
+        """Weight `name` (of layer il) times the RMS norm of x, or the architecture's
+        LayerNorm plus its bias; the result is named `out` (default `name`), -il."""
+        p = "" if il is None else f"blk.{il}."
+        out = out or name
+        out = out if il is None else f"{out}-{il}"
+        if self.arch.layer_norm:
+            y = B.mul(B.norm(x, self.hp.eps), self.w[p + name + ".weight"])
+            return B.add(y, self.w[p + name + ".bias"], name=out) if p + name + ".bias" in self.w else y
+        return B.mul(B.rms_norm(x, self.hp.eps), self.w[p + name + ".weight"], name=out)
+
+    def rope(self, t: Tensor, il: int, name: str) -> Tensor:
+        hp, swa = self.hp, self.hp.is_swa(il)
+        return B.rope_ext(t, self.pos, self.factors, name=name, n_dims=hp.n_rot, mode=self.arch.rope_mode,
+                          n_ctx_orig=self.n_ctx_orig,
+                          freq_base=hp.rope_base_swa if swa else hp.rope_base,
+                          freq_scale=hp.rope_scale_swa if swa else hp.rope_scale,
+                          ext_factor=hp.rope_ext_factor, attn_factor=hp.rope_attn_factor,
+                          beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow)
+
+    def qkv(self, il: int, cur: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+        """The heads of q, k (rotated) and v: one matrix each (+ bias, + per-head RMS
+        norm), or views of one fused matrix's rows."""
+        hp, w, T = self.hp, self.w, self.T
+        p, hd = f"blk.{il}.", hp.head_dim
+        if p + "attn_qkv.weight" in w:   # one matrix: q, k, v are views of its rows
+            qkv = B.mul_mat(w[p + "attn_qkv.weight"], cur, name=f"wqkv-{il}")
+            if p + "attn_qkv.bias" in w:
+                qkv = B.add(qkv, w[p + "attn_qkv.bias"], name=f"wqkv_b-{il}")
+            es, rs = qkv.nb[0], qkv.nb[1]
+
+            def part(n_head, at):
+                return B.view(qkv, (hd, n_head, T), (es, es * hd, rs, rs * T), es * at)
+
+            return (self.rope(part(hp.n_head, 0), il, f"Qcur-{il}"),
+                    self.rope(part(hp.n_head_kv, hd * hp.n_head), il, f"Kcur-{il}"),
+                    part(hp.n_head_kv, hd * (hp.n_head + hp.n_head_kv)))
+
+        def proj(name: str, n_head: int, rotate: bool) -> Tensor:
+            """x W (+ bias), heads split, (+ per-head RMS norm), (+ rope): llama.cpp's order."""
+            t = B.mul_mat(w[p + f"attn_{name}.weight"], cur, name=f"{name.upper()}cur-{il}")
+            if p + f"attn_{name}.bias" in w:
+                t = B.add(t, w[p + f"attn_{name}.bias"], name=f"{name.upper()}cur-{il}")
+            t = B.reshape(t, (hd, n_head, T))
+            if p + f"attn_{name}_norm.weight" in w:
+                t = B.mul(B.rms_norm(t, hp.eps), w[p + f"attn_{name}_norm.weight"],
+                          name=f"{name.upper()}cur_normed-{il}")
+            return self.rope(t, il, f"{name.upper()}cur-{il}") if rotate else t
+
+        return proj("q", hp.n_head, True), proj("k", hp.n_head_kv, True), proj("v", hp.n_head_kv, False)
+
+    def scale_query(self, q: Tensor, il: int, dim: int = 0) -> Tensor:
+        """q / sqrt(dim) (default: the head size), for the architectures that scale the
+        query and not the scores (then attention's kq_scale is 1)."""
+        return B.scale(q, 1.0 / math.sqrt(dim or self.hp.head_dim), name=f"Qcur_scaled-{il}")
+
+    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float | None = None) -> Tensor:
+        """k and v written to the layer's cache cells, q attending the cells
+        (flash attention, or soft-max over the transposed V cache; the file's sink
+        logits and the soft-capping of the scores where there are), then the output
+        projection (+ bias)."""
+        hp, w, T, g = self.hp, self.w, self.T, self.g
+        p, hd = f"blk.{il}.", hp.head_dim
+        swa = hp.is_swa(il)
+        k_idx, v_idx, mask = self.attn_in_swa if swa else self.attn_in
+        n_kv = self.n_kv_swa if swa else self.n_kv
+        n_cells = self.cells(il)
+        kq_scale = 1.0 / math.sqrt(hd) if kq_scale is None else kq_scale
+        cache_k, cache_v = self.st.kv[il]
+        # rows of n_embd_kv, one per token, however the heads lie in memory
+        k2 = B.view(k, (hp.n_embd_kv, T), (k.nb[0], k.nb[2]))
+        v2 = B.view(v, (hp.n_embd_kv, T), (v.nb[0], v.nb[2]))
+        # the cache writes run before the attention that reads the cache
+        g.expand(B.set_rows(cache_k, k2, k_idx))
+        row = 2 * hd   # F16 cache rows
+        kv_nb = (2, row, row * hp.n_head_kv, row * hp.n_head_kv * n_kv)
+        kk = B.permute(B.view(cache_k, (hd, hp.n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
+        qq = B.permute(q, 0, 2, 1, 3)
+        if self.flash_attn:
+            g.expand(B.set_rows(cache_v, v2, v_idx))
+            vv = B.permute(B.view(cache_v, (hd, hp.n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
+            o = B.flash_attn_ext(qq, kk, vv, mask, kq_scale, logit_softcap=hp.attn_softcap,
+                                 sinks=w.get(p + "attn_sinks.weight"))
+            o = B.reshape(o, (hd * hp.n_head, T), name=f"kqv_out-{il}")
+        else:
+            # V transposed: element (cell, channel) at channel * n_ctx + cell
+            flat = B.reshape(cache_v, (1, hp.n_embd_kv * n_cells))
+            v2 = v2 if B.is_contiguous(v2) else B.cont(v2)
+            g.expand(B.set_rows(flat, B.reshape(v2, (1, T * hp.n_embd_kv)), v_idx))
+            vt = B.view(cache_v, (n_kv, hp.n_head_kv, hd, 1),
+                        (2, 2 * n_cells * hd, 2 * n_cells, 2 * n_cells * hp.n_embd_kv))
+            kq = B.mul_mat(kk, qq, name=f"kq-{il}", prec_f32=True)
+            if hp.attn_softcap:
+                kq = B.scale(B.unary(GGMLUnaryOp.TANH, B.scale(kq, 1.0 / hp.attn_softcap)),
+                             hp.attn_softcap, name=f"kq_scaled_2-{il}")
+            kq = B.soft_max_ext(kq, mask, kq_scale, name=f"kq_soft_max-{il}",
+                                sinks=w.get(p + "attn_sinks.weight"))
+            kqv = B.mul_mat(B.permute(vt, 0, 2, 1, 3), kq, name=f"kqv-{il}")
+            o = B.cont(B.permute(kqv, 0, 2, 1, 3), (hd * hp.n_head, T), name=f"kqv_out-{il}")
+        cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
+        if p + "attn_output.bias" in w:
+            cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")
+        return cur
+
+    def out_rows(self, il: int, *ts: Tensor) -> tuple[Tensor, ...]:
+        """In the model's last layer, only the rows that come out (the last tokens'):
+        llama.cpp drops the others before the last feed-forward."""
+        if il != self.last or self.out_ids is None:
+            return ts
+        return tuple(B.get_rows(t, self.out_ids) for t in ts)
+
+    def ffn(self, il: int, cur: Tensor, act: int = GGMLGluOp.SWIGLU, suffix: str = "") -> Tensor:
+        """Gated feed-forward: down(act(gate x) * up x), act SwiGLU or GeGLU."""
+        w, p = self.w, f"blk.{il}."
+        gate = B.mul_mat(w[p + f"ffn_gate{suffix}.weight"], cur, name=f"ffn_gate{suffix}-{il}")
+        up = B.mul_mat(w[p + f"ffn_up{suffix}.weight"], cur, name=f"ffn_up{suffix}-{il}")
+        return B.mul_mat(w[p + f"ffn_down{suffix}.weight"], B.glu_split(act, gate, up, name=f"ffn_glu-{il}"),
+                         name=f"ffn_out-{il}")
+
+    def moe(self, il: int, cur: Tensor, norm_w: bool = False, oai: bool = False) -> Tensor:
+        """A mixture of experts as llama.cpp builds it: soft-max gate, the top
+        n_expert_used experts (MUL_MAT_ID) weighted by their gate probability
+        (`norm_w`: renormalized to sum to 1) and summed, plus a shared expert behind
+        a sigmoid gate where the file has one. `oai` (gpt-oss): the chosen logits are
+        soft-maxed among themselves and the experts use the clamped SwiGLU; gate and
+        experts take their biases (ADD_ID) where the file has them."""
+        hp, w, g = self.hp, self.w, self.g
+        p = f"blk.{il}."
+        n_embd, T, k = cur.ne[0], cur.ne[1], hp.n_expert_used
+
+        def biased(t: Tensor, name: str, ids: Tensor | None = None) -> Tensor:
+            b = w.get(p + name + ".bias")
+            if b is None:
+                return t
+            return B.add(t, b, name=t.name) if ids is None else B.add_id(t, b, ids, name=t.name)
+
+        logits = biased(B.mul_mat(w[p + "ffn_gate_inp.weight"], cur, name=f"ffn_moe_logits-{il}"),
+                        "ffn_gate_inp")
+        probs = logits if oai else B.soft_max(logits, name=f"ffn_moe_probs-{il}")
+        chosen = B.argsort_top_k(probs, k, name=f"ffn_moe_topk-{il}")
+        weights = B.get_rows(B.reshape(probs, (1, hp.n_expert, T)), chosen, name=f"ffn_moe_weights-{il}")
+        if oai:   # soft-max over the chosen experts only
+            weights = B.reshape(B.soft_max(B.reshape(weights, (k, T))), (1, k, T))
+        if norm_w:
+            weights = B.reshape(weights, (k, T))
+            total = B.clamp(B.sum_rows(weights), 6.103515625e-5, math.inf, name=f"ffn_moe_weights_sum-{il}")
+            weights = B.reshape(B.div(weights, total, name=f"ffn_moe_weights_norm-{il}"), (1, k, T))
+        g.expand(weights)
+        x = B.reshape(cur, (n_embd, 1, T))
+        up = biased(B.mul_mat_id(w[p + "ffn_up_exps.weight"], x, chosen, name=f"ffn_moe_up-{il}"),
+                    "ffn_up_exps", chosen)
+        gate = biased(B.mul_mat_id(w[p + "ffn_gate_exps.weight"], x, chosen, name=f"ffn_moe_gate-{il}"),
+                      "ffn_gate_exps", chosen)
+        act = (B.swiglu_oai(gate, up, 1.702, 7.0, name=f"ffn_moe_swiglu_oai-{il}") if oai
+               else B.swiglu_split(gate, up, name=f"ffn_moe_swiglu-{il}"))
+        down = biased(B.mul_mat_id(w[p + "ffn_down_exps.weight"], act, chosen, name=f"ffn_moe_down-{il}"),
+                      "ffn_down_exps", chosen)
+        experts = B.mul(down, weights, name=f"ffn_moe_weighted-{il}")
+        g.expand(experts)
+        views = [B.view(experts, (n_embd, T), (experts.nb[0], experts.nb[2]), i * experts.nb[1])
+                 for i in range(k)]
+        for v in views:
+            g.expand(v)
+        moe = views[0]
+        for v in views[1:]:
+            moe = g.expand(B.add(moe, v, name=f"ffn_moe_out-{il}"))
+        if k == 1:
+            moe = B.cont(moe)
+        if p + "ffn_gate_inp_shexp.weight" not in w:
+            return moe
+        gate_in = B.mul_mat(w[p + "ffn_gate_inp_shexp.weight"], cur, name=f"ffn_shexp_gate_inp-{il}")
+        shared_gate = B.div(B.silu(gate_in), gate_in, name=f"ffn_shexp_gate-{il}")
+        shared = B.mul(self.ffn(il, cur, suffix="_shexp"), shared_gate, name=f"ffn_shexp_out-{il}")
+        return B.add(moe, shared, name=f"ffn_out-{il}")
+
+    def output(self, x: Tensor) -> Tensor:
+        """The output layer: norm, the vocabulary's logits (the token embeddings when
+        the file has no output matrix), + bias, tanh soft-capping where set."""
+        hp, w = self.hp, self.w
+        x = self.norm(x, "output_norm", out="result_norm")
+        out_w = w["output.weight"] if "output.weight" in w else w["token_embd.weight"]
+        x = B.mul_mat(out_w, x, name="result_output")
+        if "output.bias" in w:
+            x = B.add(x, w["output.bias"], name="result_output")
+        if hp.final_softcap:
+            x = B.scale(B.unary(GGMLUnaryOp.TANH, B.scale(x, 1.0 / hp.final_softcap)),
+                        hp.final_softcap, name="result_output")
+        return x
+
+
+def stage_weights(arch: "Arch", hp: HParams, st: Stage, tensors: Container[str]) -> list[str]:
+    """The tensors `build` reads for stage `st`, in upload order (`tensors`: the file's)."""
+    names = []
+    if st.embed:
+        names.append("token_embd.weight")
+    if st.layers:
+        names += [n for n in ROPE_FACTORS if n in tensors]
+    for il in st.layers:
+        p = f"blk.{il}."
+        names += [f"{p}{n}.weight" for n in arch.weights(hp)]
+        names += [p + n for n in OPTIONAL if p + n in tensors]
+    if st.output:
+        names.append("output_norm.weight")
+        if "output_norm.bias" in tensors:
+            names.append("output_norm.bias")
+        names.append("output.weight" if "output.weight" in tensors else "token_embd.weight")
+        if "output.bias" in tensors:
+            names.append("output.bias")
+    return list(dict.fromkeys(names))
+
+
+def build(arch: "Arch", hp: HParams, st: Stage, cells: Callable[[int], int], flash_attn: bool, n_ctx: int,
+          key: tuple, align: int) -> StageGraph:
+    """llama.cpp's graph for stage `st` and `key` = (n_tokens new tokens attending
+    n_kv cache cells, n_out rows of output (the last ones), n_kv_swa cells in
+    sliding-window layers): the embeddings (or the previous stage's residual), the
+    stage's layers (`arch.layer` each), the output layer."""
+    c = Ctx(arch, hp, st, cells, flash_attn, n_ctx, key, align)
+    w, inp, T = c.w, c.inp, c.T
+    if st.embed:
+        x = B.get_rows(w["token_embd.weight"], inp.new(GGMLType.I32, (T,), "inp_tokens"), name="inp_embd")
+        if arch.scale_embd:
+            x = B.scale(x, math.sqrt(hp.n_embd), name="inp_scaled")
+    else:
+        rows = T if st.layers else c.n_out
+        x = inp.new(GGMLType.F32, (hp.n_embd, rows), "embd")
+    if st.layers:
+        c.layer_inputs()
+    for il in st.layers:
+        x = arch.layer(c, il, x)
+    if st.output:
+        x = c.output(x)
+    c.g.expand(x, output=True)
+    return StageGraph(key, c.g, {t.name: t for t in inp.tensors}, x, inp)

@@ -1,0 +1,110 @@
+"""A model's hyper-parameters as llama.cpp reads them from the GGUF metadata (its
+llama-hparams): sizes, norms, rope and its scaling; what one architecture reads on
+top comes from that architecture's module (ggmlrpc.llm.archs)."""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Callable
+
+import numpy as np
+
+from .gguf_file import GGUFFile, ModelError
+
+if TYPE_CHECKING:
+    from .archs import Arch
+
+
+@dataclass
+class HParams:
+    n_vocab: int
+    n_ctx_train: int
+    n_embd: int
+    n_layer: int
+    n_ff: int
+    n_head: int
+    n_head_kv: int
+    head_dim: int
+    n_rot: int
+    eps: float
+    rope_base: float
+    rope_scale: float
+    n_expert: int = 0
+    n_expert_used: int = 0
+    n_ctx_orig: int = 0            # rope's original context (0: n_ctx_train)
+    n_swa: int = 0                 # sliding window (0: none)
+    swa_pattern: int = 0           # layer il slides when il % swa_pattern < swa_pattern - 1
+    rope_base_swa: float = 10000.0
+    rope_scale_swa: float = 1.0
+    attn_softcap: float = 0.0
+    final_softcap: float = 0.0
+    rope_ext_factor: float = 0.0   # YaRN: 1 (mix of interpolated and extrapolated frequencies)
+    rope_attn_factor: float = 1.0  # rope's magnitude factor
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
+
+    @property
+    def n_embd_kv(self) -> int:
+        return self.head_dim * self.n_head_kv
+
+    def is_swa(self, il: int) -> bool:
+        """Whether layer il attends a sliding window (gemma2: the even ones; gemma3:
+        all but every sixth)."""
+        n = self.swa_pattern
+        return bool(self.n_swa) and il % n < n - 1
+
+    @classmethod
+    def from_gguf(cls, f: GGUFFile, n_vocab: int, arch: "Arch | None" = None) -> "HParams":
+        """The common keys, and what `arch` reads on top (`arch.hparams(key)`, through
+        `key(name, default)`: the file's `<arch>.name`, or the default)."""
+        a = f.arch
+        extra = {"swa_pattern": arch.swa_pattern} if arch is not None and arch.swa_pattern else {}
+        if arch is not None and arch.hparams is not None:
+            extra.update(arch.hparams(lambda name, default: f.get(f"{a}.{name}", default)))
+
+        def key(name, default=None):
+            v = f.get(f"{a}.{name}", default)
+            if v is None:
+                raise ModelError(f"{f.path}: missing {a}.{name}")
+            return v
+
+        n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
+        head_dim = int(key("attention.key_length", n_embd // n_head))
+        scale = f.get(f"{a}.rope.scaling.factor") or f.get(f"{a}.rope.scale_linear")
+        kind = str(f.get(f"{a}.rope.scaling.type", "linear"))
+        if kind == "none":
+            scale = None
+        return cls(n_vocab=n_vocab, n_ctx_train=int(key("context_length")), n_embd=n_embd,
+                   n_layer=int(key("block_count")), n_ff=int(key("feed_forward_length")),
+                   n_head=n_head, n_head_kv=int(key("attention.head_count_kv", n_head)),
+                   head_dim=head_dim, n_rot=int(key("rope.dimension_count", head_dim)),
+                   eps=float(f.get(f"{a}.attention.layer_norm_rms_epsilon")
+                             or key("attention.layer_norm_epsilon")),
+                   rope_base=float(key("rope.freq_base", 10000.0)),
+                   rope_scale=1.0 / float(scale) if scale else 1.0,
+                   n_expert=int(key("expert_count", 0)), n_expert_used=int(key("expert_used_count", 0)),
+                   n_ctx_orig=int(key("rope.scaling.original_context_length", 0)),
+                   **_yarn_hparams(kind, 1.0 / float(scale) if scale else 1.0,
+                                   float(f.get(f"{a}.rope.scaling.attn_factor", 1.0))),
+                   **extra)
+
+
+def _yarn_hparams(kind: str, freq_scale: float, attn_factor: float) -> dict:
+    """llama.cpp's rope extension factors: YaRN mixes in extrapolated frequencies
+    (ext_factor 1); ggml's rope then grows the magnitude by 1 + 0.1 ln(factor), which
+    llama.cpp's attention factor cancels again (both in F32, as llama.cpp computes
+    them), times the file's own attention factor."""
+    f32 = np.float32
+    if kind != "yarn":
+        return {"rope_attn_factor": attn_factor}
+    factor = f32(1.0) / f32(freq_scale)
+    lnf = f32(math.log(factor))
+    mscale = f32(1.0) if factor <= 1.0 else f32(0.1) * lnf + f32(1.0)
+    cancel = f32(1.0) / (f32(1.0) + f32(0.1) * lnf)
+    return {"rope_ext_factor": 1.0, "rope_attn_factor": float(f32(mscale * cancel) * f32(attn_factor))}
+
+
+def inverse_scale(key: Callable) -> float:
+    """1 / rope.scaling.factor, or 1 without one (the sliding-window layers' rope scale)."""
+    scale = key("rope.scaling.factor", None)
+    return 1.0 / float(scale) if scale else 1.0

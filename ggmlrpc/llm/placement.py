@@ -1,0 +1,237 @@
+"""Where a model lives (llama.cpp's placement): the local CPU and the servers'
+devices, the stages a step runs through (the embeddings on the CPU, each run of
+layers on one device, the output layer with the last layer when every layer is
+offloaded), each stage's weights and KV cache in one buffer on its device, and its
+graphs in compute and input buffers there."""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Callable, Sequence
+
+import numpy as np
+
+from .. import builder as B
+from ..client import RemoteBackend, RemoteBuffer, Tensor
+from ..ggml import GGMLType
+from ..local import LocalBackend
+from .gguf_file import GGUFFile, ModelError
+from .kv_cache import KVCache
+
+
+@dataclass
+class Device:
+    """One compute device: a backend (local or a server) and its device index."""
+    backend: object            # LocalBackend | RemoteBackend
+    index: int
+    name: str
+    free: int
+
+    @property
+    def local(self) -> bool:
+        return isinstance(self.backend, LocalBackend)
+
+
+@dataclass
+class StageGraph:
+    """A built graph of one stage for one input shape, and its input tensors."""
+    key: tuple
+    graph: B.Graph
+    inputs: dict[str, Tensor]
+    out: Tensor
+    layout: B.Inputs
+
+    @property
+    def inputs_size(self) -> int:
+        return self.layout.size
+
+    def place_inputs(self, buffer: RemoteBuffer) -> None:
+        self.layout.place(buffer)
+        # every input of a step goes in one SET_TENSOR over the inputs' whole span
+        self.span = buffer.tensor(GGMLType.I8, (max(self.layout.size, 1),), 0, name="inputs")
+        self.image = np.zeros(self.layout.size, np.uint8)
+        # the result of each step lands here (read before the next step overwrites it)
+        self.result = bytearray(self.out.nbytes)
+
+    def write_inputs(self, backend, values: dict) -> None:
+        for name, t in self.inputs.items():
+            raw = np.frombuffer(memoryview(values[name]).cast("B"), np.uint8)
+            if raw.nbytes != t.nbytes:
+                raise ValueError(f"input {name}: {raw.nbytes} bytes for a tensor of {t.nbytes}")
+            self.image[t.offset:t.offset + raw.nbytes] = raw
+        backend.set_tensor(self.span, self.image)
+
+
+@dataclass
+class Stage:
+    """What one device runs each step: maybe the embeddings, a run of layers, maybe
+    the output layer."""
+    device: Device
+    layers: list[int]
+    embed: bool = False
+    output: bool = False
+    weights: dict[str, Tensor] = field(default_factory=dict)
+    kv: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    buffers: list[RemoteBuffer] = field(default_factory=list)
+    compute: RemoteBuffer | None = None
+    inputs_buf: RemoteBuffer | None = None
+    mapped: bool = False        # weights used in place in the file mapping (local CPU)
+    graphs: dict[tuple, StageGraph] = field(default_factory=dict)
+
+
+def _align(n: int, a: int) -> int:
+    return (n + a - 1) // a * a
+
+
+def assign_layers(n_layer: int, n_gpu_layers: int, split: Sequence[float]) -> list[int]:
+    """The device of each layer: -1 for the local CPU, else an index into `split`
+    (llama.cpp's rule: the last n_gpu_layers layers, cut by cumulative fractions)."""
+    n_off = max(0, min(n_gpu_layers, n_layer)) if split else 0
+    start = n_layer - n_off
+    total = sum(split) if split else 0.0
+    if split and total <= 0:
+        raise ModelError("tensor split must have a positive sum")
+    cum, acc = [], 0.0
+    for s in split:
+        acc += s / total
+        cum.append(acc)
+    out = []
+    for il in range(n_layer):
+        if il < start:
+            out.append(-1)
+            continue
+        x = (il - start) / n_off
+        out.append(next((i for i, c in enumerate(cum) if c > x), len(cum) - 1))
+    return out
+
+
+def open_devices(rpc: Sequence[str] | str | None, n_threads: int | None, timeout: float,
+                 backends: list) -> tuple[Device, list[Device]]:
+    """The local CPU and every device of the `rpc` servers ("host:port", a list or a
+    comma-separated string); each backend goes into `backends` as it opens."""
+    cpu = LocalBackend(n_threads)
+    backends.append(cpu)
+    cpu_dev = Device(cpu, 0, "CPU", cpu.get_device_memory(0)[0])
+    remote: list[Device] = []
+    if isinstance(rpc, str):
+        rpc = [e for e in rpc.split(",") if e]
+    for ep in rpc or []:
+        rb = RemoteBackend(ep, timeout=timeout)
+        backends.append(rb)
+        for d in range(rb.device_count()):
+            remote.append(Device(rb, d, f"RPC{len(remote)}[{ep}]", rb.get_device_memory(d)[0]))
+    return cpu_dev, remote
+
+
+def plan_stages(cpu: Device, remote: list[Device], n_layer: int, n_gpu_layers: int,
+                tensor_split: Sequence[float] | None) -> list[Stage]:
+    """The stages in step order: the CPU (embeddings), then each run of layers on one
+    device, then the output layer (with the last layer when every layer is
+    offloaded, else on the CPU). `tensor_split`: each remote device's share of the
+    offloaded layers (default: its free memory)."""
+    if tensor_split:
+        if len(tensor_split) > len(remote):
+            raise ModelError(f"--tensor-split names {len(tensor_split)} devices, "
+                             f"the servers have {len(remote)}")
+        split = list(tensor_split) + [0.0] * (len(remote) - len(tensor_split))
+    else:
+        split = [float(d.free) for d in remote]
+    where = assign_layers(n_layer, n_gpu_layers, split)
+    devs = [cpu if w < 0 else remote[w] for w in where]
+    out_dev = devs[-1] if remote and n_gpu_layers > n_layer else cpu
+    stages = [Stage(cpu, [], embed=True)]
+    for il, d in enumerate(devs):
+        if stages[-1].device is not d:
+            stages.append(Stage(d, []))
+        stages[-1].layers.append(il)
+    if stages[-1].device is not out_dev:
+        stages.append(Stage(out_dev, []))
+    stages[-1].output = True
+    return stages
+
+
+def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
+                file_buffer: Callable[[LocalBackend], RemoteBuffer]) -> int:
+    """One buffer on the stage's device for its weights (`names`) and KV cache;
+    places the tensors in it. Returns the weight bytes to send. On the local CPU the
+    weights stay in the file's mapping (`file_buffer`) and only the cache gets a
+    buffer."""
+    be, dev = st.device.backend, st.device.index
+    align = be.get_alignment(dev)
+    for n in names:
+        if n not in f.tensors:
+            raise ModelError(f"{f.path}: missing tensor {n}")
+    n_embd_kv = kv.hp.n_embd_kv
+    st.mapped = st.device.local
+    size = 0 if st.mapped else sum(_align(f.tensors[n].nbytes, align) for n in names)
+    kv_size = sum(2 * _align(2 * n_embd_kv * kv.cells(il), align) for il in st.layers)
+    st.buffers, st.weights, st.kv = [], {}, {}
+    st.compute = st.inputs_buf = None
+    st.graphs.clear()
+    if st.mapped:
+        whole = file_buffer(be)
+        start = f.reader.data.ctypes.data
+        for n in names:
+            ti = f.tensors[n]
+            st.weights[n] = whole.tensor(ti.type, ti.ne, ti.data.ctypes.data - start, name=n)
+    if not size + kv_size:
+        return 0
+    buf = be.alloc_buffer(size + kv_size, dev)
+    if buf is None:
+        raise ModelError(f"{st.device.name}: cannot allocate {(size + kv_size) >> 20} MiB "
+                         f"for weights and KV cache (free: {st.device.free >> 20} MiB)")
+    st.buffers.append(buf)
+    off = 0
+    for n in names if not st.mapped else ():
+        ti = f.tensors[n]
+        st.weights[n] = buf.tensor(ti.type, ti.ne, off, name=n)
+        off += _align(ti.nbytes, align)
+    for il in st.layers:
+        kv_row = _align(2 * n_embd_kv * kv.cells(il), align)
+        k = buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off, name=f"cache_k_l{il}")
+        v = buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off + kv_row, name=f"cache_v_l{il}")
+        off += 2 * kv_row
+        st.kv[il] = (k, v)
+    if kv_size:
+        be.memset_tensor(buf.tensor(GGMLType.I8, (kv_size,), size, name="kv"), 0)
+    return 0 if st.mapped else sum(f.tensors[n].nbytes for n in names)
+
+
+def send_weights(st: Stage, f: GGUFFile, sent: Callable[[int, bool], None]) -> None:
+    """Upload the stage's weights (hash first: a server whose cache has them is not
+    sent the bytes); `sent(nbytes, cached)` after each tensor."""
+    if st.mapped:
+        return
+    be = st.device.backend
+    for n, t in st.weights.items():
+        data = f.tensors[n].data
+        sent(data.nbytes, be.set_tensor(t, data, weights=True))
+
+
+def stage_graph(st: Stage, key: tuple, build: Callable[[Stage, tuple, int], StageGraph],
+                held: dict) -> StageGraph:
+    """Stage `st`'s graph for `key`, built once (`build(st, key, alignment)`) and
+    placed in the stage's compute and input buffers, which grow to fit it (then the
+    graphs placed in the old ones, and what the devices hold, `held`, are forgotten)."""
+    g = st.graphs.get(key)
+    if g is not None:
+        return g
+    be, dev = st.device.backend, st.device.index
+    align = be.get_alignment(dev)
+    g = build(st, key, align)
+    alloc = B.Allocator(align)
+    need = alloc.plan(g.graph)
+    for attr, size in (("compute", need), ("inputs_buf", g.inputs_size)):
+        cur = getattr(st, attr, None)
+        if cur is None or cur.size < size:
+            if cur is not None:
+                be.free_buffer(cur)
+                st.graphs.clear()    # every cached graph pointed into the old buffer
+                held.clear()
+            new = be.alloc_buffer(max(size, align), dev)
+            if new is None:
+                raise ModelError(f"{st.device.name}: cannot allocate {size >> 20} MiB of compute memory")
+            setattr(st, attr, new)
+    alloc.place(st.compute)
+    g.place_inputs(st.inputs_buf)
+    st.graphs[key] = g
+    return g

@@ -1,0 +1,493 @@
+"""What `ggml-rpc-cli serve` does without HTTP: requests checked and turned into
+generation jobs, one worker thread that owns the model and runs them one at a time,
+the text each token adds (llama-server's rules for stop strings and cut UTF-8), the
+response objects in OpenAI's format with llama-server's fields, and the metrics.
+
+The worker hands each event to the asyncio loop of the request that asked for it;
+a job whose client went away is stopped before its next token, and the context it
+filled is forgotten."""
+from __future__ import annotations
+
+import asyncio
+import math
+import os
+import queue
+import secrets
+import string
+import threading
+import time
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..errors import GgmlRpcError
+from ..llm.chat_template import ChatTemplate, TemplateError
+from ..llm.gguf_file import ModelError
+from ..llm.sampling import Sampler
+
+# llama-server's error types and their HTTP status (format_error_response)
+STATUS = {"invalid_request_error": 400, "authentication_error": 401, "not_found_error": 404,
+          "server_error": 500, "permission_error": 403, "not_supported_error": 501,
+          "unavailable_error": 503, "exceed_context_size_error": 400}
+
+ROLES = ("system", "developer", "user", "assistant", "tool")
+
+# what llama.cpp renders a conversation with when the model has no template of its own
+CHATML = ("{%- for message in messages -%}\n"
+          "  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n"
+          "{%- endfor -%}\n"
+          "{%- if add_generation_prompt -%}\n"
+          "  {{- '<|im_start|>assistant\\n' -}}\n"
+          "{%- endif -%}")
+
+
+class ApiError(Exception):
+    """An error object for the client: {"error": {"code", "message", "type", ...}}."""
+
+    def __init__(self, message: str, type: str = "invalid_request_error", **extra):
+        super().__init__(message)
+        self.type, self.extra = type, extra
+        self.status = STATUS[type]
+
+    def to_json(self) -> dict:
+        return {"error": {"code": self.status, "message": str(self), "type": self.type, **self.extra}}
+
+
+# -- request fields ------------------------------------------------------------------
+
+_TYPE_NAMES = {bool: "boolean", int: "number", float: "number", str: "string", list: "array",
+               dict: "object"}
+
+
+def field_of(body: dict, name: str, kind, default=None):
+    """body[name] if it is of `kind` (int and float are both numbers; bool is no
+    number), `default` when absent or null."""
+    v = body.get(name)
+    if v is None:
+        return default
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    ok = any(isinstance(v, k) and not (k in (int, float) and isinstance(v, bool)) for k in kinds)
+    if float in kinds and isinstance(v, int) and not isinstance(v, bool):
+        ok = True
+    if not ok:
+        want = " or ".join(dict.fromkeys(_TYPE_NAMES[k] for k in kinds))
+        got = _TYPE_NAMES.get(type(v), type(v).__name__)
+        raise ApiError(f"Field '{name}': type must be {want}, but is {got}")
+    return v
+
+
+def message_text(i: int, msg) -> dict:
+    """A chat message with its content as one string (text parts joined by newlines,
+    as llama.cpp joins them for templates that take strings)."""
+    if not isinstance(msg, dict):
+        raise ApiError(f"messages[{i}] must be an object")
+    role = msg.get("role")
+    if not isinstance(role, str):
+        raise ApiError(f"messages[{i}]: 'role' must be a string")
+    if role not in ROLES:
+        raise ApiError(f"messages[{i}]: unknown role {role!r} (expected one of {', '.join(ROLES)})")
+    content = msg.get("content")
+    if content is None:
+        if role != "assistant" or not msg.get("tool_calls"):
+            raise ApiError("All non-assistant messages must contain 'content'" if role != "assistant"
+                           else "Assistant message must contain either 'content' or 'tool_calls'!")
+        content = ""
+    if isinstance(content, list):
+        texts = []
+        for part in content:
+            if not isinstance(part, dict) or part.get("type") != "text" or not isinstance(part.get("text"), str):
+                raise ApiError(f"messages[{i}]: only text content parts are supported")
+            texts.append(part["text"])
+        content = "\n".join(texts)
+    elif not isinstance(content, str):
+        raise ApiError("Expected 'content' to be a string or an array")
+    return {**msg, "content": content}
+
+
+@dataclass
+class Job:
+    """One generation: the prompt's tokens and what to do with them."""
+    kind: str                    # "chat" or "text"
+    ids: list[int]
+    n_predict: int
+    sampling: dict
+    stop: list[bytes]
+    n_probs: int = 0
+    stream: bool = False
+    include_usage: bool = False
+    id: str = field(default_factory=lambda: "chatcmpl-" + "".join(
+        secrets.choice(string.ascii_letters + string.digits) for _ in range(32)))
+    created: int = field(default_factory=lambda: int(time.time()))
+
+
+# -- text of the generated tokens -------------------------------------------------
+
+def utf8_complete(b: bytes) -> int:
+    """How many bytes of `b` can be sent: all but a multi-byte character cut at the end
+    (llama-server's validate_utf8)."""
+    n = len(b)
+    for i in range(1, min(4, n) + 1):
+        c = b[n - i]
+        if (c & 0xE0) == 0xC0 and i < 2 or (c & 0xF0) == 0xE0 and i < 3 or (c & 0xF8) == 0xF0 and i < 4:
+            return n - i
+    return n
+
+
+def partial_stop(text: bytes, word: bytes) -> int:
+    """Where a prefix of `word` ends `text`, or -1."""
+    for n in range(min(len(word), len(text)), 0, -1):
+        if text.endswith(word[:n]):
+            return len(text) - n
+    return -1
+
+
+class Text:
+    """The generated bytes and how many have been sent: a stop string ends the text
+    before it, and text that may be the start of one, or a cut UTF-8 character, is
+    held back until the next token tells."""
+
+    def __init__(self, stop: list[bytes]):
+        self.stop = stop
+        self.buf = bytearray()
+        self.sent = 0
+        self.stopped = False
+
+    def add(self, piece: bytes, eog: bool) -> bytes:
+        """The bytes that can be sent after `piece`; sets `stopped` on a stop string."""
+        self.buf += piece
+        if utf8_complete(self.buf) < len(self.buf):
+            return b""
+        tail = bytes(self.buf[self.sent:])
+        if self.stop:
+            hit = -1
+            for w in self.stop:
+                pos = tail.find(w, max(0, len(tail) - len(w) - len(piece)))
+                if pos >= 0 and (hit < 0 or pos < hit):
+                    hit = pos
+            if hit >= 0:
+                del self.buf[self.sent + hit:]
+                self.stopped = True
+                tail = tail[:hit]
+            elif not eog and any(partial_stop(tail, w) >= 0 for w in self.stop):
+                return b""
+        self.sent += len(tail)
+        return tail
+
+    def rest(self) -> bytes:
+        """What is still held back when generation ends."""
+        tail = bytes(self.buf[self.sent:])
+        self.sent = len(self.buf)
+        return tail
+
+
+def text_of(b: bytes) -> str:
+    return b.decode("utf-8", "replace")
+
+
+def token_text(piece: bytes) -> str:
+    return text_of(piece[:utf8_complete(piece)])
+
+
+# -- the worker ----------------------------------------------------------------------
+
+class Generation:
+    """A job handed to the worker; its events come out of `events` on the loop that
+    submitted it: ("token", bytes, logprobs entry or None), then ("done", final dict,
+    its "rest" the bytes held back to the end) or ("error", ApiError). Bytes become
+    text where they are sent: a chunk at a time, or all at once."""
+
+    def __init__(self, job: Job, loop: asyncio.AbstractEventLoop):
+        self.job = job
+        self.loop = loop
+        self.events: asyncio.Queue = asyncio.Queue()
+        self.cancelled = threading.Event()
+
+    def put(self, ev) -> None:
+        try:
+            self.loop.call_soon_threadsafe(self.events.put_nowait, ev)
+        except RuntimeError:        # the loop is gone: nobody listens any more
+            self.cancelled.set()
+
+    def cancel(self) -> None:
+        self.cancelled.set()
+
+
+class Stats:
+    """llama-server's metrics, counted by the worker in plain numbers."""
+
+    def __init__(self):
+        self.prompt_tokens = self.prompt_cached = self.predicted = self.n_decode = 0
+        self.prompt_seconds = self.predicted_seconds = 0.0
+        self.n_tokens_max = 0
+        self.processing = 0
+        # the throughput gauges average over the window between two scrapes
+        self.bucket = [0, 0.0, 0, 0.0]    # prompt tokens, seconds, predicted tokens, seconds
+        self.t_start = int(time.time())
+
+
+class Engine:
+    """The model, its chat template, and the worker thread that runs every job."""
+
+    def __init__(self, model, names: list[str], template: ChatTemplate, model_path: str = ""):
+        self.model = model
+        self.names = names
+        self.template = template
+        self.model_path = model_path
+        self.stats = Stats()
+        self.jobs: queue.Queue = queue.Queue()
+        self.worker = threading.Thread(target=self._work, name="serve-worker", daemon=True)
+        self.worker.start()
+
+    @staticmethod
+    def chat_template(model, path: str | None = None) -> ChatTemplate:
+        """The template of `path`, else the model's, else ChatML (as llama.cpp does)."""
+        if path is None and not isinstance(model.file.meta.get("tokenizer.chat_template"), str):
+            tok = model.tokenizer
+
+            def text(i):
+                return text_of(tok.tokens[i]) if i is not None and 0 <= i < tok.n_vocab else ""
+            return ChatTemplate(CHATML, text(getattr(tok, "bos", None)), text(getattr(tok, "eos", None)))
+        return ChatTemplate.from_gguf(model.file, model.tokenizer, path)
+
+    def close(self) -> None:
+        self.jobs.put(None)
+        self.worker.join(30)
+
+    # -- requests ------------------------------------------------------------------
+    @property
+    def n_ctx(self) -> int:
+        return self.model.n_ctx
+
+    def check_model(self, body: dict) -> None:
+        name = field_of(body, "model", str)
+        if name is not None and name not in self.names and name != self.model_path:
+            raise ApiError(f"model '{name}' not found (this server has {', '.join(self.names)})",
+                           "not_found_error")
+
+    def render(self, body: dict) -> str:
+        """The prompt text of a chat request (llama-server's /apply-template)."""
+        if "messages" not in body:
+            raise ApiError("'messages' is required")
+        messages = body["messages"]
+        if not isinstance(messages, list):
+            raise ApiError("Expected 'messages' to be an array")
+        if not messages:
+            raise ApiError("'messages' must not be empty")
+        messages = [message_text(i, m) for i, m in enumerate(messages)]
+        kwargs = field_of(body, "chat_template_kwargs", dict, {})
+        add_gen = field_of(body, "add_generation_prompt", bool, True)
+        tools = field_of(body, "tools", list)
+        try:
+            return self.template.render(messages, add_generation_prompt=add_gen, tools=tools, **kwargs)
+        except TemplateError as e:
+            raise ApiError(str(e)) from None
+        except TypeError as e:          # a kwarg that collides with the template's own
+            raise ApiError(f"chat_template_kwargs: {e}") from None
+
+    def prompt_tokens(self, text: str) -> list[int]:
+        """The tokens of a rendered chat prompt."""
+        return self.model.tokenize(text, add_special=True, parse_special=True)
+
+    def tokenize_mixed(self, content, add_special: bool, parse_special: bool) -> list[int]:
+        """A string, or a list of strings and token ids (llama-server's tokenize_mixed)."""
+        if isinstance(content, str):
+            return self.model.tokenize(content, add_special, parse_special)
+        if not isinstance(content, list):
+            raise ApiError("'content'/'prompt' must be a string or an array of strings and token ids")
+        out: list[int] = []
+        for i, p in enumerate(content):
+            if isinstance(p, str):
+                out += self.model.tokenize(p, add_special and i == 0, parse_special)
+            elif isinstance(p, int) and not isinstance(p, bool):
+                out.append(self.check_token(p))
+            else:
+                raise ApiError("'content'/'prompt' must be a string or an array of strings and token ids")
+        return out
+
+    def check_token(self, t) -> int:
+        if not isinstance(t, int) or isinstance(t, bool) or not 0 <= t < self.model.tokenizer.n_vocab:
+            raise ApiError(f"invalid token {t!r}: the vocabulary has {self.model.tokenizer.n_vocab} tokens")
+        return t
+
+    def job(self, kind: str, body: dict, ids: list[int]) -> Job:
+        """A job from an OpenAI request's generation fields."""
+        n_prompt = len(ids)
+        if n_prompt == 0:
+            raise ApiError("the prompt is empty")
+        if n_prompt >= self.n_ctx:
+            raise ApiError(f"request ({n_prompt} tokens) exceeds the available context size "
+                           f"({self.n_ctx} tokens), try increasing it", "exceed_context_size_error",
+                           n_prompt_tokens=n_prompt, n_ctx=self.n_ctx)
+        n_predict = -1
+        for name in ("max_tokens", "max_completion_tokens", "n_predict"):
+            v = field_of(body, name, int)
+            if v is not None:
+                n_predict = v
+        room = self.n_ctx - n_prompt
+        if n_predict > room:
+            raise ApiError(f"request ({n_prompt} prompt tokens + {n_predict} to generate) exceeds the "
+                           f"available context size ({self.n_ctx} tokens)", "exceed_context_size_error",
+                           n_prompt_tokens=n_prompt, n_ctx=self.n_ctx)
+        n_predict = room if n_predict < 0 else n_predict
+        stop = body.get("stop")
+        if stop is None:
+            stop = []
+        elif isinstance(stop, str):
+            stop = [stop]
+        elif not isinstance(stop, list) or not all(isinstance(s, str) for s in stop):
+            raise ApiError("Field 'stop': must be a string or an array of strings")
+        seed = field_of(body, "seed", int, -1)
+        sampling = dict(temp=float(field_of(body, "temperature", float, 0.8)),
+                        top_k=field_of(body, "top_k", int, 40),
+                        top_p=float(field_of(body, "top_p", float, 0.95)),
+                        min_p=float(field_of(body, "min_p", float, 0.05)),
+                        seed=None if seed < 0 else seed & 0xFFFFFFFF)
+        if kind == "chat":
+            if field_of(body, "logprobs", bool, False):
+                n_probs = field_of(body, "top_logprobs", int, 20)
+            elif body.get("top_logprobs") is not None:
+                raise ApiError("top_logprobs requires logprobs to be set to true")
+            else:
+                n_probs = 0
+        else:
+            n_probs = field_of(body, "logprobs", int, 0)
+        n_probs = field_of(body, "n_probs", int, n_probs)
+        if n_probs < 0:
+            raise ApiError("Field 'n_probs': must not be negative")
+        stream = field_of(body, "stream", bool, False)
+        opts = field_of(body, "stream_options", dict, {})
+        return Job(kind, ids, n_predict, sampling, [s.encode() for s in stop if s],
+                   min(n_probs, self.model.tokenizer.n_vocab), stream,
+                   bool(field_of(opts, "include_usage", bool, False)))
+
+    def submit(self, job: Job) -> Generation:
+        gen = Generation(job, asyncio.get_running_loop())
+        self.jobs.put(gen)
+        return gen
+
+    @property
+    def deferred(self) -> int:
+        return self.jobs.qsize()
+
+    # -- generation ------------------------------------------------------------------
+    def _work(self) -> None:
+        while True:
+            gen = self.jobs.get()
+            if gen is None:
+                return
+            if gen.cancelled.is_set():
+                continue
+            self.stats.processing = 1
+            try:
+                self._run(gen)
+            except ApiError as e:
+                gen.put(("error", e))
+            except (ModelError, GgmlRpcError) as e:
+                self.model.reset()
+                gen.put(("error", ApiError(f"generation failed: {e}", "server_error")))
+            except Exception as e:     # never lose the worker
+                self.model.reset()
+                gen.put(("error", ApiError(f"internal error: {type(e).__name__}: {e}", "server_error")))
+            finally:
+                self.stats.processing = 0
+
+    def _run(self, gen: Generation) -> None:
+        job, model, st = gen.job, self.model, self.stats
+        tok = model.tokenizer
+        cached = common_prefix(model.tokens, job.ids[:-1])
+        if model.swa is not None and cached < len(model.tokens):
+            cached = 0          # a sliding-window cache starts over (Model.prefill)
+        sampler = Sampler(**job.sampling)
+        text = Text(job.stop)
+        t0 = time.perf_counter()
+        t_prompt = None
+        n_gen = 0
+        steps = model.stream(job.ids, job.n_predict, sampler, reuse=True)
+        try:
+            for t, logits in steps:
+                if t_prompt is None:
+                    t_prompt = time.perf_counter()
+                n_gen += 1
+                if gen.cancelled.is_set():
+                    break
+                piece = tok.token_to_piece(t)
+                out = text.add(piece, tok.is_eog(t))
+                probs = self._probs(t, logits, job.n_probs) if job.n_probs else None
+                if out or probs is not None:
+                    gen.put(("token", out, probs))
+                if text.stopped:
+                    break
+        finally:
+            steps.close()
+        t1 = time.perf_counter()
+        if t_prompt is None:
+            t_prompt = t1
+        n_eval = len(job.ids) - cached
+        st.prompt_tokens += n_eval
+        st.prompt_cached += cached
+        st.prompt_seconds += t_prompt - t0
+        st.predicted += n_gen
+        st.predicted_seconds += t1 - t_prompt
+        st.n_decode += n_gen + (1 if n_eval else 0)
+        st.n_tokens_max = max(st.n_tokens_max, len(job.ids) + n_gen)
+        b = st.bucket
+        b[0] += n_eval
+        b[1] += t_prompt - t0
+        b[2] += n_gen
+        b[3] += t1 - t_prompt
+        if gen.cancelled.is_set():
+            model.reset()        # the client is gone: its context is freed
+            return
+        reason = "stop" if text.stopped or model.stop_reason == "eog" else "length"
+        rest = text.rest()
+        if job.kind == "chat" or job.stream:
+            # a character cut by the end: llama-server's chat messages and streams leave
+            # it out (a whole text completion keeps its bytes, shown as U+FFFD)
+            rest = rest[:utf8_complete(rest)]
+        prompt_ms, gen_ms = (t_prompt - t0) * 1e3, (t1 - t_prompt) * 1e3
+        gen.put(("done", {
+            "rest": rest,
+            "finish_reason": reason,
+            "usage": {"completion_tokens": n_gen, "prompt_tokens": len(job.ids),
+                      "total_tokens": n_gen + len(job.ids),
+                      "prompt_tokens_details": {"cached_tokens": cached}},
+            "timings": {"cache_n": cached, "prompt_n": n_eval, "prompt_ms": prompt_ms,
+                        "prompt_per_token_ms": prompt_ms / max(n_eval, 1),
+                        "prompt_per_second": 1e3 * n_eval / prompt_ms if prompt_ms else 0.0,
+                        "predicted_n": n_gen, "predicted_ms": gen_ms,
+                        "predicted_per_token_ms": gen_ms / max(n_gen, 1),
+                        "predicted_per_second": 1e3 * n_gen / gen_ms if gen_ms else 0.0},
+        }))
+
+    def _probs(self, t: int, logits: np.ndarray, n: int) -> dict:
+        """llama-server's probabilities before sampling: the soft-max of every logit,
+        the drawn token's and the `n` highest."""
+        x = logits.astype(np.float32)
+        p = np.exp(x - x.max())
+        p /= p.sum()
+        top = np.argpartition(-p, n - 1)[:n] if n < p.size else np.arange(p.size)
+        top = top[np.lexsort((top, -p[top]))]
+        tok = self.model.tokenizer
+
+        def entry(i: int) -> dict:
+            piece = tok.token_to_piece(int(i))
+            pi = float(p[i])
+            return {"id": int(i), "token": token_text(piece), "bytes": list(piece),
+                    "logprob": float(np.log(p[i])) if pi > 0 else -3.4028234663852886e38}
+
+        return {**entry(t), "top_logprobs": [entry(i) for i in top]}
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = 0
+    for x, y in zip(a, b):
+        if x != y:
+            break
+        n += 1
+    return n
+
+
+def default_names(path: str, alias: str | None) -> list[str]:
+    if alias:
+        return [a.strip() for a in alias.split(",") if a.strip()]
+    return [os.path.basename(path)]

@@ -1,0 +1,43 @@
+"""The registry of architectures (ggmlrpc.llm.archs) is the one list: the README's
+table is its table, synth writes a model of each architecture, and each such model
+loads with every tensor it has placed and read by its graph."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from ggmlrpc.llm import archs, synth
+from ggmlrpc.llm.model import SUPPORTED_ARCHS, Model
+
+README = Path(__file__).resolve().parents[2] / "README.md"
+
+
+def test_readme_table_is_the_registry():
+    text = README.read_text()
+    table = archs.readme_table()
+    assert table in text, "README's table of architectures: paste `python -m ggmlrpc.llm.archs`"
+    listed = [line.split("`")[1] for line in text.splitlines() if line.startswith("| `")
+              and line.split("`")[1] in archs.ARCHS]
+    assert listed == list(archs.ARCHS)
+
+
+def test_every_architecture_is_supported_and_synthesized():
+    assert SUPPORTED_ARCHS == tuple(archs.ARCHS)
+    for name, arch in archs.ARCHS.items():
+        assert arch.name == name and arch.synth, name
+        assert all(synth.ARCHS[model] == (name, write) for model, write in arch.synth.items())
+    assert {gguf_arch for gguf_arch, _ in synth.ARCHS.values()} == set(archs.ARCHS)
+
+
+@pytest.mark.parametrize("model", list(synth.ARCHS))
+def test_synth_model_loads_and_runs(tmp_path, model):
+    shape = synth.ModelShape(**{"n_layer": 2, "n_embd": 64, "n_ff": 128, "n_head": 4, "n_head_kv": 2,
+                                **archs.ARCHS[synth.ARCHS[model][0]].test_shape})
+    path = synth.write_model(tmp_path / f"{model}.gguf", model, shape, "f32")
+    with Model.load(path, n_gpu_layers=0) as m:
+        (st,) = m.stages
+        assert set(st.weights) == set(m.file.tensors)      # nothing written goes unread
+        logits = m.eval(m.tokenize("the old man and the sea"))
+        assert logits.shape == (m.hp.n_vocab,) and np.isfinite(logits).all()
