@@ -232,6 +232,25 @@ def _probe_value(v, probe):
 
 _soft_str = jinja2.filters.FILTERS["string"]
 
+# what llama.cpp's undefined answers to its methods: empty lists, strings and counts
+_UNDEFINED_METHODS = dict.fromkeys(
+    ("items", "list", "map", "reject", "rejectattr", "reverse", "select", "selectattr", "sort",
+     "unique"), list) | dict.fromkeys(
+    ("capitalize", "join", "lower", "replace", "safe", "string", "strip", "title", "truncate",
+     "upper"), str) | dict.fromkeys(("length", "sum", "wordcount"), int)
+
+
+class _Undefined(jinja2.ChainableUndefined):
+    """Something missing, as llama.cpp has it: its attributes and items are missing
+    too, and `missing.items()` (and the like) is empty rather than an error."""
+    __slots__ = ()
+
+    def __getattr__(self, name):
+        if name in _UNDEFINED_METHODS:
+            empty = _UNDEFINED_METHODS[name]
+            return lambda *args, **kwargs: empty()
+        return super().__getattr__(name)
+
 
 class _Generation(jinja2.ext.Extension):
     """`{% generation %}...{% endgeneration %}` (Hugging Face's marker of the
@@ -344,7 +363,7 @@ def _is_string(env, value):
 
 
 def _environment() -> _Env:
-    env = _Env(trim_blocks=True, lstrip_blocks=True, undefined=jinja2.ChainableUndefined,
+    env = _Env(trim_blocks=True, lstrip_blocks=True, undefined=_Undefined,
                extensions=["jinja2.ext.loopcontrols", _Generation], finalize=_output)
     env.globals.update(raise_exception=_raise, tojson=_tojson,
                        strftime_now=lambda fmt: time.strftime(str(fmt)))
