@@ -78,7 +78,7 @@ def field_of(body: dict, name: str, kind, default=None):
 
 def message_text(i: int, msg) -> dict:
     """A chat message with its content as one string (text parts joined by newlines,
-    as llama.cpp joins them for templates that take strings)."""
+    as llama.cpp joins them for templates that take only strings)."""
     if not isinstance(msg, dict):
         raise ApiError(f"messages[{i}] must be an object")
     role = msg.get("role")
@@ -273,7 +273,9 @@ class Engine:
             raise ApiError("Expected 'messages' to be an array")
         if not messages:
             raise ApiError("'messages' must not be empty")
-        messages = [message_text(i, m) for i, m in enumerate(messages)]
+        for i, m in enumerate(messages):
+            message_text(i, m)  # checked here; the template takes them as sent (parts stay
+            #                     parts for templates that read them, as llama-server's)
         kwargs = field_of(body, "chat_template_kwargs", dict, {})
         add_gen = field_of(body, "add_generation_prompt", bool, True)
         tools = field_of(body, "tools", list)

@@ -83,3 +83,11 @@ def test_tojson_agrees_with_python_json_on_key_order_and_separators(value, inden
 def test_tojson_separators_in_a_template():
     t = ChatTemplate("{{ messages[0] | tojson(separators=(',', ':')) }}")
     assert t.render(USER) == json.dumps(USER[0], separators=(",", ":"))
+
+
+def test_missing_values_are_lenient_as_in_llama_cpp():
+    # a missing field's fields are missing too, its items() is empty, and a string plus
+    # something missing is the string
+    t = ChatTemplate("{% for k, v in messages[0].tool.parameters.items() %}x{% endfor %}"
+                     "{{ messages[0].content + messages[0].name }}|{{ messages[0].nothing.more }}|")
+    assert t.render(USER) == "hi||"
