@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import GgmlRpcError
-from ..llm.chat_template import ChatTemplate, TemplateError
+from ..llm.chat_template import CHATML, ChatTemplate, TemplateError
 from ..llm.gguf_file import ModelError
 from ..llm.sampling import Sampler
 
@@ -31,15 +31,6 @@ STATUS = {"invalid_request_error": 400, "authentication_error": 401, "not_found_
           "unavailable_error": 503, "exceed_context_size_error": 400}
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-
-# what llama.cpp renders a conversation with when the model has no template of its own
-CHATML = ("{%- for message in messages -%}\n"
-          "  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n"
-          "{%- endfor -%}\n"
-          "{%- if add_generation_prompt -%}\n"
-          "  {{- '<|im_start|>assistant\\n' -}}\n"
-          "{%- endif -%}")
-
 
 class ApiError(Exception):
     """An error object for the client: {"error": {"code", "message", "type", ...}}."""
