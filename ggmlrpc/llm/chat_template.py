@@ -22,13 +22,15 @@ llama.cpp renders with its own Jinja engine (common/jinja) after preparing the i
   together, floats as C's %f without trailing zeros, tojson keeps key order and writes
   ", " / ": " separators, non-ASCII as is and floats as %g;
 - a leading BOS text is cut when the vocabulary adds BOS itself (and a trailing EOS
-  text when it adds EOS); a trailing assistant message is continued, not closed.
+  text when it adds EOS); a trailing assistant message is continued, not closed, its
+  reasoning reopened with the markers llama.cpp's autoparser finds in the template;
+- a model's "tool_use" template is taken for conversations with tools.
 
 Jinja2 runs in ImmutableSandboxedEnvironment (lists may be appended to and popped
-from, as llama.cpp allows; nothing else changes a value) with trim_blocks, lstrip_blocks and loop
-controls (the settings llama.cpp's lexer applies), undefined values chain as in
-llama.cpp (`a.b.c` of something missing is undefined, not an error), and `+` between
-a string and none/undefined treats the missing side as empty, as llama.cpp does."""
+from, as llama.cpp allows; nothing else changes a value) with trim_blocks,
+lstrip_blocks and loop controls (the settings llama.cpp's lexer applies). Missing
+values are as lenient as llama.cpp's: `a.b.c` of something missing is missing, not an
+error, `missing.items()` is empty, and a string plus none or missing is the string."""
 from __future__ import annotations
 
 import copy
@@ -191,6 +193,8 @@ class _PList(list):
 
 
 class _PDict(dict):
+    """A dict whose walking over (items, values, keys) a probe sees."""
+
     def __init__(self, items, probe):
         super().__init__(items)
         self._probe = probe
@@ -423,8 +427,9 @@ def _tool_call(c) -> dict:
     if not isinstance(f.get("name"), str):
         _bad("a tool call's function needs a string 'name'")
     args = f.get("arguments")
-    tc = {"type": "function", "function": {
-        "name": f["name"], "arguments": args if isinstance(args, str) else json.dumps(args, separators=(",", ":"), ensure_ascii=False)}}
+    if not isinstance(args, str):   # llama.cpp keeps arguments as compact JSON text
+        args = json.dumps(args, separators=(",", ":"), ensure_ascii=False)
+    tc = {"type": "function", "function": {"name": f["name"], "arguments": args}}
     if c.get("id"):
         tc["id"] = str(c["id"])
     return tc
