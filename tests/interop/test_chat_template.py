@@ -69,6 +69,9 @@ TOOL_CHAT = [
     {"role": "tool", "tool_call_id": "call0abc1", "name": "get_weather", "content": "{\"temp\": 21.5}"},
     {"role": "assistant", "content": "It is 21.5 \u00b0C in Paris."},
     {"role": "user", "content": "And in Rome?"}]
+OBJECT_ARGS = TOOL_CHAT[:2] + [dict(TOOL_CHAT[2], tool_calls=[{
+    "id": "call0abc1", "type": "function",
+    "function": {"name": "get_weather", "arguments": {"city": "Z\u00fcrich", "days": 3}}}])] + TOOL_CHAT[3:]
 THINKING = {"role": "assistant", "content": "", "reasoning_content": "Three and three"}
 REASONING = [{"role": "user", "content": "What is 2+2?"},
              {"role": "assistant", "content": "4.", "reasoning_content": "Two and two make four."},
@@ -78,15 +81,19 @@ REASONING = [{"role": "user", "content": "What is 2+2?"},
 def cases(uses: set) -> list[tuple[str, dict]]:
     out = [("chat", {"messages": CHAT}),
            ("no-system", {"messages": NO_SYSTEM}),
+           ("developer", {"messages": [dict(CHAT[0], role="developer")] + CHAT[1:]}),
            ("no-generation-prompt", {"messages": CHAT, "add_generation_prompt": False}),
            ("content-parts", {"messages": PARTS})]
     if "own-format" not in uses:
         out.append(("continue", {"messages": CONTINUE}))
     if "tools" in uses:
         out += [("tools", {"messages": CHAT, "tools": TOOLS}),
-                ("tool-calls", {"messages": TOOL_CHAT, "tools": TOOLS})]
+                ("tool-calls", {"messages": TOOL_CHAT, "tools": TOOLS}),
+                ("tool-calls-object-arguments", {"messages": OBJECT_ARGS, "tools": TOOLS})]
     if "reasoning" in uses:
-        out.append(("reasoning", {"messages": REASONING}))
+        out += [("reasoning", {"messages": REASONING}),
+                ("thinking-off", {"messages": REASONING,
+                                  "chat_template_kwargs": {"enable_thinking": False}})]
         if "own-format" not in uses:
             out += [("continue-reasoning", {"messages": REASONING[:1] + [THINKING]}),
                     ("continue-after-reasoning", {"messages": REASONING[:2]})]
@@ -145,7 +152,8 @@ def same_as_llama_server(ref_llama_server, model: Path, uses: set, name: str,
     refused = []
     for case, body in cases(uses):
         ref = post(srv.port, "/apply-template", body)
-        kw = {k: v for k, v in body.items() if k != "messages"}
+        kw = {k: v for k, v in body.items() if k not in ("messages", "chat_template_kwargs")}
+        kw.update(body.get("chat_template_kwargs", {}))
         if "error" in ref:  # llama-server refuses this conversation: so must we
             refused.append(case)
             with pytest.raises(TemplateError):
