@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import GgmlRpcError
-from ..llm.chat_template import ChatTemplate, TemplateError
+from ..llm.chat_template import CHATML, ChatTemplate, TemplateError
 from ..llm.gguf_file import ModelError
 from ..llm.sampling import Sampler
 
@@ -30,15 +30,6 @@ STATUS = {"invalid_request_error": 400, "authentication_error": 401, "not_found_
           "unavailable_error": 503, "exceed_context_size_error": 400}
 
 ROLES = ("system", "developer", "user", "assistant", "tool")
-
-# what llama.cpp renders a conversation with when the model has no template of its own
-CHATML = ("{%- for message in messages -%}\n"
-          "  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n"
-          "{%- endfor -%}\n"
-          "{%- if add_generation_prompt -%}\n"
-          "  {{- '<|im_start|>assistant\\n' -}}\n"
-          "{%- endif -%}")
-
 
 class ApiError(Exception):
     """An error object for the client: {"error": {"code", "message", "type", ...}}."""
@@ -77,7 +68,7 @@ def field_of(body: dict, name: str, kind, default=None):
 
 def message_text(i: int, msg) -> dict:
     """A chat message with its content as one string (text parts joined by newlines,
-    as llama.cpp joins them for templates that take strings)."""
+    as llama.cpp joins them for templates that take only strings)."""
     if not isinstance(msg, dict):
         raise ApiError(f"messages[{i}] must be an object")
     role = msg.get("role")
@@ -272,7 +263,9 @@ class Engine:
             raise ApiError("Expected 'messages' to be an array")
         if not messages:
             raise ApiError("'messages' must not be empty")
-        messages = [message_text(i, m) for i, m in enumerate(messages)]
+        for i, m in enumerate(messages):
+            message_text(i, m)  # checked here; the template takes them as sent (parts stay
+            #                     parts for templates that read them, as llama-server's)
         kwargs = field_of(body, "chat_template_kwargs", dict, {})
         add_gen = field_of(body, "add_generation_prompt", bool, True)
         tools = field_of(body, "tools", list)

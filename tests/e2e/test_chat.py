@@ -141,9 +141,8 @@ class Conversation:
         m, tok = self.m, self.m.tokenizer
         self.messages.append({"role": "user", "content": message})
         text = self.t.render(self.messages)
-        if not self.held:
-            assert text.startswith(self.t.bos_token)   # BOS as the template's text: one BOS token
-            ids = m.tokenize(text, add_special=False, parse_special=True)
+        if not self.held:   # the render has cut the template's BOS text: the vocabulary adds it
+            ids = self.t.prompt_tokens(tok, self.messages)
         else:
             assert text.startswith(self.held)
             ids = self.ids + m.tokenize(text[len(self.held):], add_special=False, parse_special=True)

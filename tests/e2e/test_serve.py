@@ -14,11 +14,14 @@ import openai
 import pytest
 
 from ggmlrpc.llm import synth
-from ggmlrpc.serve.engine import CHATML
+from ggmlrpc.llm.chat_template import CHATML
 from tests.conftest import Proc, free_port, our_server_argv
 
 N_CTX = 256
-STRICT = ("{%- if messages[0].role == 'system' -%}{{ raise_exception('no system messages here') }}"
+# it reads the system message before refusing it: a template that never reads one has
+# it merged into the next message instead (llama.cpp's probe of the system role)
+STRICT = ("{%- if messages[0].role == 'system' and messages[0].content -%}"
+          "{{ raise_exception('no system messages here') }}"
           "{%- endif -%}" + CHATML)
 MESSAGES = [{"role": "user", "content": "tell me about the old fisherman"}]
 PROMPT = "the old fisherman lived in a small village by the sea"
