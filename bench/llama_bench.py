@@ -37,6 +37,8 @@ def model(ref: Path, qtype: str, shape: LlamaShape) -> Path:
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ggmlrpc" / "models"
     cache.mkdir(parents=True, exist_ok=True)
     tag = f"llama-{shape.n_layer}x{shape.n_embd}-ff{shape.n_ff}"
+    if shape.n_ctx != LlamaShape.n_ctx:
+        tag += f"-ctx{shape.n_ctx}"
     dst = cache / f"{tag}-{qtype.lower()}.gguf"
     if not dst.exists():
         src = cache / f"{tag}-f16.gguf"

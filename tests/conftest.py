@@ -86,7 +86,7 @@ class Proc:
     """A server process. Its stdout and stderr are drained as they come (a chatty
     server, GGML_RPC_DEBUG on, would otherwise block on a full pipe)."""
 
-    def __init__(self, argv, port, env=None):
+    def __init__(self, argv, port, env=None, timeout: float = 20.0):
         self.port = port
         self.endpoint = f"127.0.0.1:{port}"
         self.proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
@@ -97,7 +97,7 @@ class Proc:
                          for f, acc in ((self.proc.stdout, self._out), (self.proc.stderr, self._err))]
         for t in self._readers:
             t.start()
-        wait_port(port, self.proc)
+        wait_port(port, self.proc, timeout)
 
     def output(self) -> tuple[str, str]:
         """(stdout, stderr) read so far, while the process runs."""

@@ -5,7 +5,6 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
-import time
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -67,26 +66,32 @@ async def until_disconnect(receive) -> None:
         pass
 
 
-class EventStream(Response):
-    """Server-sent events from a generation. Sends the events as they come and stops
-    the generation when the client goes away (its disconnect, or a failed send)."""
+def watch_disconnect(request: Request, gen) -> asyncio.Future:
+    """A task that stops `gen` when the client hangs up."""
+    watch = asyncio.ensure_future(until_disconnect(request.receive))
+    watch.add_done_callback(lambda _: gen.cancel())
+    return watch
 
-    def __init__(self, gen, first: bytes, chunks):
+
+class EventStream(Response):
+    """Server-sent events from a generation, sent as they come. The generation stops
+    when the client goes away (`watch` sees its disconnect, or a send fails)."""
+
+    def __init__(self, gen, watch: asyncio.Future, first: bytes, chunks):
         self.status_code = 200
         self.raw_headers = [(b"content-type", b"text/event-stream"), (b"cache-control", b"no-cache")]
-        self.gen, self.first, self.chunks = gen, first, chunks
+        self.gen, self.watch, self.first, self.chunks = gen, watch, first, chunks
 
     async def __call__(self, scope, receive, send):
         await send({"type": "http.response.start", "status": 200, "headers": self.raw_headers})
         pump = asyncio.ensure_future(self._pump(send))
-        watch = asyncio.ensure_future(until_disconnect(receive))
         try:
-            await asyncio.wait((pump, watch), return_when=asyncio.FIRST_COMPLETED)
+            await asyncio.wait((pump, self.watch), return_when=asyncio.FIRST_COMPLETED)
         finally:
             self.gen.cancel()
-            for t in (pump, watch):
+            for t in (pump, self.watch):
                 t.cancel()
-            await asyncio.gather(pump, watch, return_exceptions=True)
+            await asyncio.gather(pump, self.watch, return_exceptions=True)
 
     async def _pump(self, send):
         try:
@@ -135,57 +140,42 @@ class Api:
 
     async def _respond(self, request: Request, job) -> Response:
         gen = self.engine.submit(job)
+        watch = watch_disconnect(request, gen)
         head = {"id": job.id, "created": job.created, "model": self.engine.names[0],
                 "system_fingerprint": "ggmlrpc"}
-        obj = "chat.completion" if job.kind == "chat" else "text_completion"
         if not job.stream:
-            return await self._whole(request, gen, head, obj)
-        # the first event decides the status: an error before any text is a plain error
+            try:
+                return await self._whole(gen, job.kind, head)
+            finally:
+                watch.cancel()
         try:
-            ev = await self._next(request, gen)
-        except asyncio.CancelledError:
-            gen.cancel()
+            # the first event decides the status: an error before any text is a plain error
+            ev = await gen.events.get()
+        except BaseException:
+            watch.cancel()
             raise
-        if ev is None:
-            return Response(status_code=499)
-        if ev[0] == "error":
-            return error_response(ev[1])
+        if ev[0] != "token" and ev[0] != "done":
+            watch.cancel()
+            return error_response(ev[1]) if ev[0] == "error" else Response(status_code=499)
         chunk = self._chunker(job, head)
         first = b"".join(chunk(ev))
         if job.kind == "chat":     # OpenAI's first chunk names the role
             first = sse(self._chunk_chat(head, {"role": "assistant", "content": None})) + first
 
         async def rest():
-            if ev[0] == "done":
-                return
-            while True:
+            e = ev
+            while e[0] == "token":
                 e = await gen.events.get()
                 for data in chunk(e):
                     yield data
-                if e[0] != "token":
-                    return
-        return EventStream(gen, first, rest())
+        return EventStream(gen, watch, first, rest())
 
-    async def _next(self, request: Request, gen):
-        """The generation's next event, or None when the client hangs up first (the
-        generation is then stopped)."""
-        get = asyncio.ensure_future(gen.events.get())
-        watch = asyncio.ensure_future(until_disconnect(request.receive))
-        try:
-            await asyncio.wait((get, watch), return_when=asyncio.FIRST_COMPLETED)
-        finally:
-            watch.cancel()
-            if not get.done():
-                get.cancel()
-                gen.cancel()
-        return get.result() if get.done() and not get.cancelled() else None
-
-    async def _whole(self, request: Request, gen, head: dict, obj: str) -> Response:
+    async def _whole(self, gen, kind: str, head: dict) -> Response:
         texts, probs = [], []
         while True:
-            ev = await self._next(request, gen)
-            if ev is None:
-                return Response(status_code=499)
+            ev = await gen.events.get()
+            if ev[0] == "cancelled":
+                return Response(status_code=499)      # nobody reads it
             if ev[0] == "error":
                 return error_response(ev[1])
             if ev[0] == "token":
@@ -196,7 +186,8 @@ class Api:
             done = ev[1]
             text = text_of(b"".join(texts) + done["rest"])
             logprobs = {"content": probs} if probs else None
-            if obj == "chat.completion":
+            obj = "chat.completion" if kind == "chat" else "text_completion"
+            if kind == "chat":
                 choice = {"finish_reason": done["finish_reason"], "index": 0,
                           "message": {"role": "assistant", "content": text}}
                 if logprobs:
@@ -230,6 +221,8 @@ class Api:
                              **head, "object": "text_completion"})]
             if kind == "error":
                 return [sse(ev[1].to_json())]
+            if kind == "cancelled":
+                return []
             done = ev[1]
             out = []
             if chat:

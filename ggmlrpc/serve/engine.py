@@ -9,7 +9,6 @@ filled is forgotten."""
 from __future__ import annotations
 
 import asyncio
-import math
 import os
 import queue
 import secrets
@@ -193,7 +192,7 @@ def token_text(piece: bytes) -> str:
 class Generation:
     """A job handed to the worker; its events come out of `events` on the loop that
     submitted it: ("token", bytes, logprobs entry or None), then ("done", final dict,
-    its "rest" the bytes held back to the end) or ("error", ApiError). Bytes become
+    its "rest" the bytes held back to the end), ("error", ApiError) or ("cancelled",). Bytes become
     text where they are sent: a chunk at a time, or all at once."""
 
     def __init__(self, job: Job, loop: asyncio.AbstractEventLoop):
@@ -342,6 +341,8 @@ class Engine:
                         top_p=float(field_of(body, "top_p", float, 0.95)),
                         min_p=float(field_of(body, "min_p", float, 0.05)),
                         seed=None if seed < 0 else seed & 0xFFFFFFFF)
+        if field_of(body, "ignore_eos", bool, False):
+            sampling["banned"] = self.model.tokenizer.eog
         if kind == "chat":
             if field_of(body, "logprobs", bool, False):
                 n_probs = field_of(body, "top_logprobs", int, 20)
@@ -376,6 +377,7 @@ class Engine:
             if gen is None:
                 return
             if gen.cancelled.is_set():
+                gen.put(("cancelled",))
                 continue
             self.stats.processing = 1
             try:
@@ -437,6 +439,7 @@ class Engine:
         b[3] += t1 - t_prompt
         if gen.cancelled.is_set():
             model.reset()        # the client is gone: its context is freed
+            gen.put(("cancelled",))
             return
         reason = "stop" if text.stopped or model.stop_reason == "eog" else "length"
         rest = text.rest()

@@ -14,15 +14,10 @@ import openai
 import pytest
 
 from ggmlrpc.llm import synth
+from ggmlrpc.serve.engine import CHATML
 from tests.conftest import Proc, free_port, our_server_argv
 
 N_CTX = 256
-CHATML = ("{%- for message in messages -%}\n"
-          "  {{- '<|im_start|>' + message.role + '\\n' + message.content + '<|im_end|>\\n' -}}\n"
-          "{%- endfor -%}\n"
-          "{%- if add_generation_prompt -%}\n"
-          "  {{- '<|im_start|>assistant\\n' -}}\n"
-          "{%- endif -%}")
 STRICT = ("{%- if messages[0].role == 'system' -%}{{ raise_exception('no system messages here') }}"
           "{%- endif -%}" + CHATML)
 MESSAGES = [{"role": "user", "content": "tell me about the old fisherman"}]
@@ -39,7 +34,7 @@ class Serve(Proc):
     def __init__(self, model, *args, host="127.0.0.1"):
         port = free_port()
         super().__init__(serve_argv("-m", str(model), "-c", str(N_CTX), "--host", host,
-                                    "--port", str(port), *args), port)
+                                    "--port", str(port), *args), port, timeout=120)
         self.url = f"http://{host}:{port}"
         for _ in range(200):      # listening comes a moment before the app is ready
             try:
@@ -277,30 +272,68 @@ def test_bad_input_through_openai(srv):
         client.completions.create(model="synth", prompt=LONG, max_tokens=2, stream=True)
 
 
-def test_hang_up_mid_stream(srv):
-    """The client reads two chunks and closes its socket: the generation stops at once
-    (far fewer tokens than asked for are counted), and its context is freed."""
-    m0 = srv.metrics()
-    body = json.dumps({"prompt": PROMPT, "max_tokens": 200, "stream": True, "temperature": 0}).encode()
+def hang_up(srv, body: dict) -> None:
+    """Send `body` to /v1/completions on a raw socket and close it: a stream after two
+    chunks, a whole answer once the generation has begun."""
+    data = json.dumps(body).encode()
     with socket.create_connection(("127.0.0.1", srv.port)) as s:
         s.sendall(b"POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
-                  b"Content-Length: %d\r\n\r\n%s" % (len(body), body))
-        got = b""
-        while got.count(b"data: ") < 2:
-            got += s.recv(4096)
+                  b"Content-Length: %d\r\n\r\n%s" % (len(data), data))
+        if body["stream"]:
+            got = s.recv(4096)
+            assert got.startswith(b"HTTP/1.1 200"), got
+            while got.count(b"data: ") < 2:
+                more = s.recv(4096)
+                assert more, got
+                got += more
+        else:
+            for _ in range(200):
+                if srv.metrics()["llamacpp:requests_processing"] == 1:
+                    break
+                time.sleep(0.01)
+
+
+def settled(srv) -> dict:
     for _ in range(100):
         m = srv.metrics()
         if m["llamacpp:requests_processing"] == 0:
-            break
+            return m
         time.sleep(0.05)
-    m = srv.metrics()
-    assert m["llamacpp:requests_processing"] == 0 and m["llamacpp:kv_cache_tokens"] == 0
+    raise AssertionError("the generation did not stop")
+
+
+@pytest.mark.parametrize("stream", [True, False])
+def test_hang_up(srv, stream):
+    """The client closes its socket mid-stream (after two chunks), or while it waits
+    for a whole answer: the generation stops at once (far fewer tokens than asked
+    for are counted), and its context is freed."""
+    m0 = srv.metrics()
+    body = {"prompt": PROMPT, "max_tokens": 200, "stream": stream, "temperature": 0}
+    hang_up(srv, body)
+    m = settled(srv)
+    assert m["llamacpp:kv_cache_tokens"] == 0
     n = m["llamacpp:tokens_predicted_total"] - m0["llamacpp:tokens_predicted_total"]
     time.sleep(0.3)
     assert srv.metrics()["llamacpp:tokens_predicted_total"] - m0["llamacpp:tokens_predicted_total"] == n < 100
     # the next client is served in full
     r = srv.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 20, "temperature": 0}).json()
     assert r["usage"]["completion_tokens"] == 20
+
+
+def test_clients_at_once_are_served_in_turn(srv):
+    """-np 2 is accepted but requests run one at a time: three clients at once (one
+    streaming) all get their whole answer, the same greedy text."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def ask(stream):
+        body = {"prompt": PROMPT, "max_tokens": 30, "temperature": 0, "stream": stream}
+        if not stream:
+            return srv.post("/v1/completions", body).json()["choices"][0]["text"]
+        return "".join(c.choices[0].text for c in srv.client().completions.create(model="synth", **body))
+
+    with ThreadPoolExecutor(3) as pool:
+        texts = list(pool.map(ask, [False, True, False]))
+    assert texts[0] == texts[2] and texts[0].startswith(texts[1]) and len(texts[1]) > 0
 
 
 def test_key_host_and_template_errors(files, rpc):

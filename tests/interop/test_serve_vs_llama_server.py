@@ -11,8 +11,7 @@ import httpx
 import pytest
 
 from ggmlrpc.llm import synth
-from tests.conftest import Proc, free_port, our_server_argv
-from tests.e2e.test_serve import CHATML, N_CTX, Serve
+from tests.e2e.test_serve import CHATML, N_CTX, Serve, rpc  # noqa: F401  (rpc: fixture)
 from tests.interop.test_tokenizer import vocab_dir
 
 pytestmark = pytest.mark.interop
@@ -33,17 +32,6 @@ def files(tmp_path_factory, ref_bin):
     (d / "chatml.jinja").write_text(CHATML)
     return {"f32": f32, "q8_0": synth.quantize(ref_bin / "llama-quantize", f32, d / "q8_0.gguf", "Q8_0"),
             "template": d / "chatml.jinja", "dir": d}
-
-
-@pytest.fixture(scope="module")
-def rpc():
-    procs = []
-    for _ in range(2):
-        port = free_port()
-        procs.append(Proc(our_server_argv("-p", str(port), "-t", "1"), port))
-    yield ",".join(p.endpoint for p in procs)
-    for p in procs:
-        p.stop()
 
 
 @pytest.fixture
