@@ -115,6 +115,7 @@ class Job:
     n_probs: int = 0
     stream: bool = False
     include_usage: bool = False
+    cache_prompt: bool = True    # reuse what a slot holds of the prompt (llama-server's cache_prompt)
     id: str = field(default_factory=lambda: "chatcmpl-" + "".join(
         secrets.choice(string.ascii_letters + string.digits) for _ in range(32)))
     created: int = field(default_factory=lambda: int(time.time()))
@@ -383,7 +384,8 @@ class Engine:
         opts = field_of(body, "stream_options", dict, {})
         return Job(kind, ids, n_predict, sampling, [s.encode() for s in stop if s],
                    min(n_probs, self.model.tokenizer.n_vocab), stream,
-                   bool(field_of(opts, "include_usage", bool, False)))
+                   bool(field_of(opts, "include_usage", bool, False)),
+                   field_of(body, "cache_prompt", bool, True))
 
     def submit(self, job: Job) -> Generation:
         if self.max_queue and self.jobs.qsize() >= self.max_queue:
@@ -425,7 +427,7 @@ class Engine:
     def _start(self, slot: "Slot", gen: Generation) -> None:
         job, seq = gen.job, slot.seq
         slot.gen, slot.used = gen, time.monotonic()
-        cached = seq.common(job.ids)
+        cached = seq.common(job.ids) if job.cache_prompt else 0
         try:
             if cached < seq.n_past:
                 seq.truncate(cached) if cached else seq.reset()
