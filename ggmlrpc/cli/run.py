@@ -115,7 +115,8 @@ def load_model(a, progress=None):
     try:
         model = Model.load(a.model, rpc=rpc, n_gpu_layers=a.ngl, tensor_split=a.ts, n_ctx=a.ctx,
                            n_threads=a.threads, flash_attn=a.fa != "off", timeout=a.timeout,
-                           progress=progress, reconnect=a.reconnect, n_ubatch=a.ubatch)
+                           progress=progress, reconnect=a.reconnect, n_ubatch=a.ubatch,
+                           n_seq=max(1, getattr(a, "parallel", 1)))
     except VersionMismatch as e:
         raise CliError(str(e)) from None
     except ModelError as e:

@@ -32,6 +32,10 @@ def cmd_serve(a) -> int:
         raise CliError(f"invalid --port {a.port}")
     if a.parallel < 1 and a.parallel != -1:
         raise CliError(f"invalid -np {a.parallel}")
+    if a.max_queue < 0:
+        raise CliError(f"invalid --max-queue {a.max_queue}")
+    if a.request_timeout < 0:
+        raise CliError(f"invalid --request-timeout {a.request_timeout:g}")
     keys = list(a.api_key or [])
     if a.api_key_file:
         try:
@@ -41,16 +45,20 @@ def cmd_serve(a) -> int:
             raise CliError(f"cannot read --api-key-file: {e}") from None
     if host not in ("127.0.0.1", "localhost"):
         sys.stderr.write(host_warning(host, "HTTP server"))
+    n_slots = max(1, a.parallel)
+    if a.ctx > 0 and n_slots > 1:    # llama.cpp: each slot n_ctx / N, padded to 256
+        a.ctx = -(-(a.ctx // n_slots) // 256) * 256 * n_slots
     model = load_model(a, Progress())
     try:
         template = Engine.chat_template(model, a.chat_template_file)
     except ModelError as e:
         model.close()
         raise CliError(str(e)) from None
-    engine = Engine(model, default_names(a.model, a.alias), template, a.model)
+    engine = Engine(model, default_names(a.model, a.alias), template, a.model, n_slots, a.max_queue,
+                    a.request_timeout)
     app = create_app(engine, keys)
     print(f"serving {engine.names[0]} on http://{host}:{a.port} (n_ctx {model.n_ctx}, "
-          f"one request at a time)", file=sys.stderr, flush=True)
+          f"{n_slots} slot{'s' if n_slots > 1 else ''} of {engine.n_ctx} tokens)", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=host, port=a.port, log_level="warning", access_log=False,
                             timeout_graceful_shutdown=5)
     try:
@@ -63,15 +71,19 @@ def cmd_serve(a) -> int:
 
 def add_parsers(sub) -> None:
     p = sub.add_parser("serve", help="llama-server's HTTP API (OpenAI chat and completions)",
-                       description="Serve a model over HTTP with llama-server's API. Requests are "
-                                   "answered one at a time, in order (-np is accepted; "
-                                   "continuous batching of several is not done yet).")
+                       description="Serve a model over HTTP with llama-server's API. -np slots run "
+                                   "requests at once (continuous batching: one step decodes a token "
+                                   "of each, with a piece of a new prompt); the others wait in order.")
     add_model_args(p)
     p.add_argument("--host", default="127.0.0.1",
                    help="IP address to listen on (default 127.0.0.1; any other prints a warning)")
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.add_argument("-np", "--parallel", type=int, default=-1,
-                   help="server slots (accepted; requests are served one at a time)")
+                   help="slots: requests run at once, each with n_ctx / N tokens of context (default 1)")
+    p.add_argument("--max-queue", type=int, default=0,
+                   help="requests that may wait for a slot (default 0: no bound); beyond, 503")
+    p.add_argument("--request-timeout", type=float, default=0.0,
+                   help="seconds a request may take from its arrival, queue included (default 0: no limit)")
     p.add_argument("-a", "--alias", default=None,
                    help="model name(s) for the API, comma-separated (default: the file name)")
     p.add_argument("--api-key", action="append", default=None,

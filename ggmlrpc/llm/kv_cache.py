@@ -1,7 +1,10 @@
-"""The KV cache of one sequence as llama.cpp fills it (its llama-kv-cache): a cell
-per context position in full-attention layers, a ring of cells in sliding-window
-layers (SwaCells), and each step's cache inputs: the cells the new tokens take and
-the masks of what they may attend."""
+"""The KV cache of several sequences as llama.cpp's unified cache fills it (its
+llama-kv-cache): every cell holds one token's K and V rows, tagged with its
+sequence and position. Full-attention layers have a cell per context position,
+shared by all sequences; sliding-window layers a ring of cells (Cells with a
+window). Each step's cache inputs: the cells the new tokens take and the masks of
+what they may attend (cells of their own sequence at positions up to their own,
+within the window where there is one)."""
 from __future__ import annotations
 
 import numpy as np
@@ -12,48 +15,66 @@ from .hparams import HParams
 KV_PAD = 256          # llama.cpp pads the attended cache cells to a multiple of this
 
 
-class SwaCells:
-    """The cells of a sliding-window layer's KV cache, filled as llama.cpp fills them
-    for one sequence: `size` cells (n_swa + a micro-batch, rounded up to 256, at most
-    the context) used as a ring. A new token takes the next cell from the head that
-    is empty or holds a position the window has left behind (measured from the
-    newest position before the batch); overwriting a position also drops every
-    older one still in the cache. The attention reads the cells in cell order, so
-    the same layout gives llama.cpp's sums."""
+class Cells:
+    """The cells of one kind of layer, filled as llama.cpp fills them: a new token
+    takes the first usable cell from the head on (wrapping), one that is empty or,
+    with a window (`n_swa` > 0), holds a position the window of its sequence has
+    left behind (measured from that sequence's newest position before the batch);
+    overwriting a sequence's position also drops its older ones still in the cache.
+    Removing a sequence's cells moves the head back to the first freed one. The
+    attention reads the cells in cell order, so the same layout gives llama.cpp's
+    sums."""
 
-    def __init__(self, size: int, n_swa: int):
+    def __init__(self, size: int, n_swa: int = 0):
         self.size, self.n_swa = size, n_swa
         self.pos = np.full(size, -1, np.int64)    # the position in each cell (-1: empty)
+        self.seq = np.full(size, -1, np.int64)    # the sequence of each cell (-1: empty)
         self.head = 0
 
     def reset(self) -> None:
         self.pos[:] = -1
+        self.seq[:] = -1
         self.head = 0
 
-    def place(self, positions: np.ndarray) -> np.ndarray:
+    def save(self):
+        return self.pos.copy(), self.seq.copy(), self.head
+
+    def restore(self, saved) -> None:
+        self.pos[:], self.seq[:], self.head = saved
+
+    def place(self, positions: np.ndarray, seqs: np.ndarray | None = None) -> np.ndarray:
         """The cells of the new tokens (they take them at once)."""
-        pos, n = self.pos, len(positions)
+        pos, seq, n = self.pos, self.seq, len(positions)
+        seqs = np.zeros(n, np.int64) if seqs is None else np.asarray(seqs, np.int64)
         full = pos >= 0
-        newest = int(pos.max())
+        usable = ~full
+        if self.n_swa and full.any():
+            last = np.full(self.size, -1, np.int64)    # each cell's sequence's newest position
+            for s in np.unique(seq[full]):
+                mine = seq == s
+                last[mine] = pos[mine].max()
+            usable |= full & (last + 1 - pos >= self.n_swa)
         head = 0 if self.head > int(full.sum()) + 2 * n else self.head
-        cells: list[int] = []
-        for _ in range(self.size):
-            if head >= self.size:
-                head = 0
-            if pos[head] < 0 or newest + 1 - pos[head] >= self.n_swa:
-                cells.append(head)
-                if len(cells) == n:
-                    break
-            head += 1
-        else:
-            raise ModelError(f"no room for {n} tokens in a sliding-window cache of {self.size} cells")
-        idx = np.asarray(cells, np.int64)
-        dropped = int(pos[idx].max())
-        pos[idx] = positions
-        if dropped >= 0:      # keep the positions in the cache contiguous
-            pos[(pos >= 0) & (pos <= dropped)] = -1
-        self.head = cells[-1] + 1
-        return idx
+        order = np.r_[head:self.size, 0:head]
+        idx = order[usable[order]][:n]
+        if len(idx) < n:
+            raise ModelError(f"KV cache full: no room for {n} tokens in {self.size} cells")
+        old, old_seq = pos[idx], seq[idx]
+        for s in np.unique(old_seq[old >= 0]):   # keep each sequence's positions contiguous
+            drop = (seq == s) & (pos <= old[old_seq == s].max())
+            pos[drop], seq[drop] = -1, -1
+        pos[idx], seq[idx] = positions, seqs
+        self.head = int(idx[-1]) + 1
+        return idx.astype(np.int64)
+
+    def remove(self, s: int, p0: int = 0) -> None:
+        """Free sequence s's cells at positions >= p0."""
+        gone = np.nonzero((self.seq == s) & (self.pos >= p0))[0]
+        self.pos[gone], self.seq[gone] = -1, -1
+        if not (self.pos >= 0).any():
+            self.head = 0
+        elif gone.size:
+            self.head = min(self.head, int(gone[0]))
 
     def n_kv(self) -> int:
         """The cells a step attends: up to the last used one, rounded up to KV_PAD."""
@@ -61,24 +82,33 @@ class SwaCells:
         last = int(used[-1]) + 1 if used.size else 0
         return min(self.size, max(KV_PAD, -(-last // KV_PAD) * KV_PAD))
 
-    def mask(self, positions: np.ndarray, n_kv: int) -> np.ndarray:
+    def mask(self, positions: np.ndarray, n_kv: int, seqs: np.ndarray | None = None) -> np.ndarray:
         """0 where a token may attend a cell, -inf elsewhere: (tokens, n_kv)."""
-        cell = self.pos[:n_kv][None, :]
+        cell, cseq = self.pos[:n_kv][None, :], self.seq[:n_kv][None, :]
         p = positions.astype(np.int64)[:, None]
-        keep = (cell >= 0) & (cell <= p) & (p - cell < self.n_swa)
+        s = np.zeros_like(p) if seqs is None else np.asarray(seqs, np.int64)[:, None]
+        keep = (cseq == s) & (cell >= 0) & (cell <= p)
+        if self.n_swa:
+            keep &= p - cell < self.n_swa
         return np.where(keep, 0.0, -np.inf)
+
+
+SwaCells = Cells
 
 
 class KVCache:
     """The cells of every layer (F16 K and V rows of n_embd_kv): full-attention
-    layers one per context position, sliding-window layers the window plus a
-    micro-batch, rounded up to KV_PAD (llama.cpp's SWA cache, `swa`). Without flash
-    attention the V cache is transposed (llama.cpp's layout)."""
+    layers one per context position, sliding-window layers the window of each of
+    `n_seq` sequences plus a micro-batch, rounded up to KV_PAD (llama.cpp's unified
+    SWA cache, `swa`). Without flash attention the V cache is transposed
+    (llama.cpp's layout)."""
 
-    def __init__(self, hp: HParams, n_ctx: int, n_ubatch: int, flash_attn: bool):
-        self.hp, self.n_ctx, self.flash_attn = hp, n_ctx, flash_attn
-        self.swa = (SwaCells(min(n_ctx, -(-min(n_ctx, hp.n_swa + n_ubatch) // KV_PAD) * KV_PAD), hp.n_swa)
-                    if hp.n_swa else None)
+    def __init__(self, hp: HParams, n_ctx: int, n_ubatch: int, flash_attn: bool, n_seq: int = 1):
+        self.hp, self.n_ctx, self.flash_attn, self.n_seq = hp, n_ctx, flash_attn, n_seq
+        self.full = Cells(n_ctx)
+        swa = min(n_ctx, hp.n_swa * n_seq + n_ubatch)
+        self.swa = Cells(min(n_ctx, -(-swa // KV_PAD) * KV_PAD), hp.n_swa) if hp.n_swa else None
+        self._all = [c for c in (self.full, self.swa) if c is not None]
 
     def cells(self, il: int) -> int:
         """The KV cache cells of layer il."""
@@ -86,44 +116,49 @@ class KVCache:
 
     def largest(self, n_ubatch: int) -> tuple:
         """The graph key of the largest step: a full micro-batch attending every cell."""
-        return (n_ubatch, self.n_ctx, 1, self.swa.size if self.swa else 0)
+        return (n_ubatch, self.n_ctx, min(self.n_seq, n_ubatch), self.swa.size if self.swa else 0)
 
     def reset(self) -> None:
-        if self.swa is not None:
-            self.swa.reset()
+        for c in self._all:
+            c.reset()
+
+    def remove(self, s: int, p0: int = 0) -> None:
+        """Free sequence s's cells at positions >= p0."""
+        for c in self._all:
+            c.remove(s, p0)
 
     def save(self):
-        """What a failed step must put back (the ring's cells: a step takes them first)."""
-        return (self.swa.pos.copy(), self.swa.head) if self.swa is not None else None
+        """What a failed step must put back (a step takes its cells first)."""
+        return [c.save() for c in self._all]
 
     def restore(self, saved) -> None:
-        if saved is not None:
-            self.swa.pos[:], self.swa.head = saved
+        for c, s in zip(self._all, saved):
+            c.restore(s)
 
-    def inputs(self, tokens: list[int], n_past: int) -> tuple[tuple, dict]:
+    def inputs(self, tokens, pos, seqs, out) -> tuple[tuple, dict]:
         """A step's graph key (new tokens, attended cells, output rows, attended
-        sliding-window cells) and input values: positions, cache cells, masks."""
-        T, p0 = len(tokens), n_past
-        n_kv = min(self.n_ctx, max(KV_PAD, -(-(p0 + T) // KV_PAD) * KV_PAD))
-        pos = np.arange(p0, p0 + T, dtype=np.int32)
+        sliding-window cells) and input values: positions, cache cells, masks.
+        Token i is sequence seqs[i]'s at position pos[i]; `out`: the rows whose
+        logits come back."""
+        T = len(tokens)
+        pos = np.asarray(pos, np.int32)
+        seqs = np.asarray(seqs, np.int64)
         mask_type = np.float16 if self.flash_attn else np.float32
         values = {"inp_tokens": np.asarray(tokens, np.int32), "inp_pos": pos,
-                  "out_ids": np.asarray([T - 1], np.int32)}
+                  "out_ids": np.asarray(out, np.int32)}
 
-        def cells(prefix: str, idx: np.ndarray, n_cells: int, mask: np.ndarray, suffix: str = ""):
+        def cells(c: Cells, suffix: str = "") -> int:
+            idx = c.place(pos, seqs)
+            n_kv = c.n_kv()
             values["k_idxs" + suffix] = idx
             if self.flash_attn:
                 values["v_idxs" + suffix] = idx
             else:   # one index per element of the transposed V cache, token-major
-                chan = np.arange(self.hp.n_embd_kv, dtype=np.int64) * n_cells
+                chan = np.arange(self.hp.n_embd_kv, dtype=np.int64) * c.size
                 values["v_idxs" + suffix] = (chan[None, :] + idx[:, None]).reshape(-1)
-            values[prefix + suffix] = mask.astype(mask_type)
+            values["kq_mask" + suffix] = c.mask(pos, n_kv, seqs).astype(mask_type)
+            return n_kv
 
-        cells("kq_mask", pos.astype(np.int64), self.n_ctx,
-              np.where(np.arange(n_kv)[None, :] <= pos[:, None], 0.0, -np.inf))
-        n_kv_swa = 0
-        if self.swa is not None:
-            idx = self.swa.place(pos)
-            n_kv_swa = self.swa.n_kv()
-            cells("kq_mask", idx, self.swa.size, self.swa.mask(pos, n_kv_swa), "_swa")
-        return (T, n_kv, 1, n_kv_swa), values
+        n_kv = cells(self.full)
+        n_kv_swa = cells(self.swa, "_swa") if self.swa is not None else 0
+        return (T, n_kv, len(out), n_kv_swa), values

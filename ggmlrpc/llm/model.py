@@ -28,7 +28,7 @@ first needs the token sampled from the last one's logits).
 from __future__ import annotations
 
 import time
-from typing import Iterator, Sequence
+from typing import Iterator, Sequence as Seq
 
 import numpy as np
 
@@ -45,7 +45,7 @@ from .placement import (Device, Stage, StageGraph, alloc_stage, assign_layers, o
 from .sampling import Sampler
 from .tokenizer import Tokenizer
 
-__all__ = ["Model", "HParams", "SwaCells", "KV_PAD", "N_UBATCH", "SUPPORTED_ARCHS", "Device", "Stage",
+__all__ = ["Model", "Sequence", "HParams", "SwaCells", "KV_PAD", "N_UBATCH", "SUPPORTED_ARCHS", "Device", "Stage",
            "assign_layers", "ModelError"]
 
 N_UBATCH = 512        # prompt tokens per graph (llama.cpp's default micro-batch)
@@ -59,15 +59,15 @@ class Model:
         self.tokenizer: Tokenizer | None = None
         self.stages: list[Stage] = []
         self.backends: list = []
-        self.n_past = 0
-        self.tokens: list[int] = []
         self._held: dict[tuple, tuple] = {}    # (backend, device) -> (stage, key) of its graph
         self.cached_bytes = 0                  # weight bytes the servers' caches supplied
-        self.history: list[list[int]] = []     # the batches run since the last reset
+        self._batches: list[tuple] = []        # (seqs, tokens, positions, out rows) a recovery replays
+        self._next_seq = 0
+        self.seq = Sequence(self, 0)           # the sequence the model's own methods act on
         self.reconnect = 0.0                   # seconds to wait for a lost server
-        self.stop_reason: str | None = None
         self._mapped: RemoteBuffer | None = None   # the file mapping as a local buffer
         self.n_ubatch = N_UBATCH
+        self.n_seq = 1
         self.kv: KVCache | None = None
 
     @property
@@ -77,17 +77,19 @@ class Model:
 
     # -- loading ---------------------------------------------------------------
     @classmethod
-    def load(cls, path, rpc: Sequence[str] | str | None = None, n_gpu_layers: int = 99,
-             tensor_split: Sequence[float] | None = None, n_ctx: int = 0,
+    def load(cls, path, rpc: Seq[str] | str | None = None, n_gpu_layers: int = 99,
+             tensor_split: Seq[float] | None = None, n_ctx: int = 0,
              n_threads: int | None = None, flash_attn: bool = True, timeout: float = 120.0,
-             progress=None, reconnect: float = 0.0, n_ubatch: int = N_UBATCH) -> "Model":
+             progress=None, reconnect: float = 0.0, n_ubatch: int = N_UBATCH, n_seq: int = 1) -> "Model":
         """Open `path`, connect to `rpc` servers ("host:port", a list or a comma-separated
         string) and upload the weights (hash first: a server started with -c that has them
         cached is not sent the bytes). `progress(done, total, cached)` is called as
         bytes go. `reconnect`: seconds to wait for a server lost during generation
         (it gets its layers again and the context is replayed); 0 fails at once.
-        `n_ubatch`: prompt tokens per graph (llama.cpp's -ub)."""
+        `n_ubatch`: prompt tokens per graph (llama.cpp's -ub). `n_seq`: the sequences
+        run at once (llama.cpp's -np: sliding-window layers keep a window for each)."""
         m = cls()
+        m.n_seq = max(1, n_seq)
         m.reconnect = reconnect
         m.n_ubatch = n_ubatch
         try:
@@ -111,7 +113,7 @@ class Model:
         if self.n_ubatch < 1:
             raise ModelError(f"micro-batch size must be at least 1, got {self.n_ubatch}")
         self.n_ubatch = min(self.n_ubatch, self.n_ctx)
-        self.kv = KVCache(hp, self.n_ctx, self.n_ubatch, flash_attn)
+        self.kv = KVCache(hp, self.n_ctx, self.n_ubatch, flash_attn, self.n_seq)
         cpu, remote = open_devices(rpc, n_threads, timeout, self.backends)
         self.stages = plan_stages(cpu, remote, hp.n_layer, n_gpu_layers, tensor_split)
         self._upload(progress)
@@ -155,119 +157,131 @@ class Model:
     def _build(self, st: Stage, key: tuple, align: int) -> StageGraph:
         return build(self.arch, self.hp, st, self.kv.cells, self.flash_attn, self.n_ctx, key, align)
 
-    # -- evaluation ------------------------------------------------------------
+    # -- sequences -------------------------------------------------------------
+    def new_sequence(self) -> "Sequence":
+        """Another sequence in the KV cache, beside the model's own (sequence 0, the
+        one `eval`, `prefill`, `stream`... act on). Its tokens attend only its own
+        cells; `Model.decode` runs steps of several sequences in one graph per
+        device. `close()` it to free its cells."""
+        self._next_seq += 1
+        return Sequence(self, self._next_seq)
+
+    def decode(self, parts: Seq[tuple["Sequence", Seq[int]]]) -> list[np.ndarray]:
+        """Run each sequence's new tokens after its context, all in the same steps
+        (one graph per device; micro-batches of n_ubatch tokens): the logits of each
+        part's last token, in order. A sequence may appear once."""
+        parts = [(q, list(toks)) for q, toks in parts]
+        if len({id(q) for q, _ in parts}) < len(parts):
+            raise ValueError("a sequence appears twice in one batch")
+        rows = []       # (part, token, position) of every new token, in order
+        for i, (q, toks) in enumerate(parts):
+            if q.model is not self or q.closed:
+                raise ValueError(f"sequence {q.id} is closed or not this model's")
+            if not toks:
+                raise ValueError("eval needs at least one token")
+            if q.n_past + len(toks) > self.n_ctx:
+                raise ModelError(f"context full: {q.n_past} + {len(toks)} tokens > n_ctx {self.n_ctx}")
+            for j, t in enumerate(toks):
+                if not 0 <= t < self.hp.n_vocab:
+                    raise ValueError(f"token {t} outside the vocabulary")
+                rows.append((i, t, q.n_past + j))
+        last = {i: r for r, (i, _, _) in enumerate(rows)}   # each part's last row
+        result: list = [None] * len(parts)
+        for c in range(0, len(rows), self.n_ubatch):
+            chunk = rows[c:c + self.n_ubatch]
+            out = [r - c for i, r in last.items() if c <= r < c + len(chunk)]
+            out = sorted(out) or [len(chunk) - 1]
+            batch = ([parts[i][0].id for i, _, _ in chunk], [t for _, t, _ in chunk],
+                     [p for _, _, p in chunk], out)
+            logits = self._step(batch)
+            for i, t, _ in chunk:
+                parts[i][0].tokens.append(t)
+            for r, lg in zip(out, logits):
+                i = chunk[r][0]
+                if last[i] == c + r:
+                    result[i] = lg
+        return result
+
+    def _forget(self, s: int, p0: int) -> None:
+        """Free sequence s's cells from position p0 on, and its tokens there in the
+        batches a recovery replays."""
+        self.kv.remove(s, p0)
+        kept = []
+        for seqs, toks, pos, out in self._batches:
+            keep = [k for k in range(len(seqs)) if seqs[k] != s or pos[k] < p0]
+            if len(keep) == len(seqs):
+                kept.append((seqs, toks, pos, out))
+            elif keep:
+                kept.append(([seqs[k] for k in keep], [toks[k] for k in keep], [pos[k] for k in keep],
+                             [len(keep) - 1]))
+        self._batches = kept
+
+    # -- evaluation of the model's own sequence --------------------------------
+    @property
+    def n_past(self) -> int:
+        return self.seq.n_past
+
+    @property
+    def tokens(self) -> list[int]:
+        return self.seq.tokens
+
+    @property
+    def stop_reason(self) -> str | None:
+        return self.seq.stop_reason
+
+    @stop_reason.setter
+    def stop_reason(self, value: str | None) -> None:
+        self.seq.stop_reason = value
+
+    @property
+    def history(self) -> list[list[int]]:
+        """The batches of sequence 0 run since its last reset."""
+        return [[t for q, t in zip(seqs, toks) if q == 0] for seqs, toks, _, _ in self._batches
+                if 0 in seqs]
+
     def reset(self) -> None:
-        """Forget the context (cells past the new tokens are masked, never read)."""
-        self.n_past = 0
-        self.tokens = []
-        self.history = []
-        if self.kv is not None:
-            self.kv.reset()
+        """Forget the context of sequence 0."""
+        self.seq.reset()
 
-    def eval(self, tokens: Sequence[int]) -> np.ndarray:
+    def eval(self, tokens: Seq[int]) -> np.ndarray:
         """Run `tokens` after the context so far; the logits of the last one (F32, n_vocab)."""
-        tokens = list(tokens)
-        if not tokens:
-            raise ValueError("eval needs at least one token")
-        if self.n_past + len(tokens) > self.n_ctx:
-            raise ModelError(f"context full: {self.n_past} + {len(tokens)} tokens > n_ctx {self.n_ctx}")
-        for t in tokens:
-            if not 0 <= t < self.hp.n_vocab:
-                raise ValueError(f"token {t} outside the vocabulary")
-        logits = None
-        for i in range(0, len(tokens), self.n_ubatch):
-            logits = self._step(tokens[i:i + self.n_ubatch])
-        return logits
+        return self.seq.eval(tokens)
 
-    def prefill(self, tokens: Sequence[int]) -> np.ndarray:
-        """Make the context exactly `tokens` and return the last one's logits, running
-        only what the context does not already hold: the longest common prefix is kept
-        (a chat's next turn, a prompt that shares a system prompt), the rest is
-        dropped and the new tokens are evaluated. At least one token is always run,
-        since its logits are the result. Sliding-window caches cannot take back a
-        token, so a model with one starts over when the prefix diverges."""
-        tokens = list(tokens)
-        if not tokens:
-            raise ValueError("prefill needs at least one token")
-        keep = 0
-        for keep, (a, b) in enumerate(zip(self.tokens, tokens[:-1])):
-            if a != b:
-                break
-        else:
-            keep = min(len(self.tokens), len(tokens) - 1)
-        if keep < len(self.tokens):
-            if self.swa is not None:
-                self.reset()
-                keep = 0
-            else:
-                self.truncate(keep)
-        return self.eval(tokens[keep:])
+    def prefill(self, tokens: Seq[int]) -> np.ndarray:
+        """Make the context exactly `tokens`, keeping what it holds of them (Sequence.prefill)."""
+        return self.seq.prefill(tokens)
 
     def truncate(self, n: int) -> None:
-        """Forget the context after its first `n` tokens (their cells are masked from
-        then on and overwritten by the next tokens)."""
-        if not 0 <= n <= self.n_past:
-            raise ValueError(f"cannot keep {n} of {self.n_past} tokens")
-        if n == self.n_past:
-            return
-        if n == 0 or self.swa is not None:
-            if n and self.swa is not None:
-                raise ModelError("a sliding-window cache cannot drop its last tokens")
-            self.reset()
-            return
-        history, left = [], n
-        for batch in self.history:
-            if left <= 0:
-                break
-            history.append(batch[:left])
-            left -= len(batch)
-        self.history = history
-        self.n_past = n
-        self.tokens = self.tokens[:n]
+        """Forget the context after its first `n` tokens."""
+        self.seq.truncate(n)
 
-    def stream(self, ids: Sequence[int], n_predict: int, sampler: Sampler,
+    def stream(self, ids: Seq[int], n_predict: int, sampler: Sampler,
                reuse: bool = False) -> Iterator[tuple[int, np.ndarray]]:
-        """Generate after the context `ids`: yields each new token with the logits it
-        was drawn from. `reuse` keeps what the context already holds of `ids`
-        (`prefill`); else the context starts empty. n_predict < 0: until an
-        end-of-generation token or a full context. Sets `stop_reason` ("eog",
-        "length" or "context") when it ends. The last token yielded is not yet in the
-        context: the next `prefill` or `eval` runs it."""
-        tok = self.tokenizer
-        self.stop_reason = None
-        if not reuse:
-            self.reset()
-        logits = self.prefill(ids)
-        n = 0
-        while True:
-            if 0 <= n_predict <= n:
-                self.stop_reason = "length"
-                return
-            t = sampler(logits)
-            n += 1
-            yield t, logits
-            if tok.is_eog(t):
-                self.stop_reason = "eog"
-                return
-            if self.n_past >= self.n_ctx:
-                self.stop_reason = "context"
-                return
-            if 0 <= n_predict <= n:
-                self.stop_reason = "length"
-                return
-            logits = self.eval([t])
+        """Generate after the context `ids` (Sequence.stream)."""
+        return self.seq.stream(ids, n_predict, sampler, reuse)
 
-    def _step(self, tokens: list[int]) -> np.ndarray:
+    def stop_after(self, q: "Sequence", t: int, n: int, n_predict: int) -> str | None:
+        """Why sequence q stops after its n-th new token t: "eog", "context",
+        "length", or None."""
+        if self.tokenizer.is_eog(t):
+            return "eog"
+        if q.n_past >= self.n_ctx:
+            return "context"
+        if 0 <= n_predict <= n:
+            return "length"
+        return None
+
+    def _step(self, batch: tuple) -> np.ndarray:
         """One batch through every stage; a server lost on the way is waited for (up
-        to `reconnect` seconds), given its layers again, and the context so far is
-        replayed in the batches it was first run in, so the result is the same."""
+        to `reconnect` seconds), given its layers again, and every sequence's context
+        is replayed in the batches it was first run in, so the result is the same."""
         lost = None
         deadline = 0.0
         while True:
             try:
                 if lost is not None:
                     self._recover(lost, deadline)
-                return self._run_step(tokens)
+                return self._run_step(batch)
             except ConnectionLost as e:
                 if getattr(e, "backend", None) is None or self.reconnect <= 0:
                     raise
@@ -296,26 +310,26 @@ class Model:
                 time.sleep(delay)
                 delay = min(2 * delay, 2.0)
         self._held = {k: v for k, v in self._held.items() if k[0] != id(be)}
-        history = self.history
-        self.reset()
+        batches, self._batches = self._batches, []
+        self.kv.reset()
         try:
-            for batch in history:
+            for batch in batches:
                 self._run_step(batch)
         except BaseException:
-            self.history = history      # replay again after the next recovery
+            self._batches = batches      # replay again after the next recovery
             raise
 
-    def _run_step(self, tokens: list[int]) -> np.ndarray:
+    def _run_step(self, batch: tuple) -> np.ndarray:
         saved = self.kv.save()
         try:
-            return self._run_stages(tokens)
+            return self._run_stages(batch)
         except BaseException:
             self.kv.restore(saved)     # the batch did not happen: its cells are free again
             raise
 
-    def _run_stages(self, tokens: list[int]) -> np.ndarray:
-        T = len(tokens)
-        key, values = self.kv.inputs(tokens, self.n_past)
+    def _run_stages(self, batch: tuple) -> np.ndarray:
+        seqs, tokens, pos, out = batch
+        key, values = self.kv.inputs(tokens, pos, seqs, out)
         x = None
         for st in self.stages:
             be, dev = st.device.backend, st.device.index
@@ -337,12 +351,11 @@ class Model:
             except ConnectionLost as e:
                 e.backend = be
                 raise
-        self.n_past += T
-        self.tokens += tokens
-        self.history.append(list(tokens))
-        return np.frombuffer(x, dtype=np.float32)[-self.hp.n_vocab:].copy()
+        self._batches.append(batch)
+        n_vocab = self.hp.n_vocab
+        return np.frombuffer(x, dtype=np.float32)[-n_vocab * len(out):].reshape(len(out), n_vocab).copy()
 
-    def generate(self, prompt: str | bytes | Sequence[int], n_predict: int = -1, *,
+    def generate(self, prompt: str | bytes | Seq[int], n_predict: int = -1, *,
                  temp: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,
                  seed: int | None = None, ignore_eos: bool = False,
                  echo: bool = False) -> Iterator[bytes]:
@@ -389,3 +402,97 @@ class Model:
 
     def __exit__(self, *exc):
         self.close()
+
+
+class Sequence:
+    """One sequence in a model's KV cache: its tokens, and the calls that run it
+    (each a step of this sequence alone; `Model.decode` runs several together)."""
+
+    def __init__(self, model: Model, sid: int):
+        self.model, self.id = model, sid
+        self.tokens: list[int] = []
+        self.stop_reason: str | None = None
+        self.closed = False
+
+    @property
+    def n_past(self) -> int:
+        return len(self.tokens)
+
+    def reset(self) -> None:
+        """Forget the context (its cells are freed)."""
+        if self.tokens and self.model.kv is not None:
+            self.model._forget(self.id, 0)
+        self.tokens = []
+
+    def close(self) -> None:
+        """Free the sequence's cells; it cannot run again."""
+        if not self.closed:
+            self.reset()
+            self.closed = True
+
+    def eval(self, tokens: Seq[int]) -> np.ndarray:
+        """Run `tokens` after the context so far; the logits of the last one (F32, n_vocab)."""
+        return self.model.decode([(self, tokens)])[0]
+
+    def common(self, tokens: Seq[int]) -> int:
+        """How many of `tokens` (all but the last) the context already holds: what
+        `prefill` keeps (a sliding-window cache keeps nothing once they differ)."""
+        keep = 0
+        for a, b in zip(self.tokens, tokens[:-1]):
+            if a != b:
+                break
+            keep += 1
+        if keep < len(self.tokens) and self.model.swa is not None:
+            return 0
+        return keep
+
+    def prefill(self, tokens: Seq[int]) -> np.ndarray:
+        """Make the context exactly `tokens` and return the last one's logits, running
+        only what the context does not already hold: the longest common prefix is kept
+        (a chat's next turn, a prompt that shares a system prompt), the rest is
+        dropped and the new tokens are evaluated. At least one token is always run,
+        since its logits are the result. Sliding-window caches cannot take back a
+        token, so a model with one starts over when the prefix diverges."""
+        tokens = list(tokens)
+        if not tokens:
+            raise ValueError("prefill needs at least one token")
+        keep = self.common(tokens)
+        if keep < len(self.tokens):
+            self.truncate(keep) if keep else self.reset()
+        return self.eval(tokens[keep:])
+
+    def truncate(self, n: int) -> None:
+        """Forget the context after its first `n` tokens (their cells are freed)."""
+        if not 0 <= n <= self.n_past:
+            raise ValueError(f"cannot keep {n} of {self.n_past} tokens")
+        if n == self.n_past:
+            return
+        if n and self.model.swa is not None:
+            raise ModelError("a sliding-window cache cannot drop its last tokens")
+        self.model._forget(self.id, n)
+        del self.tokens[n:]
+
+    def stream(self, ids: Seq[int], n_predict: int, sampler: Sampler,
+               reuse: bool = False) -> Iterator[tuple[int, np.ndarray]]:
+        """Generate after the context `ids`: yields each new token with the logits it
+        was drawn from. `reuse` keeps what the context already holds of `ids`
+        (`prefill`); else the context starts empty. n_predict < 0: until an
+        end-of-generation token or a full context. Sets `stop_reason` ("eog",
+        "length" or "context") when it ends. The last token yielded is not yet in the
+        context: the next `prefill` or `eval` runs it."""
+        self.stop_reason = None
+        if not reuse:
+            self.reset()
+        logits = self.prefill(ids)
+        n = 0
+        while True:
+            if 0 <= n_predict <= n:
+                self.stop_reason = "length"
+                return
+            t = sampler(logits)
+            n += 1
+            yield t, logits
+            self.stop_reason = self.model.stop_after(self, t, n, n_predict)
+            if self.stop_reason:
+                return
+            logits = self.eval([t])

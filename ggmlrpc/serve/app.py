@@ -319,7 +319,7 @@ class MetricsCollector:
                 ("predicted_tokens_seconds", "Average generation throughput in tokens/s", predicted_ts),
                 ("requests_processing", "Number of requests processing", st.processing),
                 ("requests_deferred", "Number of requests deferred", self.engine.deferred),
-                ("kv_cache_tokens", "Tokens in the context (KV cache)", self.engine.model.n_past)):
+                ("kv_cache_tokens", "Tokens in the context (KV cache)", self.engine.kv_tokens)):
             yield GaugeMetricFamily("llamacpp:" + name, doc, value=v)
 
 

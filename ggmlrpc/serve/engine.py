@@ -1,5 +1,6 @@
 """What `ggml-rpc-cli serve` does without HTTP: requests checked and turned into
-generation jobs, one worker thread that owns the model and runs them one at a time,
+generation jobs, one worker thread that owns the model and runs them in slots, several at once
+(continuous batching, each slot's cache kept for the next request's prefix),
 the text each token adds (llama-server's rules for stop strings and cut UTF-8), the
 response objects in OpenAI's format with llama-server's fields, and the metrics.
 
@@ -105,6 +106,7 @@ class Job:
     n_probs: int = 0
     stream: bool = False
     include_usage: bool = False
+    cache_prompt: bool = True    # reuse what a slot holds of the prompt (llama-server's cache_prompt)
     id: str = field(default_factory=lambda: "chatcmpl-" + "".join(
         secrets.choice(string.ascii_letters + string.digits) for _ in range(32)))
     created: int = field(default_factory=lambda: int(time.time()))
@@ -191,6 +193,7 @@ class Generation:
         self.loop = loop
         self.events: asyncio.Queue = asyncio.Queue()
         self.cancelled = threading.Event()
+        self.t_submit = time.monotonic()
 
     def put(self, ev) -> None:
         try:
@@ -200,6 +203,16 @@ class Generation:
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+
+class Slot:
+    """A sequence of the model's KV cache and the request it runs (None: free). What
+    it holds stays after the request, for the next one that starts the same way."""
+
+    def __init__(self, seq):
+        self.seq = seq
+        self.gen: Generation | None = None
+        self.used = 0.0          # when it last took a request
 
 
 class Stats:
@@ -218,8 +231,14 @@ class Stats:
 class Engine:
     """The model, its chat template, and the worker thread that runs every job."""
 
-    def __init__(self, model, names: list[str], template: ChatTemplate, model_path: str = ""):
+    def __init__(self, model, names: list[str], template: ChatTemplate, model_path: str = "",
+                 n_slots: int = 1, max_queue: int = 0, timeout: float = 0.0):
+        """`n_slots` requests run at once, each in its own sequence of the KV cache
+        (n_ctx / n_slots tokens each); `max_queue` more wait (0: no bound; beyond,
+        503); `timeout`: seconds a request may take from its arrival (0: no limit)."""
         self.model = model
+        self.slots = [Slot(model.seq)] + [Slot(model.new_sequence()) for _ in range(n_slots - 1)]
+        self.max_queue, self.timeout = max_queue, timeout
         self.names = names
         self.template = template
         self.model_path = model_path
@@ -246,7 +265,13 @@ class Engine:
     # -- requests ------------------------------------------------------------------
     @property
     def n_ctx(self) -> int:
-        return self.model.n_ctx
+        """The context of one slot."""
+        return self.model.n_ctx // len(self.slots)
+
+    @property
+    def kv_tokens(self) -> int:
+        """Tokens in the KV cache, every slot's."""
+        return sum(s.seq.n_past for s in self.slots)
 
     def check_model(self, body: dict) -> None:
         name = field_of(body, "model", str)
@@ -352,9 +377,12 @@ class Engine:
         opts = field_of(body, "stream_options", dict, {})
         return Job(kind, ids, n_predict, sampling, [s.encode() for s in stop if s],
                    min(n_probs, self.model.tokenizer.n_vocab), stream,
-                   bool(field_of(opts, "include_usage", bool, False)))
+                   bool(field_of(opts, "include_usage", bool, False)),
+                   field_of(body, "cache_prompt", bool, True))
 
     def submit(self, job: Job) -> Generation:
+        if self.max_queue and self.jobs.qsize() >= self.max_queue:
+            raise ApiError(f"the server is busy: {self.max_queue} requests already wait", "unavailable_error")
         gen = Generation(job, asyncio.get_running_loop())
         self.jobs.put(gen)
         return gen
@@ -365,58 +393,116 @@ class Engine:
 
     # -- generation ------------------------------------------------------------------
     def _work(self) -> None:
+        """The slots' loop (llama-server's continuous batching): each step runs one
+        token of every generating slot and the next piece of a new prompt, as many
+        tokens as a micro-batch holds, in one Model.decode (one graph per device);
+        a request that ends frees its slot for the next in the queue at once."""
         while True:
-            gen = self.jobs.get()
-            if gen is None:
-                return
-            if gen.cancelled.is_set():
-                gen.put(("cancelled",))
-                continue
-            self.stats.processing = 1
-            try:
-                self._run(gen)
-            except ApiError as e:
-                gen.put(("error", e))
-            except (ModelError, GgmlRpcError) as e:
-                self.model.reset()
-                gen.put(("error", ApiError(f"generation failed: {e}", "server_error")))
-            except Exception as e:     # never lose the worker
-                self.model.reset()
-                gen.put(("error", ApiError(f"internal error: {type(e).__name__}: {e}", "server_error")))
-            finally:
-                self.stats.processing = 0
-
-    def _run(self, gen: Generation) -> None:
-        job, model, st = gen.job, self.model, self.stats
-        tok = model.tokenizer
-        cached = common_prefix(model.tokens, job.ids[:-1])
-        if model.swa is not None and cached < len(model.tokens):
-            cached = 0          # a sliding-window cache starts over (Model.prefill)
-        sampler = Sampler(**job.sampling)
-        text = Text(job.stop)
-        t0 = time.perf_counter()
-        t_prompt = None
-        n_gen = 0
-        steps = model.stream(job.ids, job.n_predict, sampler, reuse=True)
-        try:
-            for t, logits in steps:
-                if t_prompt is None:
-                    t_prompt = time.perf_counter()
-                n_gen += 1
+            free = [s for s in self.slots if s.gen is None]
+            self.stats.processing = len(self.slots) - len(free)
+            while free:
+                try:
+                    gen = self.jobs.get(block=len(free) == len(self.slots))
+                except queue.Empty:
+                    break
+                if gen is None:
+                    return
                 if gen.cancelled.is_set():
-                    break
-                piece = tok.token_to_piece(t)
-                out = text.add(piece, tok.is_eog(t))
-                probs = self._probs(t, logits, job.n_probs) if job.n_probs else None
-                if out or probs is not None:
-                    gen.put(("token", out, probs))
-                if text.stopped:
-                    break
-        finally:
-            steps.close()
+                    gen.put(("cancelled",))
+                    continue
+                slot = max(free, key=lambda s: (common_prefix(s.seq.tokens, gen.job.ids[:-1]), -s.used))
+                free.remove(slot)
+                self._start(slot, gen)
+            self.stats.processing = len(self.slots) - len(free)
+            if len(free) < len(self.slots):
+                self._step()
+
+    def _start(self, slot: "Slot", gen: Generation) -> None:
+        job, seq = gen.job, slot.seq
+        slot.gen, slot.used = gen, time.monotonic()
+        cached = seq.common(job.ids) if job.cache_prompt else 0
+        try:
+            if cached < seq.n_past:
+                seq.truncate(cached) if cached else seq.reset()
+        except ModelError:
+            seq.reset()
+            cached = 0
+        slot.cached, slot.todo = cached, list(job.ids[cached:])
+        slot.sampler, slot.text = Sampler(**job.sampling), Text(job.stop)
+        slot.n_gen, slot.last = 0, None
+        slot.t0, slot.t_prompt = time.perf_counter(), None
+        slot.deadline = gen.t_submit + self.timeout if self.timeout > 0 else None
+
+    def _step(self) -> None:
+        now = time.monotonic()
+        for slot in self.slots:
+            if slot.gen is None:
+                continue
+            if slot.gen.cancelled.is_set():
+                self._end(slot, ("cancelled",))
+            elif slot.deadline is not None and now > slot.deadline:
+                self._end(slot, ("error", ApiError(f"request timed out after {self.timeout:g} s",
+                                                   "unavailable_error")))
+        busy = [s for s in self.slots if s.gen is not None]
+        parts = [(s, [s.last]) for s in busy if not s.todo]
+        room = self.model.n_ubatch - len(parts)
+        for s in busy:
+            if s.todo and room > 0:
+                parts.append((s, s.todo[:room]))
+                room -= len(parts[-1][1])
+        if not parts:
+            return
+        try:
+            logits = self.model.decode([(s.seq, toks) for s, toks in parts])
+        except Exception as e:     # never lose the worker: every request of the step fails
+            msg = (f"generation failed: {e}" if isinstance(e, (ModelError, GgmlRpcError))
+                   else f"internal error: {type(e).__name__}: {e}")
+            for s, _ in parts:
+                s.seq.reset()
+                self._end(s, ("error", ApiError(msg, "server_error")))
+            return
+        for (slot, toks), lg in zip(parts, logits):
+            if slot.todo:
+                del slot.todo[:len(toks)]
+                if slot.todo:
+                    continue            # more of the prompt to run
+                slot.t_prompt = time.perf_counter()
+            try:
+                self._token(slot, lg)
+            except Exception as e:     # never lose the worker
+                slot.seq.reset()
+                self._end(slot, ("error", ApiError(f"internal error: {type(e).__name__}: {e}", "server_error")))
+
+    def _token(self, slot: "Slot", logits: np.ndarray) -> None:
+        """Sample the slot's next token from `logits`, send its text, end the request
+        where it stops."""
+        job, tok = slot.gen.job, self.model.tokenizer
+        if job.n_predict <= slot.n_gen:
+            slot.seq.stop_reason = "length"
+            return self._finish(slot)
+        t = slot.sampler(logits)
+        slot.n_gen += 1
+        slot.last = t
+        piece = tok.token_to_piece(t)
+        out = slot.text.add(piece, tok.is_eog(t))
+        probs = self._probs(t, logits, job.n_probs) if job.n_probs else None
+        if out or probs is not None:
+            slot.gen.put(("token", out, probs))
+        slot.seq.stop_reason = self.model.stop_after(slot.seq, t, slot.n_gen, job.n_predict)
+        if slot.text.stopped or slot.seq.stop_reason:
+            self._finish(slot)
+
+    def _end(self, slot: "Slot", event: tuple) -> None:
+        if event[0] == "cancelled":
+            slot.seq.reset()        # the client is gone: its context is freed
+        slot.gen.put(event)
+        slot.gen = None
+
+    def _finish(self, slot: "Slot") -> None:
+        job, st, text = slot.gen.job, self.stats, slot.text
         t1 = time.perf_counter()
-        if t_prompt is None:
-            t_prompt = t1
+        t_prompt = slot.t_prompt or t1
+        t0, cached, n_gen = slot.t0, slot.cached, slot.n_gen
         n_eval = len(job.ids) - cached
         st.prompt_tokens += n_eval
         st.prompt_cached += cached
@@ -430,18 +516,14 @@ class Engine:
         b[1] += t_prompt - t0
         b[2] += n_gen
         b[3] += t1 - t_prompt
-        if gen.cancelled.is_set():
-            model.reset()        # the client is gone: its context is freed
-            gen.put(("cancelled",))
-            return
-        reason = "stop" if text.stopped or model.stop_reason == "eog" else "length"
+        reason = "stop" if text.stopped or slot.seq.stop_reason == "eog" else "length"
         rest = text.rest()
         if job.kind == "chat" or job.stream:
             # a character cut by the end: llama-server's chat messages and streams leave
             # it out (a whole text completion keeps its bytes, shown as U+FFFD)
             rest = rest[:utf8_complete(rest)]
         prompt_ms, gen_ms = (t_prompt - t0) * 1e3, (t1 - t_prompt) * 1e3
-        gen.put(("done", {
+        self._end(slot, ("done", {
             "rest": rest,
             "finish_reason": reason,
             "usage": {"completion_tokens": n_gen, "prompt_tokens": len(job.ids),

@@ -35,10 +35,12 @@ def python_blocks() -> list[str]:
 def test_readme_runner_and_builder_examples_run(tmp_path, monkeypatch):
     monkeypatch.chdir(tmp_path)
     blocks = [b for b in python_blocks() if "Model.load" in b or "B.Graph()" in b]
-    assert len(blocks) == 2
+    assert len(blocks) == 3
     printed = []
     for code in blocks:
         exec(compile(code, "README.md", "exec"), {"print": lambda *a: printed.append(a)})
-    (prompt, text, why), (shape,) = printed
+    (prompt, text, why), (out, alone, n_past), (shape,) = printed
     assert prompt == b" Once upon a time" and len(text) > 0 and why == "length"
+    # two sequences decoded together: the first's tokens are its tokens alone
+    assert [len(o) for o in out] == [6, 6] and alone is True and n_past > 6
     assert shape == (4, 16)

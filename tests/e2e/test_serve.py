@@ -324,8 +324,8 @@ def test_hang_up(srv, stream):
 
 
 def test_clients_at_once_are_served_in_turn(srv):
-    """-np 2 is accepted but requests run one at a time: three clients at once (one
-    streaming) all get their whole answer, the same greedy text."""
+    """Three clients at once (one streaming) on two slots: all get their whole
+    answer, the same greedy text."""
     from concurrent.futures import ThreadPoolExecutor
 
     def ask(stream):

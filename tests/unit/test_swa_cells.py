@@ -43,3 +43,41 @@ def test_overwriting_drops_older_positions():
     idx = c.place(np.array([8]))
     assert list(idx) == [3]
     assert list(c.pos) == [-1, -1, -1, 8, 4, 5, 6, 7]
+
+
+def test_sequences_attend_only_their_own_cells():
+    c = SwaCells(16, 0)              # full attention: no window
+    a = c.place(np.arange(0, 3), np.zeros(3))
+    b = c.place(np.arange(0, 2), np.ones(2))
+    assert list(a) == [0, 1, 2] and list(b) == [3, 4]
+    m = c.mask(np.array([2, 1]), 8, np.array([0, 1]))
+    assert list(np.isfinite(m[0])) == [True, True, True, False, False, False, False, False]
+    assert list(np.isfinite(m[1])) == [False, False, False, True, True, False, False, False]
+
+
+def test_removing_a_sequence_frees_its_cells_and_moves_the_head_back():
+    c = SwaCells(16, 0)
+    c.place(np.arange(0, 3), np.zeros(3))
+    c.place(np.arange(0, 2), np.ones(2))
+    c.place(np.array([3]), np.zeros(1))
+    c.remove(0, 1)                       # sequence 0 keeps position 0
+    assert list(c.pos[:6]) == [0, -1, -1, 0, 1, -1] and c.head == 1
+    assert list(c.place(np.arange(2, 5), np.ones(3))) == [1, 2, 5]   # first fit from the head
+    c.remove(0)
+    c.remove(1)
+    assert c.head == 0 and (c.pos < 0).all()
+
+
+def test_each_sequence_slides_its_own_window():
+    """A cell is reused once the window of its own sequence has left it behind."""
+    c = SwaCells(8, 2)
+    c.place(np.arange(0, 4), np.zeros(4))          # cells 0-3: sequence 0 at 0..3
+    c.place(np.arange(0, 4), np.ones(4))           # cells 4-7: sequence 1 at 0..3
+    c.remove(1, 2)                                 # sequence 1 back to 0..1: cells 6, 7 free, head 6
+    assert c.head == 6
+    # cells 6, 7 are free; then cell 0 (position 0 of sequence 0, out of its window)
+    assert list(c.place(np.array([4, 5, 2]), np.array([0, 0, 1]))) == [6, 7, 0]
+    assert list(c.pos) == [2, 1, 2, 3, 0, 1, 4, 5] and list(c.seq) == [1, 0, 0, 0, 1, 1, 0, 0]
+    # from the head (cell 1): sequence 0's position 1, out of its window (newest 5)
+    assert list(c.place(np.array([6]), np.array([0]))) == [1]
+    assert list(c.pos) == [2, 6, 2, 3, 0, 1, 4, 5]

@@ -1,0 +1,159 @@
+"""Requests at once: `ggml-rpc-cli serve -np N` against `llama-server --rpc -np N`,
+both over the same two servers of ours, same generated model (llama_bench.py's,
+quantized by llama-quantize), in the same run:
+
+- one request alone (generation tokens/s), then N concurrent greedy requests of
+  --gen tokens each (random prompts of --prompt tokens): the aggregate tokens/s
+  (every request's tokens over the wall time from sending to the last one done),
+  its ratio to one request alone, and the p50/p99 time per token (the gaps between
+  a request's streamed chunks);
+- the prefix cache: a request with a --prefix-token prompt, then one that shares
+  that prefix (a different ending): the times to first token and their ratio.
+
+Prints JSON rows and a table; asserts nothing.
+
+    python bench/batch.py                         # Q8_0 and Q4_K_M, -np 4 and 16
+    python bench/batch.py --types Q8_0 --np 4 --gen 64
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.util
+import json
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import httpx
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+_spec = importlib.util.spec_from_file_location("serve_bench", HERE / "serve.py")
+sb = importlib.util.module_from_spec(_spec)
+_spec.loader.exec_module(sb)
+runner, lb = sb.runner, sb.lb
+
+
+def start(who: str, ref: Path, m: Path, eps: list[str], np_: int, args):
+    port = lb.free_port()
+    common = ["-m", str(m), "--rpc", ",".join(eps), "-ngl", "99", "-c", str(args.ctx),
+              "--port", str(port), "-t", str(args.threads), "-np", str(np_)]
+    if who == "ours":
+        argv = [sys.executable, "-m", "ggmlrpc.cli.main", "serve", *common, "-ts", "1,1"]
+    else:
+        argv = [str(ref / "llama-server"), *common, "-ts", "1/1", "--no-repack"]
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    url = f"http://127.0.0.1:{port}"
+    sb.wait_ready(url, proc)
+    return proc, url
+
+
+def request(url: str, prompt: list[int], n_gen: int) -> dict:
+    """A streamed greedy completion: when it was sent, each chunk's time."""
+    body = {"prompt": prompt, "max_tokens": n_gen, "temperature": 0, "ignore_eos": True, "stream": True}
+    t0 = time.perf_counter()
+    times = []
+    with httpx.stream("POST", url + "/v1/completions", json=body, timeout=900) as r:
+        if r.status_code != 200:
+            raise RuntimeError(f"{url}: {r.status_code} {r.read().decode(errors='replace')}")
+        for line in r.iter_lines():
+            if line.startswith("data: {"):
+                d = json.loads(line[6:])
+                if d["choices"] and d["choices"][0].get("finish_reason") is None:
+                    times.append(time.perf_counter())
+    return {"t0": t0, "times": times}
+
+
+def concurrent(url: str, prompts: list[list[int]], n_gen: int) -> dict:
+    with ThreadPoolExecutor(len(prompts)) as pool:
+        rs = list(pool.map(lambda p: request(url, p, n_gen), prompts))
+    t0 = min(r["t0"] for r in rs)
+    t1 = max(r["times"][-1] for r in rs)
+    n = sum(len(r["times"]) for r in rs)
+    gaps = np.concatenate([np.diff(r["times"]) for r in rs]) * 1e3
+    return {"tps": n / (t1 - t0), "n": n, "p50_ms": float(np.percentile(gaps, 50)),
+            "p99_ms": float(np.percentile(gaps, 99))}
+
+
+def prefix(url: str, rng, args) -> dict:
+    """Time to first token of a long prompt, then of one sharing its prefix."""
+    head = [int(t) for t in rng.integers(3, 500, args.prefix)]
+    a = request(url, head + [int(t) for t in rng.integers(3, 500, 8)], 4)
+    b = request(url, head + [int(t) for t in rng.integers(3, 500, 8)], 4)
+    ta, tb = (a["times"][0] - a["t0"]) * 1e3, (b["times"][0] - b["t0"]) * 1e3
+    return {"ttft_first_ms": ta, "ttft_shared_ms": tb, "ttft_ratio": ta / tb}
+
+
+def bench(ref: Path, qtype: str, np_: int, args) -> dict:
+    shape = lb.LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64, n_head_kv=args.embd // 64,
+                          n_ctx=args.ctx)
+    m = lb.model(ref, qtype, shape)
+    row = {"type": qtype, "np": np_, "prompt": args.prompt, "gen": args.gen}
+    with runner.our_servers(2, args.threads) as (eps, _):
+        for who in ("ours", "llama-server"):
+            rng = np.random.default_rng(np_)
+            proc, url = start(who, ref, m, eps, np_, args)
+            try:
+                request(url, [int(t) for t in rng.integers(3, 500, 8)], 4)     # warm-up
+                one = concurrent(url, [[int(t) for t in rng.integers(3, 500, args.prompt)]], args.gen)
+                many = concurrent(url, [[int(t) for t in rng.integers(3, 500, args.prompt)]
+                                        for _ in range(np_)], args.gen)
+                row[f"{who}_alone_tps"] = one["tps"]
+                row[f"{who}_tps"] = many["tps"]
+                row[f"{who}_p50_ms"], row[f"{who}_p99_ms"] = many["p50_ms"], many["p99_ms"]
+                row[f"{who}_batch_ratio"] = many["tps"] / one["tps"]
+                if np_ == min(args.np) and args.prefix:
+                    for k, v in prefix(url, rng, args).items():
+                        row[f"{who}_{k}"] = v
+            finally:
+                proc.send_signal(signal.SIGINT)
+                try:
+                    proc.wait(30)
+                except subprocess.TimeoutExpired:
+                    proc.kill()
+                    proc.wait()
+            time.sleep(args.pause)
+    row["tps_ratio"] = row["ours_tps"] / row["llama-server_tps"]
+    return row
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", nargs="+", default=["Q8_0", "Q4_K_M"])
+    ap.add_argument("--np", nargs="+", type=int, default=[4, 16], help="slots = concurrent requests")
+    ap.add_argument("--prompt", type=int, default=32, help="prompt tokens of each request")
+    ap.add_argument("--gen", type=int, default=128, help="tokens generated per request")
+    ap.add_argument("--prefix", type=int, default=1000, help="shared prefix tokens (0: skip)")
+    ap.add_argument("--ctx", type=int, default=4096, help="context of all slots (each: ctx / np)")
+    ap.add_argument("--threads", type=int, default=2, help="threads of each RPC server and client")
+    ap.add_argument("--layers", type=int, default=12)
+    ap.add_argument("--embd", type=int, default=1024)
+    ap.add_argument("--ff", type=int, default=2816)
+    ap.add_argument("--pause", type=float, default=1.0, help="seconds of quiet between servers")
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+    ref = lb.reference_bin()
+    rows = [bench(ref, q, n, args) for q in args.types for n in args.np]
+    print(json.dumps(rows, indent=2))
+    if args.json:
+        Path(args.json).write_text(json.dumps(rows, indent=2))
+    print("\n| type | np | agg t/s ours / llama-server | ratio | ours vs alone | llama-server vs alone "
+          "| p50 ms ours / ls | p99 ms ours / ls | prefix TTFT first/shared ours (ratio) | llama-server (ratio) |")
+    print("| --- | --: | --- | --: | --: | --: | --- | --- | --- | --- |")
+    for r in rows:
+        pre = ("", "")
+        if "ours_ttft_ratio" in r:
+            pre = tuple(f"{r[w + '_ttft_first_ms']:.0f}/{r[w + '_ttft_shared_ms']:.0f} ({r[w + '_ttft_ratio']:.1f}x)"
+                        for w in ("ours", "llama-server"))
+        print(f"| {r['type']} | {r['np']} | {r['ours_tps']:.2f} / {r['llama-server_tps']:.2f} | {r['tps_ratio']:.2f} "
+              f"| {r['ours_batch_ratio']:.2f}x | {r['llama-server_batch_ratio']:.2f}x "
+              f"| {r['ours_p50_ms']:.1f} / {r['llama-server_p50_ms']:.1f} "
+              f"| {r['ours_p99_ms']:.1f} / {r['llama-server_p99_ms']:.1f} | {pre[0]} | {pre[1]} |")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
