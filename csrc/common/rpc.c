@@ -11,6 +11,12 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#define GR_CMD(NAME, id, request, response) [id] = {#NAME, request, response},
+const gr_command gr_commands[RPC_CMD_COUNT] = {
+#include "common/commands.def"
+};
+#undef GR_CMD
+
 /* (block size, bytes per block) per ggml_type id; zeros mark removed ids. */
 static const struct { uint16_t blck; uint16_t size; } gr_types[GR_TYPE_COUNT] = {
     [0] = {1, 4},      /* F32 */

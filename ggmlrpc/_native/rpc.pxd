@@ -73,8 +73,17 @@ cdef extern from "common/rpc.h" nogil:
         uint64_t size
         uint8_t value
 
+    # one row per command of csrc/common/commands.def, indexed by id
+    ctypedef struct gr_command:
+        const char *name
+        int64_t request
+        int64_t response
+    const gr_command gr_commands[]
+
     enum:
         RPC_CMD_COUNT
+        GR_SIZE_VAR
+        GR_SIZE_NONE
         GR_SENDV_MAX
         GR_OK
         GR_ERR_TYPE
@@ -82,7 +91,8 @@ cdef extern from "common/rpc.h" nogil:
         GR_ERR_OVERFLOW
         GR_ERR_RANGE
         GR_ERR_DATA_NO_BUF
-        GR_FNV_OFFSET
+
+    const uint64_t GR_FNV_OFFSET
 
     int64_t ggmlrpc_blck_size(uint32_t type)
     size_t ggmlrpc_type_size(uint32_t type)
