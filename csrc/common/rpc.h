@@ -116,9 +116,6 @@ size_t ggmlrpc_type_size(uint32_t type);
  * size), 0 for a removed id */
 size_t ggmlrpc_row_size(uint32_t type, int64_t n);
 
-/* ggml_nbytes of a tensor described by type/ne/nb, computed in 64 bits.
- * Returns 0 when any ne is 0; sets *overflow when the arithmetic would overflow. */
-uint64_t ggmlrpc_nbytes(uint32_t type, const uint32_t ne[4], const uint32_t nb[4], int *overflow);
 
 /* Reasons a tensor fails validation (0 = valid). */
 enum gr_tensor_error {

@@ -96,7 +96,6 @@ cdef extern from "common/rpc.h" nogil:
 
     int64_t ggmlrpc_blck_size(uint32_t type)
     size_t ggmlrpc_type_size(uint32_t type)
-    uint64_t ggmlrpc_nbytes(uint32_t type, const uint32_t ne[4], const uint32_t nb[4], int *overflow)
     int ggmlrpc_tensor_check_shape(const rpc_tensor *t, uint64_t *nbytes)
     int ggmlrpc_range_inside(uint64_t data, uint64_t nbytes, uint64_t base, uint64_t size)
     uint64_t ggmlrpc_fnv1a(const uint8_t *data, size_t len, uint64_t hash)
