@@ -19,13 +19,12 @@ import socket
 import threading
 import time
 
+from ggmlrpc.protocol import RESPONSE_SIZE, Cmd
+
 # ggml RPC commands that are answered (docs/protocol.md): each one costs its
 # client a round trip
-ANSWERED = {0: "ALLOC_BUFFER", 1: "GET_ALIGNMENT", 2: "GET_MAX_SIZE", 3: "BUFFER_GET_BASE",
-            7: "SET_TENSOR_HASH", 8: "GET_TENSOR", 9: "COPY_TENSOR", 11: "GET_DEVICE_MEMORY",
-            13: "GET_ALLOC_SIZE", 14: "HELLO", 15: "DEVICE_COUNT"}
-SILENT = {4: "FREE_BUFFER", 5: "BUFFER_CLEAR", 6: "SET_TENSOR", 10: "GRAPH_COMPUTE",
-          12: "INIT_TENSOR", 16: "GRAPH_RECOMPUTE", 17: "MEMSET_TENSOR"}
+ANSWERED = {int(c): c.name for c in Cmd if RESPONSE_SIZE[c] is not None}
+SILENT = {int(c): c.name for c in Cmd if RESPONSE_SIZE[c] is None}
 
 
 class FrameCounter:

@@ -24,7 +24,7 @@ from pathlib import Path
 
 import numpy as np
 
-from ggmlrpc._native import wire
+from ggmlrpc._native import sockio
 from ggmlrpc.client import RemoteBackend
 from ggmlrpc.ggml import GGMLType
 from servers import fixtures, server_argvs  # bench/servers.py
@@ -100,10 +100,10 @@ class RawLoopback:
             s.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
 
     def pump(self, src: np.ndarray, dst: np.ndarray) -> float:
-        t = threading.Thread(target=wire.send_all, args=(self.tx.fileno(), src, -1))
+        t = threading.Thread(target=sockio.send_all, args=(self.tx.fileno(), src, -1))
         t0 = time.perf_counter()
         t.start()
-        wire.recv_into(self.rx.fileno(), dst, -1)
+        sockio.recv_into(self.rx.fileno(), dst, -1)
         elapsed = time.perf_counter() - t0
         t.join()
         return elapsed

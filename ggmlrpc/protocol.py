@@ -2,7 +2,7 @@
 
 Every request is  | cmd u8 | size u64 | payload |  and every response  | size u64 | payload |.
 Integers are little endian and structs packed. The native codec in
-``ggmlrpc._native.wire`` implements the same functions; ``codec()`` picks one and
+``ggmlrpc._native.codec`` implements the same functions; ``codec()`` picks one and
 the tests run against both.
 """
 from __future__ import annotations
@@ -13,6 +13,7 @@ import struct
 from dataclasses import dataclass, field
 
 from . import ggml
+from ._native import commands as _commands
 from .errors import ProtocolError, ValidationError
 
 PROTO_MAJOR, PROTO_MINOR, PROTO_PATCH = 7, 0, 0
@@ -23,28 +24,10 @@ FNV_PRIME = 0x100000001B3
 MAX_SRC = 10
 
 
-class Cmd(enum.IntEnum):
-    ALLOC_BUFFER = 0
-    GET_ALIGNMENT = 1
-    GET_MAX_SIZE = 2
-    BUFFER_GET_BASE = 3
-    FREE_BUFFER = 4
-    BUFFER_CLEAR = 5
-    SET_TENSOR = 6
-    SET_TENSOR_HASH = 7
-    GET_TENSOR = 8
-    COPY_TENSOR = 9
-    GRAPH_COMPUTE = 10
-    GET_DEVICE_MEMORY = 11
-    INIT_TENSOR = 12
-    GET_ALLOC_SIZE = 13
-    HELLO = 14
-    DEVICE_COUNT = 15
-    GRAPH_RECOMPUTE = 16
-    MEMSET_TENSOR = 17
-
-
-CMD_COUNT = 18
+# The commands, their ids and payload sizes: one row each in csrc/common/commands.def,
+# read here from the native table built from it.
+Cmd = enum.IntEnum("Cmd", [(name, cid) for name, cid, _, _ in _commands.COMMANDS], module=__name__)
+CMD_COUNT = len(Cmd)
 
 # rpc_tensor (296 bytes)
 #   0 id u64 | 8 type u32 | 12 buffer u64 | 20 ne u32[4] | 36 nb u32[4] | 52 op u32
@@ -60,48 +43,13 @@ SET_TENSOR_HEADER_SIZE = TENSOR_SIZE + 1 + 8  # | rpc_tensor | cache_flag u8 | o
 
 # Fixed request payload sizes; None means variable (SET_TENSOR, GRAPH_COMPUTE).
 REQUEST_SIZE: dict[int, int | None] = {
-    Cmd.ALLOC_BUFFER: 12,
-    Cmd.GET_ALIGNMENT: 4,
-    Cmd.GET_MAX_SIZE: 4,
-    Cmd.BUFFER_GET_BASE: 8,
-    Cmd.FREE_BUFFER: 8,
-    Cmd.BUFFER_CLEAR: 9,
-    Cmd.SET_TENSOR: None,
-    Cmd.SET_TENSOR_HASH: TENSOR_SIZE + 16,
-    Cmd.GET_TENSOR: TENSOR_SIZE + 16,
-    Cmd.COPY_TENSOR: 2 * TENSOR_SIZE,
-    Cmd.GRAPH_COMPUTE: None,
-    Cmd.GET_DEVICE_MEMORY: 4,
-    Cmd.INIT_TENSOR: TENSOR_SIZE,
-    Cmd.GET_ALLOC_SIZE: 4 + (1 + MAX_SRC) * TENSOR_SIZE,
-    Cmd.HELLO: CONN_CAPS_SIZE,
-    Cmd.DEVICE_COUNT: 0,
-    Cmd.GRAPH_RECOMPUTE: 4,
-    Cmd.MEMSET_TENSOR: TENSOR_SIZE + 17,
-}
+    Cmd(cid): None if req == _commands.SIZE_VAR else req for _, cid, req, _ in _commands.COMMANDS}
 
 # Response payload sizes; None = the command has no response (fire and forget),
 # -1 = variable (GET_TENSOR answers with the requested bytes).
 RESPONSE_SIZE: dict[int, int | None] = {
-    Cmd.ALLOC_BUFFER: 16,
-    Cmd.GET_ALIGNMENT: 8,
-    Cmd.GET_MAX_SIZE: 8,
-    Cmd.BUFFER_GET_BASE: 8,
-    Cmd.FREE_BUFFER: None,
-    Cmd.BUFFER_CLEAR: None,
-    Cmd.SET_TENSOR: None,
-    Cmd.SET_TENSOR_HASH: 1,
-    Cmd.GET_TENSOR: -1,
-    Cmd.COPY_TENSOR: 1,
-    Cmd.GRAPH_COMPUTE: None,
-    Cmd.GET_DEVICE_MEMORY: 16,
-    Cmd.INIT_TENSOR: None,
-    Cmd.GET_ALLOC_SIZE: 8,
-    Cmd.HELLO: 4 + CONN_CAPS_SIZE,
-    Cmd.DEVICE_COUNT: 4,
-    Cmd.GRAPH_RECOMPUTE: None,
-    Cmd.MEMSET_TENSOR: None,
-}
+    Cmd(cid): {_commands.SIZE_NONE: None, _commands.SIZE_VAR: -1}.get(rsp, rsp)
+    for _, cid, _, rsp in _commands.COMMANDS}
 
 
 @dataclass(slots=True)
@@ -255,8 +203,8 @@ class PurePythonCodec:
 
 
 def native_codec():
-    from ._native import wire
-    return wire.NativeCodec()
+    from ._native import codec as native
+    return native.NativeCodec()
 
 
 def codec(name: str | None = None):

@@ -1,8 +1,8 @@
 """Moving bytes: framed reads and writes on a TCP socket, HELLO caps, RDMA probe.
 
-``Conn`` wraps a connected socket. Its native flavour runs the recv/send loops in
-C with the GIL released; the pure-Python flavour uses socket.recv_into/sendall
-and exists so that the same tests prove both.
+``Conn`` wraps a connected socket: ``NativeConn`` runs the recv/send loops in C
+with the GIL released, ``PyConn`` uses socket.recv_into/sendall and exists so that
+the same tests prove both; ``Conn(sock)`` picks one.
 """
 from __future__ import annotations
 
@@ -21,7 +21,7 @@ log = logging.getLogger("ggmlrpc.transport")
 ZERO_CAPS = bytes(CONN_CAPS_SIZE)
 
 try:
-    from ._native import wire as _wire
+    from ._native import sockio as _wire
 except ImportError:  # pragma: no cover - only without the built extension
     _wire = None
 
@@ -52,33 +52,130 @@ class Conn:
     next arm() or disarm(), however the peer paces its bytes (natively, the server's
     device-buffer paths recv_into_buffer, send_from_buffer and discard keep to the
     per-wait timeout: the client never uses them, and the server arms only HELLO).
+
+    `Conn(sock, ...)` makes a NativeConn when the extension is built (and `native` is
+    not False), else a PyConn: the flavour is chosen once, here.
     """
+
+    native = False
+
+    def __new__(cls, sock: socket.socket, timeout: float | None = None, native: bool | None = None):
+        if cls is Conn:
+            cls = NativeConn if _wire is not None and (native is None or native) else PyConn
+        return super().__new__(cls)
 
     def __init__(self, sock: socket.socket, timeout: float | None = None, native: bool | None = None):
         self.sock = sock
         self.fd = sock.fileno()
         self.timeout = timeout
         self.deadline_ns = 0  # time.monotonic_ns() value; 0: no deadline
-        self.native = (_wire is not None) if native is None else (native and _wire is not None)
         sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         sock.settimeout(None)  # blocking fd: the native loops poll for timeouts
-        # native reads go through a read-ahead buffer (one recv per small message);
-        # nothing may read this socket around it
-        self._rbuf = _wire.RecvBuffer() if self.native else None
 
     # -- deadlines ---------------------------------------------------------
     def arm(self, seconds: float | None) -> None:
         """Bound all I/O from now on by `seconds` in total (None: no deadline)."""
-        d = 0 if seconds is None else time.monotonic_ns() + max(1, int(seconds * 1e9))
-        self.deadline_ns = d
-        if self._rbuf is not None:
-            self._rbuf.deadline_ns = d
+        self.deadline_ns = 0 if seconds is None else time.monotonic_ns() + max(1, int(seconds * 1e9))
 
     def disarm(self) -> None:
         self.arm(None)
 
+    # -- the I/O of each flavour --------------------------------------------
+    def recv_exact(self, n: int) -> bytearray:
+        raise NotImplementedError
+
+    def recv_request(self) -> tuple[int, int, bytearray | None]:
+        """(cmd, size, payload): a request header and, when the command has a fixed
+        payload size and `size` is it, the payload; otherwise the payload stays unread."""
+        raise NotImplementedError
+
+    def recv_into(self, buf) -> None:
+        """Fill a writable buffer completely."""
+        raise NotImplementedError
+
+    def recv_into_buffer(self, buffer, offset: int, n: int) -> None:
+        """Receive n bytes straight into a device buffer at offset (no staging copy)."""
+        raise NotImplementedError
+
+    def discard(self, n: int) -> None:
+        raise NotImplementedError
+
+    def send(self, *parts) -> None:
+        """Send byte strings back to back (natively: one message, one writev)."""
+        raise NotImplementedError
+
+    def send_sized(self, payload) -> None:
+        """A response: | size u64 | payload |."""
+        raise NotImplementedError
+
+    def send_from_buffer(self, header: bytes, buffer, offset: int, n: int) -> None:
+        """Send header then n bytes of a device buffer, from the buffer's memory."""
+        raise NotImplementedError
+
+    # -- closing -------------------------------------------------------------
+    def shutdown(self) -> None:
+        """Wake any thread blocked on this socket (it sees EOF) without closing the fd,
+        so that the fd number cannot be reused under that thread's feet."""
+        try:
+            self.sock.shutdown(socket.SHUT_RDWR)
+        except OSError:
+            pass
+
+    def close(self) -> None:
+        self.shutdown()
+        self.sock.close()
+
+
+class NativeConn(Conn):
+    """The recv/send loops in C with the GIL released (ggmlrpc._native.sockio)."""
+
+    native = True
+
+    def __init__(self, sock: socket.socket, timeout: float | None = None, native: bool | None = None):
+        super().__init__(sock, timeout)
+        # reads go through a read-ahead buffer (one recv per small message); nothing
+        # may read this socket around it
+        self._rbuf = _wire.RecvBuffer()
+
+    def arm(self, seconds: float | None) -> None:
+        super().arm(seconds)
+        self._rbuf.deadline_ns = self.deadline_ns
+
+    def recv_exact(self, n: int) -> bytearray:
+        return self._rbuf.read(self.fd, n, _ms(self.timeout))
+
+    def recv_request(self) -> tuple[int, int, bytearray | None]:
+        return self._rbuf.read_request(self.fd, _ms(self.timeout))
+
+    def recv_into(self, buf) -> None:
+        self._rbuf.read_into(self.fd, buf, _ms(self.timeout))
+
+    def recv_into_buffer(self, buffer, offset: int, n: int) -> None:
+        head = self._rbuf.take(n)  # the payload's start may be read ahead already
+        if head:
+            buffer.write(offset, head)
+            offset, n = offset + len(head), n - len(head)
+        if n:
+            buffer.recv_into(self.fd, offset, n, _ms(self.timeout))
+
+    def discard(self, n: int) -> None:
+        self._rbuf.discard(self.fd, n, _ms(self.timeout))
+
+    def send(self, *parts) -> None:
+        _wire.sendv(self.fd, parts, _ms(self.timeout), self.deadline_ns)
+
+    def send_sized(self, payload) -> None:
+        _wire.send_sized(self.fd, payload, _ms(self.timeout), self.deadline_ns)
+
+    def send_from_buffer(self, header: bytes, buffer, offset: int, n: int) -> None:
+        buffer.send_from(self.fd, header, offset, n, _ms(self.timeout))
+
+
+class PyConn(Conn):
+    """socket.recv_into/sendall: the pure-Python twin, so that the same tests prove both."""
+
     def _wait_s(self) -> float | None:
-        """The socket timeout for one wait of the pure-Python loops."""
+        """The socket timeout for one wait."""
         if not self.deadline_ns:
             return self.timeout
         left = (self.deadline_ns - time.monotonic_ns()) / 1e9
@@ -86,55 +183,31 @@ class Conn:
             raise RpcTimeout("deadline passed")
         return left if self.timeout is None else min(left, self.timeout)
 
-    # -- reading -----------------------------------------------------------
     def recv_exact(self, n: int) -> bytearray:
-        if self.native:
-            return self._rbuf.read(self.fd, n, _ms(self.timeout))
         buf = bytearray(n)
-        self._py_recv_into(memoryview(buf))
+        self._recv_view(memoryview(buf))
         return buf
 
     def recv_request(self) -> tuple[int, int, bytearray | None]:
-        """(cmd, size, payload): a request header and, when the command has a fixed
-        payload size and `size` is it, the payload; otherwise the payload stays unread."""
-        if self.native:
-            return self._rbuf.read_request(self.fd, _ms(self.timeout))
         cmd, size = HEADER.unpack(self.recv_exact(9))
         if cmd < CMD_COUNT and REQUEST_SIZE[cmd] == size:
             return cmd, size, self.recv_exact(size)
         return cmd, size, None
 
     def recv_into(self, buf) -> None:
-        """Fill a writable buffer completely."""
-        if self.native:
-            self._rbuf.read_into(self.fd, buf, _ms(self.timeout))
-        else:
-            self._py_recv_into(memoryview(buf).cast("B"))
+        self._recv_view(memoryview(buf).cast("B"))
 
     def recv_into_buffer(self, buffer, offset: int, n: int) -> None:
-        """Receive n bytes straight into a device buffer at offset (no staging copy)."""
-        if self.native:
-            head = self._rbuf.take(n)  # the payload's start may be read ahead already
-            if head:
-                buffer.write(offset, head)
-                offset, n = offset + len(head), n - len(head)
-            if n:
-                buffer.recv_into(self.fd, offset, n, _ms(self.timeout))
-        else:
-            view = buffer.view()[offset:offset + n]
-            self._py_recv_into(view)
+        self._recv_view(buffer.view()[offset:offset + n])
 
     def discard(self, n: int) -> None:
-        if self.native:
-            self._rbuf.discard(self.fd, n, _ms(self.timeout))
-            return
         scratch = memoryview(bytearray(min(n, 1 << 16) or 1))
         while n:
             k = min(n, len(scratch))
-            self._py_recv_into(scratch[:k])
+            self._recv_view(scratch[:k])
             n -= k
 
-    def _py_recv_into(self, view: memoryview) -> None:
+    def _recv_view(self, view: memoryview) -> None:
         try:
             while len(view):
                 self.sock.settimeout(self._wait_s())
@@ -159,15 +232,19 @@ class Conn:
         except OSError:
             pass
 
-    # -- writing -----------------------------------------------------------
     def send(self, *parts) -> None:
-        """Send byte strings back to back (natively: one message, one writev)."""
-        if self.native:
-            _wire.sendv(self.fd, parts, _ms(self.timeout), self.deadline_ns)
-            return
+        self._send_parts(parts)
+
+    def send_sized(self, payload) -> None:
+        self._send_parts((SIZE.pack(len(payload)), payload))
+
+    def send_from_buffer(self, header: bytes, buffer, offset: int, n: int) -> None:
+        self._send_parts((header, buffer.view()[offset:offset + n]))
+
+    def _send_parts(self, parts) -> None:
         try:
             for p in parts:
-                self._py_send(p)
+                self._send_one(p)
         except socket.timeout as e:
             raise RpcTimeout("send timed out") from e
         except ConnectionLost:
@@ -177,31 +254,7 @@ class Conn:
         finally:
             self._untimed()
 
-    def send_sized(self, payload) -> None:
-        """A response: | size u64 | payload |."""
-        if self.native:
-            _wire.send_sized(self.fd, payload, _ms(self.timeout), self.deadline_ns)
-        else:
-            self.send(SIZE.pack(len(payload)), payload)
-
-    def send_from_buffer(self, header: bytes, buffer, offset: int, n: int) -> None:
-        """Send header then n bytes of a device buffer, from the buffer's memory."""
-        if self.native:
-            buffer.send_from(self.fd, header, offset, n, _ms(self.timeout))
-        else:
-            try:
-                self._py_send(header)
-                self._py_send(buffer.view()[offset:offset + n])
-            except socket.timeout as e:
-                raise RpcTimeout("send timed out") from e
-            except ConnectionLost:
-                raise
-            except OSError as e:
-                raise ConnectionLost(f"send failed: {e}") from e
-            finally:
-                self._untimed()
-
-    def _py_send(self, data) -> None:
+    def _send_one(self, data) -> None:
         """sendall, with the deadline checked between the pieces the kernel takes."""
         if not self.deadline_ns:
             self.sock.settimeout(self.timeout)
@@ -211,18 +264,6 @@ class Conn:
         while len(view):
             self.sock.settimeout(self._wait_s())
             view = view[self.sock.send(view):]
-
-    def shutdown(self) -> None:
-        """Wake any thread blocked on this socket (it sees EOF) without closing the fd,
-        so that the fd number cannot be reused under that thread's feet."""
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-
-    def close(self) -> None:
-        self.shutdown()
-        self.sock.close()
 
 
 # -- RDMA negotiation -------------------------------------------------------------

@@ -1,4 +1,4 @@
-"""Check that csrc/ has no dependency cycles.
+"""Check that csrc/ and the Cython modules have no dependency cycles.
 
     python scripts/check_layout.py            # exit 1 and name the cycle if there is one
     python scripts/check_layout.py --graph    # also print who depends on whom
@@ -14,7 +14,11 @@ Two graphs over the files under csrc/ (or --root):
   includer expands that column: an over-approximation, which can only add edges;
   names made by token pasting are not seen).
 
-Either graph with a cycle fails: a lower module (job.c, vec.c, the quant kernels)
+A third graph covers the Cython modules of ggmlrpc/_native (or --native): module A ->
+module B when A.pyx or A.pxd cimports ggmlrpc._native.B (rpc.pxd and exec.pxd only
+declare C; codec, sockio and hostmem layer over them, hostmem over sockio).
+
+Any graph with a cycle fails: a lower module (job.c, vec.c, the quant kernels)
 never reaches back into the ones above it (the ops, the run loop in exec.c). The
 parse is textual (comments and strings stripped, top-level definitions found by
 brace depth), which is enough for this code base's plain C.
@@ -27,6 +31,8 @@ import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "csrc"
+NATIVE = Path(__file__).resolve().parent.parent / "ggmlrpc" / "_native"
+_CIMPORT = re.compile(r"^\s*(?:from\s+ggmlrpc\._native\.(\w+)\s+cimport|cimport\s+ggmlrpc\._native\.(\w+))", re.M)
 
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
 _STRING = re.compile(r'"(?:\\.|[^"\\\n])*"|\'(?:\\.|[^\'\\\n])*\'')
@@ -200,27 +206,40 @@ def graphs(root: Path) -> tuple[dict[str, set[str]], dict[str, set[str]]]:
     return includes, calls
 
 
+def cimports(native: Path) -> dict[str, set[str]]:
+    """Cython module -> the modules its .pyx and .pxd cimport."""
+    graph: dict[str, set[str]] = {}
+    for p in sorted(q for q in native.iterdir() if q.suffix in (".pyx", ".pxd")):
+        deps = {a or b for a, b in _CIMPORT.findall(p.read_text(errors="replace"))}
+        graph.setdefault(p.stem, set()).update(deps - {p.stem})
+    return graph
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", type=Path, default=ROOT, help="the C tree (default: csrc/)")
-    ap.add_argument("--graph", action="store_true", help="print both graphs")
+    ap.add_argument("--native", type=Path, default=NATIVE,
+                    help="the Cython modules (default: ggmlrpc/_native/)")
+    ap.add_argument("--graph", action="store_true", help="print the graphs")
     args = ap.parse_args(argv)
     includes, calls = graphs(args.root)
+    cimps = cimports(args.native)
     if args.graph:
-        for title, g in (("includes", includes), ("calls", calls)):
+        for title, g in (("includes", includes), ("calls", calls), ("cimports", cimps)):
             print(f"{title}:")
             for node in sorted(g):
                 if g[node]:
                     print(f"  {node} -> {', '.join(sorted(g[node]))}")
     bad = 0
-    for title, g in (("include", includes), ("call", calls)):
+    for title, g in (("include", includes), ("call", calls), ("cimport", cimps)):
         cycle = find_cycle(g)
         if cycle:
             print(f"{title} cycle: {' -> '.join(cycle)}")
             bad = 1
     if not bad:
         n_files = len(includes)
-        print(f"csrc layout: {n_files} files, no include or call cycles")
+        print(f"csrc layout: {n_files} files, no include or call cycles; "
+              f"{len(cimps)} Cython modules, no cimport cycles")
     return bad
 
 

@@ -11,6 +11,12 @@
 #include <sys/uio.h>
 #include <unistd.h>
 
+#define GR_CMD(NAME, id, request, response) [id] = {#NAME, request, response},
+const gr_command gr_commands[RPC_CMD_COUNT] = {
+#include "common/commands.def"
+};
+#undef GR_CMD
+
 /* (block size, bytes per block) per ggml_type id; zeros mark removed ids. */
 static const struct { uint16_t blck; uint16_t size; } gr_types[GR_TYPE_COUNT] = {
     [0] = {1, 4},      /* F32 */
@@ -63,7 +69,9 @@ size_t ggmlrpc_row_size(uint32_t type, int64_t n) {
     return blck > 0 ? (size_t)(n / blck) * ggmlrpc_type_size(type) : 0;
 }
 
-uint64_t ggmlrpc_nbytes(uint32_t type, const uint32_t ne[4], const uint32_t nb[4], int *overflow) {
+/* ggml_nbytes of a tensor described by type/ne/nb, computed in 64 bits.
+ * Returns 0 when any ne is 0; sets *overflow when the arithmetic would overflow. */
+static uint64_t ggmlrpc_nbytes(uint32_t type, const uint32_t ne[4], const uint32_t nb[4], int *overflow) {
     uint64_t blck = (uint64_t)ggmlrpc_blck_size(type);
     uint64_t tsize = ggmlrpc_type_size(type);
     *overflow = 0;

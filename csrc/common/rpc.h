@@ -23,27 +23,13 @@ extern "C" {
 #define GR_TYPE_COUNT 43
 #define GR_OP_COUNT 101
 
+/* enum gr_cmd: RPC_CMD_<NAME> = id for each row of commands.def, then RPC_CMD_COUNT */
+#define GR_CMD(NAME, id, request, response) RPC_CMD_##NAME = id,
 enum gr_cmd {
-    RPC_CMD_ALLOC_BUFFER = 0,
-    RPC_CMD_GET_ALIGNMENT,
-    RPC_CMD_GET_MAX_SIZE,
-    RPC_CMD_BUFFER_GET_BASE,
-    RPC_CMD_FREE_BUFFER,
-    RPC_CMD_BUFFER_CLEAR,
-    RPC_CMD_SET_TENSOR,
-    RPC_CMD_SET_TENSOR_HASH,
-    RPC_CMD_GET_TENSOR,
-    RPC_CMD_COPY_TENSOR,
-    RPC_CMD_GRAPH_COMPUTE,
-    RPC_CMD_GET_DEVICE_MEMORY,
-    RPC_CMD_INIT_TENSOR,
-    RPC_CMD_GET_ALLOC_SIZE,
-    RPC_CMD_HELLO,
-    RPC_CMD_DEVICE_COUNT,
-    RPC_CMD_GRAPH_RECOMPUTE,
-    RPC_CMD_MEMSET_TENSOR,
+#include "common/commands.def"
     RPC_CMD_COUNT,
 };
+#undef GR_CMD
 
 #pragma pack(push, 1)
 
@@ -113,6 +99,16 @@ _Static_assert(sizeof(rpc_msg_get_device_memory_rsp) == 16, "device memory rsp")
 _Static_assert(sizeof(rpc_msg_get_alloc_size_req) == 3260, "get_alloc_size req");
 _Static_assert(sizeof(rpc_msg_memset_tensor_req) == 313, "memset req");
 
+/* Payload sizes of each command (commands.def), indexed by id. */
+#define GR_SIZE_VAR (-1)   /* variable */
+#define GR_SIZE_NONE (-2)  /* no response */
+typedef struct gr_command {
+    const char *name;
+    int64_t request;
+    int64_t response;
+} gr_command;
+extern const gr_command gr_commands[RPC_CMD_COUNT];
+
 /* Type traits: block size (elements) and bytes per block; 0/0 for removed ids. */
 int64_t ggmlrpc_blck_size(uint32_t type);
 size_t ggmlrpc_type_size(uint32_t type);
@@ -120,9 +116,6 @@ size_t ggmlrpc_type_size(uint32_t type);
  * size), 0 for a removed id */
 size_t ggmlrpc_row_size(uint32_t type, int64_t n);
 
-/* ggml_nbytes of a tensor described by type/ne/nb, computed in 64 bits.
- * Returns 0 when any ne is 0; sets *overflow when the arithmetic would overflow. */
-uint64_t ggmlrpc_nbytes(uint32_t type, const uint32_t ne[4], const uint32_t nb[4], int *overflow);
 
 /* Reasons a tensor fails validation (0 = valid). */
 enum gr_tensor_error {

@@ -73,8 +73,17 @@ cdef extern from "common/rpc.h" nogil:
         uint64_t size
         uint8_t value
 
+    # one row per command of csrc/common/commands.def, indexed by id
+    ctypedef struct gr_command:
+        const char *name
+        int64_t request
+        int64_t response
+    const gr_command gr_commands[]
+
     enum:
         RPC_CMD_COUNT
+        GR_SIZE_VAR
+        GR_SIZE_NONE
         GR_SENDV_MAX
         GR_OK
         GR_ERR_TYPE
@@ -82,11 +91,11 @@ cdef extern from "common/rpc.h" nogil:
         GR_ERR_OVERFLOW
         GR_ERR_RANGE
         GR_ERR_DATA_NO_BUF
-        GR_FNV_OFFSET
+
+    const uint64_t GR_FNV_OFFSET
 
     int64_t ggmlrpc_blck_size(uint32_t type)
     size_t ggmlrpc_type_size(uint32_t type)
-    uint64_t ggmlrpc_nbytes(uint32_t type, const uint32_t ne[4], const uint32_t nb[4], int *overflow)
     int ggmlrpc_tensor_check_shape(const rpc_tensor *t, uint64_t *nbytes)
     int ggmlrpc_range_inside(uint64_t data, uint64_t nbytes, uint64_t base, uint64_t size)
     uint64_t ggmlrpc_fnv1a(const uint8_t *data, size_t len, uint64_t hash)

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import os
 
-from .._native.wire import HostMemory
+from .._native.hostmem import HostMemory
 from .base import Buffer, Device
 
 CPU_ALIGNMENT = 32           # ggml's TENSOR_ALIGNMENT

@@ -48,7 +48,7 @@ class _Staging:
     def __init__(self, cuda, nbytes: int):
         import numpy as np
 
-        from .._native.wire import HostMemory
+        from .._native.hostmem import HostMemory
 
         self.mem = HostMemory(nbytes)
         self.size = nbytes

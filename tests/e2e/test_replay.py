@@ -19,7 +19,7 @@ from ggmlrpc import protocol
 from ggmlrpc.protocol import Cmd, RpcTensor, TENSOR_SIZE
 from ggmlrpc.trace import (AddressMap, Connection, Exchange, Replayer, TraceError, compare_f32,
                            load_connection, load_session, main, pair, read_records)
-from ggmlrpc.transport import Conn
+from ggmlrpc.transport import NativeConn, PyConn
 from tests.conftest import TRACES
 
 SESSIONS = sorted(p.name for p in TRACES.iterdir() if (p / "conn-00.trc").exists())
@@ -110,13 +110,14 @@ def test_untranslated_addresses_fail(endpoint, monkeypatch):
 
 def test_misplaced_writes_are_reported(endpoint, monkeypatch):
     """A server that stores one wrong byte per SET_TENSOR fails the read-back."""
-    good = Conn.recv_into_buffer
+    def corrupting(good):
+        def recv_into_buffer(self, buffer, offset, n):
+            good(self, buffer, offset, n)
+            buffer.view()[offset] ^= 0x5A
+        return recv_into_buffer
 
-    def corrupting(self, buffer, offset, n):
-        good(self, buffer, offset, n)
-        buffer.view()[offset] ^= 0x5A
-
-    monkeypatch.setattr(Conn, "recv_into_buffer", corrupting)
+    for flavour in (NativeConn, PyConn):
+        monkeypatch.setattr(flavour, "recv_into_buffer", corrupting(flavour.recv_into_buffer))
     r = Replayer(endpoint, stop_before=Cmd.GRAPH_COMPUTE, verify_writes=True).replay(model_connection())
     assert r.verified > 0
     assert len(r.differences) == r.verified

@@ -1,5 +1,5 @@
 """The wire codec, run against both implementations: the pure-Python reference in
-ggmlrpc.protocol and the native one in ggmlrpc._native.wire.
+ggmlrpc.protocol and the native one in ggmlrpc._native.codec.
 
 Expected values come from the protocol (docs/protocol.md) and from small independent
 computations in this file (struct offsets, brute-force byte extents, a plain
@@ -460,8 +460,8 @@ C_STRUCT_SIZES = {
 
 
 def test_c_struct_sizes():
-    wire = pytest.importorskip("ggmlrpc._native.wire")
-    assert wire.struct_sizes() == C_STRUCT_SIZES
+    native = pytest.importorskip("ggmlrpc._native.codec")
+    assert native.struct_sizes() == C_STRUCT_SIZES
     header = (REPO / "csrc" / "common" / "rpc.h").read_text()
     declared = set(re.findall(r"typedef struct (rpc_\w+)", header))
     assert declared == set(C_STRUCT_SIZES), "struct_sizes() must report every struct of rpc.h"
@@ -479,9 +479,9 @@ def test_type_table_matches_spec():
 
 
 def test_native_type_table_matches():
-    wire = pytest.importorskip("ggmlrpc._native.wire")
+    native = pytest.importorskip("ggmlrpc._native.codec")
     for t in list(range(0, 64)) + [255, U32_MAX]:
-        assert (wire.blck_size(t), wire.type_size(t)) == (ggml.blck_size(t), ggml.type_size(t)), t
+        assert (native.blck_size(t), native.type_size(t)) == (ggml.blck_size(t), ggml.type_size(t)), t
 
 
 # gguf releases on PyPI still describe Q8_1 with float scales (4 + 4 + 32 bytes);

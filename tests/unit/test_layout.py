@@ -1,4 +1,4 @@
-"""csrc/ has no include or call cycles (scripts/check_layout.py), and the check
+"""csrc/ has no include or call cycles, the Cython modules no cimport cycles (scripts/check_layout.py), and the check
 itself finds the cycles it is meant to find."""
 from __future__ import annotations
 
@@ -50,3 +50,17 @@ def test_static_names_and_prototypes_make_no_edges(tmp_path, capsys):
     (tmp_path / "b.c").write_text("static int shared(void) { return 2; }\n"
                                   "int b_two(void) { return shared() + a_one(); }\n")
     assert _checker().main(["--root", str(tmp_path)]) == 0, capsys.readouterr().out
+
+
+def test_the_native_modules_layer():
+    g = _checker().cimports(REPO / "ggmlrpc" / "_native")
+    assert g["hostmem"] == {"rpc", "sockio"}
+    assert g["codec"] == {"rpc"} and g["sockio"] == {"rpc"} and g["rpc"] == set()
+
+
+def test_a_cimport_cycle_is_found(tmp_path, capsys):
+    (tmp_path / "a.pxd").write_text("from ggmlrpc._native.b cimport f\n")
+    (tmp_path / "b.pyx").write_text("from ggmlrpc._native.a cimport g\n")
+    (tmp_path / "c.c").write_text("int c_one(void) { return 1; }\n")
+    assert _checker().main(["--root", str(tmp_path), "--native", str(tmp_path)]) == 1
+    assert "cimport cycle: a -> b -> a" in capsys.readouterr().out

@@ -21,7 +21,6 @@ typedef struct {
     int has_min;
 } gr_tiled_row;
 
-int gr_tiled_supported(int32_t type);
 size_t gr_tiled_row_bytes(int64_t K);
 gr_tiled_row gr_tiled_decode(int32_t type, int64_t K, const void *w_row, void *mem);
 float gr_tiled_dot_row(const gr_tiled_row *r, const void *act);   /* act: K/256 Q8_K blocks */

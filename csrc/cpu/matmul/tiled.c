@@ -161,12 +161,6 @@ static kdec_fn decoder_for(int32_t type, size_t *bsize, int *has_min) {
     }
 }
 
-int gr_tiled_supported(int32_t type) {
-    size_t bs;
-    int hm;
-    return decoder_for(type, &bs, &hm) != NULL;
-}
-
 size_t gr_tiled_row_bytes(int64_t K) {
     /* w (K), sc and mn (K/16 each, int16), d and dmin (K/256 each, float), has_min */
     return (size_t)K + (size_t)(K / 16) * 4 + (size_t)(K / 256) * 8 + 64;
