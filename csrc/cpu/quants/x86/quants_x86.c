@@ -11,13 +11,6 @@
 
 #if GR_X86
 
-GR_AVX2 static inline int32_t gr_hsum_epi32x8(__m256i v) {
-    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    r = _mm_add_epi32(r, _mm_unpackhi_epi64(r, r));
-    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(r);
-}
-
 /* signed int8 x signed int8, 32 lanes -> 8 int32 lanes of 4-product sums
  * (the sign of x moves onto y so that PMADDUBSW sees |x| unsigned) */
 GR_AVX2 static inline __m256i gr_dot_i8(__m256i x, __m256i y) {

@@ -1,6 +1,7 @@
-/* The AVX2 helpers the x86 quant kernels share (quants_x86.c and the AVX-512
- * VNNI kernels of quants_vnni.c, which may call them: their targets include
- * AVX2). Internal to csrc/cpu/quants/x86/.
+/* The AVX2 helpers the x86 kernels share (quants_x86.c, the AVX-512 VNNI
+ * kernels of quants_vnni.c and matmul/x86/tiled_x86.c, which may call them:
+ * their targets include AVX2), and the x86 quant kernels dispatch.c's table
+ * (quants_x86.c) names.
  */
 #ifndef GGMLRPC_CPU_QUANTS_X86_IMPL_H
 #define GGMLRPC_CPU_QUANTS_X86_IMPL_H
@@ -10,6 +11,14 @@
 #include "cpu/quants/quants_impl.h"
 
 #if GR_X86
+
+/* the eight int32 lanes' sum (exact: any order) */
+GR_AVX2 static inline int32_t gr_hsum_epi32x8(__m256i v) {
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    r = _mm_add_epi32(r, _mm_unpackhi_epi64(r, r));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(r);
+}
 
 /* ggml's hsum_float_8: the two halves, then the pairs, then the last two */
 GR_AVX2 static inline float gr_hsum_ps8(__m256 v) {
