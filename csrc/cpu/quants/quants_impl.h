@@ -1,7 +1,8 @@
 /* What the portable quant kernels (quants.c) and their x86 versions (x86/) share:
  * the bit-level helpers, the level tables, the Q8 row quantizers and the panel
- * layout. Internal to csrc/cpu/quants/. Everything here is static inline, so both
- * sides compile the same code.
+ * layout (static inline, so both sides compile the same code; matmul/tiled.c
+ * reuses the scale helpers); and the interface between the formats, dispatch.c
+ * and the architecture's table. Internal to csrc/cpu/.
  */
 #ifndef GGMLRPC_CPU_QUANTS_IMPL_H
 #define GGMLRPC_CPU_QUANTS_IMPL_H
