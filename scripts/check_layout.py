@@ -1,6 +1,7 @@
-"""Check that csrc/ and the Cython modules have no dependency cycles.
+"""Check that csrc/ and the Cython modules have no dependency cycles, and that csrc/
+keeps its vector code under x86/.
 
-    python scripts/check_layout.py            # exit 1 and name the cycle if there is one
+    python scripts/check_layout.py            # exit 1 and name the cycle or the file if there is one
     python scripts/check_layout.py --graph    # also print who depends on whom
 
 Two graphs over the files under csrc/ (or --root):
@@ -19,7 +20,12 @@ module B when A.pyx or A.pxd cimports ggmlrpc._native.B (rpc.pxd and exec.pxd on
 declare C; codec, sockio and hostmem layer over them, hostmem over sockio).
 
 Any graph with a cycle fails: a lower module (job.c, vec.c, the quant kernels)
-never reaches back into the ones above it (the ops, the run loop in exec.c). The
+never reaches back into the ones above it (the ops, the run loop in exec.c).
+
+Architecture code: a file that names a vector type (__m128, __m256, __m512,
+__mmask) or an intrinsic other than the pause and prefetch hints must sit in an
+x86/ folder, beside the portable twin it is tested against (as ggml-cpu keeps
+arch/x86/). The
 parse is textual (comments and strings stripped, top-level definitions found by
 brace depth), which is enough for this code base's plain C.
 """
@@ -107,6 +113,19 @@ def uses(code: str) -> set[str]:
             out |= set(_IDENT.findall(body))
         elif "=" in head:
             out |= set(_IDENT.findall(head.split("=", 1)[1]))
+    return out
+
+
+_VECTOR = re.compile(r"\b__m(?:128|256|512)\w*|\b__mmask\w*|\b_mm\d*_(?!pause\b|prefetch\b)\w+\s*\(")
+
+
+def misplaced_vector_code(root: Path) -> list[str]:
+    """The files outside an x86/ folder that hold vector code (see above)."""
+    out = []
+    for p in sorted(root.rglob("*")):
+        if p.suffix in (".c", ".h") and "x86" not in p.relative_to(root).parts[:-1]:
+            if _VECTOR.search(_COMMENT.sub(" ", p.read_text(errors="replace"))):
+                out.append(p.relative_to(root).as_posix())
     return out
 
 
@@ -236,9 +255,12 @@ def main(argv: list[str] | None = None) -> int:
         if cycle:
             print(f"{title} cycle: {' -> '.join(cycle)}")
             bad = 1
+    for name in misplaced_vector_code(args.root):
+        print(f"vector code outside an x86/ folder: {name}")
+        bad = 1
     if not bad:
         n_files = len(includes)
-        print(f"csrc layout: {n_files} files, no include or call cycles; "
+        print(f"csrc layout: {n_files} files, no include or call cycles, vector code only under x86/; "
               f"{len(cimps)} Cython modules, no cimport cycles")
     return bad
 

@@ -251,7 +251,6 @@ static void scale_f16_c(int64_t n, uint16_t *y, float v) {
 }
 
 int gr_vec_init(int family, int use_simd) {
-    const unsigned cpu = gr_cpu_features();
     if (family < GR_FAMILY_AVX2 || family > GR_FAMILY_AVX512_FP16) family = GR_FAMILY_AVX2;
     const int bf16 = family >= GR_FAMILY_AVX512_BF16;
     vec_lanes = family == GR_FAMILY_AVX2 ? 8 : 16;
@@ -266,44 +265,7 @@ int gr_vec_init(int family, int use_simd) {
         .dot_bf16 = bf16 ? dot_bf16_c : NULL, .dot_bf16_gemm = bf16 ? dot_bf16_gemm_c : dot_bf16_wide_gemm_c,
         .rope_rotate = rope_rotate_c,
     };
-    int simd = 0;
-#if GR_X86
-    if (use_simd && (cpu & GR_CPU_AVX2) && family == GR_FAMILY_AVX2) {
-        v = (gr_vec_ops){
-            .lanes = 8,
-            .dot_f32 = dot_f32_avx, .dot_f32_gemm = dot_f32_gemm_avx, .dot_f16 = dot_f16_avx,
-            .dot_f16_gemm = dot_f16_gemm_avx, .fp16_to_fp32 = fp16_to_fp32_avx, .fp32_to_fp16 = fp32_to_fp16_avx,
-            .soft_max = soft_max_avx, .silu = silu_avx, .swiglu = swiglu_avx,
-            .mad_f32 = mad_f32_avx, .mad_f16 = mad_f16_avx, .scale_f16 = scale_f16_c,
-            .tile_cols = 2, .tile_f32_gemm = tile_f32_gemm_avx, .tile_f16_gemm = tile_f16_gemm_avx,
-            .gemm_f32 = gemm_f32_avx, .dot_bf16_gemm = dot_bf16_gemm_avx,
-            .rope_rotate = rope_rotate_avx,
-        };
-        simd = 1;
-    } else if (use_simd && family != GR_FAMILY_AVX2 && (cpu & GR_CPU_AVX512) &&
-               (!bf16 || (cpu & GR_CPU_AVX512_BF16)) && (family != GR_FAMILY_AVX512_FP16 || (cpu & GR_CPU_AVX512_FP16))) {
-        /* element-wise primitives (mad, conversions, rope, the FA GEMM's per-entry sums)
-         * give the same bits at either width: the AVX2 versions serve */
-        const int fp16 = family == GR_FAMILY_AVX512_FP16;
-        v = (gr_vec_ops){
-            .lanes = 16,
-            .dot_f32 = dot_f32_avx512, .dot_f32_gemm = dot_f32_gemm_avx512, .dot_f16 = dot_f16_avx512,
-            .dot_f16_gemm = dot_f16_gemm_avx512, .fp16_to_fp32 = fp16_to_fp32_avx, .fp32_to_fp16 = fp32_to_fp16_avx,
-            .soft_max = soft_max_avx512, .silu = silu_avx512, .swiglu = swiglu_avx512,
-            .mad_f32 = mad_f32_avx, .mad_f16 = fp16 ? mad_f16_avx512fp16 : mad_f16_avx,
-            .scale_f16 = fp16 ? scale_f16_avx512fp16 : scale_f16_c,
-            .tile_cols = 6, .tile_f32_gemm = tile_f32_gemm_avx512, .tile_f16_gemm = tile_f16_gemm_avx512,
-            .gemm_f32 = gemm_f32_avx,
-            .dot_bf16 = bf16 ? dot_bf16_avx512bf16 : NULL,
-            .dot_bf16_gemm = bf16 ? dot_bf16_gemm_avx512bf16 : dot_bf16_gemm_avx512,
-            .rope_rotate = rope_rotate_avx,
-        };
-        simd = 1;
-    }
-#else
-    (void)use_simd;
-    (void)cpu;
-#endif
+    const int simd = gr_vec_x86(family, use_simd, &v);   /* the x86 ones in their place */
     gr_vec = v;
     return simd;
 }

@@ -117,38 +117,17 @@ static inline float dpbf16_lane(float acc, const uint16_t *a /* (2,) */, const u
     return daz_f32(fmaf(daz_f32(bf16_f32(a[0])), daz_f32(bf16_f32(b[0])), acc));
 }
 
-/* ---- the x86 primitives (x86/vec_x86.c), picked by gr_vec_init ------------- */
+/* ---- the x86 primitives (x86/vec_x86.c) ----------------------------------- */
 #if GR_X86
-void dot_bf16_avx512bf16(int64_t n, float *s, const void *vx, const void *vy);
-void dot_bf16_gemm_avx512bf16(int64_t n, float *s, const void *vx, const void *vy);
-void dot_bf16_gemm_avx(int64_t n, float *s, const void *vx, const void *vy);
-void dot_bf16_gemm_avx512(int64_t n, float *s, const void *vx, const void *vy);
-float dot_f16_avx(int64_t n, const uint16_t *x, const uint16_t *y);
-float dot_f16_avx512(int64_t n, const uint16_t *x, const uint16_t *y);
-float dot_f16_gemm_avx(int64_t n, const uint16_t *x, const uint16_t *y);
-float dot_f16_gemm_avx512(int64_t n, const uint16_t *x, const uint16_t *y);
-float dot_f32_avx(int64_t n, const float *x, const float *y);
-float dot_f32_avx512(int64_t n, const float *x, const float *y);
-float dot_f32_gemm_avx(int64_t n, const float *x, const float *y);
-float dot_f32_gemm_avx512(int64_t n, const float *x, const float *y);
-void fp16_to_fp32_avx(int64_t n, const uint16_t *x, float *y);
-void fp32_to_fp16_avx(int64_t n, const float *x, uint16_t *y);
-void gemm_f32_avx(int64_t M, int64_t K, int64_t N, float *C /* (M, N) */, const float *A /* (M, K) */, const float *B /* (K, N) */);
-void mad_f16_avx(int64_t n, uint16_t *y, const uint16_t *x, float v);
-void mad_f16_avx512fp16(int64_t n, uint16_t *y, const uint16_t *x, float v);
-void mad_f32_avx(int64_t n, float *y, const float *x, float v);
-void rope_rotate_avx(int32_t type, char *dst, const char *src, int64_t np, int64_t istep, int64_t joff, const float *cs /* (2 np,) cos, sin */);
-void scale_f16_avx512fp16(int64_t n, uint16_t *y, float v);
-void silu_avx(int64_t n, float *y, const float *x);
-void silu_avx512(int64_t n, float *y, const float *x);
-double soft_max_avx(int64_t n, float *y, const float *x, float max);
-double soft_max_avx512(int64_t n, float *y, const float *x, float max);
-void swiglu_avx(int64_t n, float *y, const float *x, const float *g);
-void swiglu_avx512(int64_t n, float *y, const float *x, const float *g);
-void tile_f16_gemm_avx(int64_t K, const uint16_t *const w[4], const uint16_t *const *x, float *out /* (8,) */);
-void tile_f16_gemm_avx512(int64_t K, const uint16_t *const w[4], const uint16_t *const *x, float *out /* (24,) */);
-void tile_f32_gemm_avx(int64_t K, const float *const w[4], const float *const *x, float *out /* (8,) */);
-void tile_f32_gemm_avx512(int64_t K, const float *const w[4], const float *const *x, float *out /* (24,) */);
+/* *v holds family's portable set: put the x86 primitives in their place where
+ * use_simd and the CPU has family's instructions; 1 if it did */
+int gr_vec_x86(int family, int use_simd, struct gr_vec_ops *v);
+#else
+/* the fallback (as ggml's arch-fallback.h): the portable set stays */
+static inline int gr_vec_x86(int family, int use_simd, struct gr_vec_ops *v) {
+    (void)family; (void)use_simd; (void)v;
+    return 0;
+}
 #endif
 
 #endif

@@ -1,5 +1,6 @@
-"""csrc/ has no include or call cycles, the Cython modules no cimport cycles (scripts/check_layout.py), and the check
-itself finds the cycles it is meant to find."""
+"""csrc/ has no include or call cycles and keeps its vector code under x86/, the Cython
+modules have no cimport cycles (scripts/check_layout.py), and the check itself finds what
+it is meant to find."""
 from __future__ import annotations
 
 import importlib.util
@@ -64,3 +65,14 @@ def test_a_cimport_cycle_is_found(tmp_path, capsys):
     (tmp_path / "c.c").write_text("int c_one(void) { return 1; }\n")
     assert _checker().main(["--root", str(tmp_path), "--native", str(tmp_path)]) == 1
     assert "cimport cycle: a -> b -> a" in capsys.readouterr().out
+
+
+def test_vector_code_outside_x86_is_found(tmp_path, capsys):
+    (tmp_path / "ops").mkdir()
+    (tmp_path / "ops" / "x86").mkdir()
+    (tmp_path / "ops" / "x86" / "fast.c").write_text("__m256 twice(__m256 v) { return _mm256_add_ps(v, v); }\n")
+    (tmp_path / "ops" / "hint.c").write_text("void wait(void) { _mm_pause(); }  /* __m256 in a comment */\n")
+    assert _checker().main(["--root", str(tmp_path)]) == 0, capsys.readouterr().out
+    (tmp_path / "ops" / "slow.c").write_text("int lanes(void) { return (int)sizeof(__m512i); }\n")
+    assert _checker().main(["--root", str(tmp_path)]) == 1
+    assert "vector code outside an x86/ folder: ops/slow.c" in capsys.readouterr().out

@@ -204,7 +204,7 @@ void ggmlrpc_cpanel_clear(void *panel, int64_t nb, int from);
 void ggmlrpc_cpanel_decode(uint32_t weight_type, const void *w_row, int64_t nb, void *row);
 ggmlrpc_cpanel_dot_fn ggmlrpc_get_cpanel_dot(uint32_t weight_type);
 
-/* The grid IQ formats (quants_iq.c), for the dispatch table in quants.c:
+/* The grid IQ formats (quants_iq.c), for the table of portable kernels in quants.c:
  * dequantize_row (src: n/256 blocks) and vec_dot against Q8_K activations. */
 #define GR_IQ_FORMATS(X) X(iq2_xxs) X(iq2_xs) X(iq2_s) X(iq3_xxs) X(iq3_s) X(iq1_s) X(iq1_m)
 #define GR_IQ_DECLARE(fmt)                                                                   \

@@ -1,7 +1,8 @@
 /* What the portable quant kernels (quants.c) and their x86 versions (x86/) share:
  * the bit-level helpers, the level tables, the Q8 row quantizers and the panel
- * layout. Internal to csrc/cpu/quants/. Everything here is static inline, so both
- * sides compile the same code.
+ * layout (static inline, so both sides compile the same code; matmul/tiled.c
+ * reuses the scale helpers); and the interface between the formats, dispatch.c
+ * and the architecture's table. Internal to csrc/cpu/.
  */
 #ifndef GGMLRPC_CPU_QUANTS_IMPL_H
 #define GGMLRPC_CPU_QUANTS_IMPL_H
@@ -247,51 +248,53 @@ static inline int gr_k4_minsum(const uint8_t *mn /* (8,) */, const int16_t *bsum
 #define GR_CPANEL_MARK (GR_CPANEL_BIAS + 8 * 64)
 _Static_assert(GR_CPANEL_MARK + 64 == GGMLRPC_CPANEL_BYTES, "column panel layout");
 
-/* ---- the x86 kernels (x86/quants_x86.c), picked at run time ------------------ */
+/* ---- the portable kernels of each format (quants.c) --------------------------- */
+#define GR_NTYPES 43   /* ggml_type ids 0..42 */
+
+typedef struct {
+    int32_t blck;                       /* elements per block; 0 = not handled here */
+    int32_t vec_dot_type;               /* ggml's activation type for MUL_MAT, -1 none */
+    ggmlrpc_to_float_fn to_float;
+    ggmlrpc_from_float_fn from_float;
+    ggmlrpc_from_float_fn from_float_ref;   /* NULL: same as from_float */
+    ggmlrpc_vec_dot_fn vec_dot;
+} gr_qtraits;
+
+/* type's portable kernels, NULL where the formats do not handle type */
+const gr_qtraits *gr_portable(uint32_t type);
+
+/* ---- what an architecture adds at a kernel level (dispatch.c picks) ------------ */
+/* One type's architecture kernels at one level; a NULL entry keeps the portable
+ * kernel (or none where there is no portable one). x86/quants_x86.c fills it. */
+typedef struct {
+    ggmlrpc_to_float_fn to_float;
+    ggmlrpc_from_float_fn from_float;
+    ggmlrpc_vec_dot_fn vec_dot;
+    ggmlrpc_vec_dot_fn vec_dot_gemm;   /* the prompt order where it differs, else NULL */
+    ggmlrpc_vec_dot_x4_fn vec_dot_x4;
+    ggmlrpc_vec_dot_rows4_fn vec_dot_rows4;
+    ggmlrpc_vec_dot_sums_fn vec_dot_sums;
+    void (*act_sums)(const void *act_blocks /* (nb,) q8_0 */, int32_t *sums /* (nb, 8) */, int64_t nb);
+    ggmlrpc_panel_dot_fn panel_dot;
+    ggmlrpc_cpanel_dot_fn cpanel_dot;
+} gr_arch_kernels;
+
 #if GR_X86
-GR_AVX2 void gr_bf16_to_f32_row_avx2(const void *vx /* (n,) bf16 */, float *y /* (n,) */, int64_t n);
-GR_AVX2 void gr_f16_to_f32_row_f16c(const void *vx /* (n,) f16 */, float *y /* (n,) */, int64_t n);
-GR_AVX2 void gr_f32_to_f16_row_f16c(const float *x /* (n,) */, void *vy /* (n,) f16 */, int64_t n);
-GR_AVX2 void panel_dot_iq4_nl_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) iq4_nl */, const void *panel /* (n/32,) panel blocks */);
-GR_AVX2 void panel_dot_q4_0_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q4_0 */, const void *panel /* (n/32,) panel blocks */);
-GR_AVX2 void panel_dot_q4_1_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q4_1 */, const void *panel /* (n/32,) panel blocks */);
-GR_AVX2 void panel_dot_q5_0_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q5_0 */, const void *panel /* (n/32,) panel blocks */);
-GR_AVX2 void panel_dot_q5_1_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q5_1 */, const void *panel /* (n/32,) panel blocks */);
-GR_AVX2 void panel_dot_q8_0_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q8_0 */, const void *panel /* (n/32,) panel blocks */);
-GR_AVX2 void q4_0_act_sums_avx2(const void *vy /* (nb,) q8_0 */, int32_t *sums /* (nb, 8) */, int64_t nb);
-GR_AVX2 void quantize_row_q8_0_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n);
-GR_AVX2 void quantize_row_q8_K_avx2(const float *x /* (n,) */, void *vy /* (n/256,) blocks */, int64_t n);
-GR_AVX2 void quantize_row_q8_1_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n);
-GR_AVX2 void vec_dot_bf16_bf16_avx2(int64_t n, float *s, const void *vx /* (n,) bf16 */, const void *vy /* (n,) bf16 */);
-GR_AVX2 void vec_dot_f16_f16_avx2(int64_t n, float *s, const void *vx /* (n,) f16 */, const void *vy /* (n,) f16 */);
-GR_AVX2 void vec_dot_f32_f32_avx2(int64_t n, float *s, const void *vx /* (n,) f32 */, const void *vy /* (n,) f32 */);
-GR_AVX2 void vec_dot_iq4_nl_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) iq4_nl */, const void *vy /* (n/32,) q8_0 */);
-GR_AVX2 void vec_dot_iq4_nl_q8_0_seq_avx2(int64_t n, float *s, const void *vx /* (n/32,) iq4_nl */, const void *vy /* (n/32,) q8_0 */);
-GR_AVX2 void vec_dot_iq4_xs_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) iq4_xs */, const void *vy /* (n/256,) q8_K */);
-GR_AVX2 void vec_dot_mxfp4_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) mxfp4 */, const void *vy /* (n/32,) q8_0 */);
-GR_AVX2 void vec_dot_q2_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q2_K */, const void *vy /* (n/256,) q8_K */);
-GR_AVX2 void vec_dot_q3_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q3_K */, const void *vy /* (n/256,) q8_K */);
-GR_AVX2 void vec_dot_q4_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_0 */, const void *vy /* (n/32,) q8_0 */);
-GR_AVX2 void vec_dot_q4_0_q8_0_sums_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_0 */, const void *vy /* (n/32,) q8_0 */, const int32_t *sums);
-GR_AVX2 void vec_dot_q4_1_q8_1_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_1 */, const void *vy /* (n/32,) q8_1 */);
-GR_AVX2 void vec_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q4_K */, const void *vy /* (n/256,) q8_K */);
-GR_AVX2 void vec_dot_rows4_q4_K_q8_K_avx2(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
-GR_AVX2 void vec_dot_rows4_q6_K_q8_K_avx2(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
-GR_AVX2 void vec_dot_rows4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
-GR_AVX2 void vec_dot_q5_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q5_0 */, const void *vy /* (n/32,) q8_0 */);
-GR_AVX2 void vec_dot_q5_1_q8_1_avx2(int64_t n, float *s, const void *vx /* (n/32,) q5_1 */, const void *vy /* (n/32,) q8_1 */);
-GR_AVX2 void vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q5_K */, const void *vy /* (n/256,) q8_K */);
-GR_AVX2 void vec_dot_q6_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q6_K */, const void *vy /* (n/256,) q8_K */);
-GR_AVX2 void vec_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q8_0 */, const void *vy /* (n/32,) q8_0 */);
-GR_AVX2 void vec_dot_x4_q4_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q4_0 */, const void *const vy[4] /* (n/32,) q8_0 each */);
-void vec_dot_rows4_q8_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
-void gr_cpanel_decode_vnni(uint32_t type, const void *w_row, int64_t nb, void *row);
-void gr_cpanel_dot_q8_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s);
-void gr_cpanel_dot_q4_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s);
-void gr_cpanel_dot_q5_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s);
-void vec_dot_rows4_q5_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
-void vec_dot_rows4_q4_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
-GR_AVX2 void vec_dot_x4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q8_0 */, const void *const vy[4] /* (n/32,) q8_0 each */);
+/* the highest level this CPU runs: 0 portable, 1 AVX2, 2 AVX2 and AVX-512 VNNI */
+int gr_arch_level(void);
+/* *k = type's kernels at level (>= 1) */
+void gr_arch_kernels_of(uint32_t type, int level, gr_arch_kernels *k);
+void gr_arch_cpanel_decode(uint32_t type, const void *w_row, int64_t nb, void *row);
+#else
+/* the fallback (as ggml's arch-fallback.h): no level above the portable kernels */
+static inline int gr_arch_level(void) { return 0; }
+static inline void gr_arch_kernels_of(uint32_t type, int level, gr_arch_kernels *k) {
+    (void)type; (void)level;
+    memset(k, 0, sizeof *k);
+}
+static inline void gr_arch_cpanel_decode(uint32_t type, const void *w_row, int64_t nb, void *row) {
+    (void)type; (void)w_row; (void)nb; (void)row;
+}
 #endif
 
 #endif

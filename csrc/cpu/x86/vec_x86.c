@@ -1,7 +1,8 @@
 /* The AVX2 + FMA + F16C and AVX-512 versions of the vector primitives (vec.h),
- * compiled with target attributes and picked by gr_vec_init where the CPU has
- * them (simd.h's probe). Each gives the bits of its portable twin in vec.c.
+ * compiled with target attributes and put in place by gr_vec_x86 (at the end) where
+ * the CPU has them (simd.h's probe). Each gives the bits of its portable twin in vec.c.
  */
+#include "cpu/exec.h"   /* the families (GR_FAMILY_*) */
 #include "cpu/vec_impl.h"
 
 #if GR_X86
@@ -29,7 +30,7 @@ GR_AVX2 static inline float hsum_8_avx(__m256 a) {
     return _mm_cvtss_f32(t);
 }
 
-GR_AVX2 float dot_f32_avx(int64_t n, const float *x, const float *y) {
+GR_AVX2 static float dot_f32_avx(int64_t n, const float *x, const float *y) {
     const int64_t np = n & ~(int64_t)31;
     __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
     for (int64_t i = 0; i < np; i += 32)
@@ -38,7 +39,7 @@ GR_AVX2 float dot_f32_avx(int64_t n, const float *x, const float *y) {
     return leftovers_f32(reduce_4x8_avx(acc), np, n, x, y);
 }
 
-GR_AVX2 float dot_f32_gemm_avx(int64_t n, const float *x, const float *y) {
+GR_AVX2 static float dot_f32_gemm_avx(int64_t n, const float *x, const float *y) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 8)
         acc = _mm256_fmadd_ps(_mm256_loadu_ps(x + i), _mm256_loadu_ps(y + i), acc);
@@ -46,7 +47,7 @@ GR_AVX2 float dot_f32_gemm_avx(int64_t n, const float *x, const float *y) {
 }
 
 /* tinyBLAS's BF16 order without BF16 products: the values widened to F32 */
-GR_AVX2 void dot_bf16_gemm_avx(int64_t n, float *s, const void *vx, const void *vy) {
+GR_AVX2 static void dot_bf16_gemm_avx(int64_t n, float *s, const void *vx, const void *vy) {
     const uint16_t *x = vx, *y = vy;
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 8) {
@@ -58,7 +59,7 @@ GR_AVX2 void dot_bf16_gemm_avx(int64_t n, float *s, const void *vx, const void *
     *s = hsum_8_avx(acc);
 }
 
-GR_AVX2 float dot_f16_avx(int64_t n, const uint16_t *x, const uint16_t *y) {
+GR_AVX2 static float dot_f16_avx(int64_t n, const uint16_t *x, const uint16_t *y) {
     const int64_t np = n & ~(int64_t)31;
     __m256 acc[4] = { _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps() };
     for (int64_t i = 0; i < np; i += 32)
@@ -69,7 +70,7 @@ GR_AVX2 float dot_f16_avx(int64_t n, const uint16_t *x, const uint16_t *y) {
     return (float)s;
 }
 
-GR_AVX2 float dot_f16_gemm_avx(int64_t n, const uint16_t *x, const uint16_t *y) {
+GR_AVX2 static float dot_f16_gemm_avx(int64_t n, const uint16_t *x, const uint16_t *y) {
     __m256 acc = _mm256_setzero_ps();
     for (int64_t i = 0; i < n; i += 8) acc = _mm256_fmadd_ps(load_h8(x + i), load_h8(y + i), acc);
     return hsum_8_avx(acc);
@@ -77,7 +78,7 @@ GR_AVX2 float dot_f16_gemm_avx(int64_t n, const uint16_t *x, const uint16_t *y) 
 
 /* 4 weight rows x 2 activation rows: eight accumulators, each summing its own
  * products in the same order as dot_*_x8_avx */
-GR_AVX2 void tile_f32_gemm_avx(int64_t K, const float *const w[4], const float *const *x, float *out /* (8,) */) {
+GR_AVX2 static void tile_f32_gemm_avx(int64_t K, const float *const w[4], const float *const *x, float *out /* (8,) */) {
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
     __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
     for (int64_t k = 0; k < K; k += 8) {
@@ -93,7 +94,7 @@ GR_AVX2 void tile_f32_gemm_avx(int64_t K, const float *const w[4], const float *
     out[4] = hsum_8_avx(a10); out[5] = hsum_8_avx(a11); out[6] = hsum_8_avx(a12); out[7] = hsum_8_avx(a13);
 }
 
-GR_AVX2 void tile_f16_gemm_avx(int64_t K, const uint16_t *const w[4], const uint16_t *const *x,
+GR_AVX2 static void tile_f16_gemm_avx(int64_t K, const uint16_t *const w[4], const uint16_t *const *x,
                                       float *out /* (8,) */) {
     __m256 a00 = _mm256_setzero_ps(), a01 = a00, a02 = a00, a03 = a00;
     __m256 a10 = a00, a11 = a00, a12 = a00, a13 = a00;
@@ -129,7 +130,7 @@ GR_AVX2 static inline __attribute__((always_inline)) void gemm_tile_avx(int rm, 
         for (int r = 0; r < rn; r++) _mm256_storeu_ps(C + i * N + r * 8, acc[i][r]);
 }
 
-GR_AVX2 void gemm_f32_avx(int64_t M, int64_t K, int64_t N, float *C /* (M, N) */, const float *A /* (M, K) */,
+GR_AVX2 static void gemm_f32_avx(int64_t M, int64_t K, int64_t N, float *C /* (M, N) */, const float *A /* (M, K) */,
                                  const float *B /* (K, N) */) {
     int64_t i = 0;
     for (; i < M; i += 6) {
@@ -155,18 +156,18 @@ GR_AVX2 void gemm_f32_avx(int64_t M, int64_t K, int64_t N, float *C /* (M, N) */
 }
 
 /* the same steps; fmaf becomes one instruction here instead of a libm call */
-GR_AVX2 void rope_rotate_avx(int32_t type, char *dst, const char *src, int64_t np, int64_t istep, int64_t joff,
+GR_AVX2 static void rope_rotate_avx(int32_t type, char *dst, const char *src, int64_t np, int64_t istep, int64_t joff,
                                     const float *cs /* (2 np,) cos, sin */) {
     GR_ROPE_ROTATE_BODY
 }
 
-GR_AVX2 void fp16_to_fp32_avx(int64_t n, const uint16_t *x, float *y) {
+GR_AVX2 static void fp16_to_fp32_avx(int64_t n, const uint16_t *x, float *y) {
     int64_t i = 0;
     for (; i + 7 < n; i += 8) _mm256_storeu_ps(y + i, load_h8(x + i));
     for (; i < n; i++) y[i] = gr_fp16_to_fp32(x[i]);
 }
 
-GR_AVX2 void fp32_to_fp16_avx(int64_t n, const float *x, uint16_t *y) {
+GR_AVX2 static void fp32_to_fp16_avx(int64_t n, const float *x, uint16_t *y) {
     int64_t i = 0;
     for (; i + 7 < n; i += 8)
         _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_loadu_ps(x + i), 0));
@@ -201,7 +202,7 @@ GR_AVX2 static inline __m256 expf_avx(__m256 x) {
     return _mm256_blendv_ps(r, _mm256_mul_ps(s1, s1), huge);
 }
 
-GR_AVX2 double soft_max_avx(int64_t n, float *y, const float *x, float max) {
+GR_AVX2 static double soft_max_avx(int64_t n, float *y, const float *x, float max) {
     double sum = 0.0;
     int64_t i = 0;
     const __m256 vmax = _mm256_set1_ps(max);
@@ -223,20 +224,20 @@ GR_AVX2 static inline __m256 silu_avx8(__m256 x) {
     return _mm256_div_ps(x, _mm256_add_ps(_mm256_set1_ps(1.0f), e));
 }
 
-GR_AVX2 void silu_avx(int64_t n, float *y, const float *x) {
+GR_AVX2 static void silu_avx(int64_t n, float *y, const float *x) {
     int64_t i = 0;
     for (; i + 7 < n; i += 8) _mm256_storeu_ps(y + i, silu_avx8(_mm256_loadu_ps(x + i)));
     for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
-GR_AVX2 void swiglu_avx(int64_t n, float *y, const float *x, const float *g) {
+GR_AVX2 static void swiglu_avx(int64_t n, float *y, const float *x, const float *g) {
     int64_t i = 0;
     for (; i + 7 < n; i += 8)
         _mm256_storeu_ps(y + i, _mm256_mul_ps(silu_avx8(_mm256_loadu_ps(x + i)), _mm256_loadu_ps(g + i)));
     for (; i < n; i++) y[i] = (x[i] / (1.0f + expf(-x[i]))) * g[i];
 }
 
-GR_AVX2 void mad_f32_avx(int64_t n, float *y, const float *x, float v) {
+GR_AVX2 static void mad_f32_avx(int64_t n, float *y, const float *x, float v) {
     int64_t i = 0;
     const __m256 vv = _mm256_set1_ps(v);
     for (; i + 7 < n; i += 8)
@@ -244,7 +245,7 @@ GR_AVX2 void mad_f32_avx(int64_t n, float *y, const float *x, float v) {
     for (; i < n; i++) y[i] = fmaf(x[i], v, y[i]);
 }
 
-GR_AVX2 void mad_f16_avx(int64_t n, uint16_t *y, const uint16_t *x, float v) {
+GR_AVX2 static void mad_f16_avx(int64_t n, uint16_t *y, const uint16_t *x, float v) {
     int64_t i = 0;
     const __m256 vv = _mm256_set1_ps(v);
     for (; i + 7 < n; i += 8) {
@@ -277,7 +278,7 @@ GR_AVX512 static inline float reduce_4x16_avx512(__m512 a[4]) {
     return hsum_16_avx512(_mm512_add_ps(a[0], a[1]));
 }
 
-GR_AVX512 float dot_f32_avx512(int64_t n, const float *x, const float *y) {
+GR_AVX512 static float dot_f32_avx512(int64_t n, const float *x, const float *y) {
     const int64_t np = n & ~(int64_t)63;
     __m512 acc[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
     for (int64_t i = 0; i < np; i += 64)
@@ -286,13 +287,13 @@ GR_AVX512 float dot_f32_avx512(int64_t n, const float *x, const float *y) {
     return leftovers_f32(reduce_4x16_avx512(acc), np, n, x, y);
 }
 
-GR_AVX512 float dot_f32_gemm_avx512(int64_t n, const float *x, const float *y) {
+GR_AVX512 static float dot_f32_gemm_avx512(int64_t n, const float *x, const float *y) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(_mm512_loadu_ps(x + i), _mm512_loadu_ps(y + i), acc);
     return hsum_16_avx512(acc);
 }
 
-GR_AVX512 void dot_bf16_gemm_avx512(int64_t n, float *s, const void *vx, const void *vy) {
+GR_AVX512 static void dot_bf16_gemm_avx512(int64_t n, float *s, const void *vx, const void *vy) {
     const uint16_t *x = vx, *y = vy;
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) {
@@ -304,7 +305,7 @@ GR_AVX512 void dot_bf16_gemm_avx512(int64_t n, float *s, const void *vx, const v
     *s = hsum_16_avx512(acc);
 }
 
-GR_AVX512 float dot_f16_avx512(int64_t n, const uint16_t *x, const uint16_t *y) {
+GR_AVX512 static float dot_f16_avx512(int64_t n, const uint16_t *x, const uint16_t *y) {
     const int64_t np = n & ~(int64_t)63;
     __m512 acc[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
     for (int64_t i = 0; i < np; i += 64)
@@ -315,7 +316,7 @@ GR_AVX512 float dot_f16_avx512(int64_t n, const uint16_t *x, const uint16_t *y) 
     return (float)s;
 }
 
-GR_AVX512 float dot_f16_gemm_avx512(int64_t n, const uint16_t *x, const uint16_t *y) {
+GR_AVX512 static float dot_f16_gemm_avx512(int64_t n, const uint16_t *x, const uint16_t *y) {
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 16) acc = _mm512_fmadd_ps(load_h16(x + i), load_h16(y + i), acc);
     return hsum_16_avx512(acc);
@@ -342,12 +343,12 @@ GR_AVX512 float dot_f16_gemm_avx512(int64_t n, const uint16_t *x, const uint16_t
     for (int j = 0; j < 6; j++)                                                                    \
         for (int i = 0; i < 4; i++) out[j * 4 + i] = hsum_16_avx512(acc[j][i]);
 
-GR_AVX512 void tile_f32_gemm_avx512(int64_t K, const float *const w[4], const float *const *x,
+GR_AVX512 static void tile_f32_gemm_avx512(int64_t K, const float *const w[4], const float *const *x,
                                           float *out /* (24,) */) {
     GR_TILE_GEMM_AVX512(_mm512_loadu_ps)
 }
 
-GR_AVX512 void tile_f16_gemm_avx512(int64_t K, const uint16_t *const w[4], const uint16_t *const *x,
+GR_AVX512 static void tile_f16_gemm_avx512(int64_t K, const uint16_t *const w[4], const uint16_t *const *x,
                                           float *out /* (24,) */) {
     GR_TILE_GEMM_AVX512(load_h16)
 }
@@ -372,7 +373,7 @@ GR_AVX512 static inline __m512 expf_avx512(__m512 x) {
     return _mm512_mask_blend_ps(d, r, alt);
 }
 
-GR_AVX512 double soft_max_avx512(int64_t n, float *y, const float *x, float max) {
+GR_AVX512 static double soft_max_avx512(int64_t n, float *y, const float *x, float max) {
     double sum = 0.0;
     int64_t i = 0;
     const __m512 vmax = _mm512_set1_ps(max);
@@ -394,13 +395,13 @@ GR_AVX512 static inline __m512 silu_avx512_16(__m512 x) {
     return _mm512_div_ps(x, _mm512_add_ps(_mm512_set1_ps(1.0f), e));
 }
 
-GR_AVX512 void silu_avx512(int64_t n, float *y, const float *x) {
+GR_AVX512 static void silu_avx512(int64_t n, float *y, const float *x) {
     int64_t i = 0;
     for (; i + 15 < n; i += 16) _mm512_storeu_ps(y + i, silu_avx512_16(_mm512_loadu_ps(x + i)));
     for (; i < n; i++) y[i] = x[i] / (1.0f + expf(-x[i]));
 }
 
-GR_AVX512 void swiglu_avx512(int64_t n, float *y, const float *x, const float *g) {
+GR_AVX512 static void swiglu_avx512(int64_t n, float *y, const float *x, const float *g) {
     int64_t i = 0;
     for (; i + 15 < n; i += 16)
         _mm512_storeu_ps(y + i, _mm512_mul_ps(silu_avx512_16(_mm512_loadu_ps(x + i)), _mm512_loadu_ps(g + i)));
@@ -408,7 +409,7 @@ GR_AVX512 void swiglu_avx512(int64_t n, float *y, const float *x, const float *g
 }
 
 /* F16 vectors in half precision, blocks of 128; the rest as the AVX2 build does */
-GR_AVX512FP16 void mad_f16_avx512fp16(int64_t n, uint16_t *y, const uint16_t *x, float v) {
+GR_AVX512FP16 static void mad_f16_avx512fp16(int64_t n, uint16_t *y, const uint16_t *x, float v) {
     const int64_t np = n & ~(int64_t)127;
     const __m512h hv = _mm512_set1_ph((_Float16)v);
     for (int64_t i = 0; i < np; i += 32)
@@ -416,7 +417,7 @@ GR_AVX512FP16 void mad_f16_avx512fp16(int64_t n, uint16_t *y, const uint16_t *x,
     mad_f16_avx(n - np, y + np, x + np, v);
 }
 
-GR_AVX512FP16 void scale_f16_avx512fp16(int64_t n, uint16_t *y, float v) {
+GR_AVX512FP16 static void scale_f16_avx512fp16(int64_t n, uint16_t *y, float v) {
     const int64_t np = n & ~(int64_t)127;
     const __m512h hv = _mm512_set1_ph((_Float16)v);
     for (int64_t i = 0; i < np; i += 32) _mm512_storeu_ph(y + i, _mm512_mul_ph(_mm512_loadu_ph(y + i), hv));
@@ -428,7 +429,7 @@ GR_AVX512BF16 static inline __m512 dpbf16_avx512(__m512 acc, const uint16_t *a, 
     return _mm512_dpbf16_ps(acc, (__m512bh)_mm512_loadu_si512(a), (__m512bh)_mm512_loadu_si512(b));
 }
 
-GR_AVX512BF16 void dot_bf16_avx512bf16(int64_t n, float *s, const void *vx, const void *vy) {
+GR_AVX512BF16 static void dot_bf16_avx512bf16(int64_t n, float *s, const void *vx, const void *vy) {
     const uint16_t *x = vx, *y = vy;
     __m512 c1 = _mm512_setzero_ps(), c2 = _mm512_setzero_ps();
     int64_t i = 0;
@@ -442,11 +443,47 @@ GR_AVX512BF16 void dot_bf16_avx512bf16(int64_t n, float *s, const void *vx, cons
     *s = (float)sum;
 }
 
-GR_AVX512BF16 void dot_bf16_gemm_avx512bf16(int64_t n, float *s, const void *vx, const void *vy) {
+GR_AVX512BF16 static void dot_bf16_gemm_avx512bf16(int64_t n, float *s, const void *vx, const void *vy) {
     const uint16_t *x = vx, *y = vy;
     __m512 acc = _mm512_setzero_ps();
     for (int64_t i = 0; i < n; i += 32) acc = dpbf16_avx512(acc, x + i, y + i);
     *s = hsum_16_avx512(acc);
+}
+
+/* ---- the x86 set per family, for gr_vec_init ---------------------------- */
+int gr_vec_x86(int family, int use_simd, gr_vec_ops *v) {
+    const unsigned cpu = gr_cpu_features();
+    const int bf16 = family >= GR_FAMILY_AVX512_BF16;
+    if (use_simd && (cpu & GR_CPU_AVX2) && family == GR_FAMILY_AVX2) {
+        v->lanes = 8;
+        v->dot_f32 = dot_f32_avx, v->dot_f32_gemm = dot_f32_gemm_avx, v->dot_f16 = dot_f16_avx;
+        v->dot_f16_gemm = dot_f16_gemm_avx, v->fp16_to_fp32 = fp16_to_fp32_avx, v->fp32_to_fp16 = fp32_to_fp16_avx;
+        v->soft_max = soft_max_avx, v->silu = silu_avx, v->swiglu = swiglu_avx;
+        v->mad_f32 = mad_f32_avx, v->mad_f16 = mad_f16_avx;   /* scale_f16: the portable one */
+        v->tile_cols = 2, v->tile_f32_gemm = tile_f32_gemm_avx, v->tile_f16_gemm = tile_f16_gemm_avx;
+        v->gemm_f32 = gemm_f32_avx, v->dot_bf16_gemm = dot_bf16_gemm_avx;
+        v->rope_rotate = rope_rotate_avx;
+        return 1;
+    }
+    if (use_simd && family != GR_FAMILY_AVX2 && (cpu & GR_CPU_AVX512) && (!bf16 || (cpu & GR_CPU_AVX512_BF16)) &&
+        (family != GR_FAMILY_AVX512_FP16 || (cpu & GR_CPU_AVX512_FP16))) {
+        /* element-wise primitives (mad, conversions, rope, the FA GEMM's per-entry sums)
+         * give the same bits at either width: the AVX2 versions serve */
+        const int fp16 = family == GR_FAMILY_AVX512_FP16;
+        v->lanes = 16;
+        v->dot_f32 = dot_f32_avx512, v->dot_f32_gemm = dot_f32_gemm_avx512, v->dot_f16 = dot_f16_avx512;
+        v->dot_f16_gemm = dot_f16_gemm_avx512, v->fp16_to_fp32 = fp16_to_fp32_avx, v->fp32_to_fp16 = fp32_to_fp16_avx;
+        v->soft_max = soft_max_avx512, v->silu = silu_avx512, v->swiglu = swiglu_avx512;
+        v->mad_f32 = mad_f32_avx, v->mad_f16 = fp16 ? mad_f16_avx512fp16 : mad_f16_avx;
+        if (fp16) v->scale_f16 = scale_f16_avx512fp16;   /* else the portable one */
+        v->tile_cols = 6, v->tile_f32_gemm = tile_f32_gemm_avx512, v->tile_f16_gemm = tile_f16_gemm_avx512;
+        v->gemm_f32 = gemm_f32_avx;
+        v->dot_bf16 = bf16 ? dot_bf16_avx512bf16 : NULL;
+        v->dot_bf16_gemm = bf16 ? dot_bf16_gemm_avx512bf16 : dot_bf16_gemm_avx512;
+        v->rope_rotate = rope_rotate_avx;
+        return 1;
+    }
+    return 0;
 }
 
 #endif /* GR_X86 */

@@ -2,8 +2,9 @@
  * activation row) for Q8_0, Q4_0 and Q5_0: two rows per 512-bit register, each half
  * doing exactly what vec_dot_*_q8_0_avx2 does for its row (same int32 lanes, same
  * scale products, same float steps, same final sum), so every output is bit-equal
- * to the one-row kernel's and to ggml's. Picked at run time (quants.c) where the
- * CPU has AVX-512 F/BW/VL/DQ and VNNI and the quant level allows it.
+ * to the one-row kernel's and to ggml's. Picked at run time (dispatch.c, through
+ * quants_x86.c's table) where the CPU has AVX-512 F/BW/VL/DQ and VNNI and the
+ * quant level allows it.
  */
 #include "cpu/quants/x86/x86_impl.h"
 

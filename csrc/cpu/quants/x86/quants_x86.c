@@ -1,7 +1,8 @@
 /* The AVX2 + FMA + F16C versions of the quant kernels (ggml keeps its own in
- * arch/x86): compiled with target attributes and picked at run time by quants.c
- * where the CPU has them (simd.h's probe). Each computes the bits of its portable
- * twin in quants.c, which the tests compare it against.
+ * arch/x86): compiled with target attributes and picked at run time by dispatch.c
+ * where the CPU has them (simd.h's probe), through the table at the end of this
+ * file. Each computes the bits of its portable twin in quants.c, which the tests
+ * compare it against.
  */
 #include "cpu/quants/quants_impl.h"
 #include "cpu/quants/x86/x86_impl.h"
@@ -9,13 +10,6 @@
 #include <string.h>
 
 #if GR_X86
-
-GR_AVX2 static inline int32_t gr_hsum_epi32x8(__m256i v) {
-    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
-    r = _mm_add_epi32(r, _mm_unpackhi_epi64(r, r));
-    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, _MM_SHUFFLE(2, 3, 0, 1)));
-    return _mm_cvtsi128_si32(r);
-}
 
 /* signed int8 x signed int8, 32 lanes -> 8 int32 lanes of 4-product sums
  * (the sign of x moves onto y so that PMADDUBSW sees |x| unsigned) */
@@ -934,6 +928,70 @@ GR_AVX2 void vec_dot_iq4_xs_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/
         acc = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(sumi), acc);
     }
     *s = gr_hsum_ps8(acc);
+}
+
+/* ------------------------------------------------------------------------- */
+/* the x86 kernels per type and level, for dispatch.c                         */
+/* ------------------------------------------------------------------------- */
+
+int gr_arch_level(void) {
+    const unsigned f = gr_cpu_features(), vnni = GR_CPU_AVX512 | GR_CPU_AVX512_VNNI;
+    return (f & vnni) == vnni ? 2 : (f & GR_CPU_AVX2) ? 1 : 0;
+}
+
+/* level 1: the AVX2 kernels; the rows4 ones only beside the vec_dot whose order
+ * they repeat */
+static const gr_arch_kernels gr_avx2[GR_NTYPES] = {
+    [GR_TYPE_F32] = {.vec_dot = vec_dot_f32_f32_avx2},
+    [GR_TYPE_F16] = {.to_float = gr_f16_to_f32_row_f16c, .from_float = gr_f32_to_f16_row_f16c,
+                     .vec_dot = vec_dot_f16_f16_avx2},
+    [GR_TYPE_BF16] = {.to_float = gr_bf16_to_f32_row_avx2, .vec_dot = vec_dot_bf16_bf16_avx2},
+    [GR_TYPE_Q4_0] = {.vec_dot = vec_dot_q4_0_q8_0_avx2, .vec_dot_x4 = vec_dot_x4_q4_0_q8_0_avx2,
+                      .vec_dot_sums = vec_dot_q4_0_q8_0_sums_avx2, .act_sums = q4_0_act_sums_avx2,
+                      .panel_dot = panel_dot_q4_0_avx2},
+    [GR_TYPE_Q4_1] = {.vec_dot = vec_dot_q4_1_q8_1_avx2, .panel_dot = panel_dot_q4_1_avx2},
+    [GR_TYPE_Q5_0] = {.vec_dot = vec_dot_q5_0_q8_0_avx2, .panel_dot = panel_dot_q5_0_avx2},
+    [GR_TYPE_Q5_1] = {.vec_dot = vec_dot_q5_1_q8_1_avx2, .panel_dot = panel_dot_q5_1_avx2},
+    [GR_TYPE_Q8_0] = {.from_float = quantize_row_q8_0_avx2, .vec_dot = vec_dot_q8_0_q8_0_avx2,
+                      .vec_dot_x4 = vec_dot_x4_q8_0_q8_0_avx2, .vec_dot_rows4 = vec_dot_rows4_q8_0_q8_0_avx2,
+                      .panel_dot = panel_dot_q8_0_avx2},
+    [GR_TYPE_Q8_1] = {.from_float = quantize_row_q8_1_avx2},
+    [GR_TYPE_Q8_K] = {.from_float = quantize_row_q8_K_avx2},
+    [GR_TYPE_Q2_K] = {.vec_dot = vec_dot_q2_K_q8_K_avx2},
+    [GR_TYPE_Q3_K] = {.vec_dot = vec_dot_q3_K_q8_K_avx2},
+    [GR_TYPE_Q4_K] = {.vec_dot = vec_dot_q4_K_q8_K_avx2, .vec_dot_rows4 = vec_dot_rows4_q4_K_q8_K_avx2},
+    [GR_TYPE_Q5_K] = {.vec_dot = vec_dot_q5_K_q8_K_avx2},
+    [GR_TYPE_Q6_K] = {.vec_dot = vec_dot_q6_K_q8_K_avx2, .vec_dot_rows4 = vec_dot_rows4_q6_K_q8_K_avx2},
+    [GR_TYPE_IQ4_NL] = {.vec_dot = vec_dot_iq4_nl_q8_0_avx2, .vec_dot_gemm = vec_dot_iq4_nl_q8_0_seq_avx2,
+                        .panel_dot = panel_dot_iq4_nl_avx2},
+    [GR_TYPE_IQ4_XS] = {.vec_dot = vec_dot_iq4_xs_q8_K_avx2},
+    [GR_TYPE_MXFP4] = {.vec_dot = vec_dot_mxfp4_q8_0_avx2},
+};
+
+void gr_arch_kernels_of(uint32_t type, int level, gr_arch_kernels *k) {
+    *k = type < GR_NTYPES ? gr_avx2[type] : (gr_arch_kernels){0};
+    if (level < 2) return;
+    /* level 2: the AVX-512 VNNI decode rows and column panels (quants_vnni.c) */
+    switch (type) {
+    case GR_TYPE_Q8_0:
+        k->vec_dot_rows4 = vec_dot_rows4_q8_0_q8_0_vnni, k->cpanel_dot = gr_cpanel_dot_q8_0_vnni;
+        break;
+    case GR_TYPE_Q4_0:
+        k->vec_dot_rows4 = vec_dot_rows4_q4_0_q8_0_vnni, k->cpanel_dot = gr_cpanel_dot_q4_0_vnni;
+        break;
+    case GR_TYPE_Q5_0:
+        k->vec_dot_rows4 = vec_dot_rows4_q5_0_q8_0_vnni, k->cpanel_dot = gr_cpanel_dot_q5_0_vnni;
+        break;
+    case GR_TYPE_IQ4_NL:
+        /* its levels plus 128, as Q8_0's codes; summed as tinyBLAS sums it (the one
+         * accumulator of its prompt order, which is the column panels' order) */
+        k->cpanel_dot = gr_cpanel_dot_q8_0_vnni;
+        break;
+    }
+}
+
+void gr_arch_cpanel_decode(uint32_t type, const void *w_row, int64_t nb, void *row) {
+    gr_cpanel_decode_vnni(type, w_row, nb, row);
 }
 
 #endif /* GR_X86 */

@@ -1,6 +1,7 @@
-/* The AVX2 helpers the x86 quant kernels share (quants_x86.c and the AVX-512
- * VNNI kernels of quants_vnni.c, which may call them: their targets include
- * AVX2). Internal to csrc/cpu/quants/x86/.
+/* The AVX2 helpers the x86 kernels share (quants_x86.c, the AVX-512 VNNI
+ * kernels of quants_vnni.c and matmul/x86/tiled_x86.c, which may call them:
+ * their targets include AVX2), and the x86 quant kernels dispatch.c's table
+ * (quants_x86.c) names.
  */
 #ifndef GGMLRPC_CPU_QUANTS_X86_IMPL_H
 #define GGMLRPC_CPU_QUANTS_X86_IMPL_H
@@ -10,6 +11,14 @@
 #include "cpu/quants/quants_impl.h"
 
 #if GR_X86
+
+/* the eight int32 lanes' sum (exact: any order) */
+GR_AVX2 static inline int32_t gr_hsum_epi32x8(__m256i v) {
+    __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
+    r = _mm_add_epi32(r, _mm_unpackhi_epi64(r, r));
+    r = _mm_add_epi32(r, _mm_shuffle_epi32(r, _MM_SHUFFLE(2, 3, 0, 1)));
+    return _mm_cvtsi128_si32(r);
+}
 
 /* ggml's hsum_float_8: the two halves, then the pairs, then the last two */
 GR_AVX2 static inline float gr_hsum_ps8(__m256 v) {
@@ -52,6 +61,50 @@ GR_AVX2 static inline __m256i gr_lut_load(const int8_t *levels /* (16,) */) {
     return _mm256_broadcastsi128_si256(_mm_loadu_si128((const __m128i *)levels));
 }
 
+/* ---- the x86 kernels (quants_x86.c, quants_vnni.c), picked by gr_arch_kernels_of */
+GR_AVX2 void gr_bf16_to_f32_row_avx2(const void *vx /* (n,) bf16 */, float *y /* (n,) */, int64_t n);
+GR_AVX2 void gr_f16_to_f32_row_f16c(const void *vx /* (n,) f16 */, float *y /* (n,) */, int64_t n);
+GR_AVX2 void gr_f32_to_f16_row_f16c(const float *x /* (n,) */, void *vy /* (n,) f16 */, int64_t n);
+GR_AVX2 void panel_dot_iq4_nl_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) iq4_nl */, const void *panel /* (n/32,) panel blocks */);
+GR_AVX2 void panel_dot_q4_0_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q4_0 */, const void *panel /* (n/32,) panel blocks */);
+GR_AVX2 void panel_dot_q4_1_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q4_1 */, const void *panel /* (n/32,) panel blocks */);
+GR_AVX2 void panel_dot_q5_0_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q5_0 */, const void *panel /* (n/32,) panel blocks */);
+GR_AVX2 void panel_dot_q5_1_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q5_1 */, const void *panel /* (n/32,) panel blocks */);
+GR_AVX2 void panel_dot_q8_0_avx2(int64_t n, float *s /* (8,) */, const void *vx /* (n/32,) q8_0 */, const void *panel /* (n/32,) panel blocks */);
+GR_AVX2 void q4_0_act_sums_avx2(const void *vy /* (nb,) q8_0 */, int32_t *sums /* (nb, 8) */, int64_t nb);
+GR_AVX2 void quantize_row_q8_0_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n);
+GR_AVX2 void quantize_row_q8_K_avx2(const float *x /* (n,) */, void *vy /* (n/256,) blocks */, int64_t n);
+GR_AVX2 void quantize_row_q8_1_avx2(const float *x /* (n,) */, void *vy /* (n/32,) blocks */, int64_t n);
+GR_AVX2 void vec_dot_bf16_bf16_avx2(int64_t n, float *s, const void *vx /* (n,) bf16 */, const void *vy /* (n,) bf16 */);
+GR_AVX2 void vec_dot_f16_f16_avx2(int64_t n, float *s, const void *vx /* (n,) f16 */, const void *vy /* (n,) f16 */);
+GR_AVX2 void vec_dot_f32_f32_avx2(int64_t n, float *s, const void *vx /* (n,) f32 */, const void *vy /* (n,) f32 */);
+GR_AVX2 void vec_dot_iq4_nl_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) iq4_nl */, const void *vy /* (n/32,) q8_0 */);
+GR_AVX2 void vec_dot_iq4_nl_q8_0_seq_avx2(int64_t n, float *s, const void *vx /* (n/32,) iq4_nl */, const void *vy /* (n/32,) q8_0 */);
+GR_AVX2 void vec_dot_iq4_xs_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) iq4_xs */, const void *vy /* (n/256,) q8_K */);
+GR_AVX2 void vec_dot_mxfp4_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) mxfp4 */, const void *vy /* (n/32,) q8_0 */);
+GR_AVX2 void vec_dot_q2_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q2_K */, const void *vy /* (n/256,) q8_K */);
+GR_AVX2 void vec_dot_q3_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q3_K */, const void *vy /* (n/256,) q8_K */);
+GR_AVX2 void vec_dot_q4_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_0 */, const void *vy /* (n/32,) q8_0 */);
+GR_AVX2 void vec_dot_q4_0_q8_0_sums_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_0 */, const void *vy /* (n/32,) q8_0 */, const int32_t *sums);
+GR_AVX2 void vec_dot_q4_1_q8_1_avx2(int64_t n, float *s, const void *vx /* (n/32,) q4_1 */, const void *vy /* (n/32,) q8_1 */);
+GR_AVX2 void vec_dot_q4_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q4_K */, const void *vy /* (n/256,) q8_K */);
+GR_AVX2 void vec_dot_rows4_q4_K_q8_K_avx2(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
+GR_AVX2 void vec_dot_rows4_q6_K_q8_K_avx2(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
+GR_AVX2 void vec_dot_rows4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
+GR_AVX2 void vec_dot_q5_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q5_0 */, const void *vy /* (n/32,) q8_0 */);
+GR_AVX2 void vec_dot_q5_1_q8_1_avx2(int64_t n, float *s, const void *vx /* (n/32,) q5_1 */, const void *vy /* (n/32,) q8_1 */);
+GR_AVX2 void vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q5_K */, const void *vy /* (n/256,) q8_K */);
+GR_AVX2 void vec_dot_q6_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q6_K */, const void *vy /* (n/256,) q8_K */);
+GR_AVX2 void vec_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q8_0 */, const void *vy /* (n/32,) q8_0 */);
+GR_AVX2 void vec_dot_x4_q4_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q4_0 */, const void *const vy[4] /* (n/32,) q8_0 each */);
+void vec_dot_rows4_q8_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
+void gr_cpanel_decode_vnni(uint32_t type, const void *w_row, int64_t nb, void *row);
+void gr_cpanel_dot_q8_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s);
+void gr_cpanel_dot_q4_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s);
+void gr_cpanel_dot_q5_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s);
+void vec_dot_rows4_q5_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
+void vec_dot_rows4_q4_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
+GR_AVX2 void vec_dot_x4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q8_0 */, const void *const vy[4] /* (n/32,) q8_0 each */);
 #endif
 
 #endif
