@@ -12,7 +12,7 @@ import pytest
 
 from ggmlrpc.llm import synth
 from tests.e2e.test_serve import CHATML, N_CTX, Serve, rpc  # noqa: F401  (rpc: fixture)
-from tests.interop.test_tokenizer import vocab_dir
+from tests.interop.test_tokenizer_vs_llama import vocab_dir
 
 pytestmark = pytest.mark.interop
 

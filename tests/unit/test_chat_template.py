@@ -1,5 +1,5 @@
 """ChatTemplate without a server: the sandbox, errors, and the JSON its tojson writes
-(tests/interop/test_chat_template.py compares whole prompts with llama-server's)."""
+(tests/interop/test_chat_template_vs_llama_server.py compares whole prompts with llama-server's)."""
 from __future__ import annotations
 
 import json

@@ -1,6 +1,6 @@
 """The sampler chain's pieces: the C++ Mersenne Twister and its doubles, greedy
 ties, and the cuts of top-k, top-p and min-p (the whole chain against
-llama-completion is in tests/interop/test_runner.py)."""
+llama-completion is in tests/interop/test_runner_vs_llama_completion.py)."""
 from __future__ import annotations
 
 import numpy as np

@@ -17,7 +17,7 @@ from ggmlrpc.llm import synth
 from ggmlrpc.llm.chat_template import ChatTemplate, TemplateError
 from ggmlrpc.llm.gguf_file import GGUFFile
 from ggmlrpc.llm.tokenizer import Tokenizer
-from tests.interop.test_tokenizer import vocab_dir
+from tests.interop.test_tokenizer_vs_llama import vocab_dir
 
 pytestmark = pytest.mark.interop
 
