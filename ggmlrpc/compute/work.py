@@ -145,9 +145,13 @@ def backing_bytes(graph) -> int:
     """Bytes the computed nodes read and write: the union, per buffer, of the byte
     ranges of every runnable node and its sources."""
     spans: dict[int, list[tuple[int, int]]] = {}
+    seen = set()
     for node, srcs in _nodes(graph):
         for t in (node, *srcs):
-            p = None if t is None else graph.placement.get(t.id)
+            if t is None or t.id in seen:
+                continue
+            seen.add(t.id)
+            p = graph.placement.get(t.id)
             if p is not None:
                 n = min(ggml.nbytes(t.type, t.ne, t.nb), max(0, p.buffer.size - p.offset))
                 spans.setdefault(id(p.buffer), []).append((p.offset, p.offset + n))
@@ -164,10 +168,11 @@ def backing_bytes(graph) -> int:
 
 def check_graph(graph, per_byte: int | None, floor: int = FLOOR) -> int:
     """Raise ValidationError when the graph's work is over max(floor, per_byte x the
-    bytes backing it); per_byte None or 0: no limit. Returns the estimate."""
+    bytes its nodes use, backing_bytes); per_byte None or 0: no limit. Returns the estimate."""
     if not per_byte:
         return 0
-    limit = max(floor, per_byte * backing_bytes(graph))
+    used = backing_bytes(graph)
+    limit = max(floor, per_byte * used)
     total = 0
     for node, srcs in _nodes(graph):
         total += node_work(node, srcs)
@@ -175,5 +180,5 @@ def check_graph(graph, per_byte: int | None, floor: int = FLOOR) -> int:
             raise ValidationError(
                 f"graph rejected: its work (about {total:.3g} operations by node {node.name_str!r}, "
                 f"{ggml.op_name(node.op)}) is over the limit of {limit:.3g} for the "
-                f"{backing_bytes(graph)} bytes of buffers it uses (--max-graph-work {per_byte})")
+                f"{used} bytes its nodes read and write (--max-graph-work {per_byte})")
     return total
