@@ -49,33 +49,17 @@ from tests.ops.conftest import Ctx  # noqa: E402
 from tests.protocol.rawclient import Bystander  # noqa: E402
 
 
-def iq_attack(endpoint: str, stop, count) -> None:
-    """Send the IQ2_XS product graph again and again (a refused one drops the
-    connection: connect again)."""
+def iq_graph(c: Ctx) -> list:
+    """40 products of one IQ2_XS weight by one activation, all into one output."""
     from ggmlrpc.client import op as make_op
     from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
-    while not stop.is_set():
-        c = None
-        try:
-            c = Ctx(endpoint, size=1 << 30)
-            w, x = c.new(T.IQ2_XS, (4096, 256)), c.new(T.F32, (4096, 64))
-            nodes = [c.op(Op.MUL_MAT, T.F32, (256, 64), w, x)]
-            for i in range(39):
-                t = make_op(Op.MUL_MAT, T.F32, (256, 64), w, x, name=f"mm{i}")
-                t.buffer, t.data = nodes[0].buffer, nodes[0].data
-                nodes.append(t)
-            c.rb.graph_compute(nodes)
-            c.rb.synchronize()
-            count["graphs"] += 1
-        except Exception:
-            count["errors"] += 1
-            stop.wait(0.2)
-        finally:
-            try:
-                if c is not None:
-                    c.close()
-            except Exception:
-                pass
+    w, x = c.new(T.IQ2_XS, (4096, 256)), c.new(T.F32, (4096, 64))
+    nodes = [c.op(Op.MUL_MAT, T.F32, (256, 64), w, x)]
+    for i in range(39):
+        t = make_op(Op.MUL_MAT, T.F32, (256, 64), w, x, name=f"mm{i}")
+        t.buffer, t.data = nodes[0].buffer, nodes[0].data
+        nodes.append(t)
+    return nodes
 
 
 def prompt_speed(ref, model, port: int, n: int, threads: int) -> float | None:
@@ -98,15 +82,23 @@ def prompt_load(ref, model, port: int, n: int, threads: int, stop, count) -> Non
             count["pp_ts"] = count.get("pp_ts", []) + [ts]
 
 
-def busy(endpoint: str, stop, hang_up: bool, count) -> None:
-    """Keep the device computing: recompute a long chain (busy), or start it and hang up
-    mid-run once a second (hang-up). Counts graphs started and errors met."""
+def busy(endpoint: str, stop, phase: str, count) -> None:
+    """Keep the device computing: recompute a long chain (busy), start it and hang up
+    mid-run once a second (hang-up), or send the IQ2_XS graph again and again
+    (iq-attack; a refused graph drops the connection: connect again). Counts graphs
+    started and errors met."""
+    hang_up = phase == "hang-up"
     while not stop.is_set():
         c = None
         try:
             # buffers large enough that the chain fits the server's work limit
             # (--max-graph-work: units per byte of the buffers a graph uses)
-            c = Ctx(endpoint, size=(1 << 30) if hang_up else (64 << 20))
+            c = Ctx(endpoint, size=(64 << 20) if phase == "busy" else (1 << 30))
+            if phase == "iq-attack":
+                c.rb.graph_compute(iq_graph(c))
+                c.rb.synchronize()
+                count["graphs"] += 1
+                continue
             c.rb.graph_compute(chain(c, 1500 if not hang_up else 20000))
             count["graphs"] += 1
             if hang_up:
@@ -196,11 +188,8 @@ def run_peer(argv: list[str], args, prompt) -> dict:
                 alone = max((prompt_speed(*prompt, port, args.prompt, threads) or 0) for _ in range(2))
                 load = mp.Process(target=prompt_load, args=(*prompt, port, args.prompt, threads, stop, count),
                                   daemon=True)
-            elif phase == "iq-attack":
-                load = mp.Process(target=iq_attack, args=(proc.endpoint, stop, count), daemon=True)
             elif phase != "idle":
-                load = mp.Process(target=busy, args=(proc.endpoint, stop, phase == "hang-up", count),
-                                  daemon=True)
+                load = mp.Process(target=busy, args=(proc.endpoint, stop, phase, count), daemon=True)
             if load is not None:
                 load.start()
                 time.sleep(1.0 if phase != "prompt" else 5.0)   # the load's graph is running
