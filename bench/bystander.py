@@ -10,10 +10,10 @@ request, then recomputes a small graph of its own (a 64 x 64 product, GRAPH_RECO
 and a round trip), timing that too. The phases, each `--seconds` long:
 
 - idle: nobody else on the server;
-- busy: another client recomputes a chain of 512x512x512 F32 products without a
-  pause (a graph of a few seconds, again and again);
-- hang-up: that client starts its chain and drops the connection mid-run, once a
-  second; the server must stop the orphaned graph (its cancel token);
+- busy: another client recomputes a chain of 150 512x512x512 F32 products without
+  a pause (a graph of about a second, again and again);
+- hang-up: that client starts its chain and drops the connection mid-run, again
+  and again; the server must stop the orphaned graph (its cancel token);
 - iq-attack: that client sends 40 products of one IQ2_XS weight (about 1.3 MiB of
   tensors, half a minute of compute on kernels this slow) in a 1 GiB buffer it
   never touches otherwise, again and again (ours refuses it: the work estimate);
@@ -91,18 +91,18 @@ def busy(endpoint: str, stop, phase: str, count) -> None:
     while not stop.is_set():
         c = None
         try:
-            # buffers large enough that the chain fits the server's work limit
-            # (--max-graph-work: units per byte of the buffers a graph uses)
-            c = Ctx(endpoint, size=(64 << 20) if phase == "busy" else (1 << 30))
+            # 150 products over 4 MiB fit the server's work limit (--max-graph-work:
+            # units per byte the nodes use); the IQ2_XS graph lies in 1 GiB it never uses
+            c = Ctx(endpoint, size=(64 << 20) if phase != "iq-attack" else (1 << 30))
             if phase == "iq-attack":
                 c.rb.graph_compute(iq_graph(c))
                 c.rb.synchronize()
                 count["graphs"] += 1
                 continue
-            c.rb.graph_compute(chain(c, 1500 if not hang_up else 20000))
+            c.rb.graph_compute(chain(c, 150))
             count["graphs"] += 1
             if hang_up:
-                stop.wait(1.0)
+                stop.wait(0.1)
                 continue
             c.rb.synchronize()
             while not stop.is_set():
