@@ -167,8 +167,8 @@ class GraphWatch:
     """Stops the graph of a session whose client goes away while it computes: a graph
     can run for seconds, its session thread is inside the executor meanwhile, so a
     thread of its own polls the sockets of the computing sessions for a hang-up and
-    sets their cancel token (the executor stops at the end of the node phase in
-    progress). Server.close() cancels every running graph the same way."""
+    sets their cancel token (the executor stops at its next work chunk). Server.close()
+    cancels every running graph the same way."""
 
     POLL_MS = 20
     GONE = select.POLLHUP | select.POLLERR | getattr(select, "POLLRDHUP", 0)

@@ -187,11 +187,18 @@ static void barrier_wait(gr_barrier *b) {
 
 /* ---- runs --------------------------------------------------------------- */
 
-/* thread 0, before a barrier: a cancel request becomes a failure at that barrier
- * (one thread decides, so every thread stops at the same one) */
-static void check_cancel(gr_job *job) {
-    if (job->ith == 0 && job->run->cancel && *job->run->cancel)
+/* thread 0, before a barrier: a cancel request becomes a failure at that barrier,
+ * a yield request one at the barrier that ends node i (one thread decides, so every
+ * thread stops at the same one) */
+static void check_stop(gr_job *job, int node_done, int i) {
+    if (job->ith != 0 || !job->run->cancel) return;
+    const int c = *job->run->cancel;
+    if (c & GR_STOP_CANCEL) {
         gr_fail(job, GR_EXEC_ECANCELED, "canceled");
+    } else if ((c & GR_STOP_YIELD) && node_done && i + 1 < job->run->n_nodes) {
+        job->run->next = i + 1;
+        gr_fail(job, GR_EXEC_EYIELD, "yielded");
+    }
 }
 
 struct gr_pool {
@@ -213,14 +220,14 @@ typedef struct { gr_pool *pool; int ith; } gr_worker_arg;
 static void run_nodes(gr_pool *pool, gr_run *run, int ith) {
     const int nth = pool->n_threads;
     int epoch = 0;   /* barriers passed */
-    for (int i = 0; i < run->n_nodes; i++) {
+    for (int i = run->next; i < run->n_nodes; i++) {
         const gr_node *node = &run->nodes[i];
         const gr_kernel_entry *k = &KERNELS[node->kernel];
         gr_job job = { node, ith, nth, run->wdata, run->wsize, run, 0 };
         for (int phase = 0; phase < k->phases; phase++) {
             job.epoch = epoch;
             k->fn(&job, phase);
-            check_cancel(&job);
+            check_stop(&job, phase + 1 == k->phases, i);
             barrier_wait(&pool->barrier);
             epoch++;
             const int f = atomic_load(&run->failed);
@@ -306,7 +313,8 @@ void ggmlrpc_pool_free(gr_pool *pool) {
 int ggmlrpc_pool_threads(const gr_pool *pool) { return pool->n_threads; }
 
 int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
-                     void *wdata, size_t wsize, gr_exec_status *status, const volatile int *cancel) {
+                     void *wdata, size_t wsize, gr_exec_status *status, const volatile int *cancel,
+                     int *next) {
     status->code = 0;
     status->node = -1;
     status->msg[0] = 0;
@@ -326,7 +334,8 @@ int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
             return status->code;
         }
     }
-    gr_run run = { nodes, n_nodes, wdata, wsize, 0, status, cancel, 0 };
+    if (*next < 0 || *next > n_nodes) *next = n_nodes;
+    gr_run run = { nodes, n_nodes, wdata, wsize, 0, status, cancel, *next, 0 };
     atomic_init(&run.failed, 0);
     atomic_init(&run.chunk, 0);
     pthread_mutex_lock(&pool->run_mu);
@@ -343,5 +352,6 @@ int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
     while (pool->active > 0) pthread_cond_wait(&pool->done_cv, &pool->mu);
     pthread_mutex_unlock(&pool->mu);
     pthread_mutex_unlock(&pool->run_mu);
+    *next = run.next;
     return atomic_load(&run.failed) ? status->code : 0;   /* status was written before the barrier */
 }

@@ -98,18 +98,25 @@ typedef struct gr_exec_status {
 
 typedef struct gr_pool gr_pool;
 
+/* The bits of a run's cancel word. */
+enum { GR_STOP_CANCEL = 1, GR_STOP_YIELD = 2 };
+
 /* A pool of n_threads - 1 workers (the caller is thread 0). NULL on failure. */
 gr_pool *ggmlrpc_pool_new(int n_threads);
 void ggmlrpc_pool_free(gr_pool *pool);
 int ggmlrpc_pool_threads(const gr_pool *pool);
 
-/* Run nodes[0..n_nodes) with the pool's threads. wdata is scratch of wsize bytes
+/* Run nodes[*next..n_nodes) with the pool's threads. wdata is scratch of wsize bytes
  * (at least the largest node->wsize; 64-byte aligned). Runs are serialized per
- * pool. cancel (may be NULL) is read at the end of every node phase: once it is
- * nonzero the run stops there with GR_EXEC_ECANCELED (a client that went away, a
- * server shutting down). Returns 0, or an enum gr_exec_error with *status filled in. */
+ * pool. cancel (may be NULL) is read before every work chunk and at the end of
+ * every node phase: once GR_STOP_CANCEL is set the run stops there with
+ * GR_EXEC_ECANCELED (a client that went away, a server shutting down); once
+ * GR_STOP_YIELD is set it stops after the node in progress with GR_EXEC_EYIELD and
+ * *next the node to resume from (another run waits for the pool). Returns 0, or an
+ * enum gr_exec_error with *status filled in. */
 int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
-                     void *wdata, size_t wsize, gr_exec_status *status, const volatile int *cancel);
+                     void *wdata, size_t wsize, gr_exec_status *status, const volatile int *cancel,
+                     int *next);
 
 /* Scratch bytes a node needs with n_threads threads (0 when it needs none).
  * The compiler calls this after filling in the node. */

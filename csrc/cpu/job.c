@@ -12,7 +12,15 @@ void gr_chunk_set(gr_job *job, int64_t value) {
     atomic_store_explicit(&job->run->chunk, value, memory_order_relaxed);
 }
 
+int gr_canceled(gr_job *job) {
+    const volatile int *c = job->run->cancel;
+    if (!c || !(*c & GR_STOP_CANCEL)) return 0;
+    gr_fail(job, GR_EXEC_ECANCELED, "canceled");
+    return 1;
+}
+
 int64_t gr_chunk_next(gr_job *job) {
+    if (gr_canceled(job)) return INT64_MAX / 2;
     return atomic_fetch_add_explicit(&job->run->chunk, 1, memory_order_relaxed);
 }
 

@@ -31,7 +31,8 @@ typedef struct gr_run {
     size_t wsize;
     atomic_int failed;          /* 0, or 1 + the barrier number where every thread stops */
     gr_exec_status *status;
-    const volatile int *cancel; /* stop at the next barrier once nonzero (may be NULL) */
+    const volatile int *cancel; /* GR_STOP_* bits (exec.h; may be NULL) */
+    int next;                   /* the node to resume from after a yield */
     _Alignas(64) atomic_llong chunk;   /* next work chunk of the current node (own cache line; 64-bit:
                                         * experts x row chunks of a MUL_MAT_ID can pass 2^31) */
 } gr_run;
@@ -56,7 +57,13 @@ void gr_fail(gr_job *job, int code, const char *fmt, ...)
  * thread sets it before a barrier, every thread takes chunks after it (relaxed:
  * the barrier orders the set before the takes). */
 void gr_chunk_set(gr_job *job, int64_t value);
-int64_t gr_chunk_next(gr_job *job);   /* returns the counter, then adds 1 */
+int64_t gr_chunk_next(gr_job *job);   /* returns the counter, then adds 1; past every
+                                       * chunk once the run is canceled (it stops at the
+                                       * node's barrier) */
+
+/* Whether the run was canceled: a long loop without chunks checks it between its
+ * blocks of work and leaves early (the run then stops at the node's barrier). */
+int gr_canceled(gr_job *job);
 
 /* Rows [*r0, *r1) of n for thread ith of nth: contiguous, nearly equal shares. */
 static inline void gr_range(int64_t n, int ith, int nth, int64_t *r0, int64_t *r1) {

@@ -51,21 +51,30 @@ EXEC_EINDEX = EXEC_ERROR["EINDEX"]
 EXEC_EINTERNAL = EXEC_ERROR["EINTERNAL"]
 EXEC_ENOMEM = EXEC_ERROR["ENOMEM"]
 EXEC_ECANCELED = EXEC_ERROR["ECANCELED"]
+EXEC_EYIELD = EXEC_ERROR["EYIELD"]
 
 
 cdef class CancelToken:
-    """A flag a running plan reads at the end of every node phase: set() from another
-    thread stops the run there (Plan.run raises ExecError with EXEC_ECANCELED)."""
+    """Flags a running plan reads before every work chunk and at the end of every node
+    phase: set() from another thread stops the run there (Plan.run raises ExecError
+    with EXEC_ECANCELED); request_yield() stops it after the node in progress (Plan.run
+    returns where to resume)."""
     cdef int flag
 
     def set(self):
-        self.flag = 1
+        self.flag |= 1
 
     def clear(self):
         self.flag = 0
 
     def is_set(self):
-        return self.flag != 0
+        return (self.flag & 1) != 0
+
+    def request_yield(self):
+        self.flag |= 2
+
+    def clear_yield(self):
+        self.flag &= ~2
 
 
 MAX_SRC = GR_EXEC_MAX_SRC
@@ -215,16 +224,20 @@ cdef class Plan:
     def __len__(self):
         return self.n_nodes
 
-    def run(self, Pool pool, CancelToken cancel=None):
-        """Run every node; raises ExecError when a node fails (nothing ran out of bounds)
-        or when `cancel` was set during the run."""
+    def run(self, Pool pool, CancelToken cancel=None, int start=0):
+        """Run the nodes from `start` on; raises ExecError when a node fails (nothing ran
+        out of bounds) or when `cancel` was set during the run. Returns None, or the
+        node to resume from when `cancel` asked the run to yield."""
         cdef gr_exec_status st
         cdef int rc
+        cdef int next = start
         cdef const int *flag = &cancel.flag if cancel is not None else NULL
         if pool.n_threads != self.n_threads:
             raise ValueError(f"plan made for {self.n_threads} threads, pool has {pool.n_threads}")
         with nogil:
-            rc = ggmlrpc_exec_run(pool.pool, self.nodes, self.n_nodes, self.wdata, self.wsize, &st, flag)
+            rc = ggmlrpc_exec_run(pool.pool, self.nodes, self.n_nodes, self.wdata, self.wsize, &st, flag, &next)
+        if rc == EXEC_EYIELD:
+            return next
         if rc:
             raise ExecError(st.code, st.node, st.msg.decode("utf-8", "replace"))
 

@@ -16,6 +16,7 @@ bounds before that.
 """
 from __future__ import annotations
 
+import collections
 import os
 import threading
 
@@ -76,11 +77,42 @@ def select_kernel_family(env=os.environ) -> str:
     return ex.kernel_family()
 
 
+class Turns:
+    """Round robin over the runs that share a device's thread pool: a run holds the
+    pool for one turn; when another run is waiting, the holder's token is asked to
+    yield (it stops after the node in progress) and it queues again behind the
+    waiters. A run alone on the device is never interrupted."""
+
+    def __init__(self):
+        self._cv = threading.Condition()
+        self._queue = collections.deque()   # tokens waiting for a turn, in order
+        self._holder = None
+
+    def take(self, token) -> None:
+        with self._cv:
+            self._queue.append(token)
+            if self._holder is not None:
+                self._holder.request_yield()
+            while self._holder is not None or self._queue[0] is not token:
+                self._cv.wait()
+            self._queue.popleft()
+            self._holder = token
+            if self._queue:
+                token.request_yield()
+
+    def give(self, token) -> None:
+        with self._cv:
+            token.clear_yield()
+            self._holder = None
+            self._cv.notify_all()
+
+
 class CpuExecutor:
     def __init__(self, n_threads: int):
         self.n_threads = max(1, int(n_threads))
         self._pool = None
         self._lock = threading.Lock()
+        self.turns = Turns()
 
     @property
     def pool(self):
@@ -118,11 +150,20 @@ class CpuExecutor:
         return CpuPlan(graph, native, names)
 
     def run(self, plan: CpuPlan, cancel=None) -> None:
-        """Run a plan; a CancelToken (cancel_token()) set meanwhile stops it at the end of
-        the node phase in progress and raises ConnectionLost."""
+        """Run a plan, taking turns node by node with the plans other threads run on
+        this executor meanwhile (Turns); a CancelToken (cancel_token()) set meanwhile
+        stops it at the next work chunk or node phase and raises ConnectionLost."""
         ex = _native()
+        cancel = cancel if cancel is not None else cancel_token()
+        pool = self.pool
+        start = 0
         try:
-            plan.native.run(self.pool, cancel)
+            while start is not None:
+                self.turns.take(cancel)
+                try:
+                    start = plan.native.run(pool, cancel, start)
+                finally:
+                    self.turns.give(cancel)
         except ex.ExecError as e:
             where = plan.names[e.node] if 0 <= e.node < len(plan.names) else "?"
             if e.code == ex.EXEC_ECANCELED:

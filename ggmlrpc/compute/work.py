@@ -10,8 +10,10 @@ attention...) and compared with a budget proportional to the memory that backs
 the graph (the distinct buffers it touches): `per_byte` units of work per byte,
 never less than FLOOR.
 
-The unit is one multiply-add of a vectorized product (matrix products,
-attention, convolutions); an element visited by a plain loop costs ELEM_COST
+The unit is one multiply-add of a Q8_0 matrix product; a product with another
+weight type costs its weight in matmul_cost.WEIGHTS per multiply-add (measured by
+bench/calibrate_work.py: the IQ1..IQ3 kernels take a hundred times longer per
+multiply-add than Q8_0's); other vectorized inner loops (attention, convolutions) cost 1; an element visited by a plain loop costs ELEM_COST
 units and a row ROW_COST (a row of one element costs about as much as a
 hundred products: the per-row setup dominates). A llama.cpp prompt graph does
 about n_tokens multiply-adds per weight, i.e. a few thousand per byte of
@@ -25,6 +27,7 @@ from .. import ggml
 from ..errors import ValidationError
 from ..protocol import checked
 from ..ggml import GGMLOp as Op
+from .matmul_cost import WEIGHTS
 
 DEFAULT_PER_BYTE = 1 << 14   # --max-graph-work: work per byte of the graph's buffers
 FLOOR = 1 << 32              # what any graph may do, whatever its buffers
@@ -53,6 +56,15 @@ def _ne(t, i) -> int:
     return 1 if t is None else max(1, t.ne[i])
 
 
+def matmul_weight(t: int) -> float:
+    """Cost of one multiply-add of a product whose weights are of type t (unknown: the
+    dearest)."""
+    return WEIGHTS.get(ggml.type_name(t), _DEAREST)
+
+
+_DEAREST = max(WEIGHTS.values())
+
+
 def _p(node, i) -> int:
     return max(1, abs(node.op_params[i]))
 
@@ -77,7 +89,7 @@ def _inner(node, srcs) -> int:
     E = ELEM_COST
     op = node.op
     if op in (Op.MUL_MAT, Op.MUL_MAT_ID):
-        return _n(d) * _ne(s0, 0)
+        return int(_n(d) * _ne(s0, 0) * matmul_weight(s0.type if s0 is not None else 0))
     if op == Op.OUT_PROD:
         return _n(d) * _ne(s0, 1)
     if op == Op.FLASH_ATTN_EXT:      # every query row against every key: convert, dot, mix
@@ -137,11 +149,28 @@ def graph_work(graph) -> int:
 
 
 def backing_bytes(graph) -> int:
-    """Bytes of the distinct buffers the graph's tensors lie in."""
-    seen = {}
-    for p in graph.placement.values():
-        seen[id(p.buffer)] = p.buffer.size
-    return sum(seen.values())
+    """Bytes the computed nodes read and write: the union, per buffer, of the byte
+    ranges of every runnable node and its sources."""
+    spans: dict[int, list[tuple[int, int]]] = {}
+    seen = set()
+    for node, srcs in _nodes(graph):
+        for t in (node, *srcs):
+            if t is None or t.id in seen:
+                continue
+            seen.add(t.id)
+            p = graph.placement.get(t.id)
+            if p is not None:
+                n = min(ggml.nbytes(t.type, t.ne, t.nb), max(0, p.buffer.size - p.offset))
+                spans.setdefault(id(p.buffer), []).append((p.offset, p.offset + n))
+    total = 0
+    for ranges in spans.values():
+        end = 0
+        for a, b in sorted(ranges):
+            a = max(a, end)
+            if b > a:
+                total += b - a
+                end = b
+    return total
 
 
 def check_elements(graph) -> None:
@@ -156,12 +185,13 @@ def check_elements(graph) -> None:
 
 def check_graph(graph, per_byte: int | None, floor: int = FLOOR) -> int:
     """Raise ValidationError when a tensor has more than MAX_ELEMENTS elements or the
-    graph's work is over max(floor, per_byte x the bytes backing it); per_byte None
-    or 0: no work limit. Returns the estimate."""
+    graph's work is over max(floor, per_byte x the bytes its nodes use, backing_bytes);
+    per_byte None or 0: no work limit. Returns the estimate."""
     check_elements(graph)
     if not per_byte:
         return 0
-    limit = max(floor, per_byte * backing_bytes(graph))
+    used = backing_bytes(graph)
+    limit = max(floor, per_byte * used)
     total = 0
     for node, srcs in _nodes(graph):
         total += node_work(node, srcs)
@@ -169,5 +199,5 @@ def check_graph(graph, per_byte: int | None, floor: int = FLOOR) -> int:
             raise ValidationError(
                 f"graph rejected: its work (about {total:.3g} operations by node {node.name_str!r}, "
                 f"{ggml.op_name(node.op)}) is over the limit of {limit:.3g} for the "
-                f"{backing_bytes(graph)} bytes of buffers it uses (--max-graph-work {per_byte})")
+                f"{used} bytes its nodes read and write (--max-graph-work {per_byte})")
     return total

@@ -4,7 +4,7 @@ A graph can run for seconds while its session thread sits inside the executor, a
 the device runs one graph at a time, so a graph left running would hold every other
 client's graph behind it. The server watches the sockets of computing sessions and
 cancels a graph whose client hung up (ggmlrpc.server.GraphWatch); the executor stops
-at the end of the node phase in progress.
+at its next work chunk (tests/unit/test_turns.py checks that inside one long node).
 """
 from __future__ import annotations
 
@@ -18,6 +18,7 @@ from ggmlrpc.client import op as make_op
 from ggmlrpc.compute.cpu import CpuExecutor, cancel_token
 from ggmlrpc.errors import ConnectionLost
 from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
+from ggmlrpc.server import Limits
 from tests.conftest import start_server
 from tests.ops.conftest import Ctx
 
@@ -26,6 +27,9 @@ from tests.ops.conftest import Ctx
 D = 512
 CHAIN = 15000
 GENEROUS = 10.0   # seconds a bystander may wait; the whole chain takes far longer
+# the chain is far over the default work limit for its 4 MiB (it would be refused
+# before it runs): these servers run it
+NO_WORK_LIMIT = Limits(max_graph_work=None)
 
 
 def long_chain(c: Ctx, n: int = CHAIN):
@@ -57,7 +61,7 @@ def small_product(endpoint: str) -> np.ndarray:
 
 @pytest.fixture
 def served():
-    srv = start_server()
+    srv = start_server(limits=NO_WORK_LIMIT)
     yield srv
     srv.close()
 
@@ -102,7 +106,7 @@ def test_graph_of_a_departed_client_stops(served, caplog):
 
 
 def test_close_stops_a_running_graph():
-    srv = start_server()
+    srv = start_server(limits=NO_WORK_LIMIT)
     c = Ctx(f"127.0.0.1:{srv.port}", size=4 << 20)
     c.rb.graph_compute(long_chain(c))
     time.sleep(0.5)

@@ -6,7 +6,10 @@ from types import SimpleNamespace
 
 import pytest
 
+from ggmlrpc import ggml
+from ggmlrpc._native import executor
 from ggmlrpc.compute import work
+from ggmlrpc.compute.matmul_cost import WEIGHTS
 from ggmlrpc.errors import ValidationError
 from ggmlrpc.graph import Graph
 from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
@@ -14,8 +17,8 @@ from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
 
 def t(ne, type=T.F32, op=Op.NONE, params=()):
     ne = tuple(ne) + (1,) * (4 - len(ne))
-    return SimpleNamespace(ne=ne, type=type, op=op, op_params=tuple(params) + (0,) * (16 - len(params)),
-                           name_str="t")
+    return SimpleNamespace(ne=ne, nb=ggml.contiguous_strides(type, ne), type=type, op=op,
+                           op_params=tuple(params) + (0,) * (16 - len(params)), name_str="t")
 
 
 def llama_prompt_work(n_tokens, n_ctx, n_layer=32, d=4096, d_ff=11008, n_head=32, vocab=32000):
@@ -54,23 +57,28 @@ def test_7b_prompt_graph_passes(n_tokens):
 
 
 class G:
-    """Just enough of graph.Graph for check_graph."""
+    """Just enough of graph.Graph for check_graph: every tensor placed after the previous
+    one in one buffer of buffer_size bytes (a tensor listed twice: one place)."""
 
     def __init__(self, nodes, buffer_size):
         self.tensors = {}
         self.nodes = []
-        buf = SimpleNamespace(size=buffer_size)
         self.placement = {}
+        self.buffer = SimpleNamespace(size=buffer_size)
+        self.end = 0
         for i, (node, srcs) in enumerate(nodes):
-            ids = []
-            for s in srcs:
-                sid = len(self.tensors) + 1
-                self.tensors[sid] = s
-                ids.append(sid)
-                self.placement[sid] = SimpleNamespace(buffer=buf, offset=0)
-            node.src = tuple(ids)
+            node.src = tuple(self.place(s) for s in srcs)
+            self.place(node)
             node.name_str = f"n{i}"
             self.nodes.append(node)
+
+    def place(self, t, buffer=None):
+        if not hasattr(t, "id"):
+            t.id = len(self.tensors) + 1
+            self.tensors[t.id] = t
+            self.placement[t.id] = SimpleNamespace(buffer=buffer or self.buffer, offset=self.end)
+            self.end += ggml.nbytes(t.type, t.ne, t.nb)
+        return t.id
 
     def runnable(self):
         return self.nodes
@@ -127,3 +135,49 @@ def test_cli_option():
     assert parse(["--max-graph-work", "0"], "ggml-rpc-server").limits.max_graph_work is None
     with pytest.raises(UsageError):
         parse(["--max-graph-work", "-5"], "ggml-rpc-server")
+
+
+def iq_attack(wtype, n_nodes=40):
+    """n_nodes products of one small weight by one activation: ~1.3 MiB of tensors."""
+    w, x = t((4096, 256), wtype), t((4096, 64))
+    return G([(t((256, 64), op=Op.MUL_MAT), [w, x]) for _ in range(n_nodes)], 1 << 23)
+
+
+def test_matmul_cost_by_weight_type():
+    """A product costs its weight type's calibrated weight per multiply-add: an IQ2
+    graph small in bytes but long in time is refused, the same graph of Q8_0 passes."""
+    q8, iq2 = iq_attack(T.Q8_0), iq_attack(T.IQ2_XXS)
+    assert work.check_graph(q8, work.DEFAULT_PER_BYTE) > 0
+    with pytest.raises(ValidationError, match="over the limit"):
+        work.check_graph(iq2, work.DEFAULT_PER_BYTE)
+    node, srcs = q8.nodes[0], q8.sources(q8.nodes[0])
+    base = work.node_work(node, srcs) - work._inner(node, srcs)
+    madds = 256 * 64 * 4096
+    assert work.node_work(iq2.nodes[0], iq2.sources(iq2.nodes[0])) == \
+        pytest.approx(base + madds * WEIGHTS["IQ2_XXS"], rel=1e-3)
+
+
+def test_matmul_cost_table_covers_the_kernels():
+    """Every weight type the executor multiplies has a calibrated weight; relations
+    that hold on any host: Q8_0 is the unit, none is cheaper, the IQ1..IQ3 grid
+    kernels cost far more than the block types with a plain integer dot."""
+    kernels = {t.name for t in T if executor.has_vec_dot(int(t))}
+    assert set(WEIGHTS) == kernels
+    assert WEIGHTS["Q8_0"] == 1.0 and min(WEIGHTS.values()) >= 1.0
+    plain = max(WEIGHTS[n] for n in ("Q4_0", "Q8_0", "Q4_K", "Q6_K"))
+    for n in ("IQ1_S", "IQ1_M", "IQ2_XXS", "IQ2_XS", "IQ2_S", "IQ3_XXS", "IQ3_S"):
+        assert WEIGHTS[n] > 10 * plain, n
+
+
+def test_untouched_buffer_adds_no_budget():
+    """The budget counts the bytes the computed nodes use, not the buffers they lie in:
+    a tensor listed in a huge buffer that no node touches adds nothing, nor does a
+    tensor the nodes use twice."""
+    small = iq_attack(T.Q8_0, 1)
+    before = work.backing_bytes(small)
+    assert before == sum(ggml.nbytes(x.type, x.ne, x.nb) for x in small.tensors.values())
+    small.buffer.size = 1 << 30                     # the same tensors in a 1 GiB buffer
+    small.place(t((1 << 20, 256)), SimpleNamespace(size=1 << 30))   # listed, untouched
+    assert work.backing_bytes(small) == before
+    # 40 nodes: the same weight and activation, 39 more outputs
+    assert work.backing_bytes(iq_attack(T.Q8_0, 40)) == before + 39 * 256 * 64 * 4

@@ -165,6 +165,7 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
         const int64_t ie = ib + BLK < a1 ? ib + BLK : a1;
         int64_t c = b0;
         for (; qdot4 && c + 4 <= b1; c += 4) {
+            if (((c - b0) & 63) == 0 && gr_canceled(job)) return;
             if (c / N != (c + 3) / N) break;   /* a batch boundary: the rest one by one */
             const int64_t i11 = c % N, i12 = (c / N) % ne12, i13 = c / (N * ne12);
             const void *act[4];
@@ -181,6 +182,7 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
             }
         }
         for (; c < b1; c++) {
+            if (((c - b0) & 63) == 0 && gr_canceled(job)) return;
             const int64_t i11 = c % N;
             const int64_t i12 = (c / N) % ne12;
             const int64_t i13 = c / (N * ne12);
@@ -349,6 +351,7 @@ static void mm_tiled(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int6
     const int64_t N = cx->N, ne12 = cx->ne12;
     void *mem = job->wdata + cx->L.tiled + (size_t)job->ith * cx->L.tiled_bytes;
     for (int64_t i01 = a0; i01 < a1; i01++) {
+        if (gr_canceled(job)) return;
         int64_t cur = -1;
         gr_tiled_row row;
         for (int64_t c = b0; c < b1; c++) {
