@@ -16,10 +16,14 @@ bench/calibrate_work.py: the IQ1..IQ3 kernels take a hundred times longer per
 multiply-add than Q8_0's); other vectorized inner loops (attention, convolutions) cost 1; an element visited by a plain loop costs ELEM_COST
 units and a row ROW_COST (a row of one element costs about as much as a
 hundred products: the per-row setup dominates). A llama.cpp prompt graph does
-about n_tokens multiply-adds per weight, i.e. a few thousand per byte of
-quantized weights for a 512..4096-token batch, and little else; the server's
-default (DEFAULT_PER_BYTE) leaves a wide margin above that, and bounds a hostile
-graph to roughly a second of one core per MiB of buffers.
+about n_tokens multiply-adds per weight, and little else: a few thousand units per
+byte of quantized weights for a 512..2048-token batch of the fast types, a few hundred
+thousand for the IQ1..IQ3 types, whose kernels cost a hundred times more per
+multiply-add. The server's default (DEFAULT_PER_BYTE) passes a 7B model's
+2,048-token prompt graph in every weight type with a margin (a graph ggml's CPU
+backend computes for a real model is never refused), and bounds a hostile graph to
+seconds of one core per MiB it touches; what keeps such a graph from holding the
+other clients is that graphs take turns on a device (compute/cpu.py's Turns).
 """
 from __future__ import annotations
 
@@ -29,7 +33,7 @@ from ..protocol import checked
 from ..ggml import GGMLOp as Op
 from .matmul_cost import WEIGHTS
 
-DEFAULT_PER_BYTE = 1 << 14   # --max-graph-work: work per byte of the graph's buffers
+DEFAULT_PER_BYTE = 1 << 20   # --max-graph-work: work per byte the graph's nodes use
 FLOOR = 1 << 32              # what any graph may do, whatever its buffers
 ELEM_COST = 16               # per element of each tensor, and per step of a scalar loop
 ROW_COST = 256               # per row of each tensor
