@@ -42,7 +42,7 @@ def start(who: str, ref: Path, m: Path, eps: list[str], np_: int, args):
     common = ["-m", str(m), "--rpc", ",".join(eps), "-ngl", "99", "-c", str(args.ctx),
               "--port", str(port), "-t", str(args.threads), "-np", str(np_)]
     if who == "ours":
-        argv = [sys.executable, "-m", "ggmlrpc.cli.main", "serve", *common, "-ts", "1,1"]
+        argv = [sys.executable, "-P", "-m", "ggmlrpc.cli.main", "serve", *common, "-ts", "1,1"]
     else:
         argv = [str(ref / "llama-server"), *common, "-ts", "1/1", "--no-repack"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)

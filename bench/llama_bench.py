@@ -120,7 +120,7 @@ def main(argv=None) -> int:
     ref = reference_bin()
     ours = shutil.which("ggml-rpc-server")
     ours_argv = [ours] if ours and Path(ours).resolve() != (ref / "ggml-rpc-server").resolve() \
-        else [sys.executable, "-m", "ggmlrpc.cli.server"]
+        else [sys.executable, "-P", "-m", "ggmlrpc.cli.server"]
     servers = {"reference": [str(ref / "ggml-rpc-server")], "ours": ours_argv}
     if args.metrics:  # every command counted; the endpoint on a free loopback port
         servers["ours+metrics"] = ours_argv + ["--metrics", "127.0.0.1:0"]

@@ -41,7 +41,7 @@ _spec.loader.exec_module(netproxy)
 
 def ours(command: str, module: str) -> list[str]:
     exe = shutil.which(command)
-    return [exe] if exe else [sys.executable, "-m", module]
+    return [exe] if exe else [sys.executable, "-P", "-m", module]
 
 
 def rows(out: str) -> dict:

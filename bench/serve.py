@@ -65,7 +65,7 @@ def start(who: str, ref: Path, m: Path, eps: list[str], args, profile: str | Non
     common = ["-m", str(m), "--rpc", ",".join(eps), "-ngl", "99", "-c", str(args.ctx), "--port", str(port),
               "-t", str(args.threads)]
     if who == "ours":
-        pre = [sys.executable] + (["-m", "cProfile", "-o", profile] if profile else [])
+        pre = [sys.executable, "-P"] + (["-m", "cProfile", "-o", profile] if profile else [])
         argv = pre + ["-m", "ggmlrpc.cli.main", "serve", *common, "-ts", "1,1"]
     else:
         argv = [str(ref / "llama-server"), *common, "-ts", "1/1", "-np", "1"]

@@ -130,7 +130,7 @@ def our_server_argv(*args):
     exe = shutil.which("ggml-rpc-server")
     if exe and os.environ.get("GGMLRPC_USE_MODULE") is None:
         return [exe, *args]
-    return [sys.executable, "-m", "ggmlrpc.cli.server", *args]
+    return [sys.executable, "-P", "-m", "ggmlrpc.cli.server", *args]
 
 
 @pytest.fixture

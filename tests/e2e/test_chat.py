@@ -81,7 +81,7 @@ def spawn():
     children = []
 
     def start(*args, prompt: bool = True) -> pexpect.spawn:
-        child = pexpect.spawn(sys.executable, ["-m", "ggmlrpc.cli.main", "chat", *map(str, args)],
+        child = pexpect.spawn(sys.executable, ["-P", "-m", "ggmlrpc.cli.main", "chat", *map(str, args)],
                               timeout=120, env={"TERM": "xterm", **os.environ})
         children.append(child)
         if prompt:

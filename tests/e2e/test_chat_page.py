@@ -62,7 +62,7 @@ def model(tmp_path_factory):
     plain = synth.write_llama(d / "plain.gguf", synth.LlamaShape(n_ctx=N_CTX), "f32", seed=1)
     (d / "template.jinja").write_text(TEMPLATE)
     model = d / "chat.gguf"
-    subprocess.run([sys.executable, "-m", "gguf.scripts.gguf_new_metadata", str(plain), str(model),
+    subprocess.run([sys.executable, "-P", "-m", "gguf.scripts.gguf_new_metadata", str(plain), str(model),
                     "--chat-template-file", str(d / "template.jinja")],
                    check=True, capture_output=True, stdin=subprocess.DEVNULL)
     return model

@@ -57,7 +57,7 @@ def hub(tmp_path_factory):
 
 
 def cli(env, *args, command="run") -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "ggmlrpc.cli.main", command, *args], env=env,
+    return subprocess.run([sys.executable, "-P", "-m", "ggmlrpc.cli.main", command, *args], env=env,
                           capture_output=True, text=True, errors="replace", timeout=120, stdin=subprocess.DEVNULL)
 
 
@@ -94,7 +94,7 @@ def test_bench_and_serve_take_hf(hub):
     assert r.returncode == 0, r.stderr
     assert {row["model"] for row in json.loads(r.stdout)} == {"tiny-Q8_0.gguf"}
     port = free_port()
-    p = Proc([sys.executable, "-m", "ggmlrpc.cli.main", "serve", "-hf", REPO + ":F16", "-c", "128",
+    p = Proc([sys.executable, "-P", "-m", "ggmlrpc.cli.main", "serve", "-hf", REPO + ":F16", "-c", "128",
               "-t", "1", "--port", str(port)], port, env=env)
     try:
         models = httpx.get(f"http://127.0.0.1:{port}/v1/models", timeout=30).json()

@@ -83,7 +83,7 @@ def test_probe_other_version(capsys):
 
 def test_console_script(server):
     exe = shutil.which("ggml-rpc-cli")
-    argv = [exe] if exe else [sys.executable, "-m", "ggmlrpc.cli.main"]
+    argv = [exe] if exe else [sys.executable, "-P", "-m", "ggmlrpc.cli.main"]
     r = subprocess.run([*argv, "probe", f"127.0.0.1:{server.port}"], capture_output=True,
                        text=True, timeout=60)
     assert r.returncode == 0 and "RPC v7.0.0" in r.stdout

@@ -306,7 +306,7 @@ def test_truncated_record(tmp_path):
 
 def test_cli_replays_a_session(endpoint):
     session = TRACES / SESSIONS[-1]
-    r = subprocess.run([sys.executable, "-m", "ggmlrpc.trace", str(session), endpoint,
+    r = subprocess.run([sys.executable, "-P", "-m", "ggmlrpc.trace", str(session), endpoint,
                         "--stop-before", "GRAPH_COMPUTE", "--verify-writes"],
                        capture_output=True, text=True, timeout=120)
     assert r.returncode == 0, r.stdout + r.stderr

@@ -159,7 +159,7 @@ def test_second_load_comes_from_the_server_cache(tmp_path, server_proc):
                              synth.LlamaShape(n_layer=1, n_embd=64, n_ff=64, n_head=2, n_head_kv=1,
                                               n_vocab=48000), "f32")
     srv = server_proc("-c", env={**os.environ, "LLAMA_CACHE": str(tmp_path / "cache")})
-    argv = [sys.executable, "-m", "ggmlrpc.cli.main", "run", "-m", str(path), "--rpc", srv.endpoint,
+    argv = [sys.executable, "-P", "-m", "ggmlrpc.cli.main", "run", "-m", str(path), "--rpc", srv.endpoint,
             "-p", PROMPT, "-n", "4", "--temp", "0"]
     first = subprocess.run(argv, capture_output=True, timeout=300, cwd=tmp_path)
     second = subprocess.run(argv, capture_output=True, timeout=300, cwd=tmp_path)

@@ -28,7 +28,7 @@ PROMPT = "the old fisherman lived in a small village by the sea"
 
 
 def serve_argv(*args) -> list[str]:
-    return [sys.executable, "-m", "ggmlrpc.cli.main", "serve", *args]
+    return [sys.executable, "-P", "-m", "ggmlrpc.cli.main", "serve", *args]
 
 
 class Serve(Proc):
