@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build the reference llama.cpp peer (ggml-rpc-server, llama-completion, llama-bench,
-# llama-simple, llama-quantize, llama-tokenize, test-backend-ops, llama-server) from the PyPI sdist
-# llama-cpp-python==0.3.36 into a cache directory outside the repository. Idempotent:
-# a finished build is reused.
+# llama-simple, llama-quantize, llama-tokenize, test-backend-ops, llama-server,
+# test-llama-archs) from the PyPI sdist llama-cpp-python==0.3.36 into a cache directory
+# outside the repository. Idempotent: a finished build is reused.
 #
 #   scripts/build-reference.sh            # builds (once) and prints the bin directory
 #   scripts/build-reference.sh --where    # prints the bin directory if the build is
@@ -20,7 +20,7 @@ cpukey=$( (grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m) | md5sum | c
 root=${GGMLRPC_REFERENCE_DIR:-${XDG_CACHE_HOME:-$HOME/.cache}/ggmlrpc/reference-$version-$cpukey}
 bin=$root/build/bin
 targets=(ggml-rpc-server llama-completion llama-bench llama-simple llama-quantize
-         llama-tokenize test-backend-ops llama-server)
+         llama-tokenize test-backend-ops llama-server test-llama-archs)
 
 have_all() {
     for t in "${targets[@]}"; do [ -x "$bin/$t" ] || return 1; done
