@@ -2,8 +2,8 @@
 
 Rules (docs/protocol.md, "The graph payload"): every id a node, source or view
 names exists in the tensor list, wherever it stands (as llama.cpp resolves ids), and
-no tensor depends on itself through sources and view sources (no cycles); node ids
-are nonzero; each tensor passes the shape checks (a block type's
+no tensor depends on itself through sources and view sources (no cycles; ggml_cast's
+CPY, whose src[1] is the node itself, is none); node ids are nonzero; each tensor passes the shape checks (a block type's
 nb[0] is its block size, ggml's layout rule, so that its byte extent is what the
 kernels touch); a tensor with
 data has a live buffer of this connection and lies inside it; a view lies inside
@@ -129,4 +129,7 @@ def _refuse_cycles(by_id: dict[int, RpcTensor]) -> None:
 
 
 def _deps(t: RpcTensor) -> list[int]:
-    return [s for s in (*t.src, t.view_src) if s]
+    """The ids t depends on. A CPY's src[1] is its destination, not read: ggml_cast
+    makes it the node itself, which is no cycle."""
+    srcs = [s for i, s in enumerate(t.src) if s and not (i == 1 and s == t.id and t.op == ggml.GGMLOp.CPY)]
+    return [*srcs, t.view_src] if t.view_src else srcs
