@@ -158,6 +158,19 @@ def test_concat_of_transposed(ctx, rng, t, dt, dim):
     np.testing.assert_array_equal(ctx.read(out).reshape(want.shape), want)
 
 
+@pytest.mark.parametrize("dim", [0, 1, 2, 3])
+@pytest.mark.parametrize("empty_first", [True, False])
+def test_concat_with_an_empty_source(ctx, rng, dim, empty_first):
+    """An empty source (a cache of no tokens joined to the new ones) adds nothing."""
+    sx, se = [6, 3, 2, 2], [6, 3, 2, 2]
+    se[dim] = 0
+    x = rng.standard_normal(sx[::-1]).astype(np.float32)
+    tx, te = ctx.new(T.F32, sx, x), ctx.new(T.F32, se, np.zeros(se[::-1], np.float32))
+    out = ctx.op(Op.CONCAT, T.F32, sx, *((te, tx) if empty_first else (tx, te)), params=[dim])
+    ctx.compute()
+    np.testing.assert_array_equal(ctx.read(out).ravel(), x.ravel())
+
+
 @pytest.mark.parametrize("qt", [T.Q4_0, T.Q4_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("dim", [0, 1, 2])
 def test_concat_quantized(ctx, rng, qt, dim):

@@ -376,6 +376,21 @@ def test_sources_after_their_user_are_computed(arena):
     a.raw.close()
 
 
+def test_cast_names_itself_as_destination(arena):
+    """ggml_cast makes a CPY whose src[1] (the destination, not read) is the node
+    itself: that is no cycle, and the copy is computed."""
+    from ggmlrpc.ggml import GGMLOp
+    a = arena.attacker()
+    x = struct.pack("<16f", *range(16))
+    a.raw.set_tensor(leaf(a), x)
+    cast = a.t(id=2, op=GGMLOp.CPY, src=(1, 2), flags=16, data=a.base + 1024, name=b"leaf (copy)")
+    a.send(frame(GRAPH_COMPUTE, graph(0, [2], [leaf(a), cast])))
+    a.raw.expect_no_response()
+    assert a.raw.get_tensor(cast, 0, 64) == x
+    arena.bystander.check()
+    a.raw.close()
+
+
 @pytest.mark.parametrize("nb0", [0, 1, 9, 36])
 def test_block_tensor_with_another_nb0(arena, nb0):
     """A Q4_0 row whose nb[0] is not the block size has a ggml_nbytes short of what a
