@@ -661,6 +661,8 @@ CASES = {
     **{f"concat-{d}": concat(d) for d in range(4)},
     **{f"concat-transposed-{d}": concat_transposed(d) for d in range(4)},
     "concat-transposed-f16": concat_transposed(1, T.F16),
+    "concat-empty": lambda c, r: [c.op(Op.CONCAT, T.F32, (6, 3, 2), c.new(T.F32, (6, 0, 2)),
+                                       inp(c, r, T.F32, (6, 3, 2)), params=[1])],
     "pad": op1(Op.PAD, (5, 4, 3, 2), [1, 2, 0, 1, 2, 0, 0, 0], out_ne=(8, 5, 5, 2)),
     "pad-circular": op1(Op.PAD, (5, 4, 3, 2), [1, 2, 0, 1, 2, 0, 0, 0, 1], out_ne=(8, 5, 5, 2)),
     "arange": arange, **{f"tri-{k}": op1(Op.TRI, (6, 6, 2), [k]) for k in range(4)},
