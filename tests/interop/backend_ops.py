@@ -102,18 +102,14 @@ SUMMARY = re.compile(r"^\s*(\d+)/(\d+) tests passed", re.M)
 CASE_OK = re.compile(r"^  \w+\(.*\): (?:\x1b\[[0-9;]*m)?OK", re.M)
 
 
-def run_op(ref_bin: Path, shim: Path, server_argv: list[str], op: str, timeout: float = 600,
-           params: str | None = None) -> Result:
-    """Start a server (server_argv gets `-p PORT`), run test-backend-ops -b RPC0 -o op
-    against it, stop it. `params` overrides FILTERS for this op ("" runs every case)."""
+def run_client(shim: Path, server_argv: list[str], argv: list[str], timeout: float) -> tuple[str, float, str]:
+    """Start a server (server_argv gets `-p PORT`), run the reference program `argv`
+    with the server registered as RPC0, stop the server: (program output, seconds,
+    server stderr)."""
     from tests.conftest import Proc, free_port
 
     port = free_port()
     server = Proc([*server_argv, "-p", str(port)], port)
-    filt = FILTERS.get(op) if params is None else params
-    argv = [str(ref_bin / "test-backend-ops"), "-b", "RPC0", "-o", op]
-    if filt:
-        argv += ["-p", filt]
     # (no gdb backtrace when the client aborts: it costs seconds and says nothing here)
     env = dict(os.environ, GGMLRPC_SERVERS=server.endpoint, LD_PRELOAD=str(shim), GGML_NO_BACKTRACE="1")
     t0 = time.monotonic()
@@ -125,6 +121,18 @@ def run_op(ref_bin: Path, shim: Path, server_argv: list[str], op: str, timeout: 
         text = (e.stdout or b"").decode(errors="replace") + "\n[timed out]"
     seconds = time.monotonic() - t0
     _, err = server.stop()
+    return text, seconds, err
+
+
+def run_op(ref_bin: Path, shim: Path, server_argv: list[str], op: str, timeout: float = 600,
+           params: str | None = None) -> Result:
+    """Run test-backend-ops -b RPC0 -o op against a fresh server (run_client). `params`
+    overrides FILTERS for this op ("" runs every case)."""
+    filt = FILTERS.get(op) if params is None else params
+    argv = [str(ref_bin / "test-backend-ops"), "-b", "RPC0", "-o", op]
+    if filt:
+        argv += ["-p", filt]
+    text, seconds, err = run_client(shim, server_argv, argv, timeout)
     m = SUMMARY.findall(text)
     if m:
         passed, total = map(int, m[-1])

@@ -16,16 +16,12 @@ that architecture.
 from __future__ import annotations
 
 import argparse
-import os
 import re
-import subprocess
 import sys
 import tempfile
-import time
-from dataclasses import dataclass
 from pathlib import Path
 
-from tests.interop.backend_ops import build_shim, our_server_argv, reference_server_argv
+from tests.interop.backend_ops import Result, build_shim, our_server_argv, reference_server_argv, run_client
 
 # The architectures test-llama-archs runs a configuration of (the ones it marks
 # unsupported, and the ones it leaves out, print SKIP and count no test).
@@ -44,31 +40,6 @@ minimax-m2 cogvlm rnd1 pangu-embedded mistral3 mistral4 paddleocr mimo2 step35 s
 maincoder kimi-linear kimi-k3 glm5-next talkie mellum minimax-m3 nanbeige qwen3tts
 pockettts minimax-01 hrm_text
 """.split()
-
-
-@dataclass
-class Result:
-    arch: str
-    passed: int
-    total: int          # -1 when the run ended before its summary line
-    seconds: float
-    output: str
-    server_log: str
-
-    @property
-    def ok(self) -> bool:
-        return self.total > 0 and self.passed == self.total
-
-    def summary(self) -> str:
-        if self.total < 0:
-            return f"aborted after {self.passed} OK"
-        return f"{self.passed}/{self.total}"
-
-    def failures(self, n: int = 3) -> list[str]:
-        lines = [ln.strip() for ln in plain(self.output).splitlines()
-                 if "FAIL" in ln or "error" in ln.lower() or "abort" in ln.lower()]
-        why = [ln.strip() for ln in self.server_log.splitlines() if "clos" in ln.lower()]
-        return lines[:n] + why[:n]
 
 
 def plain(text: str) -> str:
@@ -94,24 +65,10 @@ def parse(text: str) -> tuple[int, int]:
 
 
 def run_arch(ref_bin: Path, shim: Path, server_argv: list[str], arch: str, timeout: float = 600) -> Result:
-    """Start a server (server_argv gets `-p PORT`), run test-llama-archs -b RPC0 -a arch
-    against it, stop it."""
-    from tests.conftest import Proc, free_port
-
-    port = free_port()
-    server = Proc([*server_argv, "-p", str(port)], port)
+    """Run test-llama-archs -b RPC0 -a arch against a fresh server (Result.op: the arch)."""
     argv = [str(ref_bin / "test-llama-archs"), "-b", "RPC0", "-a", arch]
-    env = dict(os.environ, GGMLRPC_SERVERS=server.endpoint, LD_PRELOAD=str(shim), GGML_NO_BACKTRACE="1")
-    t0 = time.monotonic()
-    try:
-        out = subprocess.run(argv, capture_output=True, text=True, errors="replace", env=env,
-                             timeout=timeout)
-        text = out.stdout + out.stderr
-    except subprocess.TimeoutExpired as e:
-        text = (e.stdout or b"").decode(errors="replace") + "\n[timed out]"
-    seconds = time.monotonic() - t0
-    _, err = server.stop()
-    return Result(arch, *parse(text), seconds, text, err)
+    text, seconds, err = run_client(shim, server_argv, argv, timeout)
+    return Result(arch, *parse(text), seconds, plain(text), err)
 
 
 def main(argv=None) -> int:
