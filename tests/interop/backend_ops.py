@@ -165,6 +165,14 @@ def main(argv=None) -> int:
     if ref_bin is None:
         print("no reference build (scripts/build-reference.sh)", file=sys.stderr)
         return 2
+    return print_table(ref_bin, "op", args.ops, args,
+                       lambda shim, server, op: run_op(ref_bin, shim, server, op, args.timeout, args.params))
+
+
+def print_table(ref_bin: Path, what: str, names: list[str], args, run) -> int:
+    """Run `run(shim, server_argv, name)` for each name on the sides args selects
+    (--ours, --reference, default both) and print a markdown table of the results,
+    the failures' lines on stderr; 1 if any failed."""
     sides = {"ours": our_server_argv(), "reference": reference_server_argv(ref_bin)}
     if args.ours:
         del sides["reference"]
@@ -173,17 +181,17 @@ def main(argv=None) -> int:
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
         shim = build_shim(ref_bin, Path(tmp))
-        print("| op | " + " | ".join(sides) + " |", flush=True)
-        for op in args.ops:
+        print(f"| {what} | " + " | ".join(sides) + " |", flush=True)
+        for name in names:
             cells = []
-            for name, server in sides.items():
-                r = run_op(ref_bin, shim, server, op, args.timeout, args.params)
+            for side, server in sides.items():
+                r = run(shim, server, name)
                 cells.append(f"{r.summary()} ({r.seconds:.0f}s)")
                 if not r.ok:
                     bad += 1
                     for ln in r.failures():
-                        print(f"  {name}: {ln}", file=sys.stderr)
-            print(f"| {op} | " + " | ".join(cells) + " |", flush=True)
+                        print(f"  {side}: {ln}", file=sys.stderr)
+            print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
     return 1 if bad else 0
 
 

@@ -18,10 +18,9 @@ from __future__ import annotations
 import argparse
 import re
 import sys
-import tempfile
 from pathlib import Path
 
-from tests.interop.backend_ops import Result, build_shim, our_server_argv, reference_server_argv, run_client
+from tests.interop.backend_ops import Result, print_table, run_client
 
 # The architectures test-llama-archs runs a configuration of (the ones it marks
 # unsupported, and the ones it leaves out, print SKIP and count no test).
@@ -85,26 +84,8 @@ def main(argv=None) -> int:
     if ref_bin is None or not (ref_bin / "test-llama-archs").exists():
         print("no reference build with test-llama-archs (scripts/build-reference.sh)", file=sys.stderr)
         return 2
-    sides = {"ours": our_server_argv(), "reference": reference_server_argv(ref_bin)}
-    if args.ours:
-        del sides["reference"]
-    if args.reference:
-        del sides["ours"]
-    bad = 0
-    with tempfile.TemporaryDirectory() as tmp:
-        shim = build_shim(ref_bin, Path(tmp))
-        print("| arch | " + " | ".join(sides) + " |", flush=True)
-        for arch in args.archs:
-            cells = []
-            for name, server in sides.items():
-                r = run_arch(ref_bin, shim, server, arch, args.timeout)
-                cells.append(f"{r.summary()} ({r.seconds:.0f}s)")
-                if not r.ok:
-                    bad += 1
-                    for ln in r.failures():
-                        print(f"  {name}: {ln}", file=sys.stderr)
-            print(f"| {arch} | " + " | ".join(cells) + " |", flush=True)
-    return 1 if bad else 0
+    return print_table(ref_bin, "arch", args.archs, args,
+                       lambda shim, server, arch: run_arch(ref_bin, shim, server, arch, args.timeout))
 
 
 if __name__ == "__main__":
