@@ -1,8 +1,9 @@
 """A GRAPH_COMPUTE payload, deserialized and validated against a session's buffers.
 
 Rules (docs/protocol.md, "The graph payload"): every id a node, source or view
-names exists in the tensor list and comes before its user (post-order, so no
-cycles); node ids are nonzero; each tensor passes the shape checks (a block type's
+names exists in the tensor list, wherever it stands (as llama.cpp resolves ids), and
+no tensor depends on itself through sources and view sources (no cycles; ggml_cast's
+CPY, whose src[1] is the node itself, is none); node ids are nonzero; each tensor passes the shape checks (a block type's
 nb[0] is its block size, ggml's layout rule, so that its byte extent is what the
 kernels touch); a tensor with
 data has a live buffer of this connection and lies inside it; a view lies inside
@@ -72,13 +73,6 @@ def build_graph(session, device: int, node_ids: list[int], tensors: list[RpcTens
             # rests: with another nb[0] the kernels would touch bytes past that extent
             raise ValidationError(f"tensor {t.name_str!r}: nb[0] of a block type must be its block's "
                                   f"size ({ggml.type_size(t.type)} bytes), not {t.nb[0]}")
-        for s in t.src:
-            if s and s not in by_id:
-                raise ValidationError(
-                    f"tensor {t.name_str!r} names source id {s:#x} that is not before it in the tensor list")
-        if t.view_src and t.view_src not in by_id:
-            raise ValidationError(
-                f"tensor {t.name_str!r} views id {t.view_src:#x} that is not before it in the tensor list")
         if t.buffer:
             buf = session.buffer(t.buffer)
             if not codec.range_inside(t.data, t.nbytes, buf.base, buf.size):
@@ -86,12 +80,19 @@ def build_graph(session, device: int, node_ids: list[int], tensors: list[RpcTens
             placement[t.id] = Placement(buf, t.data - buf.base)
         elif t.data:
             raise ValidationError(f"tensor {t.name_str!r} has data but no buffer")
+        by_id[t.id] = t
+    for t in by_id.values():
+        for s in t.src:
+            if s and s not in by_id:
+                raise ValidationError(f"tensor {t.name_str!r} names source id {s:#x} that is not in the tensor list")
         if t.view_src:
+            if t.view_src not in by_id:
+                raise ValidationError(f"tensor {t.name_str!r} views id {t.view_src:#x} that is not in the tensor list")
             vs = placement.get(t.view_src)
             mine = placement.get(t.id)
             if vs is not None and (mine is None or mine.buffer is not vs.buffer):
                 raise ValidationError(f"view {t.name_str!r} is not inside the buffer of its source")
-        by_id[t.id] = t
+    _refuse_cycles(by_id)
     nodes = []
     for nid in node_ids:
         if nid == 0:
@@ -101,3 +102,34 @@ def build_graph(session, device: int, node_ids: list[int], tensors: list[RpcTens
             raise ValidationError(f"graph node id {nid:#x} is not in the tensor list")
         nodes.append(node)
     return Graph(device, nodes, by_id, placement)
+
+
+def _refuse_cycles(by_id: dict[int, RpcTensor]) -> None:
+    """Raise if a tensor depends on itself through its sources and view source
+    (an iterative depth-first search: a graph may hold half a million tensors)."""
+    state: dict[int, int] = {}  # 1: on the current path, 2: done
+    for root in by_id:
+        if root in state:
+            continue
+        state[root] = 1
+        stack = [(root, iter(_deps(by_id[root])))]
+        while stack:
+            tid, deps = stack[-1]
+            for d in deps:
+                seen = state.get(d)
+                if seen == 1:
+                    raise ValidationError(f"tensor {by_id[d].name_str!r} depends on itself (a cycle in the graph)")
+                if seen is None:
+                    state[d] = 1
+                    stack.append((d, iter(_deps(by_id[d]))))
+                    break
+            else:
+                state[tid] = 2
+                stack.pop()
+
+
+def _deps(t: RpcTensor) -> list[int]:
+    """The ids t depends on. A CPY's src[1] is its destination, not read: ggml_cast
+    makes it the node itself, which is no cycle."""
+    srcs = [s for i, s in enumerate(t.src) if s and not (i == 1 and s == t.id and t.op == ggml.GGMLOp.CPY)]
+    return [*srcs, t.view_src] if t.view_src else srcs

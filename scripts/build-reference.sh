@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # Build the reference llama.cpp peer (ggml-rpc-server, llama-completion, llama-bench,
-# llama-simple, llama-quantize, llama-tokenize, test-backend-ops, llama-server) from the PyPI sdist
-# llama-cpp-python==0.3.36 into a cache directory outside the repository. Idempotent:
-# a finished build is reused.
+# llama-simple, llama-quantize, llama-tokenize, test-backend-ops, llama-server,
+# test-llama-archs) from the PyPI sdist llama-cpp-python==0.3.36 into a cache directory
+# outside the repository. Idempotent: a finished build is reused.
 #
 #   scripts/build-reference.sh            # builds (once) and prints the bin directory
 #   scripts/build-reference.sh --where    # prints the bin directory if the build is
@@ -27,7 +27,7 @@ case $cpu in
 native)
     cpukey=$( (grep -m1 '^flags' /proc/cpuinfo 2>/dev/null || uname -m) | md5sum | cut -c1-8)
     targets=(ggml-rpc-server llama-completion llama-bench llama-simple llama-quantize
-             llama-tokenize test-backend-ops llama-server)
+             llama-tokenize test-backend-ops llama-server test-llama-archs)
     arch=(-DGGML_NATIVE=ON) ;;
 avx2)
     cpukey=avx2

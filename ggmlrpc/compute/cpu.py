@@ -31,9 +31,10 @@ MAX_SCRATCH = 4 << 30
 
 
 # ops that ggml computes with an empty source (llama.cpp's test-backend-ops has such
-# cases: no rows to set, a convolution over nothing); their rules and kernels loop
+# cases: no rows to set, a convolution over nothing; a model joins an empty cache to
+# its new tokens); their rules and kernels loop
 # zero times over the empty dimension. Other ops with an empty source are refused.
-EMPTY_SOURCES_OK = frozenset({ggml.GGMLOp.SET_ROWS, ggml.GGMLOp.CONV_3D})
+EMPTY_SOURCES_OK = frozenset({ggml.GGMLOp.SET_ROWS, ggml.GGMLOp.CONV_3D, ggml.GGMLOp.CONCAT})
 
 
 class CpuPlan:

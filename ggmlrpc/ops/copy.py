@@ -76,8 +76,14 @@ def repeat_back(node, srcs, admit=accept):
     return [s]
 
 
+T = ggml.GGMLType
+STRIDED_CONCAT = frozenset((T.F32, T.F16, T.BF16, T.I8, T.I16, T.I32))
+
+
 def concat(node, srcs, admit=accept):
-    """op_params[0]: the dimension."""
+    """op_params[0]: the dimension. F32, F16, BF16, I8, I16 and I32 are read and
+    written through every stride (ggml's element-wise paths); other types need
+    packed rows."""
     a, b = sources(node, srcs, 2)
     dim = node.op_params[0]
     admit(node, srcs)
@@ -89,7 +95,8 @@ def concat(node, srcs, admit=accept):
         want = a.ne[i] + b.ne[i] if i == dim else a.ne[i]
         if node.ne[i] != want or (i != dim and b.ne[i] != a.ne[i]):
             raise invalid(node, srcs, "shapes do not concatenate")
-    need_rows(node, srcs, a, b, node)
+    if a.type not in STRIDED_CONCAT:
+        need_rows(node, srcs, a, b, node)
     return [a, b]
 
 

@@ -102,18 +102,14 @@ SUMMARY = re.compile(r"^\s*(\d+)/(\d+) tests passed", re.M)
 CASE_OK = re.compile(r"^  \w+\(.*\): (?:\x1b\[[0-9;]*m)?OK", re.M)
 
 
-def run_op(ref_bin: Path, shim: Path, server_argv: list[str], op: str, timeout: float = 600,
-           params: str | None = None) -> Result:
-    """Start a server (server_argv gets `-p PORT`), run test-backend-ops -b RPC0 -o op
-    against it, stop it. `params` overrides FILTERS for this op ("" runs every case)."""
+def run_client(shim: Path, server_argv: list[str], argv: list[str], timeout: float) -> tuple[str, float, str]:
+    """Start a server (server_argv gets `-p PORT`), run the reference program `argv`
+    with the server registered as RPC0, stop the server: (program output, seconds,
+    server stderr)."""
     from tests.conftest import Proc, free_port
 
     port = free_port()
     server = Proc([*server_argv, "-p", str(port)], port)
-    filt = FILTERS.get(op) if params is None else params
-    argv = [str(ref_bin / "test-backend-ops"), "-b", "RPC0", "-o", op]
-    if filt:
-        argv += ["-p", filt]
     # (no gdb backtrace when the client aborts: it costs seconds and says nothing here)
     env = dict(os.environ, GGMLRPC_SERVERS=server.endpoint, LD_PRELOAD=str(shim), GGML_NO_BACKTRACE="1")
     t0 = time.monotonic()
@@ -125,6 +121,18 @@ def run_op(ref_bin: Path, shim: Path, server_argv: list[str], op: str, timeout: 
         text = (e.stdout or b"").decode(errors="replace") + "\n[timed out]"
     seconds = time.monotonic() - t0
     _, err = server.stop()
+    return text, seconds, err
+
+
+def run_op(ref_bin: Path, shim: Path, server_argv: list[str], op: str, timeout: float = 600,
+           params: str | None = None) -> Result:
+    """Run test-backend-ops -b RPC0 -o op against a fresh server (run_client). `params`
+    overrides FILTERS for this op ("" runs every case)."""
+    filt = FILTERS.get(op) if params is None else params
+    argv = [str(ref_bin / "test-backend-ops"), "-b", "RPC0", "-o", op]
+    if filt:
+        argv += ["-p", filt]
+    text, seconds, err = run_client(shim, server_argv, argv, timeout)
     m = SUMMARY.findall(text)
     if m:
         passed, total = map(int, m[-1])
@@ -157,6 +165,14 @@ def main(argv=None) -> int:
     if ref_bin is None:
         print("no reference build (scripts/build-reference.sh)", file=sys.stderr)
         return 2
+    return print_table(ref_bin, "op", args.ops, args,
+                       lambda shim, server, op: run_op(ref_bin, shim, server, op, args.timeout, args.params))
+
+
+def print_table(ref_bin: Path, what: str, names: list[str], args, run) -> int:
+    """Run `run(shim, server_argv, name)` for each name on the sides args selects
+    (--ours, --reference, default both) and print a markdown table of the results,
+    the failures' lines on stderr; 1 if any failed."""
     sides = {"ours": our_server_argv(), "reference": reference_server_argv(ref_bin)}
     if args.ours:
         del sides["reference"]
@@ -165,17 +181,17 @@ def main(argv=None) -> int:
     bad = 0
     with tempfile.TemporaryDirectory() as tmp:
         shim = build_shim(ref_bin, Path(tmp))
-        print("| op | " + " | ".join(sides) + " |", flush=True)
-        for op in args.ops:
+        print(f"| {what} | " + " | ".join(sides) + " |", flush=True)
+        for name in names:
             cells = []
-            for name, server in sides.items():
-                r = run_op(ref_bin, shim, server, op, args.timeout, args.params)
+            for side, server in sides.items():
+                r = run(shim, server, name)
                 cells.append(f"{r.summary()} ({r.seconds:.0f}s)")
                 if not r.ok:
                     bad += 1
                     for ln in r.failures():
-                        print(f"  {name}: {ln}", file=sys.stderr)
-            print(f"| {op} | " + " | ".join(cells) + " |", flush=True)
+                        print(f"  {side}: {ln}", file=sys.stderr)
+            print(f"| {name} | " + " | ".join(cells) + " |", flush=True)
     return 1 if bad else 0
 
 

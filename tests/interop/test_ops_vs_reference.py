@@ -254,6 +254,18 @@ def concat(dim):
     return build
 
 
+def concat_transposed(dim, t=T.F32):
+    """A transposed second source (a hybrid model's conv input): ggml's element-wise path."""
+    def build(c, r):
+        sb = [6, 3, 2, 2]
+        sb[dim] = 4
+        ne = [6, 3, 2, 2]
+        ne[dim] += sb[dim]
+        b = c.transpose(inp(c, r, t, (sb[1], sb[0], sb[2], sb[3])))
+        return [c.op(Op.CONCAT, t, ne, inp(c, r, t, (6, 3, 2, 2)), b, params=[dim])]
+    return build
+
+
 def arange(c, r):
     return [c.op(Op.ARANGE, T.F32, (9,), params=[f32_bits(0.5), f32_bits(7.0), f32_bits(0.75)])]
 
@@ -667,6 +679,10 @@ CASES = {
     "repeat-f16": op1(Op.REPEAT, (5, 3, 2), t=T.F16, out_ne=(10, 6, 4, 3)),
     "repeat_back": op1(Op.REPEAT_BACK, (10, 6, 4, 2), out_ne=(5, 3, 2, 1)),
     **{f"concat-{d}": concat(d) for d in range(4)},
+    **{f"concat-transposed-{d}": concat_transposed(d) for d in range(4)},
+    "concat-transposed-f16": concat_transposed(1, T.F16),
+    "concat-empty": lambda c, r: [c.op(Op.CONCAT, T.F32, (6, 3, 2), c.new(T.F32, (6, 0, 2)),
+                                       inp(c, r, T.F32, (6, 3, 2)), params=[1])],
     "pad": op1(Op.PAD, (5, 4, 3, 2), [1, 2, 0, 1, 2, 0, 0, 0], out_ne=(8, 5, 5, 2)),
     "pad-circular": op1(Op.PAD, (5, 4, 3, 2), [1, 2, 0, 1, 2, 0, 0, 0, 1], out_ne=(8, 5, 5, 2)),
     "arange": arange, **{f"tri-{k}": op1(Op.TRI, (6, 6, 2), [k]) for k in range(4)},

@@ -138,6 +138,39 @@ def test_concat(ctx, rng, dim):
     np.testing.assert_array_equal(ctx.read(out), np.concatenate([a, b], axis=3 - dim))
 
 
+@pytest.mark.parametrize("t, dt", [(T.F32, np.float32), (T.F16, np.float16), (T.I32, np.int32),
+                                   (T.I8, np.int8)], ids=lambda v: getattr(v, "name", ""))
+@pytest.mark.parametrize("dim", [0, 1, 2, 3])
+def test_concat_of_transposed(ctx, rng, t, dt, dim):
+    """ggml concatenates 1-, 2- and 4-byte elements through every stride: a
+    transposed source (a hybrid model's conv input) is read element by element."""
+    sa, sb = [5, 6, 2, 2], [5, 6, 2, 2]
+    sb[dim] = 3
+    a = (rng.standard_normal(sa[::-1]) * 50).astype(dt)
+    b = (rng.standard_normal([sb[1], sb[0], sb[2], sb[3]][::-1]) * 50).astype(dt)  # stored transposed
+    ta = ctx.new(t, sa, a)
+    tb = ctx.transpose(ctx.new(t, (sb[1], sb[0], sb[2], sb[3]), b))
+    ne = list(sa)
+    ne[dim] += sb[dim]
+    out = ctx.op(Op.CONCAT, t, ne, ta, tb, params=[dim])
+    ctx.compute()
+    want = np.concatenate([a, b.swapaxes(2, 3)], axis=3 - dim)
+    np.testing.assert_array_equal(ctx.read(out).reshape(want.shape), want)
+
+
+@pytest.mark.parametrize("dim", [0, 1, 2, 3])
+@pytest.mark.parametrize("empty_first", [True, False])
+def test_concat_with_an_empty_source(ctx, rng, dim, empty_first):
+    """An empty source (a cache of no tokens joined to the new ones) adds nothing."""
+    sx, se = [6, 3, 2, 2], [6, 3, 2, 2]
+    se[dim] = 0
+    x = rng.standard_normal(sx[::-1]).astype(np.float32)
+    tx, te = ctx.new(T.F32, sx, x), ctx.new(T.F32, se, np.zeros(se[::-1], np.float32))
+    out = ctx.op(Op.CONCAT, T.F32, sx, *((te, tx) if empty_first else (tx, te)), params=[dim])
+    ctx.compute()
+    np.testing.assert_array_equal(ctx.read(out).ravel(), x.ravel())
+
+
 @pytest.mark.parametrize("qt", [T.Q4_0, T.Q4_K], ids=lambda t: t.name)
 @pytest.mark.parametrize("dim", [0, 1, 2])
 def test_concat_quantized(ctx, rng, qt, dim):

@@ -8,6 +8,8 @@ must be intact and its connection fully working.
 """
 from __future__ import annotations
 
+import struct
+
 import pytest
 
 from tests.protocol.rawclient import (
@@ -313,10 +315,11 @@ def add(a: Attacker, id: int, *src: int, **kw) -> bytes:
     ("node_missing", "not in the tensor list"),
     ("node_zero", "node id 0"),
     ("tensor_id_zero", "id 0"),
-    ("cycle", "not before it"),
-    ("self_source", "not before it"),
-    ("source_later", "not before it"),
-    ("view_src_missing", "not before it"),
+    ("cycle", "a cycle"),
+    ("self_source", "a cycle"),
+    ("view_cycle", "a cycle"),
+    ("source_missing", "not in the tensor list"),
+    ("view_src_missing", "not in the tensor list"),
     ("view_other_buffer", "not inside the buffer"),
     ("op_101", "invalid op"),
     ("op_255", "invalid op"),
@@ -340,8 +343,11 @@ def test_bad_graph(arena, case, reason):
             return graph(0, [2], [add(a, 1, 2), add(a, 2, 1)])
         if case == "self_source":
             return graph(0, [1], [add(a, 1, 1)])
-        if case == "source_later":
-            return graph(0, [2], [add(a, 2, 1), leaf(a)])
+        if case == "view_cycle":
+            return graph(0, [3], [a.t(id=1, op=OP_VIEW, view_src=2, src=(2,)),
+                                  a.t(id=2, op=OP_VIEW, view_src=1, src=(1,)), add(a, 3, 1)])
+        if case == "source_missing":
+            return graph(0, [2], [add(a, 2, 1, 7), leaf(a)])
         if case == "view_src_missing":
             return graph(0, [2], [a.t(id=2, op=OP_VIEW, view_src=5, src=(5,))])
         if case == "view_other_buffer":
@@ -352,6 +358,37 @@ def test_bad_graph(arena, case, reason):
               "map_custom2": 93, "map_custom3": 94, "custom": 95}[case]
         return graph(0, [2], [leaf(a), a.t(id=2, op=op, src=(1,), flags=16, data=a.base + 1024)])
     arena.run(lambda a: a.send(frame(GRAPH_COMPUTE, payload(a))), reason)
+
+
+def test_sources_after_their_user_are_computed(arena):
+    """A source or view source may stand anywhere in the tensor list (llama.cpp's
+    server resolves ids wherever they are; its client lists some views after their
+    users): only a cycle is refused. Here both come after the node that reads them."""
+    a = arena.attacker()
+    x = struct.pack("<16f", *range(16))
+    a.raw.set_tensor(leaf(a), x)
+    view = a.t(id=2, op=OP_VIEW, view_src=1, src=(1,), name=b"view")
+    a.send(frame(GRAPH_COMPUTE, graph(0, [3], [add(a, 3, 2, 1), view, leaf(a)])))
+    a.raw.expect_no_response()
+    out = a.raw.get_tensor(a.t(id=3, data=a.base + 1024), 0, 64)
+    assert struct.unpack("<16f", out) == tuple(2.0 * i for i in range(16))
+    arena.bystander.check()
+    a.raw.close()
+
+
+def test_cast_names_itself_as_destination(arena):
+    """ggml_cast makes a CPY whose src[1] (the destination, not read) is the node
+    itself: that is no cycle, and the copy is computed."""
+    from ggmlrpc.ggml import GGMLOp
+    a = arena.attacker()
+    x = struct.pack("<16f", *range(16))
+    a.raw.set_tensor(leaf(a), x)
+    cast = a.t(id=2, op=GGMLOp.CPY, src=(1, 2), flags=16, data=a.base + 1024, name=b"leaf (copy)")
+    a.send(frame(GRAPH_COMPUTE, graph(0, [2], [leaf(a), cast])))
+    a.raw.expect_no_response()
+    assert a.raw.get_tensor(cast, 0, 64) == x
+    arena.bystander.check()
+    a.raw.close()
 
 
 @pytest.mark.parametrize("nb0", [0, 1, 9, 36])

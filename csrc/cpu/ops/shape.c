@@ -61,13 +61,30 @@ void gr_k_repeat_back(gr_job *job, int phase) {
                             }
 }
 
-/* dst = src0 and src1 joined along dimension op_params[0] (rows copied as bytes) */
+/* Row ir of d joined from a's and b's elements one at a time, through every stride
+   (ggml's path for 1-, 2- and 4-byte types, whose rows need not be packed). */
+static void concat_strided(const gr_tensor *a, const gr_tensor *b, const gr_tensor *d, int dim,
+                           size_t ts, const int64_t i[4]) {
+    for (int64_t i0 = 0; i0 < d->ne[0]; i0++) {
+        int64_t j[4] = {i0, i[1], i[2], i[3]};
+        const gr_tensor *s = a;
+        if (j[dim] >= a->ne[dim]) {
+            j[dim] -= a->ne[dim];
+            s = b;
+        }
+        memcpy(gr_at(d, i0, i[1], i[2], i[3]), gr_at(s, j[0], j[1], j[2], j[3]), ts);
+    }
+}
+
+/* dst = src0 and src1 joined along dimension op_params[0] (rows copied as bytes when
+   all three have packed rows, else element by element) */
 void gr_k_concat(gr_job *job, int phase) {
     (void)phase;
     const gr_node *n = job->node;
     const gr_tensor *a = &n->src[0], *b = &n->src[1], *d = &n->dst;
     const int dim = n->op_params[0];
     const int64_t ts = n->iparams[0], bs = n->iparams[1];   /* type size, block size */
+    const int packed = bs > 1 || (a->nb[0] == ts && b->nb[0] == ts && d->nb[0] == ts);
 #define ROW_BYTES(ne) ((size_t)((ne) / bs * ts))
     int64_t r0, r1;
     gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
@@ -77,7 +94,9 @@ void gr_k_concat(gr_job *job, int phase) {
         i[2] = (ir / d->ne[1]) % d->ne[2];
         i[3] = ir / (d->ne[1] * d->ne[2]);
         char *y = gr_at(d, 0, i[1], i[2], i[3]);
-        if (dim == 0) {
+        if (!packed) {
+            concat_strided(a, b, d, dim, (size_t)ts, i);
+        } else if (dim == 0) {
             memmove(y, gr_at(a, 0, i[1], i[2], i[3]), ROW_BYTES(a->ne[0]));
             memmove(y + ROW_BYTES(a->ne[0]), gr_at(b, 0, i[1], i[2], i[3]), ROW_BYTES(b->ne[0]));
         } else if (i[dim] < a->ne[dim]) {
