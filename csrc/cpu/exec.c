@@ -196,7 +196,7 @@ static void check_stop(gr_job *job, int node_done, int i) {
     if (c & GR_STOP_CANCEL) {
         gr_fail(job, GR_EXEC_ECANCELED, "canceled");
     } else if ((c & GR_STOP_YIELD) && node_done && i + 1 < job->run->n_nodes) {
-        job->run->next = i + 1;
+        job->run->resume = i + 1;
         gr_fail(job, GR_EXEC_EYIELD, "yielded");
     }
 }
@@ -220,7 +220,7 @@ typedef struct { gr_pool *pool; int ith; } gr_worker_arg;
 static void run_nodes(gr_pool *pool, gr_run *run, int ith) {
     const int nth = pool->n_threads;
     int epoch = 0;   /* barriers passed */
-    for (int i = run->next; i < run->n_nodes; i++) {
+    for (int i = run->start; i < run->n_nodes; i++) {
         const gr_node *node = &run->nodes[i];
         const gr_kernel_entry *k = &KERNELS[node->kernel];
         gr_job job = { node, ith, nth, run->wdata, run->wsize, run, 0 };
@@ -335,7 +335,7 @@ int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
         }
     }
     if (*next < 0 || *next > n_nodes) *next = n_nodes;
-    gr_run run = { nodes, n_nodes, wdata, wsize, 0, status, cancel, *next, 0 };
+    gr_run run = { nodes, n_nodes, wdata, wsize, 0, status, cancel, *next, *next, 0 };
     atomic_init(&run.failed, 0);
     atomic_init(&run.chunk, 0);
     pthread_mutex_lock(&pool->run_mu);
@@ -352,6 +352,6 @@ int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
     while (pool->active > 0) pthread_cond_wait(&pool->done_cv, &pool->mu);
     pthread_mutex_unlock(&pool->mu);
     pthread_mutex_unlock(&pool->run_mu);
-    *next = run.next;
+    *next = run.resume;
     return atomic_load(&run.failed) ? status->code : 0;   /* status was written before the barrier */
 }

