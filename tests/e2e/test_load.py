@@ -185,7 +185,7 @@ def test_resource_exhaustion_refuses_and_survives(mode, tmp_path):
     is refused with a log line, the server keeps serving the bystander, and serves
     new clients once the load is gone."""
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-c", CHILD, str(port), mode],
+    proc = subprocess.Popen([sys.executable, "-P", "-c", CHILD, str(port), mode],
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
                             cwd=tmp_path)  # the installed package, not the source tree
     try:

@@ -498,7 +498,7 @@ def test_idle_metrics_connections_leave_rpc_clients_served():
     port takes the descriptor reserve, so an RPC client is still served meanwhile,
     and a scrape is answered once the idle ones are gone."""
     port, mport = free_port(), free_port()
-    p = Proc([sys.executable, "-c", LOW_FDS, "-p", str(port), "--metrics", f"127.0.0.1:{mport}"], port)
+    p = Proc([sys.executable, "-P", "-c", LOW_FDS, "-p", str(port), "--metrics", f"127.0.0.1:{mport}"], port)
     idle = []
     try:
         for _ in range(300):

@@ -45,13 +45,15 @@ def avx2_family():
 
 @pytest.fixture
 def portable_kernels():
-    from ggmlrpc._native import executor, quants
+    """The executor's portable kernels. The quant kernels keep their level: their
+    portable level sums in ggml's generic order, which no x86 build (and so no
+    recorded session) uses. (This fixture used to set that level too, but each module
+    then had its own copy of it and the executor never saw it; with one core library
+    it would.)"""
+    from ggmlrpc._native import executor
     old_exec = executor.set_simd(False)
-    old_quants = quants.simd(-1)
-    quants.simd(0)
     yield
     executor.set_simd(bool(old_exec))
-    quants.simd(old_quants)
 
 
 def replay(endpoint: str, session: str, max_nmse: float = 1e-4):

@@ -101,7 +101,7 @@ BOUNDED = textwrap.dedent("""
 
 
 def run_bounded(path) -> tuple[int, str]:
-    r = subprocess.run([sys.executable, "-c", BOUNDED, str(path)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-P", "-c", BOUNDED, str(path)], capture_output=True, text=True,
                        timeout=120, errors="replace")
     return r.returncode, r.stderr
 

@@ -46,7 +46,7 @@ def test_neutral_rules_load_without_the_executor():
     code = ("import sys, ggmlrpc.ops; "
             "bad = [m for m in sys.modules if m.startswith(('ggmlrpc.compute', 'ggmlrpc._native'))]; "
             "assert not bad, bad")
-    subprocess.run([sys.executable, "-c", code], check=True)
+    subprocess.run([sys.executable, "-P", "-c", code], check=True)
 
 
 def test_every_cpu_rule_has_a_neutral_rule():
