@@ -21,6 +21,7 @@ import os
 import threading
 
 from .. import ggml
+from ..devices.base import available_memory
 from ..errors import ConnectionLost, DeviceError, UnsupportedError, ValidationError
 from ..ops.base import no_empty_sources
 from . import cpu_rules, work
@@ -145,7 +146,6 @@ class CpuExecutor:
             records.append((spec.kernel, spec.sub, len(names), op_params, spec.iparams,
                             tensors[0], used))
             names.append(f"{node.name_str!r} ({ggml.op_name(node.op)})")
-        from ..devices.cpu import available_memory
         limit = min(MAX_SCRATCH, available_memory() // 2)
         try:
             native = ex.Plan(records, self.n_threads, list(keep.values()), limit)

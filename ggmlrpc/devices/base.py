@@ -2,8 +2,21 @@
 from __future__ import annotations
 
 import abc
+import os
 
 from ..protocol import RpcTensor
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo (what a new allocation can really get)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 class Buffer(abc.ABC):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from .._native.hostmem import HostMemory
-from .base import Buffer, Device
+from .base import Buffer, Device, available_memory
 
 CPU_ALIGNMENT = 32           # ggml's TENSOR_ALIGNMENT
 SIZE_MAX = (1 << 64) - 1     # the CPU buffer type has no size limit
@@ -26,18 +26,6 @@ def cpu_description() -> str:
 
 def physical_memory() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
-def available_memory() -> int:
-    """MemAvailable from /proc/meminfo (what a new allocation can really get)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 class HostBuffer(Buffer):
