@@ -33,8 +33,10 @@ class _ArrayMemory:
 
     def __init__(self, array: np.ndarray):
         self.mem = array
-        self.addr = array.ctypes.data
         self.size = array.nbytes
+
+    def host_address(self):
+        return None if self.mem is None else (self.mem.ctypes.data, self.mem)
 
     def view(self) -> memoryview:
         return memoryview(self.mem).cast("B")

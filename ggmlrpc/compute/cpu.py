@@ -184,9 +184,9 @@ def _resolve(graph, t, keep):
     if p is None:
         raise ValidationError(f"tensor {t.name_str!r} of a computed node has no buffer on this server")
     mem = p.buffer.mem
-    host = getattr(mem, "mem", None)
-    addr = getattr(mem, "addr", None)
-    if host is None or addr is None:
+    found = mem.host_address() if mem is not None else None
+    if found is None:
         raise UnsupportedError(f"tensor {t.name_str!r} is not in host memory")
+    addr, host = found
     keep[id(host)] = host
     return (addr + p.offset, t.type, tuple(t.ne), tuple(t.nb))

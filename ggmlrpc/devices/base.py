@@ -55,6 +55,17 @@ class Buffer(abc.ABC):
     def free(self) -> None:
         """Release the memory now (also happens when the object is collected)."""
 
+    def host_address(self) -> tuple[int, object] | None:
+        """Where the CPU executor reads and writes the buffer in place: (the address of
+        its byte 0 in this process, the object owning that memory, which a plan holds
+        while it points there); None when the buffer is not in host memory."""
+        return None
+
+    def device_address(self, device) -> int | None:
+        """The buffer's byte 0 in the memory of `device` (a kernel argument of its
+        executor); None when the buffer is not that device's memory."""
+        return None
+
 
 class Device(abc.ABC):
     """One compute device exposed over RPC (a CPU, a CUDA GPU)."""

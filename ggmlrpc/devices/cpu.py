@@ -35,10 +35,6 @@ class HostBuffer(Buffer):
         self.mem = HostMemory(size)
         self.size = size
 
-    @property
-    def addr(self) -> int:
-        return self.mem.addr
-
     def view(self) -> memoryview:
         return memoryview(self.mem)
 
@@ -69,6 +65,9 @@ class HostBuffer(Buffer):
     def free(self):
         self.mem = HostMemory(0)
         self.size = 0
+
+    def host_address(self):
+        return self.mem.addr, self.mem
 
 
 class CpuDevice(Device):
