@@ -21,7 +21,8 @@ from . import protocol
 from .compute.work import DEFAULT_PER_BYTE
 from .cache import TensorCache, cache_directory  # noqa: F401 (cache_directory: public here too)
 from .graph_watch import GraphWatch
-from .session import BASE_GAP, BASE_START, ServerBuffer, Session  # noqa: F401 (public here too)
+from .buffers import BASE_GAP, BASE_START, ServerBuffer  # noqa: F401 (public here too)
+from .session import Session
 from .transport import FD_RESERVE, in_fd_reserve
 
 log = logging.getLogger("ggmlrpc.server")

@@ -13,11 +13,11 @@ import logging
 import mmap
 import socket
 import struct
-from dataclasses import dataclass
 from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
 from . import protocol
+from .buffers import BufferTable, ServerBuffer
 from .errors import ConnectionLost, GgmlRpcError, ProtocolError, RpcTimeout, ValidationError
 from .compute.cpu import cancel_token
 from .graph import build_graph
@@ -36,28 +36,6 @@ U64 = struct.Struct("<Q")
 U64x2 = struct.Struct("<QQ")  # (handle, size), (free, total), (offset, size|hash)
 GRAPH_CHUNK = 16 << 20           # graph payloads grow only as their bytes arrive
 ANNOUNCED_MAX = 16               # cache misses a connection may upload after (llama.cpp: one)
-
-# Opaque address space handed to clients: each buffer gets a base that is a
-# multiple of 2 MiB, followed by a gap, so that neighbouring buffers never touch.
-BASE_START = 0x0000_1000_0000_0000
-BASE_GAP = 2 << 20
-
-
-def _round_up(n: int, m: int) -> int:
-    return (n + m - 1) // m * m
-
-
-@dataclass(eq=False)
-class ServerBuffer:
-    handle: int
-    base: int       # opaque base address (0 for an empty buffer)
-    size: int
-    device: int
-    mem: object     # devices.Buffer, None when size == 0
-
-    def view(self):
-        return self.mem.view()
-
 
 class StoredGraph:
     """A compiled graph kept for GRAPH_RECOMPUTE, with the scratch bytes its plan holds
@@ -80,7 +58,7 @@ class Session:
         self.codec = server.codec
         self.devices = server.devices
         self.conn = Conn(sock, native=server.native)
-        self.buffers: dict[int, ServerBuffer] = {}
+        self.buffers = BufferTable()
         self.graphs: dict[int, StoredGraph] = {}
         self.request: bytearray | None = None  # payload of the current fixed-size request
         self.debug = server.debug
@@ -88,7 +66,6 @@ class Session:
         self.held = [0] * len(self.devices)  # bytes of buffers and plan scratch per device, in the ledgers
         self._noted: set[str] = set()
         self.announced: list[int] = []   # hashes answered "not cached", whose upload may be kept
-        self.next_base = BASE_START
         try:
             self.address, port = sock.getpeername()[:2]
             self.peer = "%s:%d" % (self.address, port)
@@ -218,10 +195,7 @@ class Session:
         return dev
 
     def buffer(self, handle: int) -> ServerBuffer:
-        b = self.buffers.get(handle)
-        if b is None:
-            raise ValidationError(f"unknown buffer {handle:#x}")
-        return b
+        return self.buffers.lookup(handle)
 
     def tensor(self, buf, off: int = 0, need_buffer: bool = True, full: bool = False):
         """Decode and validate one rpc_tensor; returns (tensor, buffer or None).
@@ -302,11 +276,7 @@ class Session:
                 return self.reply(U64x2.pack(0, 0))
         self.held[dev] += req
         handle = (next(Session._handles) << 4) | 0x5250_4300_0000_0000
-        base = 0
-        if req:
-            base = self.next_base
-            self.next_base += _round_up(req, BASE_GAP) + BASE_GAP
-        self.buffers[handle] = ServerBuffer(handle, base, req, dev, mem)
+        self.buffers.add(handle, req, dev, mem)
         if self.debug:
             self.server.dbg("[alloc_buffer] device: %d, size: %d -> remote_ptr: %x, remote_size: %d",
                             dev, req, handle, req)
