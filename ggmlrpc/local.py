@@ -15,16 +15,10 @@ from typing import Sequence
 import numpy as np
 
 from . import protocol
+from .buffers import BufferTable, ServerBuffer
 from .client import RemoteBuffer, Tensor, rpc_tensors, tensor_array
 from .errors import ValidationError
 from .graph import build_graph
-
-
-class _LocalBuffer:
-    __slots__ = ("handle", "base", "size", "device", "mem")
-
-    def __init__(self, handle, base, size, device, mem):
-        self.handle, self.base, self.size, self.device, self.mem = handle, base, size, device, mem
 
 
 class _ArrayMemory:
@@ -33,8 +27,10 @@ class _ArrayMemory:
 
     def __init__(self, array: np.ndarray):
         self.mem = array
-        self.addr = array.ctypes.data
         self.size = array.nbytes
+
+    def host_address(self):
+        return None if self.mem is None else (self.mem.ctypes.data, self.mem)
 
     def view(self) -> memoryview:
         return memoryview(self.mem).cast("B")
@@ -52,7 +48,6 @@ class LocalBackend:
     """The host's CPU as one device (device 0), `n_threads` threads for graphs."""
 
     endpoint = "local"
-    BASE_GAP = 2 << 20
 
     def __init__(self, n_threads: int | None = None):
         from .devices.cpu import CpuDevice
@@ -60,18 +55,14 @@ class LocalBackend:
         self.device = CpuDevice(n_threads)
         self.codec = protocol.codec()
         self.version = (protocol.PROTO_MAJOR, protocol.PROTO_MINOR, protocol.PROTO_PATCH)
-        self._buffers: dict[int, _LocalBuffer] = {}
+        self._buffers = BufferTable()   # the server session's, with the same checks
         self._handles = itertools.count(1)
-        self._next_base = 1 << 40
         self._plan = None
         self._lock = threading.RLock()
 
     # the graph validator's view of a session
-    def buffer(self, handle: int) -> _LocalBuffer:
-        b = self._buffers.get(handle)
-        if b is None:
-            raise ValidationError(f"unknown buffer {handle:#x}")
-        return b
+    def buffer(self, handle: int) -> ServerBuffer:
+        return self._buffers.lookup(handle)
 
     @property
     def connected(self) -> bool:
@@ -109,11 +100,8 @@ class LocalBackend:
         if mem is None:
             return None
         with self._lock:
-            handle = next(self._handles)
-            base = self._next_base
-            self._next_base += (size + self.BASE_GAP) // self.BASE_GAP * self.BASE_GAP + self.BASE_GAP
-            self._buffers[handle] = _LocalBuffer(handle, base, size, 0, mem)
-        return RemoteBuffer(self, handle, size, base, 0)
+            b = self._buffers.add(next(self._handles), size, 0, mem)
+        return RemoteBuffer(self, b.handle, size, b.base, 0)
 
     def map_buffer(self, array: np.ndarray) -> RemoteBuffer:
         """A read-only buffer over existing host memory (a GGUF file's mapping), so
@@ -121,11 +109,8 @@ class LocalBackend:
         array = np.asarray(array).reshape(-1).view(np.uint8)
         mem = _ArrayMemory(array)
         with self._lock:
-            handle = next(self._handles)
-            base = self._next_base
-            self._next_base += (mem.size + self.BASE_GAP) // self.BASE_GAP * self.BASE_GAP + self.BASE_GAP
-            self._buffers[handle] = _LocalBuffer(handle, base, mem.size, 0, mem)
-        return RemoteBuffer(self, handle, mem.size, base, 0)
+            b = self._buffers.add(next(self._handles), mem.size, 0, mem)
+        return RemoteBuffer(self, b.handle, mem.size, b.base, 0)
 
     def free_buffer(self, buffer: RemoteBuffer) -> None:
         with self._lock:
@@ -138,7 +123,7 @@ class LocalBackend:
         b = self.buffer(buffer.handle)
         b.mem.fill(0, b.size, value)
 
-    def _region(self, tensor: Tensor, offset: int, size: int) -> tuple[_LocalBuffer, int]:
+    def _region(self, tensor: Tensor, offset: int, size: int) -> tuple[ServerBuffer, int]:
         if tensor.buffer is None:
             raise ValidationError(f"tensor {tensor.name!r} has no buffer")
         b = self.buffer(tensor.buffer.handle)

@@ -1,5 +1,5 @@
-"""Check that csrc/ and the Cython modules have no dependency cycles, and that csrc/
-keeps its vector code under x86/.
+"""Check that csrc/, the Cython modules and the Python package have no dependency
+cycles, and that csrc/ keeps its vector code under x86/.
 
     python scripts/check_layout.py            # exit 1 and name the cycle or the file if there is one
     python scripts/check_layout.py --graph    # also print who depends on whom
@@ -19,6 +19,13 @@ A third graph covers the Cython modules of ggmlrpc/_native (or --native): module
 module B when A.pyx or A.pxd cimports ggmlrpc._native.B (rpc.pxd and exec.pxd only
 declare C; codec, sockio and hostmem layer over them, hostmem over sockio).
 
+A fourth covers the Python modules of ggmlrpc (or --package): module A -> module B
+when A imports B (`import ggmlrpc.B`, `from .B import x`, `from . import B`), at
+module level or inside a function alike: a function-local import only defers the
+dependency, and hiding a cycle behind one is what this check is meant to stop.
+Imports under `if TYPE_CHECKING:` (annotations only, never run) do not count, nor
+does the implicit import of a module's parent packages.
+
 Any graph with a cycle fails: a lower module (job.c, vec.c, the quant kernels)
 never reaches back into the ones above it (the ops, the run loop in exec.c).
 
@@ -32,12 +39,14 @@ brace depth), which is enough for this code base's plain C.
 from __future__ import annotations
 
 import argparse
+import ast
 import re
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent / "csrc"
 NATIVE = Path(__file__).resolve().parent.parent / "ggmlrpc" / "_native"
+PACKAGE = Path(__file__).resolve().parent.parent / "ggmlrpc"
 _CIMPORT = re.compile(r"^\s*(?:from\s+ggmlrpc\._native\.(\w+)\s+cimport|cimport\s+ggmlrpc\._native\.(\w+))", re.M)
 
 _COMMENT = re.compile(r"/\*.*?\*/|//[^\n]*", re.S)
@@ -234,23 +243,73 @@ def cimports(native: Path) -> dict[str, set[str]]:
     return graph
 
 
+def _type_checking_only(tree: ast.AST) -> set[int]:
+    """ids of the nodes under `if TYPE_CHECKING:` blocks."""
+    out: set[int] = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.If) and "TYPE_CHECKING" in ast.unparse(node.test):
+            out.update(id(n) for stmt in node.body for n in ast.walk(stmt))
+    return out
+
+
+def python_imports(package: Path) -> dict[str, set[str]]:
+    """Python module (dotted, relative to the package; "" is its __init__) -> the
+    package's modules it imports, anywhere in its code (see above)."""
+    mods: dict[str, Path] = {}
+    for p in sorted(package.rglob("*.py")):
+        parts = list(p.relative_to(package).with_suffix("").parts)
+        mods[".".join(parts[:-1] if parts[-1] == "__init__" else parts)] = p
+    graph: dict[str, set[str]] = {}
+    for name, p in mods.items():
+        here = name.split(".") if name else []
+        parent = here if p.name == "__init__.py" else here[:-1]
+        tree = ast.parse(p.read_text(errors="replace"), str(p))
+        skip = _type_checking_only(tree)
+        deps: set[str] = set()
+        for node in ast.walk(tree):
+            if id(node) in skip:
+                continue
+            if isinstance(node, ast.Import):
+                deps.update(".".join(a.name.split(".")[1:]) for a in node.names
+                            if a.name.split(".")[0] == package.name)
+            elif isinstance(node, ast.ImportFrom):
+                if node.level:
+                    base = parent[:len(parent) - node.level + 1]
+                    mod = base + (node.module.split(".") if node.module else [])
+                elif node.module and node.module.split(".")[0] == package.name:
+                    mod = node.module.split(".")[1:]
+                else:
+                    continue
+                subs = [".".join(mod + [a.name]) for a in node.names]
+                deps.update(s for s in subs if s in mods)
+                if not all(s in mods for s in subs):   # names defined in the module itself
+                    deps.add(".".join(mod))
+        graph[name] = {d for d in deps if d in mods and d != name}
+    return graph
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--root", type=Path, default=ROOT, help="the C tree (default: csrc/)")
     ap.add_argument("--native", type=Path, default=NATIVE,
                     help="the Cython modules (default: ggmlrpc/_native/)")
+    ap.add_argument("--package", type=Path, default=PACKAGE,
+                    help="the Python package (default: ggmlrpc/)")
     ap.add_argument("--graph", action="store_true", help="print the graphs")
     args = ap.parse_args(argv)
     includes, calls = graphs(args.root)
     cimps = cimports(args.native)
+    imps = python_imports(args.package)
     if args.graph:
-        for title, g in (("includes", includes), ("calls", calls), ("cimports", cimps)):
+        for title, g in (("includes", includes), ("calls", calls), ("cimports", cimps),
+                         ("imports", imps)):
             print(f"{title}:")
             for node in sorted(g):
                 if g[node]:
                     print(f"  {node} -> {', '.join(sorted(g[node]))}")
     bad = 0
-    for title, g in (("include", includes), ("call", calls), ("cimport", cimps)):
+    for title, g in (("include", includes), ("call", calls), ("cimport", cimps),
+                     ("import", imps)):
         cycle = find_cycle(g)
         if cycle:
             print(f"{title} cycle: {' -> '.join(cycle)}")
@@ -261,7 +320,8 @@ def main(argv: list[str] | None = None) -> int:
     if not bad:
         n_files = len(includes)
         print(f"csrc layout: {n_files} files, no include or call cycles, vector code only under x86/; "
-              f"{len(cimps)} Cython modules, no cimport cycles")
+              f"{len(cimps)} Cython modules, no cimport cycles; "
+              f"{len(imps)} Python modules, no import cycles")
     return bad
 
 

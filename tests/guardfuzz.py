@@ -249,8 +249,10 @@ class _Slot:
             if _libc.mprotect(guard, PAGE, 0) != 0:
                 raise OSError(ctypes.get_errno(), "mprotect")
         self.addr = base + PAGE       # first read-write byte
-        self.mem = self               # what the planner keeps alive (graph._resolve)
         self.size = SLOT
+
+    def host_address(self):           # the buffer contract the CPU executor reads
+        return self.addr, self
 
 
 class _Buffer:

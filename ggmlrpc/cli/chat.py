@@ -22,7 +22,7 @@ import signal
 import sys
 import time
 
-from .main import CliError
+from .common import CliError
 from .run import Progress, add_model_args, add_sampling_args, load_model, running, seed_of
 
 HELP = """\

@@ -15,7 +15,7 @@ import pathlib
 import posixpath
 import re
 
-from .main import CliError
+from .common import CliError
 
 DEFAULT_TAGS = ("Q4_K_M", "Q8_0")
 NOT_MODELS = ("mmproj", "imatrix", "mtp-", "eagle3-", "dflash-", "dspark-")

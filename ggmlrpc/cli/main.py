@@ -15,23 +15,11 @@ import sys
 import time
 
 from ..errors import GgmlRpcError, VersionMismatch
+from .common import CliError, split_endpoints
 
 MiB = 1024 * 1024
 
 
-class CliError(Exception):
-    """One line for stderr; the command exits with status 1."""
-
-
-def split_endpoints(value: str) -> list[str]:
-    eps = [e.strip() for e in value.split(",") if e.strip()]
-    if not eps:
-        raise CliError(f"no server named in {value!r}")
-    for e in eps:
-        host, _, port = e.rpartition(":")
-        if not host or not port.isdigit() or not 0 < int(port) < 65536:
-            raise CliError(f"invalid endpoint {e!r}: expected host:port")
-    return eps
 
 
 # -- probe -------------------------------------------------------------------

@@ -12,7 +12,7 @@ import sys
 import time
 
 from ..errors import GgmlRpcError, UnsupportedError, VersionMismatch
-from .main import CliError, split_endpoints
+from .common import CliError, split_endpoints
 
 
 def _split(value: str) -> list[float]:

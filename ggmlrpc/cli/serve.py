@@ -6,7 +6,7 @@ from __future__ import annotations
 import ipaddress
 import sys
 
-from .main import CliError
+from .common import CliError
 from .run import Progress, add_model_args, load_model
 from .server import host_warning
 

@@ -21,6 +21,7 @@ import os
 import threading
 
 from .. import ggml
+from ..devices.base import available_memory
 from ..errors import ConnectionLost, DeviceError, UnsupportedError, ValidationError
 from ..ops.base import no_empty_sources
 from . import cpu_rules, work
@@ -145,7 +146,6 @@ class CpuExecutor:
             records.append((spec.kernel, spec.sub, len(names), op_params, spec.iparams,
                             tensors[0], used))
             names.append(f"{node.name_str!r} ({ggml.op_name(node.op)})")
-        from ..devices.cpu import available_memory
         limit = min(MAX_SCRATCH, available_memory() // 2)
         try:
             native = ex.Plan(records, self.n_threads, list(keep.values()), limit)
@@ -184,9 +184,9 @@ def _resolve(graph, t, keep):
     if p is None:
         raise ValidationError(f"tensor {t.name_str!r} of a computed node has no buffer on this server")
     mem = p.buffer.mem
-    host = getattr(mem, "mem", None)
-    addr = getattr(mem, "addr", None)
-    if host is None or addr is None:
+    found = mem.host_address() if mem is not None else None
+    if found is None:
         raise UnsupportedError(f"tensor {t.name_str!r} is not in host memory")
+    addr, host = found
     keep[id(host)] = host
     return (addr + p.offset, t.type, tuple(t.ne), tuple(t.nb))

@@ -71,9 +71,9 @@ class Builder:
         p = self.graph.placement.get(t.id)
         if p is None:
             raise ValidationError(f"tensor {t.name_str!r} of a computed node has no buffer on this server")
-        base = getattr(p.buffer.mem, "ptr", None)
-        dev = self.ex.device
-        if base is None or (dev is not None and getattr(p.buffer.mem, "device", None) is not dev):
+        mem = p.buffer.mem
+        base = mem.device_address(self.ex.device) if mem is not None else None
+        if base is None:
             raise UnsupportedError(f"tensor {t.name_str!r} is not in this CUDA device's memory")
         return np.intp(base + p.offset + offset)
 

@@ -2,8 +2,21 @@
 from __future__ import annotations
 
 import abc
+import os
 
 from ..protocol import RpcTensor
+
+
+def available_memory() -> int:
+    """MemAvailable from /proc/meminfo (what a new allocation can really get)."""
+    try:
+        with open("/proc/meminfo", encoding="ascii") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) * 1024
+    except (OSError, ValueError, IndexError):
+        pass
+    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
 class Buffer(abc.ABC):
@@ -41,6 +54,17 @@ class Buffer(abc.ABC):
 
     def free(self) -> None:
         """Release the memory now (also happens when the object is collected)."""
+
+    def host_address(self) -> tuple[int, object] | None:
+        """Where the CPU executor reads and writes the buffer in place: (the address of
+        its byte 0 in this process, the object owning that memory, which a plan holds
+        while it points there); None when the buffer is not in host memory."""
+        return None
+
+    def device_address(self, device) -> int | None:
+        """The buffer's byte 0 in the memory of `device` (a kernel argument of its
+        executor); None when the buffer is not that device's memory."""
+        return None
 
 
 class Device(abc.ABC):

@@ -4,7 +4,7 @@ from __future__ import annotations
 import os
 
 from .._native.hostmem import HostMemory
-from .base import Buffer, Device
+from .base import Buffer, Device, available_memory
 
 CPU_ALIGNMENT = 32           # ggml's TENSOR_ALIGNMENT
 SIZE_MAX = (1 << 64) - 1     # the CPU buffer type has no size limit
@@ -28,28 +28,12 @@ def physical_memory() -> int:
     return os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
 
 
-def available_memory() -> int:
-    """MemAvailable from /proc/meminfo (what a new allocation can really get)."""
-    try:
-        with open("/proc/meminfo", encoding="ascii") as f:
-            for line in f:
-                if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) * 1024
-    except (OSError, ValueError, IndexError):
-        pass
-    return os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-
-
 class HostBuffer(Buffer):
     __slots__ = ("mem", "size")
 
     def __init__(self, size: int):
         self.mem = HostMemory(size)
         self.size = size
-
-    @property
-    def addr(self) -> int:
-        return self.mem.addr
 
     def view(self) -> memoryview:
         return memoryview(self.mem)
@@ -81,6 +65,9 @@ class HostBuffer(Buffer):
     def free(self):
         self.mem = HostMemory(0)
         self.size = 0
+
+    def host_address(self):
+        return self.mem.addr, self.mem
 
 
 class CpuDevice(Device):

@@ -75,6 +75,9 @@ class CudaBuffer(Buffer):
                 cuda.memset_d8(int(self.alloc), 0, size)
         self.ptr = int(self.alloc)
 
+    def device_address(self, device):
+        return self.ptr if device is None or device is self.device else None
+
     def _chunks(self, offset: int, n: int):
         step = self.device.staging().size
         for pos in range(0, n, step):

@@ -3,7 +3,7 @@
 A graph can run for seconds while its session thread sits inside the executor, and
 the device runs one graph at a time, so a graph left running would hold every other
 client's graph behind it. The server watches the sockets of computing sessions and
-cancels a graph whose client hung up (ggmlrpc.server.GraphWatch); the executor stops
+cancels a graph whose client hung up (ggmlrpc.graph_watch.GraphWatch); the executor stops
 at its next work chunk (tests/unit/test_turns.py checks that inside one long node).
 """
 from __future__ import annotations

@@ -15,7 +15,7 @@ from ggmlrpc.cli.main import main
 from ggmlrpc.client import RemoteBackend
 from ggmlrpc.errors import ProtocolError
 from ggmlrpc.llm import synth
-from ggmlrpc import server
+from ggmlrpc import session
 from ggmlrpc.protocol import Cmd
 from tests.conftest import start_server
 
@@ -54,16 +54,16 @@ LIES = {
 def lying_server(monkeypatch, request):
     srv = start_server()
     lie = request.param
-    handlers = list(server._HANDLER_LIST)
+    handlers = list(session._HANDLER_LIST)
     if lie == "base near 2^64":
-        server._HANDLER_LIST[Cmd.BUFFER_GET_BASE] = \
+        session._HANDLER_LIST[Cmd.BUFFER_GET_BASE] = \
             lambda self, size: self.reply(U64.pack((1 << 64) - 4096))
     else:
         attr, make = LIES[lie]
         monkeypatch.setattr(srv.devices[0], attr, make(srv.devices[0]))
     yield f"127.0.0.1:{srv.port}", lie
     srv.close()
-    server._HANDLER_LIST[:] = handlers
+    session._HANDLER_LIST[:] = handlers
 
 
 ALL_LIES = [*LIES, "base near 2^64"]

@@ -18,7 +18,7 @@ from ggmlrpc.errors import UnsupportedError, ValidationError
 from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T, TensorFlag
 from ggmlrpc.graph import Graph, Placement
 from ggmlrpc.protocol import RpcTensor
-from ggmlrpc.server import ServerBuffer
+from ggmlrpc.buffers import ServerBuffer
 
 _ids = iter(range(1, 1 << 30))
 

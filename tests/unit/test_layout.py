@@ -1,6 +1,6 @@
 """csrc/ has no include or call cycles and keeps its vector code under x86/, the Cython
-modules have no cimport cycles (scripts/check_layout.py), and the check itself finds what
-it is meant to find."""
+modules have no cimport cycles, the Python modules no import cycles (scripts/check_layout.py),
+and the check itself finds what it is meant to find."""
 from __future__ import annotations
 
 import importlib.util
@@ -76,3 +76,26 @@ def test_vector_code_outside_x86_is_found(tmp_path, capsys):
     (tmp_path / "ops" / "slow.c").write_text("int lanes(void) { return (int)sizeof(__m512i); }\n")
     assert _checker().main(["--root", str(tmp_path)]) == 1
     assert "vector code outside an x86/ folder: ops/slow.c" in capsys.readouterr().out
+
+
+def test_the_python_modules_layer():
+    g = _checker().python_imports(REPO / "ggmlrpc")
+    assert "session" in g["server"] and "server" not in g["session"]   # TYPE_CHECKING only
+    assert "compute.cpu" in g["devices.cpu"]                            # a function-local import
+    assert "cli.common" in g["cli.run"] and "cli.main" not in g["cli.run"]
+
+
+def test_a_python_import_cycle_is_found(tmp_path, capsys):
+    pkg = tmp_path / "pkg"
+    (pkg / "sub").mkdir(parents=True)
+    (pkg / "__init__.py").write_text("")
+    (pkg / "sub" / "__init__.py").write_text("")
+    (pkg / "a.py").write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n"
+                              "    from .sub import b\n")
+    (pkg / "sub" / "b.py").write_text("def f():\n    from ..a import g\n    return g\n")
+    (tmp_path / "c.c").write_text("int c_one(void) { return 1; }\n")
+    args = ["--root", str(tmp_path), "--native", str(tmp_path), "--package", str(pkg)]
+    assert _checker().main(args) == 0, capsys.readouterr().out   # b -> a only
+    (pkg / "a.py").write_text("import pkg.sub.b\n")
+    assert _checker().main(args) == 1
+    assert "import cycle: a -> sub.b -> a" in capsys.readouterr().out
