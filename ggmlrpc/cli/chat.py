@@ -35,16 +35,6 @@ HELP = """\
 """
 
 
-def prompt_tokens(model, template, text: str) -> list[int]:
-    """A rendered conversation's tokens as llama.cpp's server makes them: special
-    tokens parsed, BOS (and EOS) added as the vocabulary asks, and not twice where
-    the template wrote their text."""
-    tok = model.tokenizer
-    if tok.add_bos and template.bos_token and text.startswith(template.bos_token):
-        text = text[len(template.bos_token):]
-    if tok.add_eos and template.eos_token and text.endswith(template.eos_token):
-        text = text[:-len(template.eos_token)]
-    return model.tokenize(text, add_special=True, parse_special=True)
 
 
 def kept_by_prefill(model, ids: list[int]) -> int:
@@ -98,7 +88,8 @@ class Chat:
             new = text[len(self.held_text):]
             ids = self.model.tokenize(new, add_special=False, parse_special=True) if new else []
             return text, self.held_ids + ids
-        return text, prompt_tokens(self.model, self.template, text)
+        from ..llm.chat_template import prompt_text_tokens
+        return text, prompt_text_tokens(self.model.tokenizer, text)
 
     def turn(self, message: str | None) -> None:
         """Add the user's message (None: write the last answer again) and answer."""

@@ -779,4 +779,10 @@ class ChatTemplate:
         render has already cut a BOS text the template wrote, so there is one) and
         parse_special=True (special-token texts in the prompt, the template's and the
         messages' alike, become their tokens)."""
-        return tokenizer.tokenize(self.render(messages, **kw), add_special=True, parse_special=True)
+        return prompt_text_tokens(tokenizer, self.render(messages, **kw))
+
+
+def prompt_text_tokens(tokenizer, text: str) -> list[int]:
+    """A rendered prompt's tokens as llama-server makes them (`render` has already cut
+    a BOS/EOS text the vocabulary adds itself)."""
+    return tokenizer.tokenize(text, add_special=True, parse_special=True)

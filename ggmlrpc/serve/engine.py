@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ..errors import GgmlRpcError
-from ..llm.chat_template import CHATML, ChatTemplate, TemplateError
+from ..llm.chat_template import CHATML, ChatTemplate, TemplateError, prompt_text_tokens
 from ..llm.gguf_file import ModelError
 from ..llm.sampling import Sampler
 
@@ -303,7 +303,7 @@ class Engine:
 
     def prompt_tokens(self, text: str) -> list[int]:
         """The tokens of a rendered chat prompt."""
-        return self.model.tokenize(text, add_special=True, parse_special=True)
+        return prompt_text_tokens(self.model.tokenizer, text)
 
     def tokenize_mixed(self, content, add_special: bool, parse_special: bool) -> list[int]:
         """A string, or a list of strings and token ids (llama-server's tokenize_mixed)."""
