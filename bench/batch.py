@@ -2,6 +2,8 @@
 both over the same two servers of ours, same generated model (llama_bench.py's,
 quantized by llama-quantize), in the same run:
 
+- both servers run at once over the same RPC servers and are measured in turns,
+  --rounds of each (medians), so that a shared host's drifting load hits both;
 - one request alone (generation tokens/s), then N concurrent greedy requests of
   --gen tokens each (random prompts of --prompt tokens): the aggregate tokens/s
   (every request's tokens over the wall time from sending to the last one done),
@@ -88,34 +90,49 @@ def prefix(url: str, rng, args) -> dict:
 
 
 def bench(ref: Path, qtype: str, np_: int, args) -> dict:
+    """Both servers up at once over the same RPC servers, measured in turns
+    (--rounds of each): on a shared host the load drifts, so each figure is the
+    median of its rounds and both see the same drift."""
     shape = lb.LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64, n_head_kv=args.embd // 64,
                           n_ctx=args.ctx)
     m = lb.model(ref, qtype, shape)
-    row = {"type": qtype, "np": np_, "prompt": args.prompt, "gen": args.gen}
+    row = {"type": qtype, "np": np_, "prompt": args.prompt, "gen": args.gen, "rounds": args.rounds}
+    who_all = ("ours", "llama-server")
+    runs: dict = {(w, k): [] for w in who_all for k in ("one", "many")}
     with runner.our_servers(2, args.threads) as (eps, _):
-        for who in ("ours", "llama-server"):
-            rng = np.random.default_rng(np_)
-            proc, url = start(who, ref, m, eps, np_, args)
-            try:
-                request(url, [int(t) for t in rng.integers(3, 500, 8)], 4)     # warm-up
-                one = concurrent(url, [[int(t) for t in rng.integers(3, 500, args.prompt)]], args.gen)
-                many = concurrent(url, [[int(t) for t in rng.integers(3, 500, args.prompt)]
-                                        for _ in range(np_)], args.gen)
-                row[f"{who}_alone_tps"] = one["tps"]
+        procs, urls = [], {}
+        try:
+            for who in who_all:
+                proc, urls[who] = start(who, ref, m, eps, np_, args)
+                procs.append(proc)
+                rng = np.random.default_rng(0)
+                request(urls[who], [int(t) for t in rng.integers(3, 500, 8)], 4)     # warm-up
+            for r in range(args.rounds):
+                for who in who_all:
+                    rng = np.random.default_rng(np_ * 1000 + r)
+                    runs[who, "one"].append(concurrent(urls[who], [[int(t) for t in rng.integers(3, 500, args.prompt)]],
+                                                       args.gen))
+                    runs[who, "many"].append(concurrent(urls[who], [[int(t) for t in rng.integers(3, 500, args.prompt)]
+                                                                    for _ in range(np_)], args.gen))
+                    time.sleep(args.pause)
+            for who in who_all:
+                one = float(np.median([x["tps"] for x in runs[who, "one"]]))
+                many = {k: float(np.median([x[k] for x in runs[who, "many"]])) for k in ("tps", "p50_ms", "p99_ms")}
+                row[f"{who}_alone_tps"] = one
                 row[f"{who}_tps"] = many["tps"]
                 row[f"{who}_p50_ms"], row[f"{who}_p99_ms"] = many["p50_ms"], many["p99_ms"]
-                row[f"{who}_batch_ratio"] = many["tps"] / one["tps"]
+                row[f"{who}_batch_ratio"] = many["tps"] / one
                 if np_ == min(args.np) and args.prefix:
-                    for k, v in prefix(url, rng, args).items():
+                    for k, v in prefix(urls[who], np.random.default_rng(np_), args).items():
                         row[f"{who}_{k}"] = v
-            finally:
+        finally:
+            for proc in procs:
                 proc.send_signal(signal.SIGINT)
                 try:
                     proc.wait(30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-            time.sleep(args.pause)
     row["tps_ratio"] = row["ours_tps"] / row["llama-server_tps"]
     return row
 
@@ -132,7 +149,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--embd", type=int, default=1024)
     ap.add_argument("--ff", type=int, default=2816)
-    ap.add_argument("--pause", type=float, default=1.0, help="seconds of quiet between servers")
+    ap.add_argument("--pause", type=float, default=0.5, help="seconds of quiet between measurements")
+    ap.add_argument("--rounds", type=int, default=3, help="turns of each server (figures: medians)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     ref = lb.reference_bin()
