@@ -7,7 +7,9 @@ quantized by llama-quantize), in the same run:
 - one request alone (generation tokens/s), then N concurrent greedy requests of
   --gen tokens each (random prompts of --prompt tokens): the aggregate tokens/s
   (every request's tokens over the wall time from sending to the last one done),
-  its ratio to one request alone, and the p50/p99 time per token (the gaps between
+  its ratio to one request alone, the same for the decode alone (tokens after each
+  request's first, from the first first token on: without the prompts, which
+  dominate short runs on a CPU), and the p50/p99 time per token (the gaps between
   a request's streamed chunks);
 - the prefix cache: a request with a --prefix-token prompt, then one that shares
   that prefix (a different ending): the times to first token and their ratio.
@@ -76,8 +78,10 @@ def concurrent(url: str, prompts: list[list[int]], n_gen: int) -> dict:
     t1 = max(r["times"][-1] for r in rs)
     n = sum(len(r["times"]) for r in rs)
     gaps = np.concatenate([np.diff(r["times"]) for r in rs]) * 1e3
-    return {"tps": n / (t1 - t0), "n": n, "p50_ms": float(np.percentile(gaps, 50)),
-            "p99_ms": float(np.percentile(gaps, 99))}
+    # the decode alone: tokens after each request's first, from the first first token on
+    t_first = min(r["times"][0] for r in rs)
+    return {"tps": n / (t1 - t0), "gen_tps": (n - len(rs)) / (t1 - t_first), "n": n,
+            "p50_ms": float(np.percentile(gaps, 50)), "p99_ms": float(np.percentile(gaps, 99))}
 
 
 def prefix(url: str, rng, args) -> dict:
@@ -117,8 +121,12 @@ def bench(ref: Path, qtype: str, np_: int, args) -> dict:
                     time.sleep(args.pause)
             for who in who_all:
                 one = float(np.median([x["tps"] for x in runs[who, "one"]]))
-                many = {k: float(np.median([x[k] for x in runs[who, "many"]])) for k in ("tps", "p50_ms", "p99_ms")}
+                many = {k: float(np.median([x[k] for x in runs[who, "many"]]))
+                        for k in ("tps", "gen_tps", "p50_ms", "p99_ms")}
                 row[f"{who}_alone_tps"] = one
+                row[f"{who}_alone_gen_tps"] = float(np.median([x["gen_tps"] for x in runs[who, "one"]]))
+                row[f"{who}_gen_tps"] = many["gen_tps"]
+                row[f"{who}_gen_batch_ratio"] = many["gen_tps"] / row[f"{who}_alone_gen_tps"]
                 row[f"{who}_tps"] = many["tps"]
                 row[f"{who}_p50_ms"], row[f"{who}_p99_ms"] = many["p50_ms"], many["p99_ms"]
                 row[f"{who}_batch_ratio"] = many["tps"] / one
@@ -134,6 +142,7 @@ def bench(ref: Path, qtype: str, np_: int, args) -> dict:
                     proc.kill()
                     proc.wait()
     row["tps_ratio"] = row["ours_tps"] / row["llama-server_tps"]
+    row["gen_tps_ratio"] = row["ours_gen_tps"] / row["llama-server_gen_tps"]
     return row
 
 
@@ -159,8 +168,9 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     print("\n| type | np | agg t/s ours / llama-server | ratio | ours vs alone | llama-server vs alone "
+          "| decode t/s ours / ls (ratio) | decode vs alone ours / ls "
           "| p50 ms ours / ls | p99 ms ours / ls | prefix TTFT first/shared ours (ratio) | llama-server (ratio) |")
-    print("| --- | --: | --- | --: | --: | --: | --- | --- | --- | --- |")
+    print("| --- | --: | --- | --: | --: | --: | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         pre = ("", "")
         if "ours_ttft_ratio" in r:
@@ -168,6 +178,8 @@ def main(argv=None) -> int:
                         for w in ("ours", "llama-server"))
         print(f"| {r['type']} | {r['np']} | {r['ours_tps']:.2f} / {r['llama-server_tps']:.2f} | {r['tps_ratio']:.2f} "
               f"| {r['ours_batch_ratio']:.2f}x | {r['llama-server_batch_ratio']:.2f}x "
+              f"| {r['ours_gen_tps']:.1f} / {r['llama-server_gen_tps']:.1f} ({r['gen_tps_ratio']:.2f}) "
+              f"| {r['ours_gen_batch_ratio']:.2f}x / {r['llama-server_gen_batch_ratio']:.2f}x "
               f"| {r['ours_p50_ms']:.1f} / {r['llama-server_p50_ms']:.1f} "
               f"| {r['ours_p99_ms']:.1f} / {r['llama-server_p99_ms']:.1f} | {pre[0]} | {pre[1]} |")
     return 0
