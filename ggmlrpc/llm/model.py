@@ -71,7 +71,7 @@ class Model:
         self.n_seq = 1
         self.kv: KVCache | None = None
         self.rows: RowSplit | None = None      # -sm row: the offloaded layers, run after stage 0
-        self.split_mode = "layer"
+        self.split_mode, self.row_combine = "layer", "gather"
 
     @property
     def swa(self) -> SwaCells | None:
@@ -84,7 +84,7 @@ class Model:
              tensor_split: Seq[float] | None = None, n_ctx: int = 0,
              n_threads: int | None = None, flash_attn: bool = True, timeout: float = 120.0,
              progress=None, reconnect: float = 0.0, n_ubatch: int = N_UBATCH, n_seq: int = 1,
-             split_mode: str = "layer") -> "Model":
+             split_mode: str = "layer", row_combine: str = "gather") -> "Model":
         """Open `path`, connect to `rpc` servers ("host:port", a list or a comma-separated
         string) and upload the weights (hash first: a server started with -c that has them
         cached is not sent the bytes). `progress(done, total, cached)` is called as
@@ -94,11 +94,12 @@ class Model:
         `n_ubatch`: prompt tokens per graph (llama.cpp's -ub). `n_seq`: the sequences
         run at once (llama.cpp's -np: sliding-window layers keep a window for each).
         `split_mode`: "layer" (runs of layers per device) or "row" (every offloaded
-        layer cut over all devices by `tensor_split`: ggmlrpc.llm.rowsplit)."""
+        layer cut over all devices by `tensor_split`: ggmlrpc.llm.rowsplit, which
+        says what `row_combine`, "gather" or "reduce", does)."""
         if split_mode not in SPLIT_MODES:
             raise ModelError(f"split mode must be one of {', '.join(SPLIT_MODES)}, got {split_mode!r}")
         m = cls()
-        m.split_mode = split_mode
+        m.split_mode, m.row_combine = split_mode, row_combine
         m.n_seq = max(1, n_seq)
         m.reconnect = reconnect
         m.n_ubatch = n_ubatch
@@ -143,7 +144,7 @@ class Model:
             self.stages.append(Stage(cpu, [], output=True))
         self.rows = RowSplit(self.arch, self.hp, self.file, self.kv, remote, device_shares(remote, tensor_split),
                              list(range(start, n_layer)),
-                             output, self.flash_attn, self.n_ctx)
+                             output, self.flash_attn, self.n_ctx, self.row_combine)
 
     def _upload(self, progress) -> None:
         total = sum(self._alloc_stage(st) for st in self.stages) + (self.rows.alloc() if self.rows else 0)

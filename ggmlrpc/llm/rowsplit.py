@@ -4,19 +4,27 @@ ggml-rpc-server is a worker too).
 
 Each device (a Shard) holds a slice of every offloaded layer: the query, key and
 value rows of its group of KV heads (and the KV cache of those heads only), the
-attention output's matching columns, the feed-forward's hidden rows (gate and up
-rows, down columns) and the output layer's vocabulary rows. A layer is two
-segments, attention and feed-forward; each device computes its partial sum of a
-segment's output projection, and the host adds the partials and the residual
-(an all-reduce through the host: GET_TENSOR from every server, then the sum goes
-out again with the next segment's SET_TENSOR) - once per block. The output layer's
-rows are gathered as they are. Every server is asked before the host waits for
-any, and each server's inputs, graph and read leave in one write.
+feed-forward's hidden rows (gate and up) and the output layer's vocabulary rows;
+norms, rope factors and per-head norms are copied to every device. The results
+come back to the host (GET_TENSOR from every server, then what it made of them
+goes out with the next segment's SET_TENSOR; every server is asked before the
+host waits for any, and each server's inputs, graph and read leave in one write).
+Two ways to combine (`combine`):
 
-Only the biases of the output projections are added once (by the first device);
-norms, rope factors and per-head norms are copied to every device. The partial
-sums change the order of the projections' additions, so the logits differ from a
-single device's by rounding only (NMSE far below 1e-6).
+- "gather" (the default): every matrix is cut by its output rows, so each
+  number is one device's whole dot product, as on a single device: the attention
+  output projection and the feed-forward's down matrix are cut by rows of the
+  model's width. A layer is four segments (heads; attention projection; gate/up;
+  down) and the host concatenates each one's pieces: four combines per layer, and
+  the logits are a single device's, bit for bit.
+- "reduce": the output projections are cut by their input columns (the heads'
+  columns, the hidden rows' columns), each device sends its partial sum and the
+  host adds them and the residual: two combines per layer (after attention,
+  after the feed-forward), but a different order of additions, which quantized
+  activations (Q8_0's 8-bit rounding of the next input) can magnify past NMSE 1e-6.
+
+The output layer's rows are gathered in both. In "reduce" only the first device
+adds the projections' biases.
 
 v7 keeps one graph per device, so a segment runs with GRAPH_COMPUTE (its bytes
 serialized once on the host); GRAPH_RECOMPUTE only when a device runs the same
@@ -40,6 +48,7 @@ from .kv_cache import KVCache
 from .placement import Device, Stage, StageGraph, alloc_stage, send_weights, stage_graph
 
 SPLIT_MODES = ("layer", "row")
+COMBINES = ("gather", "reduce")
 
 
 def cuts(n: int, shares: Sequence[float], align: int = 1) -> list[tuple[int, int]]:
@@ -75,7 +84,8 @@ class Shard:
     kv_heads: tuple[int, int]
     ff: tuple[int, int]
     vocab: tuple[int, int]
-    first: bool                # adds the projections' biases
+    first: bool                # adds the projections' biases ("reduce")
+    embd: tuple[int, int]      # its rows of the output projections ("gather")
     tensors: dict[str, TensorInfo] = dataclasses.field(default_factory=dict)
     held: tuple | None = None  # the segment whose graph the device keeps
 
@@ -84,28 +94,34 @@ class RowSplit:
     """The offloaded layers (and the output layer when `output`) cut over `devices`."""
 
     def __init__(self, arch, hp: HParams, f: GGUFFile, kv: KVCache, devices: list[Device],
-                 shares: Sequence[float], layers: list[int], output: bool, flash_attn: bool, n_ctx: int):
+                 shares: Sequence[float], layers: list[int], output: bool, flash_attn: bool, n_ctx: int,
+                 combine: str = "gather"):
         if arch.layer is not llama.layer or hp.n_expert or hp.n_swa or any(
                 f"blk.{il}.attn_qkv.weight" in f.tensors for il in layers):
             raise ModelError(f"-sm row does not support architecture {arch.name!r} "
                              f"(llama, qwen2 and qwen3 without experts only); use -sm layer")
+        if combine not in COMBINES:
+            raise ModelError(f"row combine must be one of {', '.join(COMBINES)}, got {combine!r}")
+        self.combine = combine
         keep = [i for i, s in enumerate(shares) if s > 0]
         devices, shares = [devices[i] for i in keep], [shares[i] for i in keep]
         self.arch, self.hp, self.file, self.kv = arch, hp, f, kv
         self.layers, self.output, self.flash_attn, self.n_ctx = layers, output, flash_attn, n_ctx
         group = hp.n_head // hp.n_head_kv
-        ff_align = max(blck_size(f.tensors[f"blk.{il}.ffn_down.weight"].type) for il in layers)
+        ff_align = 1 if combine == "gather" else max(blck_size(f.tensors[f"blk.{il}.ffn_down.weight"].type)
+                                                     for il in layers)
         kv_cuts, ff_cuts = cuts(hp.n_head_kv, shares), cuts(hp.n_ff, shares, ff_align)
         for what, cs in (("KV heads", kv_cuts), ("feed-forward rows", ff_cuts)):
             if any(a >= b for a, b in cs):
                 raise ModelError(f"-sm row: the {what} cannot be cut over {len(devices)} devices "
                                  f"by -ts {','.join(f'{s:g}' for s in shares)}")
         self.shards = []
+        embd_cuts = cuts(hp.n_embd, shares)
         for i, (d, kc, fc, vc) in enumerate(zip(devices, kv_cuts, ff_cuts, cuts(hp.n_vocab, shares))):
             n_kv = kc[1] - kc[0]
             hp_d = dataclasses.replace(hp, n_head=n_kv * group, n_head_kv=n_kv)
             st = Stage(d, list(layers), output=output)
-            self.shards.append(Shard(st, hp_d, kc, fc, vc, i == 0))
+            self.shards.append(Shard(st, hp_d, kc, fc, vc, i == 0, embd_cuts[i]))
         for sh in self.shards:
             self._cut(sh)
 
@@ -121,9 +137,12 @@ class RowSplit:
                  "attn_v.weight": (1, k0, k1), "attn_v.bias": (0, k0, k1),
                  "attn_output.weight": (0, q0, q1),
                  "ffn_gate.weight": (1, *sh.ff), "ffn_up.weight": (1, *sh.ff), "ffn_down.weight": (0, *sh.ff)}
+        if self.combine == "gather":
+            rules.update({"attn_output.weight": (1, *sh.embd), "attn_output.bias": (0, *sh.embd),
+                          "ffn_down.weight": (1, *sh.embd), "ffn_down.bias": (0, *sh.embd)})
         for n in stage_weights(self.arch, self.hp, sh.stage, f.tensors):
             ti, tail = f.tensors[n], n.split(".", 2)[-1]
-            if tail in ("attn_output.bias", "ffn_down.bias") and not sh.first:
+            if tail in ("attn_output.bias", "ffn_down.bias") and not sh.first and self.combine == "reduce":
                 continue
             if n.startswith("blk.") and tail in rules:
                 ti = cut_tensor(ti, *rules[tail])
@@ -147,10 +166,12 @@ class RowSplit:
 
     def reserve(self, key: tuple) -> None:
         """The compute and input memory of the largest segments each device runs."""
-        T = key[0]
+        T, il = key[0], self.layers[0]
+        rows = (T, key[1], T, key[3])
+        segs = ([(("attn", il), key), (("ffn", il), rows)] if self.combine == "reduce" else
+                [(("heads", il), key), (("proj", il), rows), (("up", il), rows), (("down", il), rows)])
         for sh in self.shards:
-            for seg, k in ((("attn", self.layers[0]), key), (("ffn", self.layers[0]), (T, key[1], T, key[3])),
-                           *((("out",), (T, 0, T, 0)),) * self.output):
+            for seg, k in segs + [(("out",), rows)] * self.output:
                 self._graph(sh, seg, k)
             sh.stage.graphs.clear()
 
@@ -169,12 +190,24 @@ class RowSplit:
         """One segment: attention of layer il, or its feed-forward (each up to the
         device's partial output projection), or the output layer's rows."""
         c = Ctx(self.arch, sh.hp, sh.stage, self.kv.cells, self.flash_attn, self.n_ctx, key, align)
-        x = c.inp.new(GGMLType.F32, (self.hp.n_embd, key[0]), "x")
-        if seg[0] == "attn":
+        kind, il, hp, w = seg[0], seg[-1], self.hp, sh.stage.weights
+        width = {"proj": hp.head_dim * hp.n_head, "down": hp.n_ff}.get(kind, hp.n_embd)
+        x = c.inp.new(GGMLType.F32, (width, key[0]), "x")
+        p = f"blk.{il}."
+        if kind in ("attn", "heads"):
             c.layer_inputs()
-            y = c.attention(seg[1], *c.qkv(seg[1], c.norm(x, "attn_norm", seg[1])))
-        elif seg[0] == "ffn":
-            y = c.ffn(seg[1], c.norm(x, "ffn_norm", seg[1]))
+            y = c.attention(il, *c.qkv(il, c.norm(x, "attn_norm", il)), project=kind == "attn")
+        elif kind == "ffn":
+            y = c.ffn(il, c.norm(x, "ffn_norm", il))
+        elif kind == "up":
+            cur = c.norm(x, "ffn_norm", il)
+            y = B.swiglu_split(B.mul_mat(w[p + "ffn_gate.weight"], cur, name=f"ffn_gate-{il}"),
+                               B.mul_mat(w[p + "ffn_up.weight"], cur, name=f"ffn_up-{il}"), name=f"ffn_glu-{il}")
+        elif kind in ("proj", "down"):
+            name = "attn_output" if kind == "proj" else "ffn_down"
+            y = B.mul_mat(w[p + name + ".weight"], x, name=f"{name}-{il}")
+            if p + name + ".bias" in w:
+                y = B.add(y, w[p + name + ".bias"], name=f"{name}-{il}")
         else:
             y = c.output(x)
         c.g.expand(y, output=True)
@@ -198,7 +231,7 @@ class RowSplit:
             be, dev = sh.stage.device.backend, sh.stage.device.index
             g = self._graph(sh, seg, key)
             with be.corked():
-                g.write_inputs(be, values if seg[0] != "attn" else self._own(sh, values))
+                g.write_inputs(be, values if seg[0] not in ("attn", "heads") else self._own(sh, values))
                 if sh.held == (seg, key):
                     be.graph_recompute(dev)
                 else:
@@ -216,22 +249,37 @@ class RowSplit:
         x = np.frombuffer(x, np.float32).reshape(T, self.hp.n_embd)
         last = self.hp.n_layer - 1
         out_ids = values["out_ids"]
+        rows = (T, key[1], T, key[3])
         for il in self.layers:
-            s = _sum(self._combine(("attn", il), key, dict(values, x=x)))
+            if self.combine == "reduce":
+                s = _sum(self._combine(("attn", il), key, dict(values, x=x)))
+            else:
+                o = _cat(self._combine(("heads", il), key, dict(values, x=x)))
+                s = _cat(self._combine(("proj", il), rows, {"x": o}))
             if il == last and n_out < T:
                 s, x = s[out_ids], x[out_ids]
             x = s + x
             R = x.shape[0]
-            x = _sum(self._combine(("ffn", il), (R, key[1], R, key[3]), {"x": x})) + x
+            rows = (R, key[1], R, key[3])
+            if self.combine == "reduce":
+                x = _sum(self._combine(("ffn", il), rows, {"x": x})) + x
+            else:
+                h = _cat(self._combine(("up", il), rows, {"x": x}))
+                x = _cat(self._combine(("down", il), rows, {"x": h})) + x
         if not self.output:
             return x
         R = x.shape[0]
-        return np.ascontiguousarray(np.concatenate(self._combine(("out",), (R, 0, R, 0), {"x": x}), axis=1))
+        return _cat(self._combine(("out",), (R, 0, R, 0), {"x": x}))
 
     def clear(self) -> None:
         for sh in self.shards:
             sh.stage.graphs.clear()
             sh.held = None
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    """The devices' pieces of each row side by side."""
+    return np.ascontiguousarray(np.concatenate(parts, axis=1))
 
 
 def _sum(parts: list[np.ndarray]) -> np.ndarray:
