@@ -1,0 +1,148 @@
+"""Generation speed with -sm row (tensor parallelism) against -sm layer over the
+same two servers, and against llama.cpp's client (llama-bench --rpc, layer split).
+
+Two of our servers, each pinned to its own core (taskset) with -t 1, the generated
+bench model (bench/llama_bench.py: 12 layers, width 1024). Our host runs in this
+process (Model.load + one eval per token, after a warm-up), in alternating rounds:
+`layer`, `row` (the "gather" combine, the default) and `row-reduce` (partial sums);
+llama-bench -ngl 99 -ts 1/1 against fresh servers of ours for reference.
+`--rtt-ms 0.2 1` adds those round trips with netproxy.py (its threads run in this
+process, on the same cores). Prints JSON rows and a table: tokens/s and the ratios
+row / layer and row / llama-bench in the same run. Asserts nothing.
+
+    python bench/tensor_split.py --types Q8_0 --tg 32 --rounds 2 --rtt-ms 0 0.2 1
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+lb, netproxy, runner = _load("llama_bench"), _load("netproxy"), _load("runner")
+
+from ggmlrpc.llm.model import Model  # noqa: E402
+from ggmlrpc.llm.synth import LlamaShape  # noqa: E402
+
+MODES = {"layer": dict(split_mode="layer"), "row": dict(split_mode="row"),
+         "row-reduce": dict(split_mode="row", row_combine="reduce")}
+
+
+@contextlib.contextmanager
+def pinned_servers(rtt_ms: float):
+    """Two fresh servers of ours, server i on core i with one thread, each behind a
+    delaying proxy when rtt_ms is set; yields their endpoints."""
+    procs, proxies, eps = [], [], []
+    try:
+        for core in range(2):
+            port = lb.free_port()
+            procs.append(subprocess.Popen(["taskset", "-c", str(core % os.cpu_count()),
+                                           *runner.ours("ggml-rpc-server", "ggmlrpc.cli.server"),
+                                           "-p", str(port), "-t", "1"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            lb.wait_listening(port, procs[-1])
+            if rtt_ms:
+                proxies.append(netproxy.Proxy(f"127.0.0.1:{port}", rtt_ms))
+                port = proxies[-1].start()
+            eps.append(f"127.0.0.1:{port}")
+        yield eps
+    finally:
+        for p in proxies:
+            p.close()
+        for p in procs:
+            p.terminate()
+            p.wait(10)
+
+
+def ours(m: Path, mode: str, eps: list[str], tg: int) -> float:
+    """Generation tokens/s of our host: tg evals of one token after a prompt of 8."""
+    with Model.load(m, rpc=eps, tensor_split=[1, 1], n_ctx=256, **MODES[mode]) as model:
+        model.eval(list(range(1, 9)))
+        model.eval([1])                     # warm-up: the decode graphs built and sent once
+        t0 = time.perf_counter()
+        for i in range(tg):
+            model.eval([2 + i % 100])
+        return tg / (time.perf_counter() - t0)
+
+
+def reference(ref: Path, m: Path, eps: list[str], tg: int, timeout: float) -> float | str:
+    cmd = [str(ref / "llama-bench"), "-m", str(m), "-p", "0", "-n", str(tg), "-r", "2", "-o", "json",
+           "-ngl", "99", "--rpc", ",".join(eps), "-ts", "1/1"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if r.returncode:
+        return r.stderr.strip()[-300:]
+    return runner.rows(r.stdout)["tg"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", nargs="+", default=["Q8_0"])
+    ap.add_argument("--tg", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rtt-ms", nargs="+", type=float, default=[0.0])
+    ap.add_argument("--no-reference", action="store_true", help="skip llama-bench")
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+    ref = lb.reference_bin()
+    shape = LlamaShape(12, 1024, 2816, n_head=16, n_head_kv=16)
+    results = []
+    for qtype in args.types:
+        m = lb.model(ref, qtype, shape)
+        for rtt in args.rtt_ms:
+            runs: dict[str, list] = {k: [] for k in (*MODES, "llama-bench")}
+            for i in range(args.rounds):
+                names = list(runs) if i % 2 == 0 else list(runs)[::-1]
+                for name in names:
+                    with pinned_servers(rtt) as eps:
+                        if name == "llama-bench":
+                            if not args.no_reference:
+                                runs[name].append(reference(ref, m, eps, args.tg, args.timeout))
+                        else:
+                            runs[name].append(ours(m, name, eps, args.tg))
+            row = {"type": qtype, "rtt_ms": rtt, "tg": args.tg, "rounds": args.rounds}
+            for name, vals in runs.items():
+                ok = [v for v in vals if isinstance(v, float)]
+                row[name] = statistics.median(ok) if ok else None
+                if len(ok) < len(vals):
+                    row[name + "_error"] = next(v for v in vals if not isinstance(v, float))
+            for name in ("row", "row-reduce"):
+                for base in ("layer", "llama-bench"):
+                    if row[name] and row[base]:
+                        row[f"{name}/{base}"] = round(row[name] / row[base], 3)
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    print(f"\n{'type':6} {'rtt ms':>6} {'layer':>7} {'row':>7} {'reduce':>7} {'llama':>7} "
+          f"{'row/layer':>9} {'row/llama':>9} {'reduce/layer':>12}  (generation tokens/s, medians)")
+    for r in results:
+        def f(k):
+            return f"{r[k]:7.2f}" if r.get(k) else "      -"
+
+        def q(k, w):
+            return f"{r[k]:{w}.2f}" if r.get(k) else " " * (w - 1) + "-"
+        print(f"{r['type']:6} {r['rtt_ms']:6.1f} {f('layer')} {f('row')} {f('row-reduce')} {f('llama-bench')} "
+              f"{q('row/layer', 9)} {q('row/llama-bench', 9)} {q('row-reduce/layer', 12)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
