@@ -144,7 +144,7 @@ class Model:
             self.stages.append(Stage(cpu, [], output=True))
         self.rows = RowSplit(self.arch, self.hp, self.file, self.kv, remote, device_shares(remote, tensor_split),
                              list(range(start, n_layer)),
-                             output, self.flash_attn, self.n_ctx, self.row_combine)
+                             output, self.flash_attn, self.n_ctx, self.row_combine, self.n_ubatch)
 
     def _upload(self, progress) -> None:
         total = sum(self._alloc_stage(st) for st in self.stages) + (self.rows.alloc() if self.rows else 0)

@@ -12,11 +12,13 @@ host waits for any, and each server's inputs, graph and read leave in one write)
 Two ways to combine (`combine`):
 
 - "gather" (the default): every matrix is cut by its output rows, so each
-  number is one device's whole dot product, as on a single device: the attention
-  output projection and the feed-forward's down matrix are cut by rows of the
-  model's width. A layer is four segments (heads; attention projection; gate/up;
-  down) and the host concatenates each one's pieces: four combines per layer, and
-  the logits are a single device's, bit for bit.
+  number is one device's whole dot product, as on a single device, and the
+  logits are a single device's, bit for bit. A layer is three segments, and the
+  host concatenates each one's pieces: the heads (attention output of its
+  heads); then the whole attention output projection (every device computes it
+  all: 1/12 of a llama layer's weights, one combine fewer), the residual, and
+  its gate/up rows; then its rows of the down matrix plus the residual (kept on
+  the device between the two in a small buffer of its own).
 - "reduce": the output projections are cut by their input columns (the heads'
   columns, the hidden rows' columns), each device sends its partial sum and the
   host adds them and the residual: two combines per layer (after attention,
@@ -88,6 +90,7 @@ class Shard:
     embd: tuple[int, int]      # its rows of the output projections ("gather")
     tensors: dict[str, TensorInfo] = dataclasses.field(default_factory=dict)
     held: tuple | None = None  # the segment whose graph the device keeps
+    saved: object = None       # "gather": the residual a layer's last segment adds (n_embd x n_ubatch)
 
 
 class RowSplit:
@@ -95,14 +98,14 @@ class RowSplit:
 
     def __init__(self, arch, hp: HParams, f: GGUFFile, kv: KVCache, devices: list[Device],
                  shares: Sequence[float], layers: list[int], output: bool, flash_attn: bool, n_ctx: int,
-                 combine: str = "gather"):
+                 combine: str = "gather", n_ubatch: int = 512):
         if arch.layer is not llama.layer or hp.n_expert or hp.n_swa or any(
                 f"blk.{il}.attn_qkv.weight" in f.tensors for il in layers):
             raise ModelError(f"-sm row does not support architecture {arch.name!r} "
                              f"(llama, qwen2 and qwen3 without experts only); use -sm layer")
         if combine not in COMBINES:
             raise ModelError(f"row combine must be one of {', '.join(COMBINES)}, got {combine!r}")
-        self.combine = combine
+        self.combine, self.n_ubatch = combine, n_ubatch
         keep = [i for i, s in enumerate(shares) if s > 0]
         devices, shares = [devices[i] for i in keep], [shares[i] for i in keep]
         self.arch, self.hp, self.file, self.kv = arch, hp, f, kv
@@ -137,9 +140,9 @@ class RowSplit:
                  "attn_v.weight": (1, k0, k1), "attn_v.bias": (0, k0, k1),
                  "attn_output.weight": (0, q0, q1),
                  "ffn_gate.weight": (1, *sh.ff), "ffn_up.weight": (1, *sh.ff), "ffn_down.weight": (0, *sh.ff)}
-        if self.combine == "gather":
-            rules.update({"attn_output.weight": (1, *sh.embd), "attn_output.bias": (0, *sh.embd),
-                          "ffn_down.weight": (1, *sh.embd), "ffn_down.bias": (0, *sh.embd)})
+        if self.combine == "gather":      # the whole attention projection; the down matrix's rows
+            del rules["attn_output.weight"]
+            rules.update({"ffn_down.weight": (1, *sh.embd), "ffn_down.bias": (0, *sh.embd)})
         for n in stage_weights(self.arch, self.hp, sh.stage, f.tensors):
             ti, tail = f.tensors[n], n.split(".", 2)[-1]
             if tail in ("attn_output.bias", "ffn_down.bias") and not sh.first and self.combine == "reduce":
@@ -158,6 +161,13 @@ class RowSplit:
         for sh in self.shards:
             part = SimpleNamespace(path=self.file.path, tensors=sh.tensors)
             total += alloc_stage(sh.stage, part, list(sh.tensors), self.kv, None, sh.hp.n_embd_kv)
+            if self.combine == "gather":    # the residual between a layer's last two segments
+                be, shape = sh.stage.device.backend, (self.hp.n_embd, self.n_ubatch)
+                buf = be.alloc_buffer(4 * shape[0] * shape[1], sh.stage.device.index)
+                if buf is None:
+                    raise ModelError(f"{sh.stage.device.name}: cannot allocate the residual buffer")
+                sh.stage.buffers.append(buf)
+                sh.saved = buf.tensor(GGMLType.F32, shape, 0, name="ffn_inp")
         return total
 
     def send(self, sent) -> None:
@@ -169,7 +179,7 @@ class RowSplit:
         T, il = key[0], self.layers[0]
         rows = (T, key[1], T, key[3])
         segs = ([(("attn", il), key), (("ffn", il), rows)] if self.combine == "reduce" else
-                [(("heads", il), key), (("proj", il), rows), (("up", il), rows), (("down", il), rows)])
+                [(("heads", il), key), (("mid", il), rows), (("down", il), rows)])
         for sh in self.shards:
             for seg, k in segs + [(("out",), rows)] * self.output:
                 self._graph(sh, seg, k)
@@ -191,23 +201,33 @@ class RowSplit:
         device's partial output projection), or the output layer's rows."""
         c = Ctx(self.arch, sh.hp, sh.stage, self.kv.cells, self.flash_attn, self.n_ctx, key, align)
         kind, il, hp, w = seg[0], seg[-1], self.hp, sh.stage.weights
-        width = {"proj": hp.head_dim * hp.n_head, "down": hp.n_ff}.get(kind, hp.n_embd)
-        x = c.inp.new(GGMLType.F32, (width, key[0]), "x")
+        x = c.inp.new(GGMLType.F32, (hp.n_ff if kind == "down" else hp.n_embd, key[0]), "x")
         p = f"blk.{il}."
         if kind in ("attn", "heads"):
             c.layer_inputs()
             y = c.attention(il, *c.qkv(il, c.norm(x, "attn_norm", il)), project=kind == "attn")
         elif kind == "ffn":
             y = c.ffn(il, c.norm(x, "ffn_norm", il))
-        elif kind == "up":
-            cur = c.norm(x, "ffn_norm", il)
+        elif kind == "mid":    # x: the residual; o: every head's attention output
+            o = c.inp.new(GGMLType.F32, (hp.head_dim * hp.n_head, key[0]), "o")
+            cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
+            if p + "attn_output.bias" in w:
+                cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")
+            if il == hp.n_layer - 1 and key[2] < key[0]:     # the rows that come out
+                ids = c.inp.new(GGMLType.I32, (key[2],), "out_ids")
+                cur, x = B.get_rows(cur, ids), B.get_rows(x, ids)
+            ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
+            c.g.expand(B.cpy(ffn_inp, B.view(sh.saved, ffn_inp.ne[:2])))
+            cur = c.norm(ffn_inp, "ffn_norm", il)
             y = B.swiglu_split(B.mul_mat(w[p + "ffn_gate.weight"], cur, name=f"ffn_gate-{il}"),
                                B.mul_mat(w[p + "ffn_up.weight"], cur, name=f"ffn_up-{il}"), name=f"ffn_glu-{il}")
-        elif kind in ("proj", "down"):
-            name = "attn_output" if kind == "proj" else "ffn_down"
-            y = B.mul_mat(w[p + name + ".weight"], x, name=f"{name}-{il}")
-            if p + name + ".bias" in w:
-                y = B.add(y, w[p + name + ".bias"], name=f"{name}-{il}")
+        elif kind == "down":   # its rows of the layer's output: down x + the residual kept by "mid"
+            y = B.mul_mat(w[p + "ffn_down.weight"], x, name=f"ffn_out-{il}")
+            if p + "ffn_down.bias" in w:
+                y = B.add(y, w[p + "ffn_down.bias"], name=f"ffn_out-{il}")
+            e0, e1 = sh.embd
+            res = B.view(sh.saved, (e1 - e0, key[0]), (4, 4 * hp.n_embd), 4 * e0)
+            y = B.add(y, res, name=f"l_out-{il}")
         else:
             y = c.output(x)
         c.g.expand(y, output=True)
@@ -249,23 +269,21 @@ class RowSplit:
         x = np.frombuffer(x, np.float32).reshape(T, self.hp.n_embd)
         last = self.hp.n_layer - 1
         out_ids = values["out_ids"]
-        rows = (T, key[1], T, key[3])
         for il in self.layers:
             if self.combine == "reduce":
                 s = _sum(self._combine(("attn", il), key, dict(values, x=x)))
             else:
                 o = _cat(self._combine(("heads", il), key, dict(values, x=x)))
-                s = _cat(self._combine(("proj", il), rows, {"x": o}))
+                h = _cat(self._combine(("mid", il), (T, key[1], n_out if il == last else T, key[3]),
+                                       {"x": x, "o": o, "out_ids": out_ids}))
+                R = h.shape[0]
+                x = _cat(self._combine(("down", il), (R, key[1], R, key[3]), {"x": h}))
+                continue
             if il == last and n_out < T:
                 s, x = s[out_ids], x[out_ids]
             x = s + x
             R = x.shape[0]
-            rows = (R, key[1], R, key[3])
-            if self.combine == "reduce":
-                x = _sum(self._combine(("ffn", il), rows, {"x": x})) + x
-            else:
-                h = _cat(self._combine(("up", il), rows, {"x": x}))
-                x = _cat(self._combine(("down", il), rows, {"x": h})) + x
+            x = _sum(self._combine(("ffn", il), (R, key[1], R, key[3]), {"x": x})) + x
         if not self.output:
             return x
         R = x.shape[0]

@@ -48,6 +48,10 @@ def test_row_split_logits_match_one_device(tmp_path, servers, arch, dtype):
                    dict(tensor_split=[1, 1], n_gpu_layers=3)):     # the output layer on the CPU
             row = logits(path, rpc=servers, split_mode="row", flash_attn=fa, **kw)
             assert max(nmse(a, b) for a, b in zip(row, one)) <= 1e-6, (fa, kw)
+    # a prompt in micro-batches of 5 tokens (each graph's residual kept between segments)
+    one = logits(path, n_gpu_layers=0, n_ubatch=5)
+    row = logits(path, rpc=servers, split_mode="row", tensor_split=[1, 1], n_ubatch=5)
+    assert max(nmse(a, b) for a, b in zip(row, one)) <= 1e-6
 
 
 def test_row_split_places_the_heads(tmp_path, servers):
