@@ -6,8 +6,8 @@ bench model (bench/llama_bench.py: 12 layers, width 1024). Our host runs in this
 process (Model.load + one eval per token, after a warm-up), in alternating rounds:
 `layer`, `row` (the "gather" combine, the default) and `row-reduce` (partial sums);
 llama-bench -ngl 99 -ts 1/1 against fresh servers of ours for reference.
-`--rtt-ms 0.2 1` adds those round trips with netproxy.py (its threads run in this
-process, on the same cores). Prints JSON rows and a table: tokens/s and the ratios
+`--rtt-ms 0.2 1` adds those round trips with netproxy.py (a process per server,
+on the same two cores). Prints JSON rows and a table: tokens/s and the ratios
 row / layer and row / llama-bench in the same run. Asserts nothing.
 
     python bench/tensor_split.py --types Q8_0 --tg 32 --rounds 2 --rtt-ms 0 0.2 1
@@ -36,7 +36,7 @@ def _load(name: str):
     return mod
 
 
-lb, netproxy, runner = _load("llama_bench"), _load("netproxy"), _load("runner")
+lb, runner = _load("llama_bench"), _load("runner")
 
 from ggmlrpc.llm.model import Model  # noqa: E402
 from ggmlrpc.llm.synth import LlamaShape  # noqa: E402
@@ -59,14 +59,15 @@ def pinned_servers(rtt_ms: float):
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             lb.wait_listening(port, procs[-1])
             if rtt_ms:
-                proxies.append(netproxy.Proxy(f"127.0.0.1:{port}", rtt_ms))
-                port = proxies[-1].start()
+                up, port = port, lb.free_port()
+                proxies.append(subprocess.Popen([sys.executable, str(HERE / "netproxy.py"), "--listen", str(port),
+                                                 "--upstream", f"127.0.0.1:{up}", "--rtt-ms", str(rtt_ms)],
+                                                stdout=subprocess.DEVNULL))
+                lb.wait_listening(port, proxies[-1])
             eps.append(f"127.0.0.1:{port}")
         yield eps
     finally:
-        for p in proxies:
-            p.close()
-        for p in procs:
+        for p in procs + proxies:
             p.terminate()
             p.wait(10)
 

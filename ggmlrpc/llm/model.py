@@ -90,7 +90,7 @@ class Model:
         cached is not sent the bytes). `progress(done, total, cached)` is called as
         bytes go. `reconnect`: seconds to wait for a server lost during generation
         (it gets its layers again and the context is replayed); 0 fails at once
-        (always with split_mode "row").
+        (split_mode "row" takes 0 only).
         `n_ubatch`: prompt tokens per graph (llama.cpp's -ub). `n_seq`: the sequences
         run at once (llama.cpp's -np: sliding-window layers keep a window for each).
         `split_mode`: "layer" (runs of layers per device) or "row" (every offloaded
@@ -98,6 +98,8 @@ class Model:
         says what `row_combine`, "gather" or "reduce", does)."""
         if split_mode not in SPLIT_MODES:
             raise ModelError(f"split mode must be one of {', '.join(SPLIT_MODES)}, got {split_mode!r}")
+        if split_mode == "row" and reconnect > 0:
+            raise ModelError("--reconnect does not work with -sm row yet (a lost server fails the step)")
         m = cls()
         m.split_mode, m.row_combine = split_mode, row_combine
         m.n_seq = max(1, n_seq)

@@ -81,3 +81,14 @@ def test_row_split_errors(tmp_path, servers, capsys):
     err = capsys.readouterr().err
     assert err.startswith("error:") and "-sm row does not support architecture 'qwen3moe'" in err
     assert "Traceback" not in err
+
+
+def test_bench_with_row_split(tmp_path, servers, capsys):
+    import json
+
+    path = synth.write_model(tmp_path / "llama.gguf", "llama", SHAPE, "q8_0", seed=5)
+    assert main(["bench", "-m", str(path), "--rpc", ",".join(servers), "-sm", "row", "-ts", "1,1",
+                 "-p", "8", "-n", "4", "-r", "1", "-o", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["test"] for r in rows] == ["pp8", "tg4"]
+    assert all(r["split_mode"] == "row" and r["avg_ts"] > 0 for r in rows)
