@@ -11,18 +11,10 @@ from ggmlrpc.cli.main import main
 from ggmlrpc.llm import synth
 from ggmlrpc.llm.gguf_file import ModelError
 from ggmlrpc.llm.model import Model
-from tests.conftest import start_server
+from tests.e2e.test_batch import servers  # noqa: F401  (two of our servers' endpoints, a module fixture)
 
 PROMPT = "the old fisherman lived in a small village by the sea"
 SHAPE = synth.ModelShape(n_layer=3, n_embd=128, n_ff=256, n_head=8, n_head_kv=4, n_ctx=256)
-
-
-@pytest.fixture(scope="module")
-def servers():
-    srvs = [start_server(), start_server()]
-    yield [f"127.0.0.1:{s.port}" for s in srvs]
-    for s in srvs:
-        s.close()
 
 
 def logits(path, **kw) -> list[np.ndarray]:
