@@ -3,12 +3,14 @@ same two servers, and against llama.cpp's client (llama-bench --rpc, layer split
 
 Two of our servers, each pinned to its own core (taskset) with -t 1, the generated
 bench model (bench/llama_bench.py: 12 layers, width 1024). Our host runs in this
-process (Model.load + one eval per token, after a warm-up), in alternating rounds:
-`layer`, `row` (the "gather" combine, the default) and `row-reduce` (partial sums);
-llama-bench -ngl 99 -ts 1/1 against fresh servers of ours for reference.
-`--rtt-ms 0.2 1` adds those round trips with netproxy.py (a process per server,
-on the same two cores). Prints JSON rows and a table: tokens/s and the ratios
-row / layer and row / llama-bench in the same run. Asserts nothing.
+process (Model.load + one eval per token, after a warm-up). Each round starts two
+fresh servers and runs on them, in alternating order, `layer`, `row` (the
+"gather" combine, the default), `row-reduce` (partial sums) and llama-bench -ngl
+99 -ts 1/1 (llama.cpp's client, layer split). `--rtt-ms 0.2 1` adds those round
+trips with netproxy.py (a process per server, on the same two cores). Prints JSON
+rows and a table: median tokens/s, and the median over the rounds of each round's
+ratios row / layer and row / llama-bench (a shared host's load moves a round's
+runs together). Asserts nothing.
 
     python bench/tensor_split.py --types Q8_0 --tg 32 --rounds 2 --rtt-ms 0 0.2 1
 """
@@ -111,27 +113,29 @@ def main(argv=None) -> int:
             runs: dict[str, list] = {k: [] for k in (*MODES, "llama-bench")}
             for i in range(args.rounds):
                 names = list(runs) if i % 2 == 0 else list(runs)[::-1]
-                for name in names:
-                    with pinned_servers(rtt) as eps:
+                with pinned_servers(rtt) as eps:
+                    for name in names:
                         if name == "llama-bench":
-                            if not args.no_reference:
-                                runs[name].append(reference(ref, m, eps, args.tg, args.timeout))
+                            r = None if args.no_reference else reference(ref, m, eps, args.tg, args.timeout)
                         else:
-                            runs[name].append(ours(m, name, eps, args.tg))
-            row = {"type": qtype, "rtt_ms": rtt, "tg": args.tg, "rounds": args.rounds}
+                            r = ours(m, name, eps, args.tg)
+                        runs[name].append(r)
+            row = {"type": qtype, "rtt_ms": rtt, "tg": args.tg, "rounds": args.rounds, "runs": runs}
             for name, vals in runs.items():
                 ok = [v for v in vals if isinstance(v, float)]
                 row[name] = statistics.median(ok) if ok else None
-                if len(ok) < len(vals):
-                    row[name + "_error"] = next(v for v in vals if not isinstance(v, float))
+                if any(isinstance(v, str) for v in vals):
+                    row[name + "_error"] = next(v for v in vals if isinstance(v, str))
             for name in ("row", "row-reduce"):
                 for base in ("layer", "llama-bench"):
-                    if row[name] and row[base]:
-                        row[f"{name}/{base}"] = round(row[name] / row[base], 3)
+                    ratios = [a / b for a, b in zip(runs[name], runs[base])
+                              if isinstance(a, float) and isinstance(b, float)]
+                    if ratios:
+                        row[f"{name}/{base}"] = round(statistics.median(ratios), 3)
             results.append(row)
             print(json.dumps(row), flush=True)
     print(f"\n{'type':6} {'rtt ms':>6} {'layer':>7} {'row':>7} {'reduce':>7} {'llama':>7} "
-          f"{'row/layer':>9} {'row/llama':>9} {'reduce/layer':>12}  (generation tokens/s, medians)")
+          f"{'row/layer':>9} {'row/llama':>9} {'reduce/layer':>12}  (generation tokens/s; ratios: medians of each round's)")
     for r in results:
         def f(k):
             return f"{r[k]:7.2f}" if r.get(k) else "      -"

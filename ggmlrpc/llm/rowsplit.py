@@ -114,13 +114,14 @@ class RowSplit:
         ff_align = 1 if combine == "gather" else max(blck_size(f.tensors[f"blk.{il}.ffn_down.weight"].type)
                                                      for il in layers)
         kv_cuts, ff_cuts = cuts(hp.n_head_kv, shares), cuts(hp.n_ff, shares, ff_align)
-        for what, cs in (("KV heads", kv_cuts), ("feed-forward rows", ff_cuts)):
+        embd_cuts, vocab_cuts = cuts(hp.n_embd, shares), cuts(hp.n_vocab, shares)
+        for what, cs in (("KV heads", kv_cuts), ("feed-forward rows", ff_cuts), ("rows", embd_cuts),
+                         ("vocabulary rows", vocab_cuts)):
             if any(a >= b for a, b in cs):
                 raise ModelError(f"-sm row: the {what} cannot be cut over {len(devices)} devices "
                                  f"by -ts {','.join(f'{s:g}' for s in shares)}")
         self.shards = []
-        embd_cuts = cuts(hp.n_embd, shares)
-        for i, (d, kc, fc, vc) in enumerate(zip(devices, kv_cuts, ff_cuts, cuts(hp.n_vocab, shares))):
+        for i, (d, kc, fc, vc) in enumerate(zip(devices, kv_cuts, ff_cuts, vocab_cuts)):
             n_kv = kc[1] - kc[0]
             hp_d = dataclasses.replace(hp, n_head=n_kv * group, n_head_kv=n_kv)
             st = Stage(d, list(layers), output=output)
@@ -173,6 +174,7 @@ class RowSplit:
     def send(self, sent) -> None:
         for sh in self.shards:
             send_weights(sh.stage, SimpleNamespace(tensors=sh.tensors), sent)
+            sh.tensors = {}        # the slices cut by columns were copies
 
     def reserve(self, key: tuple) -> None:
         """The compute and input memory of the largest segments each device runs."""
