@@ -84,3 +84,21 @@ def test_bench_with_row_split(tmp_path, servers, capsys):
     rows = json.loads(capsys.readouterr().out)
     assert [r["test"] for r in rows] == ["pp8", "tg4"]
     assert all(r["split_mode"] == "row" and r["avg_ts"] > 0 for r in rows)
+
+
+def test_row_split_over_three_servers(tmp_path):
+    from tests.conftest import start_server
+
+    path = synth.write_model(tmp_path / "llama.gguf", "llama", SHAPE, "q8_0", seed=6)
+    srvs = [start_server() for _ in range(3)]
+    try:
+        eps = [f"127.0.0.1:{s.port}" for s in srvs]
+        one = logits(path, n_gpu_layers=0)
+        for ts in ([1, 1, 1], [2, 1, 1]):
+            with Model.load(path, rpc=eps, split_mode="row", tensor_split=ts) as m:
+                assert len(m.rows.shards) == 3
+            row = logits(path, rpc=eps, split_mode="row", tensor_split=ts)
+            assert max(nmse(a, b) for a, b in zip(row, one)) <= 1e-6, ts
+    finally:
+        for s in srvs:
+            s.close()
