@@ -26,6 +26,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 HERE = Path(__file__).resolve().parent
 sys.path.insert(0, str(HERE.parent))
@@ -41,7 +42,6 @@ def _load(name: str):
 lb, runner = _load("llama_bench"), _load("runner")
 
 from ggmlrpc.llm.model import Model  # noqa: E402
-from ggmlrpc.llm.synth import LlamaShape  # noqa: E402
 
 MODES = {"layer": dict(split_mode="layer"), "row": dict(split_mode="row"),
          "row-reduce": dict(split_mode="row", row_combine="reduce")}
@@ -74,14 +74,19 @@ def pinned_servers(rtt_ms: float):
             p.wait(10)
 
 
+HOST_CPU: dict[str, list] = {}    # mode -> our host's CPU ms per token, each run
+
+
 def ours(m: Path, mode: str, eps: list[str], tg: int) -> float:
-    """Generation tokens/s of our host: tg evals of one token after a prompt of 8."""
+    """Generation tokens/s of our host: tg evals of one token after a prompt of 8
+    (and its CPU time per token into HOST_CPU)."""
     with Model.load(m, rpc=eps, tensor_split=[1, 1], n_ctx=256, **MODES[mode]) as model:
         model.eval(list(range(1, 9)))
         model.eval([1])                     # warm-up: the decode graphs built and sent once
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         for i in range(tg):
             model.eval([2 + i % 100])
+        HOST_CPU.setdefault(mode, []).append((time.process_time() - c0) / tg * 1e3)
         return tg / (time.perf_counter() - t0)
 
 
@@ -105,7 +110,7 @@ def main(argv=None) -> int:
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     ref = lb.reference_bin()
-    shape = LlamaShape(12, 1024, 2816, n_head=16, n_head_kv=16)
+    shape = lb.model_shape(SimpleNamespace(layers=12, embd=1024, ff=2816))
     results = []
     for qtype in args.types:
         m = lb.model(ref, qtype, shape)
@@ -120,7 +125,13 @@ def main(argv=None) -> int:
                         else:
                             r = ours(m, name, eps, args.tg)
                         runs[name].append(r)
-            row = {"type": qtype, "rtt_ms": rtt, "tg": args.tg, "rounds": args.rounds, "runs": runs}
+            row = {"type": qtype, "rtt_ms": rtt, "tg": args.tg, "rounds": args.rounds, "runs": runs,
+                   # host round trips per token to each server: one graph per layer split stage;
+                   # three combines per layer + the output layer; two + one
+                   "round_trips_per_token": {"layer": 1, "row": 3 * shape.n_layer + 1,
+                                             "row-reduce": 2 * shape.n_layer + 1},
+                   "host_cpu_ms_per_token": {k: round(statistics.median(v), 2) for k, v in HOST_CPU.items()}}
+            HOST_CPU.clear()
             for name, vals in runs.items():
                 ok = [v for v in vals if isinstance(v, float)]
                 row[name] = statistics.median(ok) if ok else None

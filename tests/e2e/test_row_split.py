@@ -11,6 +11,7 @@ from ggmlrpc.cli.main import main
 from ggmlrpc.llm import synth
 from ggmlrpc.llm.gguf_file import ModelError
 from ggmlrpc.llm.model import Model
+from tests.conftest import nmse, start_server
 from tests.e2e.test_batch import servers  # noqa: F401  (two of our servers' endpoints, a module fixture)
 
 PROMPT = "the old fisherman lived in a small village by the sea"
@@ -24,10 +25,6 @@ def logits(path, **kw) -> list[np.ndarray]:
         for _ in range(3):
             out.append(m.eval([int(np.argmax(out[-1]))]))
         return out
-
-
-def nmse(a: np.ndarray, b: np.ndarray) -> float:
-    return float(((a - b) ** 2).sum() / (b ** 2).sum())
 
 
 @pytest.mark.parametrize("arch,dtype", [("llama", "f32"), ("llama", "q8_0"), ("qwen2", "q8_0"), ("qwen3", "q8_0")])
@@ -87,8 +84,6 @@ def test_bench_with_row_split(tmp_path, servers, capsys):
 
 
 def test_row_split_over_three_servers(tmp_path):
-    from tests.conftest import start_server
-
     path = synth.write_model(tmp_path / "llama.gguf", "llama", SHAPE, "q8_0", seed=6)
     srvs = [start_server() for _ in range(3)]
     try:
