@@ -97,3 +97,18 @@ def test_row_split_over_three_servers(tmp_path):
     finally:
         for s in srvs:
             s.close()
+
+
+def test_row_split_runs_several_sequences(tmp_path, servers):
+    """Two sequences in one step (serve -np 2): each one's logits as on one device."""
+    path = synth.write_model(tmp_path / "llama.gguf", "llama", SHAPE, "q8_0", seed=7)
+
+    def run(**kw):
+        with Model.load(path, n_seq=2, **kw) as m:
+            a, b = m.seq, m.new_sequence()
+            return (m.decode([(a, [1, 5, 9, 20]), (b, [1, 7, 3])])
+                    + m.decode([(a, [11]), (b, [12])]))
+
+    one = run(n_gpu_layers=0)
+    row = run(rpc=servers, split_mode="row", tensor_split=[1, 1])
+    assert max(nmse(a, b) for a, b in zip(row, one)) <= 1e-6
