@@ -35,6 +35,8 @@ U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
 U64x2 = struct.Struct("<QQ")  # (handle, size), (free, total), (offset, size|hash)
 GRAPH_CHUNK = 16 << 20           # graph payloads grow only as their bytes arrive
+GRAPH_CACHE = 256                # compiled graphs a connection keeps per device (see cmd_graph_compute),
+GRAPH_CACHE_BYTES = 64 << 20     # and the bytes of their payloads
 ANNOUNCED_MAX = 16               # cache misses a connection may upload after (llama.cpp: one)
 
 class StoredGraph:
@@ -60,6 +62,8 @@ class Session:
         self.conn = Conn(sock, native=server.native)
         self.buffers = BufferTable()
         self.graphs: dict[int, StoredGraph] = {}
+        # compiled graphs by their GRAPH_COMPUTE payload, per device, oldest first
+        self.compiled: list[dict[bytes, StoredGraph]] = [{} for _ in self.devices]
         self.request: bytearray | None = None  # payload of the current fixed-size request
         self.debug = server.debug
         self.limits = server.limits
@@ -135,11 +139,18 @@ class Session:
         self.held[b.device] -= b.size
         self.server.ledgers[b.device].release(b.size)
 
-    def keep_graph(self, device: int, graph, plan) -> None:
-        """Store a compiled graph, its plan's scratch reserved in the device's ledger
-        first: a graph whose scratch would pass the memory limit is refused."""
+    def keep_graph(self, device: int, graph, plan, payload: bytes) -> StoredGraph:
+        """Store a compiled graph as the device's graph and among its compiled ones
+        (under its payload), its plan's scratch reserved in the device's ledger first;
+        the oldest compiled graphs make room. A graph whose scratch would pass the
+        memory limit is refused."""
         scratch = plan.scratch_bytes
         ledger = self.server.ledgers[device]
+        compiled = self.compiled[device]
+        while compiled and (len(compiled) >= GRAPH_CACHE or scratch > ledger.share - self.held[device]
+                            or scratch > ledger.limit - ledger.used
+                            or sum(map(len, compiled)) + len(payload) > GRAPH_CACHE_BYTES):
+            self.forget_graph(device, next(iter(compiled)))
         if scratch > ledger.share - self.held[device]:
             raise ValidationError(f"graph needs {scratch} bytes of scratch memory on device "
                                   f"{device}, this connection holds {self.held[device]} of the "
@@ -148,15 +159,24 @@ class Session:
             raise ValidationError(f"graph needs {scratch} bytes of scratch memory on device "
                                   f"{device}, {ledger.used} of {ledger.limit} bytes in use (--mem-limit)")
         self.held[device] += scratch
-        self.graphs[device] = StoredGraph(graph, plan, scratch)
+        stored = self.graphs[device] = compiled[payload] = StoredGraph(graph, plan, scratch)
+        return stored
 
-    def forget_graphs(self, device: int | None = None) -> None:
-        """Drop the stored graph of one device (all when None) and return its scratch."""
-        for dev in list(self.graphs) if device is None else [device]:
-            stored = self.graphs.pop(dev, None)
-            if stored is not None and stored.scratch:
-                self.held[dev] -= stored.scratch
-                self.server.ledgers[dev].release(stored.scratch)
+    def forget_graph(self, device: int, payload: bytes) -> None:
+        """Drop one compiled graph and return its scratch."""
+        stored = self.compiled[device].pop(payload)
+        if self.graphs.get(device) is stored:
+            del self.graphs[device]
+        if stored.scratch:
+            self.held[device] -= stored.scratch
+            self.server.ledgers[device].release(stored.scratch)
+
+    def forget_graphs(self) -> None:
+        """Drop every stored and compiled graph and return their scratch."""
+        for dev, compiled in enumerate(self.compiled):
+            for payload in list(compiled):
+                self.forget_graph(dev, payload)
+        self.graphs.clear()
 
     def note(self, key: str, fmt: str, *args) -> None:
         """A warning that a client can repeat at will: logged once per connection,
@@ -461,21 +481,26 @@ class Session:
             raise ProtocolError(f"GRAPH_COMPUTE payload of {size} bytes")
         if size > MAX_GRAPH_PAYLOAD:
             raise ProtocolError(f"GRAPH_COMPUTE payload of {size} bytes exceeds the limit")
-        payload = self.recv_graph(size)
-        device, node_ids, tensors = self.codec.decode_graph(payload)
-        self.device_index(device)
-        if self.debug:
-            self.server.dbg("[graph_compute] device: %d, n_nodes: %d, n_tensors: %d",
-                            device, len(node_ids), len(tensors))
+        payload = bytes(self.recv_graph(size))
+        # a graph sent again byte for byte (a host that runs several graphs in turn
+        # on one device, as -sm row does) was checked and compiled when it came first:
+        # the buffers it names are still there (freeing any drops every compiled graph)
+        (device,) = U32.unpack_from(payload, 0)
         t0 = perf_counter_ns()
-        graph = build_graph(self, device, node_ids, tensors)
-        executor = self.devices[device].executor()
-        self.forget_graphs(device)
-        plan = executor.compile(graph, self.limits.max_graph_work)
-        self.keep_graph(device, graph, plan)   # a failed run closes the connection, releasing it
+        stored = self.compiled[device].pop(payload, None) if device < len(self.compiled) else None
+        if stored is not None:
+            self.compiled[device][payload] = self.graphs[device] = stored     # now the newest
+        else:
+            device, node_ids, tensors = self.codec.decode_graph(payload)
+            self.device_index(device)
+            graph = build_graph(self, device, node_ids, tensors)
+            plan = self.devices[device].executor().compile(graph, self.limits.max_graph_work)
+            stored = self.keep_graph(device, graph, plan, payload)   # a failed run closes the connection
+        if self.debug:
+            self.server.dbg("[graph_compute] device: %d, n_nodes: %d", device, len(stored.graph.nodes))
         with self.server.graph_watch.computing(self) as cancel:
-            executor.run(plan, cancel)
-        self.stats.graph(device, "compute", len(node_ids), perf_counter_ns() - t0)
+            self.devices[device].executor().run(stored.plan, cancel)
+        self.stats.graph(device, "compute", len(stored.graph.nodes), perf_counter_ns() - t0)
 
     def cmd_graph_recompute(self, size):
         (dev,) = U32.unpack(self.request)

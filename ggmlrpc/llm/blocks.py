@@ -130,11 +130,12 @@ class Ctx:
         query and not the scores (then attention's kq_scale is 1)."""
         return B.scale(q, 1.0 / math.sqrt(dim or self.hp.head_dim), name=f"Qcur_scaled-{il}")
 
-    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float | None = None) -> Tensor:
+    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float | None = None,
+                  project: bool = True) -> Tensor:
         """k and v written to the layer's cache cells, q attending the cells
         (flash attention, or soft-max over the transposed V cache; the file's sink
         logits and the soft-capping of the scores where there are), then the output
-        projection (+ bias)."""
+        projection (+ bias) when `project`."""
         hp, w, T, g = self.hp, self.w, self.T, self.g
         p, hd = f"blk.{il}.", hp.head_dim
         swa = hp.is_swa(il)
@@ -173,6 +174,8 @@ class Ctx:
                                 sinks=w.get(p + "attn_sinks.weight"))
             kqv = B.mul_mat(B.permute(vt, 0, 2, 1, 3), kq, name=f"kqv-{il}")
             o = B.cont(B.permute(kqv, 0, 2, 1, 3), (hd * hp.n_head, T), name=f"kqv_out-{il}")
+        if not project:
+            return o
         cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
         if p + "attn_output.bias" in w:
             cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")
