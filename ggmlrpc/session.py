@@ -490,17 +490,23 @@ class Session:
         stored = self.compiled[device].pop(payload, None) if device < len(self.compiled) else None
         if stored is not None:
             self.compiled[device][payload] = self.graphs[device] = stored     # now the newest
+            if self.debug:   # the header was read when the graph came first
+                (n_nodes,) = U32.unpack_from(payload, 4)
+                self.debug_graph(device, n_nodes, U32.unpack_from(payload, 8 + 8 * n_nodes)[0])
         else:
             device, node_ids, tensors = self.codec.decode_graph(payload)
             self.device_index(device)
+            if self.debug:
+                self.debug_graph(device, len(node_ids), len(tensors))
             graph = build_graph(self, device, node_ids, tensors)
             plan = self.devices[device].executor().compile(graph, self.limits.max_graph_work)
             stored = self.keep_graph(device, graph, plan, payload)   # a failed run closes the connection
-        if self.debug:
-            self.server.dbg("[graph_compute] device: %d, n_nodes: %d", device, len(stored.graph.nodes))
         with self.server.graph_watch.computing(self) as cancel:
             self.devices[device].executor().run(stored.plan, cancel)
         self.stats.graph(device, "compute", len(stored.graph.nodes), perf_counter_ns() - t0)
+
+    def debug_graph(self, device: int, n_nodes: int, n_tensors: int) -> None:
+        self.server.dbg("[graph_compute] device: %d, n_nodes: %d, n_tensors: %d", device, n_nodes, n_tensors)
 
     def cmd_graph_recompute(self, size):
         (dev,) = U32.unpack(self.request)

@@ -36,3 +36,22 @@ def test_alternating_graphs_and_a_freed_buffer(endpoint, seed):
         rb.graph_compute([s])               # the same bytes, naming the freed buffer
         with pytest.raises(ServerClosed):
             rb.synchronize()
+
+
+def test_a_graph_sent_again_logs_as_llama_cpp_does(server, endpoint, capfd):
+    """GGML_RPC_DEBUG prints llama.cpp's line for every GRAPH_COMPUTE, compiled
+    again or not: device, nodes and tensors of the payload."""
+    server.debug = True
+    try:
+        with RemoteBackend(endpoint) as rb:
+            buf = rb.alloc_buffer(65536)
+            a = buf.tensor(GGMLType.F32, (64, 4), offset=0, name="a")
+            b = buf.tensor(GGMLType.F32, (64, 4), offset=1024, name="b")
+            s = place(op(GGMLOp.ADD, GGMLType.F32, (64, 4), a, b, name="s"), buf, 2048)
+            for _ in range(2):
+                rb.graph_compute([s])
+            rb.synchronize()
+    finally:
+        server.debug = False
+    lines = [ln for ln in capfd.readouterr().err.splitlines() if ln.startswith("[graph_compute]")]
+    assert lines == ["[graph_compute] device: 0, n_nodes: 1, n_tensors: 3"] * 2
