@@ -24,6 +24,11 @@ by `tokenizer.ggml.pre` (llama3/llama-bpe, qwen2, gpt-2 and their aliases):
   a word that is a token whole (ignore_merges); a piece that is no token goes out
   byte by byte.
 
+llama.cpp's test vocabulary (`tokenizer.ggml.model` = "test", what its
+test-llama-archs writes): no special tokens unless typed so, each fragment cut into
+5-byte chunks, each chunk the token `h % n_vocab` of its rolling hash h = 31 h + byte
+(unsigned 64-bit); a token's text is its id in lower-case hex.
+
 Token ids are ints; text in and out is bytes-exact (`detokenize` returns bytes:
 a byte token may end in the middle of a UTF-8 character).
 """
@@ -157,11 +162,14 @@ class Tokenizer:
                  eot: int | None = None, unk: int | None = 0, add_bos: bool = True,
                  add_eos: bool = False, add_space_prefix: bool | None = None, name: str = "",
                  merges: list[bytes] | None = None, pre: str | None = None):
-        if model not in ("llama", "gpt2"):
+        if model not in ("llama", "gpt2", "test"):
             raise ModelError(f"tokenizer model {model!r} is not supported "
-                             "(SentencePiece 'llama' and BPE 'gpt2' are)")
+                             "(SentencePiece 'llama', BPE 'gpt2' and llama.cpp's 'test' are)")
         self.model = model
         self.bpe = model == "gpt2"
+        self.test = model == "test"
+        if self.test:
+            add_space_prefix = False
         if self.bpe:
             self._init_bpe(merges, pre or "default")
             add_space_prefix = False if add_space_prefix is None else add_space_prefix
@@ -253,6 +261,9 @@ class Tokenizer:
             kw.setdefault("unk", None)
             pre = PRE_TOKENIZERS.get(kw["pre"])
             kw.setdefault("add_bos", bool(pre and pre[2]))
+        if model == "test":     # llama.cpp names no special tokens for it
+            for arg in ("bos", "eos", "unk"):
+                kw.setdefault(arg, None)
         return cls(tokens, scores, types, model=str(model), name=str(f.get("general.name", "")), **kw)
 
     @property
@@ -275,7 +286,9 @@ class Tokenizer:
                 out.append(fr.token)
                 prev_special = True
                 continue
-            if self.bpe:
+            if self.test:
+                self._test_chunks(fr.text, out)
+            elif self.bpe:
                 self._bpe(fr.text, out)
             else:
                 t = (b" " if self.add_space_prefix and prev_special else b"") + fr.text
@@ -318,6 +331,14 @@ class Tokenizer:
                         rest = rest.lstrip(b" \t\n\v\f\r")
             frags = nxt
         return frags
+
+    def _test_chunks(self, text: bytes, out: list[int]) -> None:
+        """llama.cpp's test tokenizer: a token per 5-byte chunk, from its rolling hash."""
+        for at in range(0, len(text), 5):
+            h = 0
+            for b in text[at:at + 5]:
+                h = (h * 31 + b) & 0xFFFFFFFFFFFFFFFF
+            out.append(h % len(self.tokens))
 
     def _spm(self, text: bytes, out: list[int]) -> None:
         """One fragment through SentencePiece's merge loop (llama.cpp's spm session)."""
@@ -455,6 +476,8 @@ class Tokenizer:
         attr = self.attrs[token]
         if not special and attr & (ATTR_UNKNOWN | ATTR_CONTROL):
             return b""
+        if self.test:
+            return b"%x" % token
         text = self.tokens[token]
         if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
             return text
