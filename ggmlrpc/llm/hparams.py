@@ -42,6 +42,13 @@ class HParams:
     rope_attn_factor: float = 1.0  # rope's magnitude factor
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
+    swa_layers: tuple = ()         # which layers slide, where the file lists them (else swa_pattern)
+    swa_chunked: bool = False      # llama4: the window is the position's chunk of n_swa, not the last n_swa
+    attn_temp_scale: float = 0.0   # attention temperature tuning (llama4, mistral3; 0: none): the
+    attn_temp_floor: int = 0       # queries times log(floor((pos + offset) / floor) + 1) * scale + 1
+    attn_temp_offset: float = 0.0
+    moe_step: int = 0              # llama4: experts in every moe_step-th layer
+    no_rope_step: int = 0          # llama4: every no_rope_step-th layer has no rope
 
     @property
     def n_embd_kv(self) -> int:
@@ -50,8 +57,18 @@ class HParams:
     def is_swa(self, il: int) -> bool:
         """Whether layer il attends a sliding window (gemma2: the even ones; gemma3:
         all but every sixth)."""
+        if self.swa_layers:
+            return bool(self.n_swa) and bool(self.swa_layers[il])
         n = self.swa_pattern
         return bool(self.n_swa) and il % n < n - 1
+
+    def attn_scale(self, pos: np.ndarray) -> np.ndarray:
+        """The temperature tuning's query scale of each position, (1, 1, T) F32, as
+        llama.cpp computes it (the quotient in F32, the logarithm in double)."""
+        f32 = np.float32
+        q = np.floor((pos.astype(f32) + f32(self.attn_temp_offset)) / f32(self.attn_temp_floor))
+        s = np.log(q.astype(np.float64) + 1.0) * float(f32(self.attn_temp_scale)) + 1.0
+        return s.astype(f32).reshape(1, 1, -1)
 
     @classmethod
     def from_gguf(cls, f: GGUFFile, n_vocab: int, arch: "Arch | None" = None) -> "HParams":
