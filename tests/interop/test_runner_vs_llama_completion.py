@@ -267,7 +267,7 @@ def same_as_llama_completion(ref_bin: Path, name: str, model: Path, two_servers:
         equal_or_near_tie(f"{name} {' '.join(args)}", model, mine, ref, prompt)
 
 
-MULTI_MACHINE = ["llama-moe"]      # synth's models of the added architectures
+MULTI_MACHINE = ["llama-moe", "mistral3"]      # synth's models of the added architectures
 
 
 @pytest.mark.parametrize("weights", ["f32", "q8_0", "q4_k_m"])
@@ -286,7 +286,7 @@ def test_added_architectures_equal_llama_completion(ref_bin, tmp_path, name, wei
     same_as_llama_completion(ref_bin, f"{name} {weights}", model, two_servers, capfdbinary)
 
 
-@pytest.mark.parametrize("arch", ["llama"])
+@pytest.mark.parametrize("arch", ["llama", "mistral3"])
 def test_test_llama_archs_models_equal_llama_completion(ref_bin, tmp_path, arch, two_servers, capfdbinary):
     """The models test-llama-archs -o writes (dense and MoE; llama.cpp's `test`
     vocabulary, per-matrix scales, biases and rope factors on every layer)."""
