@@ -71,9 +71,9 @@ def same_text(mine: bytes, ref: bytes) -> bool:
     return mine.startswith(ref) and len(ref) > len(PROMPT) + 1
 
 
-def ours(model: Path, args: list[str], capfdbinary) -> bytes:
+def ours(model: Path, args: list[str], capfdbinary, prompt: str = PROMPT) -> bytes:
     capfdbinary.readouterr()
-    rc = main(["run", "-m", str(model), "--temp", "0", "-p", PROMPT, "-n", str(N), *args])
+    rc = main(["run", "-m", str(model), "--temp", "0", "-p", prompt, "-n", str(N), *args])
     sys.stdout.flush()
     out, err = capfdbinary.readouterr()
     assert rc == 0, err.decode(errors="replace")
@@ -219,13 +219,15 @@ def equal_or_near_tie(name: str, model: Path, mine: bytes, ref: bytes, prompt: s
                       tie: float = 1e-3) -> None:
     """Our text equals llama-completion's, or they part at a near-tie: at the token
     where they part, the top two of our greedy logits (in-process) lie within `tie`
-    of the row's largest magnitude (reported as a warning)."""
+    of the row's largest magnitude (reported as a warning). The runs use two threads
+    (flash attention's split of the cells follows the thread count)."""
     if same_text(mine, ref):
         return
-    with Model.load(model, n_gpu_layers=0) as m:
+    with Model.load(model, n_gpu_layers=0, n_threads=2) as m:
         ids = m.tokenize(prompt)
         toks, logits = alone(m, ids, N)
-        pieces = [m.tokenizer.token_to_piece(t) for t in toks]
+        # as printed: each piece a C string (nothing from a NUL byte on)
+        pieces = [m.tokenizer.token_to_piece(t).split(b"\0", 1)[0] for t in toks]
     gen = b"".join(pieces)
     assert mine.endswith(gen + b"\n\n"), f"{name}: our run is not our in-process greedy text"
     at = len(mine) - len(gen) - 2       # where the generated text starts
@@ -267,7 +269,7 @@ def same_as_llama_completion(ref_bin: Path, name: str, model: Path, two_servers:
         equal_or_near_tie(f"{name} {' '.join(args)}", model, mine, ref, prompt)
 
 
-MULTI_MACHINE = ["llama-moe", "mistral3"]      # synth's models of the added architectures
+MULTI_MACHINE = ["llama-moe", "mistral3", "llama4"]      # synth's models of the added architectures
 
 
 @pytest.mark.parametrize("weights", ["f32", "q8_0", "q4_k_m"])
@@ -286,7 +288,7 @@ def test_added_architectures_equal_llama_completion(ref_bin, tmp_path, name, wei
     same_as_llama_completion(ref_bin, f"{name} {weights}", model, two_servers, capfdbinary)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral3"])
+@pytest.mark.parametrize("arch", ["llama", "mistral3", "llama4"])
 def test_test_llama_archs_models_equal_llama_completion(ref_bin, tmp_path, arch, two_servers, capfdbinary):
     """The models test-llama-archs -o writes (dense and MoE; llama.cpp's `test`
     vocabulary, per-matrix scales, biases and rope factors on every layer)."""
@@ -294,3 +296,14 @@ def test_test_llama_archs_models_equal_llama_completion(ref_bin, tmp_path, arch,
     assert models, f"test-llama-archs wrote no {arch} model"
     for variant, model in models.items():
         same_as_llama_completion(ref_bin, f"{arch}-{variant}", model, two_servers, capfdbinary)
+
+
+def test_llama4_chunks_past_8192(ref_bin, tmp_path, capfdbinary):
+    """Past position 8192 llama4's chunked layers attend only the new chunk, and its
+    rope-less layers scale their queries by the next temperature step."""
+    shape = synth.ModelShape(n_layer=4, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, n_ctx=8704, n_expert_used=1)
+    model = synth.write_model(tmp_path / "llama4.gguf", "llama4", shape, "f32", seed=4)
+    prompt = " ".join(["the old man went to the sea and"] * 522)     # 8353 tokens
+    mine = ours(model, ["-ngl", "0", "-t", "2"], capfdbinary, prompt)
+    ref = completion(ref_bin, model, ["-ngl", "0", "-t", "2"], prompt, expect=mine)
+    equal_or_near_tie("llama4 past 8192", model, mine, ref, prompt)
