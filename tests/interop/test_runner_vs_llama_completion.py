@@ -18,7 +18,7 @@ from ggmlrpc.cli.main import main
 from ggmlrpc.llm import synth
 from ggmlrpc.llm.archs import ARCHS
 from ggmlrpc.llm.model import Model
-from tests.conftest import Proc, free_port, our_server_argv
+from tests.conftest import server_procs
 from tests.e2e.test_batch import alone
 from tests.e2e.test_runner import OTHER_ARCHS, arch_shape
 from tests.interop.llama_archs import save_models
@@ -245,13 +245,7 @@ def equal_or_near_tie(name: str, model: Path, mine: bytes, ref: bytes, prompt: s
 @pytest.fixture(scope="module")
 def two_servers():
     """Two of our servers as processes (llama-completion and our runner share them)."""
-    procs = []
-    for _ in range(2):
-        port = free_port()
-        procs.append(Proc(our_server_argv("-p", str(port), "-t", "2"), port))
-    yield ",".join(p.endpoint for p in procs)
-    for p in procs:
-        p.stop()
+    yield from server_procs(2, "-t", "2")
 
 
 def same_as_llama_completion(ref_bin: Path, name: str, model: Path, two_servers: str, capfdbinary,
