@@ -17,6 +17,7 @@ each client sends per generated token to each server (netproxy.py's counter).
 Asserts nothing.
 
     python bench/runner.py --types Q8_0 --pp 64 --tg 32 --rounds 2
+    python bench/runner.py --arch llama4 --layers 4 --modes rpc rpc2   # a generated MoE
 """
 from __future__ import annotations
 
@@ -143,6 +144,7 @@ def round_trips(ref: Path, m: Path, mode: str, args, n1: int = 4, n2: int = 20) 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", nargs="+", default=["Q8_0"])
+    ap.add_argument("--arch", default="llama", help="synth's model (llama, llama-moe, llama4, ...)")
     ap.add_argument("--modes", nargs="+", default=["rpc", "local"], choices=["rpc", "rpc2", "local"])
     ap.add_argument("--rtt-ms", nargs="+", type=float, default=[0.0],
                     help="simulated round trips for the rpc modes (a proxy per server)")
@@ -163,7 +165,7 @@ def main(argv=None) -> int:
                           n_head_kv=args.embd // 64)
     table = []
     for qtype in args.types:
-        m = lb.model(ref, qtype, shape)
+        m = lb.model(ref, qtype, shape, args.arch)
         if args.round_trips:
             for mode in [mo for mo in args.modes if mo != "local"]:
                 rt = round_trips(ref, m, mode, args)
