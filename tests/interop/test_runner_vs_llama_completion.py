@@ -301,3 +301,13 @@ def test_llama4_chunks_past_8192(ref_bin, tmp_path, capfdbinary):
     mine = ours(model, ["-ngl", "0", "-t", "2"], capfdbinary, prompt)
     ref = completion(ref_bin, model, ["-ngl", "0", "-t", "2"], prompt, expect=mine)
     equal_or_near_tie("llama4 past 8192", model, mine, ref, prompt)
+
+
+def test_llama4_128_experts_keep_q_and_k_unnormalized(ref_bin, tmp_path, capfdbinary):
+    """llama.cpp takes a llama4 of 128 experts for Maverick, whose q and k are not
+    RMS-normalized."""
+    shape = synth.ModelShape(n_layer=4, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, n_expert=128, n_expert_used=1)
+    model = synth.write_model(tmp_path / "llama4-128.gguf", "llama4", shape, "f32", seed=2)
+    mine = ours(model, ["-ngl", "0", "-t", "2"], capfdbinary)
+    equal_or_near_tie("llama4 128 experts", model, mine,
+                      completion(ref_bin, model, ["-ngl", "0", "-t", "2"], expect=mine))
