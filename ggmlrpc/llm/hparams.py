@@ -34,21 +34,21 @@ class HParams:
     n_ctx_orig: int = 0            # rope's original context (0: n_ctx_train)
     n_swa: int = 0                 # sliding window (0: none)
     swa_pattern: int = 0           # layer il slides when il % swa_pattern < swa_pattern - 1
+    swa_layers: tuple = ()         # which layers slide, where the file lists them (else swa_pattern)
+    swa_chunked: bool = False      # llama4: the window is the position's chunk of n_swa, not the last n_swa
     rope_base_swa: float = 10000.0
     rope_scale_swa: float = 1.0
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
-    rope_ext_factor: float = 0.0   # YaRN: 1 (mix of interpolated and extrapolated frequencies)
-    rope_attn_factor: float = 1.0  # rope's magnitude factor
-    yarn_beta_fast: float = 32.0
-    yarn_beta_slow: float = 1.0
-    swa_layers: tuple = ()         # which layers slide, where the file lists them (else swa_pattern)
-    swa_chunked: bool = False      # llama4: the window is the position's chunk of n_swa, not the last n_swa
     attn_temp_scale: float = 0.0   # attention temperature tuning (llama4, mistral3; 0: none): the
     attn_temp_floor: int = 0       # queries times log(floor((pos + offset) / floor) + 1) * scale + 1
     attn_temp_offset: float = 0.0
     moe_step: int = 0              # llama4: experts in every moe_step-th layer
     no_rope_step: int = 0          # llama4: every no_rope_step-th layer has no rope
+    rope_ext_factor: float = 0.0   # YaRN: 1 (mix of interpolated and extrapolated frequencies)
+    rope_attn_factor: float = 1.0  # rope's magnitude factor
+    yarn_beta_fast: float = 32.0
+    yarn_beta_slow: float = 1.0
 
     @property
     def n_embd_kv(self) -> int:
