@@ -25,18 +25,17 @@ if TYPE_CHECKING:
 ATTENTION = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output")
 FEED_FORWARD = ("ffn_gate", "ffn_up", "ffn_down")
 EXPERTS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+# per-matrix scales (llama.cpp's generic ".scale": NVFP4's second scale, and every matrix of
+# test-llama-archs' models), one per expert for the stacked experts
+SCALES = tuple(f"{m}.scale" for m in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate",
+                                      "ffn_up", "ffn_down", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+                                      "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
 # per-layer tensors the blocks use when a file has them
-OPTIONAL = ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+OPTIONAL = (*SCALES, "ffn_gate.bias", "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
             "ffn_down_shexp.weight",
             "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
             "attn_output.bias", "attn_norm.bias", "attn_qkv.bias", "ffn_up.bias", "ffn_down.bias",
-            "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias",
-            "ffn_gate.bias",
-            # per-matrix scales (llama.cpp's generic ".scale": NVFP4's second scale, and every
-            # matrix of test-llama-archs' models), per expert for the stacked experts
-            *(f"{m}.scale" for m in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate",
-                                     "ffn_up", "ffn_down", "ffn_gate_shexp", "ffn_up_shexp",
-                                     "ffn_down_shexp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")))
+            "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias")
 # rope frequency factors (LongRoPE: a long and a short set), used wherever a file has them
 ROPE_FACTORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
@@ -194,7 +193,8 @@ class Ctx:
                                 sinks=w.get(p + "attn_sinks.weight"))
             kqv = B.mul_mat(B.permute(vt, 0, 2, 1, 3), kq, name=f"kqv-{il}")
             o = B.cont(B.permute(kqv, 0, 2, 1, 3), (hd * hp.n_head, T), name=f"kqv_out-{il}")
-        cur = self.scaled(B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}"), "attn_output", il)
+        cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
+        cur = self.scaled(cur, "attn_output", il)
         if p + "attn_output.bias" in w:
             cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")
         return cur
