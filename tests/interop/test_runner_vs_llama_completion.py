@@ -205,4 +205,3 @@ def test_sliding_window_cache_wraps_like_llama(ref_bin, tmp_path, arch, capfdbin
         mine = ours(model, args, capfdbinary)
         assert len(mine) > 300 + len(PROMPT)
         assert same_text(mine, completion(ref_bin, model, args, expect=mine)), fa
-
