@@ -17,7 +17,6 @@ each client sends per generated token to each server (netproxy.py's counter).
 Asserts nothing.
 
     python bench/runner.py --types Q8_0 --pp 64 --tg 32 --rounds 2
-    python bench/runner.py --arch llama4 --layers 4 --modes rpc rpc2   # a generated MoE
 """
 from __future__ import annotations
 
@@ -144,28 +143,19 @@ def round_trips(ref: Path, m: Path, mode: str, args, n1: int = 4, n2: int = 20) 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", nargs="+", default=["Q8_0"])
-    ap.add_argument("--arch", default="llama", help="synth's model (llama, llama-moe, llama4, ...)")
     ap.add_argument("--modes", nargs="+", default=["rpc", "local"], choices=["rpc", "rpc2", "local"])
     ap.add_argument("--rtt-ms", nargs="+", type=float, default=[0.0],
                     help="simulated round trips for the rpc modes (a proxy per server)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--pp", type=int, default=64)
-    ap.add_argument("--tg", type=int, default=32)
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--embd", type=int, default=1024)
-    ap.add_argument("--ff", type=int, default=2816)
+    lb.add_run_args(ap)
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--round-trips", action="store_true",
                     help="first count the commands per generated token on each server (rpc modes)")
     args = ap.parse_args(argv)
     ref = lb.reference_bin()
-    shape = lb.LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64,
-                          n_head_kv=args.embd // 64)
+    shape = lb.model_shape(args)
     table = []
     for qtype in args.types:
-        m = lb.model(ref, qtype, shape, args.arch)
+        m = lb.model(ref, qtype, shape)
         if args.round_trips:
             for mode in [mo for mo in args.modes if mo != "local"]:
                 rt = round_trips(ref, m, mode, args)

@@ -133,8 +133,8 @@ class Ctx:
 
         def proj(name: str, n_head: int, rotate: bool) -> Tensor:
             """x W (+ bias), heads split, (+ per-head RMS norm), (+ rope): llama.cpp's order."""
-            t = self.scaled(B.mul_mat(w[p + f"attn_{name}.weight"], cur, name=f"{name.upper()}cur-{il}"),
-                            f"attn_{name}", il)
+            t = B.mul_mat(w[p + f"attn_{name}.weight"], cur, name=f"{name.upper()}cur-{il}")
+            t = self.scaled(t, f"attn_{name}", il)
             if p + f"attn_{name}.bias" in w:
                 t = B.add(t, w[p + f"attn_{name}.bias"], name=f"{name.upper()}cur-{il}")
             t = B.reshape(t, (hd, n_head, T))
@@ -235,6 +235,7 @@ class Ctx:
         n_embd, T, k = cur.ne[0], cur.ne[1], hp.n_expert_used
 
         def biased(t: Tensor, name: str, ids: Tensor | None = None) -> Tensor:
+            t = t if ids is None else self.scaled(t, name, il, ids)   # stacked experts: scale, then bias
             b = w.get(p + name + ".bias")
             if b is None:
                 return t
@@ -253,16 +254,14 @@ class Ctx:
             weights = B.reshape(B.div(weights, total, name=f"ffn_moe_weights_norm-{il}"), (1, k, T))
         g.expand(weights)
         x = B.reshape(cur, (n_embd, 1, T))
-
-        def experts_mm(name: str, t: Tensor) -> Tensor:
-            out = B.mul_mat_id(w[p + f"ffn_{name}_exps.weight"], t, chosen, name=f"ffn_moe_{name}-{il}")
-            return biased(self.scaled(out, f"ffn_{name}_exps", il, chosen), f"ffn_{name}_exps", chosen)
-
-        up = experts_mm("up", x)
-        gate = experts_mm("gate", x)
+        up = biased(B.mul_mat_id(w[p + "ffn_up_exps.weight"], x, chosen, name=f"ffn_moe_up-{il}"),
+                    "ffn_up_exps", chosen)
+        gate = biased(B.mul_mat_id(w[p + "ffn_gate_exps.weight"], x, chosen, name=f"ffn_moe_gate-{il}"),
+                      "ffn_gate_exps", chosen)
         act = (B.swiglu_oai(gate, up, 1.702, 7.0, name=f"ffn_moe_swiglu_oai-{il}") if oai
                else B.swiglu_split(gate, up, name=f"ffn_moe_swiglu-{il}"))
-        down = experts_mm("down", act)
+        down = biased(B.mul_mat_id(w[p + "ffn_down_exps.weight"], act, chosen, name=f"ffn_moe_down-{il}"),
+                      "ffn_down_exps", chosen)
         moe = self.sum_experts(il, B.mul(down, weights, name=f"ffn_moe_weighted-{il}"))
         if p + "ffn_gate_inp_shexp.weight" not in w:
             return moe

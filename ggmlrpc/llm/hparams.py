@@ -34,7 +34,7 @@ class HParams:
     n_ctx_orig: int = 0            # rope's original context (0: n_ctx_train)
     n_swa: int = 0                 # sliding window (0: none)
     swa_pattern: int = 0           # layer il slides when il % swa_pattern < swa_pattern - 1
-    swa_layers: tuple = ()         # which layers slide, where the file lists them (else swa_pattern)
+    swa_layers: tuple[bool, ...] = ()   # a window flag per layer, where the file lists them
     swa_chunked: bool = False      # llama4: the window is the position's chunk of n_swa, not the last n_swa
     rope_base_swa: float = 10000.0
     rope_scale_swa: float = 1.0
@@ -56,19 +56,11 @@ class HParams:
 
     def is_swa(self, il: int) -> bool:
         """Whether layer il attends a sliding window (gemma2: the even ones; gemma3:
-        all but every sixth)."""
+        all but every sixth; gemma4: as its per-layer flags say)."""
         if self.swa_layers:
-            return bool(self.n_swa) and bool(self.swa_layers[il])
+            return bool(self.n_swa) and self.swa_layers[il]
         n = self.swa_pattern
         return bool(self.n_swa) and il % n < n - 1
-
-    def attn_scale(self, pos: np.ndarray) -> np.ndarray:
-        """The temperature tuning's query scale of each position, (1, 1, T) F32, as
-        llama.cpp computes it (the quotient in F32, the logarithm in double)."""
-        f32 = np.float32
-        q = np.floor((pos.astype(f32) + f32(self.attn_temp_offset)) / f32(self.attn_temp_floor))
-        s = np.log(q.astype(np.float64) + 1.0) * float(f32(self.attn_temp_scale)) + 1.0
-        return s.astype(f32).reshape(1, 1, -1)
 
     @classmethod
     def from_gguf(cls, f: GGUFFile, n_vocab: int, arch: "Arch | None" = None) -> "HParams":

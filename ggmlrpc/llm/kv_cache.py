@@ -170,5 +170,14 @@ class KVCache:
         n_kv = cells(self.full)
         n_kv_swa = cells(self.swa, "_swa") if self.swa is not None else 0
         if self.hp.attn_temp_scale:
-            values["inp_attn_scale"] = self.hp.attn_scale(pos)
+            values["inp_attn_scale"] = attn_scale(self.hp, pos)
         return (T, n_kv, len(out), n_kv_swa), values
+
+
+def attn_scale(hp: HParams, pos: np.ndarray) -> np.ndarray:
+    """The temperature tuning's query scale of each position, (1, 1, T) F32, as
+    llama.cpp computes it (the quotient in F32, the logarithm in double)."""
+    f32 = np.float32
+    q = np.floor((pos.astype(f32) + f32(hp.attn_temp_offset)) / f32(hp.attn_temp_floor))
+    s = np.log(q.astype(np.float64) + 1.0) * float(f32(hp.attn_temp_scale)) + 1.0
+    return s.astype(f32).reshape(1, 1, -1)

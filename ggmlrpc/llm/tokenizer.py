@@ -12,6 +12,11 @@ SentencePiece vocabularies (`tokenizer.ggml.model` = "llama"):
   and a character that is no token at all goes out as byte tokens (<0xXX>);
 - BOS in front when the vocabulary says so (default yes), EOS never by default.
 
+llama.cpp's test vocabulary (`tokenizer.ggml.model` = "test", what its
+test-llama-archs writes): no special tokens named, no space prefix, each fragment
+cut into 5-byte chunks, each chunk the token `h % n_vocab` of its rolling hash
+h = 31 h + byte (unsigned 64-bit); a token's text is its id in lower-case hex.
+
 BPE vocabularies (`tokenizer.ggml.model` = "gpt2") with the pre-tokenizers named
 by `tokenizer.ggml.pre` (llama3/llama-bpe, qwen2, gpt-2 and their aliases):
 
@@ -23,11 +28,6 @@ by `tokenizer.ggml.pre` (llama3/llama-bpe, qwen2, gpt-2 and their aliases):
   and merged pairwise by merge rank (lowest first, leftmost on a tie); llama3 takes
   a word that is a token whole (ignore_merges); a piece that is no token goes out
   byte by byte.
-
-llama.cpp's test vocabulary (`tokenizer.ggml.model` = "test", what its
-test-llama-archs writes): no special tokens unless typed so, each fragment cut into
-5-byte chunks, each chunk the token `h % n_vocab` of its rolling hash h = 31 h + byte
-(unsigned 64-bit); a token's text is its id in lower-case hex.
 
 Token ids are ints; text in and out is bytes-exact (`detokenize` returns bytes:
 a byte token may end in the middle of a UTF-8 character).
@@ -157,19 +157,18 @@ class _Fragment:
 class Tokenizer:
     """A vocabulary and its tokenizer. Build one with `Tokenizer.from_gguf`."""
 
+    test = False    # llama.cpp's test vocabulary (hashed chunks)
+
     def __init__(self, tokens: list[bytes], scores: list[float], types: list[int], *,
                  model: str = "llama", bos: int | None = 1, eos: int | None = 2,
                  eot: int | None = None, unk: int | None = 0, add_bos: bool = True,
                  add_eos: bool = False, add_space_prefix: bool | None = None, name: str = "",
                  merges: list[bytes] | None = None, pre: str | None = None):
-        if model not in ("llama", "gpt2", "test"):
+        if model not in ("llama", "gpt2"):
             raise ModelError(f"tokenizer model {model!r} is not supported "
-                             "(SentencePiece 'llama', BPE 'gpt2' and llama.cpp's 'test' are)")
+                             "(SentencePiece 'llama' and BPE 'gpt2' are)")
         self.model = model
         self.bpe = model == "gpt2"
-        self.test = model == "test"
-        if self.test:
-            add_space_prefix = False
         if self.bpe:
             self._init_bpe(merges, pre or "default")
             add_space_prefix = False if add_space_prefix is None else add_space_prefix
@@ -261,9 +260,11 @@ class Tokenizer:
             kw.setdefault("unk", None)
             pre = PRE_TOKENIZERS.get(kw["pre"])
             kw.setdefault("add_bos", bool(pre and pre[2]))
-        if model == "test":     # llama.cpp names no special tokens for it
-            for arg in ("bos", "eos", "unk"):
-                kw.setdefault(arg, None)
+        if model == "test":     # SentencePiece's special-token handling, no special tokens named
+            kw = {"bos": None, "eos": None, "unk": None, **kw, "add_space_prefix": False}
+            tok = cls(tokens, scores, types, model="llama", **kw)
+            tok.model, tok.test = "test", True
+            return tok
         return cls(tokens, scores, types, model=str(model), name=str(f.get("general.name", "")), **kw)
 
     @property
@@ -282,13 +283,14 @@ class Tokenizer:
             out.append(self.bos)
         prev_special = True
         for fr in frags:
+            if self.test and fr.token < 0:
+                self._test_chunks(fr.text, out)
+                continue
             if fr.token >= 0:
                 out.append(fr.token)
                 prev_special = True
                 continue
-            if self.test:
-                self._test_chunks(fr.text, out)
-            elif self.bpe:
+            if self.bpe:
                 self._bpe(fr.text, out)
             else:
                 t = (b" " if self.add_space_prefix and prev_special else b"") + fr.text
