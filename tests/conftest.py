@@ -144,6 +144,18 @@ def our_server_argv(*args):
     return [sys.executable, "-P", "-m", "ggmlrpc.cli.server", *args]
 
 
+def server_procs(n: int, *args):
+    """n of our servers as processes (a generator for a fixture): yields their
+    endpoints joined by commas (--rpc's form), stops them after."""
+    procs = []
+    for _ in range(n):
+        port = free_port()
+        procs.append(Proc(our_server_argv("-p", str(port), *args), port))
+    yield ",".join(p.endpoint for p in procs)
+    for p in procs:
+        p.stop()
+
+
 @pytest.fixture
 def server_proc():
     """Factory: our `ggml-rpc-server` as a separate process."""

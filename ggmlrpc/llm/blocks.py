@@ -25,8 +25,13 @@ if TYPE_CHECKING:
 ATTENTION = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output")
 FEED_FORWARD = ("ffn_gate", "ffn_up", "ffn_down")
 EXPERTS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+# per-matrix scales (llama.cpp's generic ".scale": NVFP4's second scale, and every matrix of
+# test-llama-archs' models), one per expert for the stacked experts
+SCALES = tuple(f"{m}.scale" for m in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate",
+                                      "ffn_up", "ffn_down", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+                                      "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
 # per-layer tensors the blocks use when a file has them
-OPTIONAL = ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+OPTIONAL = (*SCALES, "ffn_gate.bias", "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
             "ffn_down_shexp.weight",
             "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
             "attn_output.bias", "attn_norm.bias", "attn_qkv.bias", "ffn_up.bias", "ffn_down.bias",
@@ -70,10 +75,23 @@ class Ctx:
             self.attn_in_swa = (inp.new(GGMLType.I64, (T,), "k_idxs_swa"),
                                 inp.new(GGMLType.I64, v_idx.ne[:1], "v_idxs_swa"),
                                 inp.new(mask_type, (self.n_kv_swa, T), "kq_mask_swa"))
+        # temperature tuning: each token's query scale, (1, 1, T)
+        self.attn_scale = inp.new(GGMLType.F32, (1, 1, T), "inp_attn_scale") if hp.attn_temp_scale else None
         self.out_ids = (inp.new(GGMLType.I32, (self.n_out,), "out_ids")
                         if self.last in self.st.layers and self.n_out < T else None)
 
     # -- blocks ----------------------------------------------------------------
+    def scaled(self, t: Tensor, name: str, il: int, ids: Tensor | None = None) -> Tensor:
+        """t times the file's scale of matrix `name` of layer il, where it has one
+        (llama.cpp's build_lora_mm); per expert, the chosen experts' (`ids`)."""
+        s = self.w.get(f"blk.{il}.{name}.scale")
+        if s is None:
+            return t
+        if ids is not None:     # (n_expert) -> the scale of each chosen expert, (1, n_used, T)
+            rows = B.repeat(B.reshape(s, (1, s.ne[0], 1)), (1, s.ne[0], ids.ne[1]))
+            s = B.get_rows(rows, ids)
+        return B.mul(t, s, name=t.name)
+
     def norm(self, x: Tensor, name: str, il: int | None = None, out: str | None = None) -> Tensor:
         """Weight `name` (of layer il) times the RMS norm of x, or the architecture's
         LayerNorm plus its bias; the result is named `out` (default `name`), -il."""
@@ -94,13 +112,13 @@ class Ctx:
                           ext_factor=hp.rope_ext_factor, attn_factor=hp.rope_attn_factor,
                           beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow)
 
-    def qkv(self, il: int, cur: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The heads of q, k (rotated) and v: one matrix each (+ bias, + per-head RMS
-        norm), or views of one fused matrix's rows."""
+    def qkv(self, il: int, cur: Tensor, rotate: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        """The heads of q, k (rotated unless not `rotate`) and v: one matrix each
+        (+ bias, + per-head RMS norm), or views of one fused matrix's rows."""
         hp, w, T = self.hp, self.w, self.T
         p, hd = f"blk.{il}.", hp.head_dim
         if p + "attn_qkv.weight" in w:   # one matrix: q, k, v are views of its rows
-            qkv = B.mul_mat(w[p + "attn_qkv.weight"], cur, name=f"wqkv-{il}")
+            qkv = self.scaled(B.mul_mat(w[p + "attn_qkv.weight"], cur, name=f"wqkv-{il}"), "attn_qkv", il)
             if p + "attn_qkv.bias" in w:
                 qkv = B.add(qkv, w[p + "attn_qkv.bias"], name=f"wqkv_b-{il}")
             es, rs = qkv.nb[0], qkv.nb[1]
@@ -108,13 +126,15 @@ class Ctx:
             def part(n_head, at):
                 return B.view(qkv, (hd, n_head, T), (es, es * hd, rs, rs * T), es * at)
 
-            return (self.rope(part(hp.n_head, 0), il, f"Qcur-{il}"),
-                    self.rope(part(hp.n_head_kv, hd * hp.n_head), il, f"Kcur-{il}"),
+            rope = self.rope if rotate else (lambda t, il, name: t)
+            return (rope(part(hp.n_head, 0), il, f"Qcur-{il}"),
+                    rope(part(hp.n_head_kv, hd * hp.n_head), il, f"Kcur-{il}"),
                     part(hp.n_head_kv, hd * (hp.n_head + hp.n_head_kv)))
 
         def proj(name: str, n_head: int, rotate: bool) -> Tensor:
             """x W (+ bias), heads split, (+ per-head RMS norm), (+ rope): llama.cpp's order."""
             t = B.mul_mat(w[p + f"attn_{name}.weight"], cur, name=f"{name.upper()}cur-{il}")
+            t = self.scaled(t, f"attn_{name}", il)
             if p + f"attn_{name}.bias" in w:
                 t = B.add(t, w[p + f"attn_{name}.bias"], name=f"{name.upper()}cur-{il}")
             t = B.reshape(t, (hd, n_head, T))
@@ -123,7 +143,7 @@ class Ctx:
                           name=f"{name.upper()}cur_normed-{il}")
             return self.rope(t, il, f"{name.upper()}cur-{il}") if rotate else t
 
-        return proj("q", hp.n_head, True), proj("k", hp.n_head_kv, True), proj("v", hp.n_head_kv, False)
+        return proj("q", hp.n_head, rotate), proj("k", hp.n_head_kv, rotate), proj("v", hp.n_head_kv, False)
 
     def scale_query(self, q: Tensor, il: int, dim: int = 0) -> Tensor:
         """q / sqrt(dim) (default: the head size), for the architectures that scale the
@@ -177,6 +197,7 @@ class Ctx:
         if not project:
             return o
         cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
+        cur = self.scaled(cur, "attn_output", il)
         if p + "attn_output.bias" in w:
             cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")
         return cur
@@ -188,13 +209,22 @@ class Ctx:
             return ts
         return tuple(B.get_rows(t, self.out_ids) for t in ts)
 
-    def ffn(self, il: int, cur: Tensor, act: int = GGMLGluOp.SWIGLU, suffix: str = "") -> Tensor:
-        """Gated feed-forward: down(act(gate x) * up x), act SwiGLU or GeGLU."""
+    def ffn(self, il: int, cur: Tensor, act: int = GGMLGluOp.SWIGLU, suffix: str = "",
+            scales: bool = True) -> Tensor:
+        """Gated feed-forward: down(act(gate x) * up x), act SwiGLU or GeGLU; each
+        matrix + its bias, times its scale (unless not `scales`), where the file has them."""
         w, p = self.w, f"blk.{il}."
-        gate = B.mul_mat(w[p + f"ffn_gate{suffix}.weight"], cur, name=f"ffn_gate{suffix}-{il}")
-        up = B.mul_mat(w[p + f"ffn_up{suffix}.weight"], cur, name=f"ffn_up{suffix}-{il}")
-        return B.mul_mat(w[p + f"ffn_down{suffix}.weight"], B.glu_split(act, gate, up, name=f"ffn_glu-{il}"),
-                         name=f"ffn_out-{il}")
+
+        def mm(name: str, x: Tensor) -> Tensor:
+            out = "ffn_out" if name == "ffn_down" else name + suffix
+            t = B.mul_mat(w[p + f"{name}{suffix}.weight"], x, name=f"{out}-{il}")
+            if p + f"{name}{suffix}.bias" in w:
+                t = B.add(t, w[p + f"{name}{suffix}.bias"], name=f"{name}_b-{il}")
+            return self.scaled(t, name + suffix, il) if scales else t
+
+        up = mm("ffn_up", cur)
+        gate = mm("ffn_gate", cur)
+        return mm("ffn_down", B.glu_split(act, gate, up, name=f"ffn_glu-{il}"))
 
     def moe(self, il: int, cur: Tensor, norm_w: bool = False, oai: bool = False) -> Tensor:
         """A mixture of experts as llama.cpp builds it: soft-max gate, the top
@@ -208,6 +238,7 @@ class Ctx:
         n_embd, T, k = cur.ne[0], cur.ne[1], hp.n_expert_used
 
         def biased(t: Tensor, name: str, ids: Tensor | None = None) -> Tensor:
+            t = t if ids is None else self.scaled(t, name, il, ids)   # stacked experts: scale, then bias
             b = w.get(p + name + ".bias")
             if b is None:
                 return t
@@ -234,7 +265,17 @@ class Ctx:
                else B.swiglu_split(gate, up, name=f"ffn_moe_swiglu-{il}"))
         down = biased(B.mul_mat_id(w[p + "ffn_down_exps.weight"], act, chosen, name=f"ffn_moe_down-{il}"),
                       "ffn_down_exps", chosen)
-        experts = B.mul(down, weights, name=f"ffn_moe_weighted-{il}")
+        moe = self.sum_experts(il, B.mul(down, weights, name=f"ffn_moe_weighted-{il}"))
+        if p + "ffn_gate_inp_shexp.weight" not in w:
+            return moe
+        gate_in = B.mul_mat(w[p + "ffn_gate_inp_shexp.weight"], cur, name=f"ffn_shexp_gate_inp-{il}")
+        shared_gate = B.div(B.silu(gate_in), gate_in, name=f"ffn_shexp_gate-{il}")
+        shared = B.mul(self.ffn(il, cur, suffix="_shexp"), shared_gate, name=f"ffn_shexp_out-{il}")
+        return B.add(moe, shared, name=f"ffn_out-{il}")
+
+    def sum_experts(self, il: int, experts: Tensor) -> Tensor:
+        """The chosen experts' outputs (n_embd, n_used, T) summed, in llama.cpp's order."""
+        g, (n_embd, k, T) = self.g, experts.ne[:3]
         g.expand(experts)
         views = [B.view(experts, (n_embd, T), (experts.nb[0], experts.nb[2]), i * experts.nb[1])
                  for i in range(k)]
@@ -243,14 +284,7 @@ class Ctx:
         moe = views[0]
         for v in views[1:]:
             moe = g.expand(B.add(moe, v, name=f"ffn_moe_out-{il}"))
-        if k == 1:
-            moe = B.cont(moe)
-        if p + "ffn_gate_inp_shexp.weight" not in w:
-            return moe
-        gate_in = B.mul_mat(w[p + "ffn_gate_inp_shexp.weight"], cur, name=f"ffn_shexp_gate_inp-{il}")
-        shared_gate = B.div(B.silu(gate_in), gate_in, name=f"ffn_shexp_gate-{il}")
-        shared = B.mul(self.ffn(il, cur, suffix="_shexp"), shared_gate, name=f"ffn_shexp_out-{il}")
-        return B.add(moe, shared, name=f"ffn_out-{il}")
+        return B.cont(moe) if k == 1 else moe
 
     def output(self, x: Tensor) -> Tensor:
         """The output layer: norm, the vocabulary's logits (the token embeddings when
@@ -277,6 +311,8 @@ def stage_weights(arch: "Arch", hp: HParams, st: Stage, tensors: Container[str])
     for il in st.layers:
         p = f"blk.{il}."
         names += [f"{p}{n}.weight" for n in arch.weights(hp)]
+        if arch.layer_weights is not None:
+            names += [f"{p}{n}.weight" for n in arch.layer_weights(hp, il)]
         names += [p + n for n in OPTIONAL if p + n in tensors]
     if st.output:
         names.append("output_norm.weight")

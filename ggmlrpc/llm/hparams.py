@@ -34,10 +34,17 @@ class HParams:
     n_ctx_orig: int = 0            # rope's original context (0: n_ctx_train)
     n_swa: int = 0                 # sliding window (0: none)
     swa_pattern: int = 0           # layer il slides when il % swa_pattern < swa_pattern - 1
+    swa_layers: tuple[bool, ...] = ()   # a window flag per layer, where the file lists them
+    swa_chunked: bool = False      # llama4: the window is the position's chunk of n_swa, not the last n_swa
     rope_base_swa: float = 10000.0
     rope_scale_swa: float = 1.0
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
+    attn_temp_scale: float = 0.0   # attention temperature tuning (llama4, mistral3; 0: none): the
+    attn_temp_floor: int = 0       # queries times log(floor((pos + offset) / floor) + 1) * scale + 1
+    attn_temp_offset: float = 0.0
+    moe_step: int = 0              # llama4: experts in every moe_step-th layer
+    no_rope_step: int = 0          # llama4: every no_rope_step-th layer has no rope
     rope_ext_factor: float = 0.0   # YaRN: 1 (mix of interpolated and extrapolated frequencies)
     rope_attn_factor: float = 1.0  # rope's magnitude factor
     yarn_beta_fast: float = 32.0
@@ -49,7 +56,9 @@ class HParams:
 
     def is_swa(self, il: int) -> bool:
         """Whether layer il attends a sliding window (gemma2: the even ones; gemma3:
-        all but every sixth)."""
+        all but every sixth; gemma4: as its per-layer flags say)."""
+        if self.swa_layers:
+            return bool(self.n_swa) and self.swa_layers[il]
         n = self.swa_pattern
         return bool(self.n_swa) and il % n < n - 1
 

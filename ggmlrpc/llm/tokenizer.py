@@ -12,6 +12,11 @@ SentencePiece vocabularies (`tokenizer.ggml.model` = "llama"):
   and a character that is no token at all goes out as byte tokens (<0xXX>);
 - BOS in front when the vocabulary says so (default yes), EOS never by default.
 
+llama.cpp's test vocabulary (`tokenizer.ggml.model` = "test", what its
+test-llama-archs writes): no special tokens named, no space prefix, each fragment
+cut into 5-byte chunks, each chunk the token `h % n_vocab` of its rolling hash
+h = 31 h + byte (unsigned 64-bit); a token's text is its id in lower-case hex.
+
 BPE vocabularies (`tokenizer.ggml.model` = "gpt2") with the pre-tokenizers named
 by `tokenizer.ggml.pre` (llama3/llama-bpe, qwen2, gpt-2 and their aliases):
 
@@ -152,6 +157,8 @@ class _Fragment:
 class Tokenizer:
     """A vocabulary and its tokenizer. Build one with `Tokenizer.from_gguf`."""
 
+    test = False    # llama.cpp's test vocabulary (hashed chunks)
+
     def __init__(self, tokens: list[bytes], scores: list[float], types: list[int], *,
                  model: str = "llama", bos: int | None = 1, eos: int | None = 2,
                  eot: int | None = None, unk: int | None = 0, add_bos: bool = True,
@@ -253,6 +260,11 @@ class Tokenizer:
             kw.setdefault("unk", None)
             pre = PRE_TOKENIZERS.get(kw["pre"])
             kw.setdefault("add_bos", bool(pre and pre[2]))
+        if model == "test":     # SentencePiece's special-token handling, no special tokens named
+            kw = {"bos": None, "eos": None, "unk": None, **kw, "add_space_prefix": False}
+            tok = cls(tokens, scores, types, model="llama", **kw)
+            tok.model, tok.test = "test", True
+            return tok
         return cls(tokens, scores, types, model=str(model), name=str(f.get("general.name", "")), **kw)
 
     @property
@@ -271,6 +283,9 @@ class Tokenizer:
             out.append(self.bos)
         prev_special = True
         for fr in frags:
+            if self.test and fr.token < 0:
+                self._test_chunks(fr.text, out)
+                continue
             if fr.token >= 0:
                 out.append(fr.token)
                 prev_special = True
@@ -318,6 +333,14 @@ class Tokenizer:
                         rest = rest.lstrip(b" \t\n\v\f\r")
             frags = nxt
         return frags
+
+    def _test_chunks(self, text: bytes, out: list[int]) -> None:
+        """llama.cpp's test tokenizer: a token per 5-byte chunk, from its rolling hash."""
+        for at in range(0, len(text), 5):
+            h = 0
+            for b in text[at:at + 5]:
+                h = (h * 31 + b) & 0xFFFFFFFFFFFFFFFF
+            out.append(h % len(self.tokens))
 
     def _spm(self, text: bytes, out: list[int]) -> None:
         """One fragment through SentencePiece's merge loop (llama.cpp's spm session)."""
@@ -455,6 +478,8 @@ class Tokenizer:
         attr = self.attrs[token]
         if not special and attr & (ATTR_UNKNOWN | ATTR_CONTROL):
             return b""
+        if self.test:
+            return b"%x" % token
         text = self.tokens[token]
         if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
             return text

@@ -70,6 +70,20 @@ def run_arch(ref_bin: Path, shim: Path, server_argv: list[str], arch: str, timeo
     return Result(arch, *parse(text), seconds, plain(text), err)
 
 
+def save_models(ref_bin: Path, arch: str, out: Path, seed: int = 1, stdev: float = 0.5) -> dict[str, Path]:
+    """The models test-llama-archs writes for `arch` (-o: its dense and MoE variants,
+    random weights of deviation `stdev`, llama.cpp's `test` vocabulary), by variant."""
+    import subprocess
+
+    out.mkdir(parents=True, exist_ok=True)
+    argv = [str(ref_bin / "test-llama-archs"), "-a", f"^{re.escape(arch)}$", "-s", str(seed), "-d", str(stdev),
+            "-o", str(out)]
+    r = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    found = {v: out / f"{arch}-{v}.gguf" for v in ("dense", "moe")}
+    return {v: p for v, p in found.items() if p.exists()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("archs", nargs="*", default=ARCHS, help="architectures to run (default: all)")

@@ -65,9 +65,9 @@ def same_text(mine: bytes, ref: bytes) -> bool:
     return mine.startswith(ref) and len(ref) > len(PROMPT) + 1
 
 
-def ours(model: Path, args: list[str], capfdbinary) -> bytes:
+def ours(model: Path, args: list[str], capfdbinary, prompt: str = PROMPT) -> bytes:
     capfdbinary.readouterr()
-    rc = main(["run", "-m", str(model), "--temp", "0", "-p", PROMPT, "-n", str(N), *args])
+    rc = main(["run", "-m", str(model), "--temp", "0", "-p", prompt, "-n", str(N), *args])
     sys.stdout.flush()
     out, err = capfdbinary.readouterr()
     assert rc == 0, err.decode(errors="replace")

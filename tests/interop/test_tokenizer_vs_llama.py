@@ -12,6 +12,7 @@ import pytest
 
 from ggmlrpc.llm.gguf_file import GGUFFile
 from ggmlrpc.llm.tokenizer import Tokenizer
+from tests.interop.llama_archs import save_models
 from tests.unit.test_tokenizer import synth_model  # noqa: F401  (fixture)
 
 pytestmark = pytest.mark.interop
@@ -66,3 +67,14 @@ def test_same_ids_as_llama_tokenize(ref_bin, synth_model, parse_special):
         for text in TEXTS:
             ours = tok.tokenize(text, add_special=True, parse_special=parse_special)
             assert ours == llama_tokenize(ref_bin, model, text, parse_special), (model.name, text)
+
+
+def test_test_vocabulary(ref_bin, tmp_path):
+    """llama.cpp's `test` vocabulary, as test-llama-archs -o writes it: 5-byte chunks
+    hashed to ids (a special-token text is only text there)."""
+    model = save_models(ref_bin, "llama", tmp_path)["dense"]
+    tok = Tokenizer.from_gguf(GGUFFile(model))
+    for text in TEXTS:
+        for parse_special in (True, False):
+            ours = tok.tokenize(text, add_special=True, parse_special=parse_special)
+            assert ours == llama_tokenize(ref_bin, model, text, parse_special), text
