@@ -42,7 +42,6 @@ import numpy as np
 from .. import builder as B
 from ..client import serialize_graph
 from ..ggml import GGMLType, blck_size, type_size
-from .archs import llama
 from .blocks import Ctx, stage_weights
 from .gguf_file import GGUFFile, ModelError, TensorInfo
 from .hparams import HParams
@@ -93,14 +92,18 @@ class Shard:
     saved: object = None       # "gather": the residual a layer's last segment adds (n_embd x n_ubatch)
 
 
+ROW_ARCHS = ("llama", "qwen2", "qwen3")   # llama's layer, nothing added to it
+
+
 class RowSplit:
     """The offloaded layers (and the output layer when `output`) cut over `devices`."""
 
     def __init__(self, arch, hp: HParams, f: GGUFFile, kv: KVCache, devices: list[Device],
                  shares: Sequence[float], layers: list[int], output: bool, flash_attn: bool, n_ctx: int,
                  combine: str = "gather", n_ubatch: int = 512):
-        if arch.layer is not llama.layer or hp.n_expert or hp.n_swa or any(
-                f"blk.{il}.attn_qkv.weight" in f.tensors for il in layers):
+        if arch.name not in ROW_ARCHS or hp.n_expert or hp.n_swa or any(
+                f"blk.{il}.attn_qkv.weight" in f.tensors for il in layers) or any(
+                name.endswith(".scale") for name in f.tensors):
             raise ModelError(f"-sm row does not support architecture {arch.name!r} "
                              f"(llama, qwen2 and qwen3 without experts only); use -sm layer")
         if combine not in COMBINES:
