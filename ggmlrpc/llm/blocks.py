@@ -30,7 +30,8 @@ OPTIONAL = ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.
             "ffn_down_shexp.weight",
             "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
             "attn_output.bias", "attn_norm.bias", "attn_qkv.bias", "ffn_up.bias", "ffn_down.bias",
-            "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias")
+            "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias",
+            "exp_probs_b.bias")
 # rope frequency factors (LongRoPE: a long and a short set), used wherever a file has them
 ROPE_FACTORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
@@ -113,14 +114,18 @@ class Ctx:
                     part(hp.n_head_kv, hd * (hp.n_head + hp.n_head_kv)))
 
         def proj(name: str, n_head: int, rotate: bool) -> Tensor:
-            """x W (+ bias), heads split, (+ per-head RMS norm), (+ rope): llama.cpp's order."""
+            """x W (+ bias), heads split, (+ RMS norm: per head, or over all heads
+            before the split when the norm weight spans them, as minimax-m2's), (+ rope):
+            llama.cpp's order."""
             t = B.mul_mat(w[p + f"attn_{name}.weight"], cur, name=f"{name.upper()}cur-{il}")
             if p + f"attn_{name}.bias" in w:
                 t = B.add(t, w[p + f"attn_{name}.bias"], name=f"{name.upper()}cur-{il}")
+            nw = w.get(p + f"attn_{name}_norm.weight")
+            if nw is not None and nw.ne[0] != hd:
+                t = B.mul(B.rms_norm(t, hp.eps), nw, name=f"{name.upper()}cur_normed-{il}")
             t = B.reshape(t, (hd, n_head, T))
-            if p + f"attn_{name}_norm.weight" in w:
-                t = B.mul(B.rms_norm(t, hp.eps), w[p + f"attn_{name}_norm.weight"],
-                          name=f"{name.upper()}cur_normed-{il}")
+            if nw is not None and nw.ne[0] == hd:
+                t = B.mul(B.rms_norm(t, hp.eps), nw, name=f"{name.upper()}cur_normed-{il}")
             return self.rope(t, il, f"{name.upper()}cur-{il}") if rotate else t
 
         return proj("q", hp.n_head, True), proj("k", hp.n_head_kv, True), proj("v", hp.n_head_kv, False)
@@ -193,13 +198,16 @@ class Ctx:
         return B.mul_mat(w[p + f"ffn_down{suffix}.weight"], B.glu_split(act, gate, up, name=f"ffn_glu-{il}"),
                          name=f"ffn_out-{il}")
 
-    def moe(self, il: int, cur: Tensor, norm_w: bool = False, oai: bool = False) -> Tensor:
-        """A mixture of experts as llama.cpp builds it: soft-max gate, the top
-        n_expert_used experts (MUL_MAT_ID) weighted by their gate probability
-        (`norm_w`: renormalized to sum to 1) and summed, plus a shared expert behind
-        a sigmoid gate where the file has one. `oai` (gpt-oss): the chosen logits are
-        soft-maxed among themselves and the experts use the clamped SwiGLU; gate and
-        experts take their biases (ADD_ID) where the file has them."""
+    def moe(self, il: int, cur: Tensor, norm_w: bool = False, oai: bool = False, sigmoid: bool = False,
+            w_scale: float = 0.0) -> Tensor:
+        """A mixture of experts as llama.cpp builds it: soft-max gate (`sigmoid`: a
+        sigmoid per expert), the top n_expert_used experts (MUL_MAT_ID; chosen after
+        adding the file's selection bias exp_probs_b where it has one) weighted by
+        their gate probability (`norm_w`: renormalized to sum to 1; times `w_scale`
+        unless 0 or 1) and summed, plus a shared expert (behind a sigmoid gate where
+        the file has one). `oai` (gpt-oss): the chosen logits are soft-maxed among
+        themselves and the experts use the clamped SwiGLU; gate and experts take their
+        biases (ADD_ID) where the file has them."""
         hp, w, g = self.hp, self.w, self.g
         p = f"blk.{il}."
         n_embd, T, k = cur.ne[0], cur.ne[1], hp.n_expert_used
@@ -212,8 +220,12 @@ class Ctx:
 
         logits = biased(B.mul_mat(w[p + "ffn_gate_inp.weight"], cur, name=f"ffn_moe_logits-{il}"),
                         "ffn_gate_inp")
-        probs = logits if oai else B.soft_max(logits, name=f"ffn_moe_probs-{il}")
-        chosen = B.argsort_top_k(probs, k, name=f"ffn_moe_topk-{il}")
+        probs = (logits if oai else B.unary(GGMLUnaryOp.SIGMOID, logits, name=f"ffn_moe_probs-{il}") if sigmoid
+                 else B.soft_max(logits, name=f"ffn_moe_probs-{il}"))
+        selection = probs
+        if p + "exp_probs_b.bias" in w:
+            selection = B.add(probs, w[p + "exp_probs_b.bias"], name=f"ffn_moe_probs_biased-{il}")
+        chosen = B.argsort_top_k(selection, k, name=f"ffn_moe_topk-{il}")
         weights = B.get_rows(B.reshape(probs, (1, hp.n_expert, T)), chosen, name=f"ffn_moe_weights-{il}")
         if oai:   # soft-max over the chosen experts only
             weights = B.reshape(B.soft_max(B.reshape(weights, (k, T))), (1, k, T))
@@ -221,6 +233,8 @@ class Ctx:
             weights = B.reshape(weights, (k, T))
             total = B.clamp(B.sum_rows(weights), 6.103515625e-5, math.inf, name=f"ffn_moe_weights_sum-{il}")
             weights = B.reshape(B.div(weights, total, name=f"ffn_moe_weights_norm-{il}"), (1, k, T))
+        if w_scale not in (0.0, 1.0):
+            weights = B.scale(weights, w_scale, name=f"ffn_moe_weights_scaled-{il}")
         g.expand(weights)
         x = B.reshape(cur, (n_embd, 1, T))
         up = biased(B.mul_mat_id(w[p + "ffn_up_exps.weight"], x, chosen, name=f"ffn_moe_up-{il}"),
@@ -242,8 +256,10 @@ class Ctx:
             moe = g.expand(B.add(moe, v, name=f"ffn_moe_out-{il}"))
         if k == 1:
             moe = B.cont(moe)
-        if p + "ffn_gate_inp_shexp.weight" not in w:
+        if p + "ffn_up_shexp.weight" not in w:
             return moe
+        if p + "ffn_gate_inp_shexp.weight" not in w:
+            return B.add(moe, self.ffn(il, cur, suffix="_shexp"), name=f"ffn_out-{il}")
         gate_in = B.mul_mat(w[p + "ffn_gate_inp_shexp.weight"], cur, name=f"ffn_shexp_gate_inp-{il}")
         shared_gate = B.div(B.silu(gate_in), gate_in, name=f"ffn_shexp_gate-{il}")
         shared = B.mul(self.ffn(il, cur, suffix="_shexp"), shared_gate, name=f"ffn_shexp_out-{il}")
@@ -273,7 +289,8 @@ def stage_weights(arch: "Arch", hp: HParams, st: Stage, tensors: Container[str])
         names += [n for n in ROPE_FACTORS if n in tensors]
     for il in st.layers:
         p = f"blk.{il}."
-        names += [f"{p}{n}.weight" for n in arch.weights(hp)]
+        own = arch.weights(hp) if arch.layer_weights is None else arch.layer_weights(hp, il)
+        names += [f"{p}{n}.weight" for n in own]
         names += [p + n for n in OPTIONAL if p + n in tensors]
     if st.output:
         names.append("output_norm.weight")

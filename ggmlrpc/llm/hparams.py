@@ -42,6 +42,11 @@ class HParams:
     rope_attn_factor: float = 1.0  # rope's magnitude factor
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
+    # mixtures of experts beyond soft-max gating (glm4moe, minimax-m2)
+    n_layer_dense_lead: int = 0    # leading layers with a dense feed-forward
+    expert_gating: int = 1         # llama.cpp's gating function: 1 soft-max, 2 sigmoid
+    expert_weights_norm: bool = False
+    expert_weights_scale: float = 0.0
 
     @property
     def n_embd_kv(self) -> int:
@@ -75,7 +80,9 @@ class HParams:
         if kind == "none":
             scale = None
         return cls(n_vocab=n_vocab, n_ctx_train=int(key("context_length")), n_embd=n_embd,
-                   n_layer=int(key("block_count")), n_ff=int(key("feed_forward_length")),
+                   # the NextN/MTP layers a file may carry after the others are not run
+                   n_layer=int(key("block_count")) - int(key("nextn_predict_layers", 0)),
+                   n_ff=int(key("feed_forward_length")),
                    n_head=n_head, n_head_kv=int(key("attention.head_count_kv", n_head)),
                    head_dim=head_dim, n_rot=int(key("rope.dimension_count", head_dim)),
                    eps=float(f.get(f"{a}.attention.layer_norm_rms_epsilon")

@@ -38,6 +38,8 @@ def test_synth_model_loads_and_runs(tmp_path, model):
     path = synth.write_model(tmp_path / f"{model}.gguf", model, shape, "f32")
     with Model.load(path, n_gpu_layers=0) as m:
         (st,) = m.stages
-        assert set(st.weights) == set(m.file.tensors)      # nothing written goes unread
+        # nothing written goes unread, but the NextN/MTP layers after the others
+        run = {n for n in m.file.tensors if not n.startswith("blk.") or int(n.split(".")[1]) < m.hp.n_layer}
+        assert set(st.weights) == run
         logits = m.eval(m.tokenize("the old man and the sea"))
         assert logits.shape == (m.hp.n_vocab,) and np.isfinite(logits).all()
