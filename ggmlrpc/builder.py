@@ -174,6 +174,13 @@ def argsort_top_k(a: Tensor, k: int, name: str = "") -> Tensor:
     return view(s, (k, *s.ne[1:]), (s.nb[0], *s.nb[1:]), 0, name=name or f"{s.name} (top {k})")
 
 
+def repeat(a: Tensor, ne: Sequence[int], name: str = "") -> Tensor:
+    """a tiled to shape ne (each dim a multiple of a's): ggml_repeat_4d."""
+    ne = _ne4(ne)
+    _check(all(n % m == 0 for n, m in zip(ne, a.ne)), f"repeat: {a.ne} does not tile {ne}")
+    return _node(GGMLOp.REPEAT, a.type, ne, a, name=name)
+
+
 def scale(a: Tensor, s: float, bias: float = 0.0, name: str = "") -> Tensor:
     return _node(GGMLOp.SCALE, a.type, a.ne, a, params=[f32_bits(s), f32_bits(bias)], name=name)
 

@@ -47,6 +47,12 @@ class HParams:
     expert_gating: int = 1         # llama.cpp's gating function: 1 soft-max, 2 sigmoid
     expert_weights_norm: bool = False
     expert_weights_scale: float = 0.0
+    # attention shaped per layer (gemma4): the sliding-window layers' head size and
+    # rotated dims (0: as the others), a K/V head count per layer, a window flag per layer
+    head_dim_swa: int = 0
+    n_rot_swa: int = 0
+    n_head_kv_arr: tuple[int, ...] = ()
+    swa_layers: tuple[bool, ...] = ()
 
     @property
     def n_embd_kv(self) -> int:
@@ -54,9 +60,30 @@ class HParams:
 
     def is_swa(self, il: int) -> bool:
         """Whether layer il attends a sliding window (gemma2: the even ones; gemma3:
-        all but every sixth)."""
+        all but every sixth; gemma4: as its per-layer flags say)."""
+        if self.swa_layers:
+            return bool(self.n_swa) and self.swa_layers[il]
         n = self.swa_pattern
         return bool(self.n_swa) and il % n < n - 1
+
+    def head_dim_of(self, il: int) -> int:
+        return self.head_dim_swa if self.head_dim_swa and self.is_swa(il) else self.head_dim
+
+    def n_rot_of(self, il: int) -> int:
+        return self.n_rot_swa if self.n_rot_swa and self.is_swa(il) else self.n_rot
+
+    def n_head_kv_of(self, il: int) -> int:
+        return self.n_head_kv_arr[il] if self.n_head_kv_arr else self.n_head_kv
+
+    def n_embd_kv_of(self, il: int) -> int:
+        """Layer il's K (and V) row: its head size times its K/V heads."""
+        return self.head_dim_of(il) * self.n_head_kv_of(il)
+
+    def kv_width(self, swa: bool) -> int:
+        """The K/V row of the sliding-window layers (`swa`) or of the others (every
+        layer of a kind has the same)."""
+        return next((self.n_embd_kv_of(il) for il in range(self.n_layer) if self.is_swa(il) == swa),
+                    self.n_embd_kv)
 
     @classmethod
     def from_gguf(cls, f: GGUFFile, n_vocab: int, arch: "Arch | None" = None) -> "HParams":
@@ -74,6 +101,8 @@ class HParams:
             return v
 
         n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
+        kv = key("attention.head_count_kv", n_head)     # one count, or one per layer
+        n_head_kv = tuple(int(x) for x in kv) if isinstance(kv, list) else (int(kv),)
         head_dim = int(key("attention.key_length", n_embd // n_head))
         scale = f.get(f"{a}.rope.scaling.factor") or f.get(f"{a}.rope.scale_linear")
         kind = str(f.get(f"{a}.rope.scaling.type", "linear"))
@@ -83,7 +112,7 @@ class HParams:
                    # the NextN/MTP layers a file may carry after the others are not run
                    n_layer=int(key("block_count")) - int(key("nextn_predict_layers", 0)),
                    n_ff=int(key("feed_forward_length")),
-                   n_head=n_head, n_head_kv=int(key("attention.head_count_kv", n_head)),
+                   n_head=n_head, n_head_kv=n_head_kv[0], n_head_kv_arr=n_head_kv if len(n_head_kv) > 1 else (),
                    head_dim=head_dim, n_rot=int(key("rope.dimension_count", head_dim)),
                    eps=float(f.get(f"{a}.attention.layer_norm_rms_epsilon")
                              or key("attention.layer_norm_epsilon")),

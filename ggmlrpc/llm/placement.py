@@ -160,10 +160,9 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
     for n in names:
         if n not in f.tensors:
             raise ModelError(f"{f.path}: missing tensor {n}")
-    n_embd_kv = kv.hp.n_embd_kv
     st.mapped = st.device.local
     size = 0 if st.mapped else sum(_align(f.tensors[n].nbytes, align) for n in names)
-    kv_size = sum(2 * _align(2 * n_embd_kv * kv.cells(il), align) for il in st.layers)
+    kv_size = sum(2 * _align(2 * kv.hp.n_embd_kv_of(il) * kv.cells(il), align) for il in st.layers)
     st.buffers, st.weights, st.kv = [], {}, {}
     st.compute = st.inputs_buf = None
     st.graphs.clear()
@@ -186,6 +185,7 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
         st.weights[n] = buf.tensor(ti.type, ti.ne, off, name=n)
         off += _align(ti.nbytes, align)
     for il in st.layers:
+        n_embd_kv = kv.hp.n_embd_kv_of(il)
         kv_row = _align(2 * n_embd_kv * kv.cells(il), align)
         k = buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off, name=f"cache_k_l{il}")
         v = buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off + kv_row, name=f"cache_v_l{il}")

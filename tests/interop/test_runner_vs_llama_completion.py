@@ -199,7 +199,7 @@ def test_rope_scaling_from_the_file(ref_bin, tmp_path, scaling, factor, server_p
         assert same_text(mine, completion(ref_bin, model, ["-ngl", "0", "-t", "2"], expect=mine)), args
 
 
-@pytest.mark.parametrize("arch", [a.name for a in ARCHS.values() if a.swa_pattern])
+@pytest.mark.parametrize("arch", [a.name for a in ARCHS.values() if a.swa_pattern] + ["gemma4"])
 def test_sliding_window_cache_wraps_like_llama(ref_bin, tmp_path, arch, capfdbinary):
     """Sliding-window layers keep n_swa + a micro-batch cells (rounded up to 256):
     with -ub 16 and a window of 8 that is 256 cells, which 300 new tokens wrap
@@ -214,21 +214,21 @@ def test_sliding_window_cache_wraps_like_llama(ref_bin, tmp_path, arch, capfdbin
 
 
 # the families people split over machines (issue 22), each in F32 and quantized by
-# llama-quantize; 256 wide, so that Q4_K_M quantizes every matrix
-SPLIT_FAMILIES = ["glm4moe", "minimax-m2"]
+# llama-quantize (synth's model names); 256 wide, so that Q4_K_M quantizes every matrix
+SPLIT_FAMILIES = ["glm4moe", "minimax-m2", "gemma4", "gemma4-moe"]
 FAMILY_WEIGHTS = ("F32", "Q8_0", "Q4_K_M")
 
 
 @pytest.fixture(scope="module")
 def family_model(tmp_path_factory, ref_bin):
-    """Factory: (arch, weights) -> a three-layer model, written once per module."""
+    """Factory: (synth model, weights) -> a three-layer model, written once per module."""
     d = tmp_path_factory.mktemp("families")
     made: dict[tuple[str, str], Path] = {}
 
     def get(arch: str, weights: str) -> Path:
         if (arch, weights) not in made:
             if weights == "F32":
-                shape = synth.ModelShape(**{**vars(arch_shape(arch, 256)), "n_layer": 3})
+                shape = synth.ModelShape(**{**vars(arch_shape(synth.ARCHS[arch][0], 256)), "n_layer": 3})
                 made[arch, weights] = synth.write_model(d / f"{arch}-F32.gguf", arch, shape, "f32", seed=5)
             else:
                 made[arch, weights] = synth.quantize(ref_bin / "llama-quantize", get(arch, "F32"),
