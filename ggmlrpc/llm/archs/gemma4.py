@@ -144,7 +144,10 @@ def write(s, experts: bool = False) -> None:
         s.ffn(p, sh.n_ff)
         s.w.add_tensor(p + "layer_output_scale.weight", np.array([0.5 + 0.5 * s.rng.random()], np.float32))
         if experts:
-            s.routed_experts(p, ff_exp)
+            # as converted: the gate and up halves of each expert in one matrix
+            s.w.add_tensor(p + "ffn_gate_inp.weight", s.mat(n, e, 1.0, dtype=np.float32))
+            s.w.add_tensor(p + "ffn_gate_up_exps.weight", s.mat(2 * ff_exp, e, n=n))
+            s.w.add_tensor(p + "ffn_down_exps.weight", s.mat(e, ff_exp, n=n))
             s.w.add_tensor(p + "ffn_gate_inp.scale", s.norm(e))
             s.w.add_tensor(p + "ffn_down_exps.scale", s.norm(n))
             for name in ("pre_ffw_norm_2", "post_ffw_norm_1", "post_ffw_norm_2"):
