@@ -104,9 +104,9 @@ def run_once(ref: Path, server_argv: list[str], m: Path, args) -> dict:
             srv.kill()
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--types", nargs="+", default=["Q8_0", "Q4_0"])
+def add_run_args(ap: argparse.ArgumentParser) -> None:
+    """The options of a run both comparisons share (this one and runner.py): threads,
+    prompt and generation lengths, repetitions, rounds, and the generated model's size."""
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pp", type=int, default=64)
     ap.add_argument("--tg", type=int, default=32)
@@ -115,6 +115,17 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--embd", type=int, default=1024)
     ap.add_argument("--ff", type=int, default=2816)
+
+
+def model_shape(args) -> LlamaShape:
+    """The generated llama add_run_args' options describe (64-wide heads)."""
+    return LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64, n_head_kv=args.embd // 64)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", nargs="+", default=["Q8_0", "Q4_0"])
+    add_run_args(ap)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--metrics", action="store_true",
                     help="also run ours with --metrics (ours+metrics) and report on/off ratios")
@@ -128,8 +139,7 @@ def main(argv=None) -> int:
     servers = {"reference": [str(ref / "ggml-rpc-server")], "ours": ours_argv}
     if args.metrics:  # every command counted; the endpoint on a free loopback port
         servers["ours+metrics"] = ours_argv + ["--metrics", "127.0.0.1:0"]
-    shape = LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64,
-                       n_head_kv=args.embd // 64)
+    shape = model_shape(args)
     results = []
     for qtype in args.types:
         m = model(ref, qtype, shape)

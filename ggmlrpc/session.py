@@ -282,19 +282,19 @@ class Session:
                             dev, req, handle, req)
         self.reply(U64x2.pack(handle, req))
 
-    def cmd_get_alignment(self, size):
+    def _device_property(self, name: str) -> None:
+        """GET_ALIGNMENT, GET_MAX_SIZE: a u32 device in, its `name`() out as a u64."""
         (dev,) = U32.unpack(self.request)
-        a = self.devices[self.device_index(dev)].alignment()
+        v = getattr(self.devices[self.device_index(dev)], name)()
         if self.debug:
-            self.server.dbg("[get_alignment] device: %d, alignment: %d", dev, a)
-        self.reply(U64.pack(a))
+            self.server.dbg("[get_%s] device: %d, %s: %d", name, dev, name, v)
+        self.reply(U64.pack(v))
+
+    def cmd_get_alignment(self, size):
+        self._device_property("alignment")
 
     def cmd_get_max_size(self, size):
-        (dev,) = U32.unpack(self.request)
-        m = self.devices[self.device_index(dev)].max_size()
-        if self.debug:
-            self.server.dbg("[get_max_size] device: %d, max_size: %d", dev, m)
-        self.reply(U64.pack(m))
+        self._device_property("max_size")
 
     def cmd_buffer_get_base(self, size):
         (h,) = U64.unpack(self.request)
