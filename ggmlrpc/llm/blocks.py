@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Container
 from .. import builder as B
 from ..client import Tensor
 from ..ggml import GGMLGluOp, GGMLType, GGMLUnaryOp
-from .hparams import HParams
+from .hparams import GATING_SIGMOID, HParams
 from .placement import Stage, StageGraph
 
 if TYPE_CHECKING:
@@ -203,13 +203,13 @@ class Ctx:
         return B.mul_mat(w[p + f"ffn_down{suffix}.weight"], B.glu_split(act, gate, up, name=f"ffn_glu-{il}"),
                          name=f"ffn_out-{il}")
 
-    def moe(self, il: int, cur: Tensor, norm_w: bool = False, oai: bool = False, sigmoid: bool = False,
-            w_scale: float = 0.0, logits: Tensor | None = None, act: int = GGMLGluOp.SWIGLU) -> Tensor:
-        """A mixture of experts as llama.cpp builds it: soft-max gate (`sigmoid`: a
-        sigmoid per expert), the top n_expert_used experts (MUL_MAT_ID; chosen after
-        adding the file's selection bias exp_probs_b where it has one) weighted by
-        their gate probability (`norm_w`: renormalized to sum to 1; times `w_scale`
-        unless 0 or 1) and summed, plus a shared expert (behind a sigmoid gate where
+    def moe(self, il: int, cur: Tensor, norm_w: bool = False, oai: bool = False,
+            logits: Tensor | None = None, act: int = GGMLGluOp.SWIGLU) -> Tensor:
+        """A mixture of experts as llama.cpp builds it: soft-max gate (or a sigmoid
+        per expert: hp.expert_gating), the top n_expert_used experts (MUL_MAT_ID;
+        chosen after adding the file's selection bias exp_probs_b where it has one)
+        weighted by their gate probability (`norm_w`: renormalized to sum to 1; times
+        hp.expert_weights_scale unless 0 or 1) and summed, plus a shared expert (behind a sigmoid gate where
         the file has one). `logits`: the router's, computed by the architecture;
         `act`: the experts' gated activation (GeGLU for gemma4), their gate and up
         matrices one fused matrix where the file has it, and a scale per expert on
@@ -229,8 +229,12 @@ class Ctx:
         if logits is None:
             logits = biased(B.mul_mat(w[p + "ffn_gate_inp.weight"], cur, name=f"ffn_moe_logits-{il}"),
                             "ffn_gate_inp")
-        probs = (logits if oai else B.unary(GGMLUnaryOp.SIGMOID, logits, name=f"ffn_moe_probs-{il}") if sigmoid
-                 else B.soft_max(logits, name=f"ffn_moe_probs-{il}"))
+        if oai:
+            probs = logits
+        elif hp.expert_gating == GATING_SIGMOID:
+            probs = B.unary(GGMLUnaryOp.SIGMOID, logits, name=f"ffn_moe_probs-{il}")
+        else:
+            probs = B.soft_max(logits, name=f"ffn_moe_probs-{il}")
         selection = probs
         if p + "exp_probs_b.bias" in w:
             selection = B.add(probs, w[p + "exp_probs_b.bias"], name=f"ffn_moe_probs_biased-{il}")
@@ -242,8 +246,8 @@ class Ctx:
             weights = B.reshape(weights, (k, T))
             total = B.clamp(B.sum_rows(weights), 6.103515625e-5, math.inf, name=f"ffn_moe_weights_sum-{il}")
             weights = B.reshape(B.div(weights, total, name=f"ffn_moe_weights_norm-{il}"), (1, k, T))
-        if w_scale not in (0.0, 1.0):
-            weights = B.scale(weights, w_scale, name=f"ffn_moe_weights_scaled-{il}")
+        if hp.expert_weights_scale not in (0.0, 1.0):
+            weights = B.scale(weights, hp.expert_weights_scale, name=f"ffn_moe_weights_scaled-{il}")
         g.expand(weights)
         x = B.reshape(cur, (n_embd, 1, T))
         if p + "ffn_gate_up_exps.weight" in w:
@@ -307,8 +311,9 @@ def stage_weights(arch: "Arch", hp: HParams, st: Stage, tensors: Container[str])
         names += [n for n in ROPE_FACTORS if n in tensors]
     for il in st.layers:
         p = f"blk.{il}."
-        own = arch.weights(hp) if arch.layer_weights is None else arch.layer_weights(hp, il)
-        names += [f"{p}{n}.weight" for n in own]
+        names += [f"{p}{n}.weight" for n in arch.weights(hp)]
+        if arch.layer_weights is not None:
+            names += [f"{p}{n}.weight" for n in arch.layer_weights(hp, il)]
         names += [p + n for n in OPTIONAL if p + n in tensors]
     if st.output:
         names.append("output_norm.weight")

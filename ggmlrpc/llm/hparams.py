@@ -42,11 +42,11 @@ class HParams:
     rope_attn_factor: float = 1.0  # rope's magnitude factor
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
-    # mixtures of experts beyond soft-max gating (glm4moe, minimax-m2)
-    n_layer_dense_lead: int = 0    # leading layers with a dense feed-forward
-    expert_gating: int = 1         # llama.cpp's gating function: 1 soft-max, 2 sigmoid
+    # routed experts: how they are chosen and weighted (llama.cpp's build_moe_ffn)
+    expert_gating: int = 0         # GATING_SOFTMAX (0: the same) or GATING_SIGMOID
     expert_weights_norm: bool = False
-    expert_weights_scale: float = 0.0
+    expert_weights_scale: float = 0.0   # 0 or 1: not scaled
+    n_layer_dense_lead: int = 0    # the first layers have a dense feed-forward
     # attention shaped per layer (gemma4): the sliding-window layers' head size and
     # rotated dims (0: as the others), a K/V head count per layer, a window flag per layer
     head_dim_swa: int = 0
@@ -123,6 +123,9 @@ class HParams:
                    **_yarn_hparams(kind, 1.0 / float(scale) if scale else 1.0,
                                    float(f.get(f"{a}.rope.scaling.attn_factor", 1.0))),
                    **extra)
+
+
+GATING_SOFTMAX, GATING_SIGMOID = 1, 2     # llama.cpp's expert gating functions
 
 
 def _yarn_hparams(kind: str, freq_scale: float, attn_factor: float) -> dict:

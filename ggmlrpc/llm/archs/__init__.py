@@ -27,13 +27,12 @@ class Arch:
     layer_norm: bool = False    # LayerNorm with biases where the others take an RMS norm
     scale_embd: bool = False    # embeddings scaled by sqrt(n_embd)
     swa_pattern: int = 0        # layer il slides when il % swa_pattern < swa_pattern - 1 (0: none)
-    # (HParams, il) -> layer il's tensors, where layers differ (leading dense layers); else weights(hp)
-    layer_weights: Callable | None = None
     # synth: the random models of it (name -> writer(_Synth)), the share of each head
     # those models rotate, and what a small test model changes in tests' shape
     synth: dict[str, Callable] = field(default_factory=dict)
     synth_rope_share: float = 1.0
     test_shape: dict = field(default_factory=dict)
+    layer_weights: Callable | None = None   # (HParams, il) -> layer il's tensors on top of `weights`
 
 
 def _discover() -> dict[str, Arch]:

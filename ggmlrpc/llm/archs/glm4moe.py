@@ -10,39 +10,31 @@ from __future__ import annotations
 from ... import builder as B
 from ..blocks import ATTENTION, EXPERTS, FEED_FORWARD
 from ..gguf_file import ModelError
+from ..hparams import GATING_SIGMOID, GATING_SOFTMAX
 from . import ROPE_NEOX, Arch
-
-SOFTMAX, SIGMOID = 1, 2       # llama.cpp's expert gating functions
 
 
 def gating(key, default: int) -> int:
     """The file's expert gating function (none given: `default`)."""
     kind = int(key("expert_gating_func", 0)) or default
-    if kind not in (SOFTMAX, SIGMOID):
+    if kind not in (GATING_SOFTMAX, GATING_SIGMOID):
         raise ModelError(f"expert gating function {kind} is not supported (1 soft-max, 2 sigmoid)")
     return kind
 
 
 def hparams(key) -> dict:
     return {"n_layer_dense_lead": int(key("leading_dense_block_count", 0)),
-            "expert_gating": gating(key, SIGMOID),
+            "expert_gating": gating(key, GATING_SIGMOID),
             "expert_weights_norm": bool(key("expert_weights_norm", False)),
             "expert_weights_scale": float(key("expert_weights_scale", 0.0))}
 
 
 def weights(hp) -> tuple[str, ...]:
-    return (*ATTENTION, "post_attention_norm", *EXPERTS)
+    return (*ATTENTION, "post_attention_norm")
 
 
 def layer_weights(hp, il: int) -> tuple[str, ...]:
-    return (*ATTENTION, "post_attention_norm", *(FEED_FORWARD if il < hp.n_layer_dense_lead else EXPERTS))
-
-
-def moe(c, il: int, cur):
-    """The routed experts as the file's keys say (gating, weight norm and scale)."""
-    hp = c.hp
-    return c.moe(il, cur, norm_w=hp.expert_weights_norm, sigmoid=hp.expert_gating == SIGMOID,
-                 w_scale=hp.expert_weights_scale)
+    return FEED_FORWARD if il < hp.n_layer_dense_lead else EXPERTS
 
 
 def layer(c, il: int, x):
@@ -51,7 +43,7 @@ def layer(c, il: int, x):
     cur, x = c.out_rows(il, cur, x)
     ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
     cur = c.norm(ffn_inp, "post_attention_norm", il, "post_attn_norm")
-    cur = c.ffn(il, cur) if il < c.hp.n_layer_dense_lead else moe(c, il, cur)
+    cur = c.ffn(il, cur) if il < c.hp.n_layer_dense_lead else c.moe(il, cur, norm_w=c.hp.expert_weights_norm)
     return B.add(cur, ffn_inp, name=f"l_out-{il}")
 
 

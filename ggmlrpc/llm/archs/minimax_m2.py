@@ -7,7 +7,7 @@ from __future__ import annotations
 from ... import builder as B
 from ..blocks import ATTENTION, EXPERTS
 from . import ROPE_NEOX, Arch
-from .glm4moe import SIGMOID, gating
+from .glm4moe import gating
 
 
 def hparams(key) -> dict:
@@ -23,7 +23,7 @@ def layer(c, il: int, x):
     cur = c.attention(il, *c.qkv(il, cur))
     cur, x = c.out_rows(il, cur, x)
     ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
-    cur = c.moe(il, c.norm(ffn_inp, "ffn_norm", il), norm_w=True, sigmoid=c.hp.expert_gating == SIGMOID)
+    cur = c.moe(il, c.norm(ffn_inp, "ffn_norm", il), norm_w=True)
     return B.add(cur, ffn_inp, name=f"l_out-{il}")
 
 
