@@ -47,12 +47,12 @@ class HParams:
     expert_weights_norm: bool = False
     expert_weights_scale: float = 0.0   # 0 or 1: not scaled
     n_layer_dense_lead: int = 0    # the first layers have a dense feed-forward
+    swa_layers: tuple = ()         # which layers slide, where the file lists them (else swa_pattern)
     # attention shaped per layer (gemma4): the sliding-window layers' head size and
-    # rotated dims (0: as the others), a K/V head count per layer, a window flag per layer
+    # rotated dims (0: as the others), a K/V head count per layer
     head_dim_swa: int = 0
     n_rot_swa: int = 0
     n_head_kv_arr: tuple[int, ...] = ()
-    swa_layers: tuple[bool, ...] = ()
 
     @property
     def n_embd_kv(self) -> int:
@@ -60,9 +60,9 @@ class HParams:
 
     def is_swa(self, il: int) -> bool:
         """Whether layer il attends a sliding window (gemma2: the even ones; gemma3:
-        all but every sixth; gemma4: as its per-layer flags say)."""
+        all but every sixth)."""
         if self.swa_layers:
-            return bool(self.n_swa) and self.swa_layers[il]
+            return bool(self.n_swa) and bool(self.swa_layers[il])
         n = self.swa_pattern
         return bool(self.n_swa) and il % n < n - 1
 
