@@ -128,6 +128,12 @@ def div(a: Tensor, b: Tensor, name: str = "") -> Tensor:
     return _binary(GGMLOp.DIV, a, b, name)
 
 
+def repeat(a: Tensor, ne: Sequence[int], name: str = "") -> Tensor:
+    """a tiled to shape ne (ggml_repeat_4d): each dimension a multiple of a's."""
+    _check(all(n % m == 0 for n, m in zip(_ne4(ne), a.ne)), "repeat: shape is not a multiple of the source's")
+    return _node(GGMLOp.REPEAT, a.type, ne, a, name=name)
+
+
 def unary(op: int, a: Tensor, name: str = "") -> Tensor:
     """ggml_unary: GGMLUnaryOp `op` element by element."""
     return _node(GGMLOp.UNARY, a.type, a.ne, a, params=[int(op)], name=name)
@@ -172,13 +178,6 @@ def argsort_top_k(a: Tensor, k: int, name: str = "") -> Tensor:
     _check(a.ne[0] >= k, "argsort_top_k: k larger than the row")
     s = argsort(a, True)
     return view(s, (k, *s.ne[1:]), (s.nb[0], *s.nb[1:]), 0, name=name or f"{s.name} (top {k})")
-
-
-def repeat(a: Tensor, ne: Sequence[int], name: str = "") -> Tensor:
-    """a tiled to shape ne (each dim a multiple of a's): ggml_repeat_4d."""
-    ne = _ne4(ne)
-    _check(all(n % m == 0 for n, m in zip(ne, a.ne)), f"repeat: {a.ne} does not tile {ne}")
-    return _node(GGMLOp.REPEAT, a.type, ne, a, name=name)
 
 
 def scale(a: Tensor, s: float, bias: float = 0.0, name: str = "") -> Tensor:
