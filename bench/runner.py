@@ -147,6 +147,7 @@ def main(argv=None) -> int:
     ap.add_argument("--rtt-ms", nargs="+", type=float, default=[0.0],
                     help="simulated round trips for the rpc modes (a proxy per server)")
     lb.add_run_args(ap)
+    ap.add_argument("--arch", default="llama", help="the generated model's architecture (synth's model names)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--round-trips", action="store_true",
                     help="first count the commands per generated token on each server (rpc modes)")
@@ -155,7 +156,7 @@ def main(argv=None) -> int:
     shape = lb.model_shape(args)
     table = []
     for qtype in args.types:
-        m = lb.model(ref, qtype, shape)
+        m = lb.model(ref, qtype, shape, args.arch)
         if args.round_trips:
             for mode in [mo for mo in args.modes if mo != "local"]:
                 rt = round_trips(ref, m, mode, args)
@@ -166,7 +167,7 @@ def main(argv=None) -> int:
                               f"{[p['round_trips'] for p in per]}", flush=True)
         for mode, rtt in [(mo, r) for mo in args.modes for r in (args.rtt_ms if mo != "local" else [0.0])]:
             runs = [run_pair(ref, m, mode, rtt, args) for _ in range(args.rounds)]
-            row = {"type": qtype, "mode": mode, "rtt_ms": rtt, "runs": runs}
+            row = {"arch": args.arch, "type": qtype, "mode": mode, "rtt_ms": rtt, "runs": runs}
             for k in ("pp", "tg"):
                 pairs = [(r["ours"][k], r["llama.cpp"][k]) for r in runs
                          if k in r["ours"] and k in r["llama.cpp"]]

@@ -155,7 +155,7 @@ def plan_stages(cpu: Device, remote: list[Device], n_layer: int, n_gpu_layers: i
 def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
                 file_buffer: Callable[[LocalBackend], RemoteBuffer], n_embd_kv: int | None = None) -> int:
     """One buffer on the stage's device for its weights (`names`) and KV cache
-    (rows of `n_embd_kv`, default the model's); places the tensors in it. Returns
+    (rows of `n_embd_kv`, default each layer's own); places the tensors in it. Returns
     the weight bytes to send. On the local CPU the weights stay in the file's
     mapping (`file_buffer`) and only the cache gets a buffer."""
     be, dev = st.device.backend, st.device.index
@@ -163,10 +163,10 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
     for n in names:
         if n not in f.tensors:
             raise ModelError(f"{f.path}: missing tensor {n}")
-    n_embd_kv = n_embd_kv or kv.hp.n_embd_kv
+    width = (lambda il: n_embd_kv) if n_embd_kv else kv.hp.n_embd_kv_of   # a cache row, per layer
     st.mapped = st.device.local
     size = 0 if st.mapped else sum(_align(f.tensors[n].nbytes, align) for n in names)
-    kv_size = sum(2 * _align(2 * n_embd_kv * kv.cells(il), align) for il in st.layers)
+    kv_size = sum(2 * _align(2 * width(il) * kv.cells(il), align) for il in st.layers)
     st.buffers, st.weights, st.kv = [], {}, {}
     st.compute = st.inputs_buf = None
     st.graphs.clear()
@@ -189,6 +189,7 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
         st.weights[n] = buf.tensor(ti.type, ti.ne, off, name=n)
         off += _align(ti.nbytes, align)
     for il in st.layers:
+        n_embd_kv = width(il)
         kv_row = _align(2 * n_embd_kv * kv.cells(il), align)
         k = buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off, name=f"cache_k_l{il}")
         v = buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off + kv_row, name=f"cache_v_l{il}")

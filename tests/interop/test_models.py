@@ -110,6 +110,8 @@ CASES: list[Case] = (
         ("phi3", ("Q4_0", "Q5_K_M", "Q4_1")),
         ("qwen2moe", ("F32", "Q8_0", "Q4_0", "Q4_K_M", "Q2_K", "MXFP4_MOE")),
         ("gpt-oss", ("MXFP4_MOE", "Q8_0", "Q4_K_M", "Q5_0")),
+        ("glm4moe", ("Q8_0", "Q4_K_M")), ("minimax-m2", ("Q4_K_M", "Q8_0")), ("gemma4", ("Q4_K_M", "Q8_0")),
+        ("gemma4-moe", ("Q8_0", "Q4_K_M")),
     ) for i, w in enumerate(weights) for fa in [(FA_ON, FA_OFF)[i % 2]]]
     # quantized KV caches (SET_ROWS into Q8_0/Q4_0, flash attention over them), with
     # llama.cpp's Hadamard rotation of q/k/v and without it (test_completion runs
@@ -135,6 +137,7 @@ LOGIT_CASES: list[Case] = (
        Case("qwen2moe", "MXFP4_MOE"), Case("qwen2moe", "F16", KV_Q8),
        Case("gpt-oss", "MXFP4_MOE"), Case("gpt-oss", "Q4_K_M", FA_OFF),
        Case("gpt-oss", "Q8_0", KV_Q4),
+       Case("glm4moe", "Q4_K_M"), Case("minimax-m2", "Q8_0"), Case("gemma4-moe", "Q4_K_M", FA_OFF),
        Case("gemma2", "Q8_0", KV_Q4, env=NO_ROT)]
 )
 
