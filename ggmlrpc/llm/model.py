@@ -32,7 +32,7 @@ from typing import Iterator, Sequence as Seq
 
 import numpy as np
 
-from ..client import RemoteBuffer
+from ..client import RemoteBackend, RemoteBuffer
 from ..errors import ConnectionLost, GgmlRpcError
 from ..local import LocalBackend
 from .archs import ARCHS, SUPPORTED_ARCHS
@@ -69,6 +69,10 @@ class Model:
         self.n_ubatch = N_UBATCH
         self.n_seq = 1
         self.kv: KVCache | None = None
+        # called once per step when the step's work is out of this thread's hands (the
+        # first server awaited, else the last stage computing): host work that can
+        # overlap it, such as handing out the previous step's tokens
+        self.on_wait = None
 
     @property
     def swa(self) -> SwaCells | None:
@@ -331,7 +335,8 @@ class Model:
         seqs, tokens, pos, out = batch
         key, values = self.kv.inputs(tokens, pos, seqs, out)
         x = None
-        for st in self.stages:
+        hook = self.on_wait
+        for k, st in enumerate(self.stages):
             be, dev = st.device.backend, st.device.index
             try:
                 g = self._graph(st, key)
@@ -340,6 +345,11 @@ class Model:
                 # round trip per device per step
                 with be.corked():
                     g.write_inputs(be, values)
+                    if hook is not None and isinstance(be, RemoteBackend):
+                        be.waiting, hook = hook, None       # run while the server computes
+                    elif hook is not None and k == len(self.stages) - 1:
+                        hook()
+                        hook = None
                     # a device holds one graph: rerun it when it is this stage's graph of this shape
                     held = (id(be), dev)
                     if self._held.get(held) == (id(st), key):
