@@ -494,6 +494,8 @@ class Engine:
         probs = self._probs(t, logits, job.n_probs) if job.n_probs else None
         if out or probs is not None:
             self.outbox.append((slot.gen, ("token", out, probs)))
+            if slot.n_gen == 1:
+                self._flush()       # the first token at once: time to first token
         slot.seq.stop_reason = self.model.stop_after(slot.seq, t, slot.n_gen, job.n_predict)
         if slot.text.stopped or slot.seq.stop_reason:
             self._finish(slot)
