@@ -53,6 +53,13 @@ class Sampler:
         x = np.array(logits, dtype=np.float32)      # a copy: the stages change it
         if self.banned.size:
             x[self.banned] = -np.inf
+        if self.temp <= 0.0:
+            # greedy with one highest logit: every stage keeps it and the draw picks it
+            # (a tie goes through the stages, whose top-k decides which of them stay)
+            best = int(np.argmax(x))
+            if np.count_nonzero(x == x[best]) == 1:
+                self.uniform()
+                return best
         ids = np.arange(x.size)
         ordered = False              # candidates sorted by falling logit
         # top-k
