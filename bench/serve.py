@@ -17,6 +17,7 @@ model's worker thread is not in it).
 
     python bench/serve.py                               # Q8_0 and Q4_K_M, pp512, tg64, 3 rounds
     python bench/serve.py --types Q8_0 --rounds 2 --prompt 128 --gen 32
+    python bench/serve.py --before ../old-checkout   # also that tree's serve: before/after in one run
 """
 from __future__ import annotations
 
@@ -64,12 +65,15 @@ def start(who: str, ref: Path, m: Path, eps: list[str], args, profile: str | Non
     port = lb.free_port()
     common = ["-m", str(m), "--rpc", ",".join(eps), "-ngl", "99", "-c", str(args.ctx), "--port", str(port),
               "-t", str(args.threads)]
-    if who == "ours":
+    env = None
+    if who == "before":     # another source tree's serve (its compiled modules in place)
+        env = dict(os.environ, PYTHONPATH=str(Path(args.before).resolve()))
+    if who != "llama-server":
         pre = [sys.executable, "-P"] + (["-m", "cProfile", "-o", profile] if profile else [])
         argv = pre + ["-m", "ggmlrpc.cli.main", "serve", *common, "-ts", "1,1"]
     else:
         argv = [str(ref / "llama-server"), *common, "-ts", "1/1", "-np", "1"]
-    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env)
     url = f"http://127.0.0.1:{port}"
     wait_ready(url, proc)
     return proc, url
@@ -143,7 +147,7 @@ def bench_type(ref: Path, qtype: str, args) -> dict:
     with runner.our_servers(2, args.threads) as (eps, _):
         procs, bare = {}, None
         try:
-            for who in ("ours", "llama-server"):
+            for who in ("ours", "before", "llama-server") if args.before else ("ours", "llama-server"):
                 procs[who] = start(who, ref, m, eps, args, prof if who == "ours" else None)
             bare = Model.load(m, rpc=eps, tensor_split=[1, 1], n_ctx=args.ctx, n_threads=args.threads)
             runs = {who: [] for who in (*procs, "bare API")}
@@ -172,13 +176,15 @@ def bench_type(ref: Path, qtype: str, args) -> dict:
             vals = [r[k] for r in rs if r.get(k) is not None]
             row[f"{who.replace(' ', '_')}_{k}"] = statistics.median(vals) if vals else None
     bare_tps, bare_cpu = row["bare_API_gen_tps"], row["bare_API_cpu_us_per_token"]
-    row["gen_ratio"] = row["ours_gen_tps"] / row["llama-server_gen_tps"]
-    row["ttft_ratio"] = row["ours_ttft_ms"] / row["llama-server_ttft_ms"]
     row["bare_api_gen_ratio"] = bare_tps / row["llama-server_gen_tps"]
     row["bare_api_tps"] = bare_tps
-    row["overhead_cpu_ms_per_token"] = (row["ours_cpu_us_per_token"] - bare_cpu) / 1e3
-    row["http_loop_cpu_ms_per_token"] = row["ours_loop_cpu_us_per_token"] / 1e3
-    row["overhead_wall_ms_per_token"] = 1e3 * (1 / row["ours_gen_tps"] - 1 / bare_tps)
+    for who in ("ours", "before") if args.before else ("ours",):
+        pre = "" if who == "ours" else "before_"
+        row[pre + "gen_ratio"] = row[f"{who}_gen_tps"] / row["llama-server_gen_tps"]
+        row[pre + "ttft_ratio"] = row[f"{who}_ttft_ms"] / row["llama-server_ttft_ms"]
+        row[pre + "overhead_cpu_ms_per_token"] = (row[f"{who}_cpu_us_per_token"] - bare_cpu) / 1e3
+        row[pre + "http_loop_cpu_ms_per_token"] = row[f"{who}_loop_cpu_us_per_token"] / 1e3
+        row[pre + "overhead_wall_ms_per_token"] = 1e3 * (1 / row[f"{who}_gen_tps"] - 1 / bare_tps)
     if prof:
         import pstats
         print(f"--- {qtype}: our server's event-loop thread, top 15 by own time")
@@ -200,6 +206,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pause", type=float, default=1.0, help="seconds of quiet before each request")
     ap.add_argument("--profile", action="store_true", help="cProfile our server's HTTP side")
     ap.add_argument("--json", help="also write the results here")
+    ap.add_argument("--before", metavar="TREE", help="also run the serve of this source tree (before/after)")
     args = ap.parse_args(argv)
     ref = lb.reference_bin()
     rows = [bench_type(ref, q, args) for q in args.types]
@@ -210,10 +217,14 @@ def main(argv=None) -> int:
           f"| bare API t/s (ratio) | overhead ms/token: CPU, event loop CPU, wall |")
     print("| --- | --- | --: | --- | --: | --: | --: |")
     for r in rows:
-        print(f"| {r['type']} | {r['ours_ttft_ms']:.1f} / {r['llama-server_ttft_ms']:.1f} | {r['ttft_ratio']:.3f} "
-              f"| {r['ours_gen_tps']:.2f} / {r['llama-server_gen_tps']:.2f} | {r['gen_ratio']:.3f} "
-              f"| {r['bare_api_tps']:.2f} ({r['bare_api_gen_ratio']:.3f}) | {r['overhead_cpu_ms_per_token']:.3f}, "
-              f"{r['http_loop_cpu_ms_per_token']:.3f}, {r['overhead_wall_ms_per_token']:.3f} |")
+        for who in ("ours", "before") if args.before else ("ours",):
+            pre = "" if who == "ours" else "before_"
+            print(f"| {r['type']}{' (before)' if pre else ''} | {r[f'{who}_ttft_ms']:.1f} / "
+                  f"{r['llama-server_ttft_ms']:.1f} | {r[pre + 'ttft_ratio']:.3f} "
+                  f"| {r[f'{who}_gen_tps']:.2f} / {r['llama-server_gen_tps']:.2f} | {r[pre + 'gen_ratio']:.3f} "
+                  f"| {r['bare_api_tps']:.2f} ({r['bare_api_gen_ratio']:.3f}) "
+                  f"| {r[pre + 'overhead_cpu_ms_per_token']:.3f}, {r[pre + 'http_loop_cpu_ms_per_token']:.3f}, "
+                  f"{r[pre + 'overhead_wall_ms_per_token']:.3f} |")
     return 0
 
 

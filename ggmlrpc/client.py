@@ -200,6 +200,9 @@ class RemoteBackend:
         self._lock = threading.RLock()
         self._corked: list | None = None     # queued frames of unanswered commands
         self.writes = 0                      # socket writes so far (tests count them)
+        # called once, in the calling thread, when a request is out and its response
+        # is awaited next: host work that can overlap the server's (it must not raise)
+        self.waiting = None
         if connect:
             self.connect()
 
@@ -316,6 +319,9 @@ class RemoteBackend:
 
     def _recv_rsp(self, cmd: int, size: int | None = None, into=None):
         want = protocol.RESPONSE_SIZE[cmd] if size is None else size
+        hook, self.waiting = self.waiting, None
+        if hook is not None:
+            hook()
         try:
             (n,) = protocol.SIZE.unpack(self.conn.recv_exact(8))
             if n != want:

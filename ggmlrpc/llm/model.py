@@ -32,7 +32,7 @@ from typing import Iterator, Sequence as Seq
 
 import numpy as np
 
-from ..client import RemoteBuffer
+from ..client import RemoteBackend, RemoteBuffer
 from ..errors import ConnectionLost, GgmlRpcError
 from ..local import LocalBackend
 from .archs import ARCHS, SUPPORTED_ARCHS
@@ -72,6 +72,10 @@ class Model:
         self.kv: KVCache | None = None
         self.rows: RowSplit | None = None      # -sm row: the offloaded layers, run after stage 0
         self.split_mode, self.row_combine = "layer", "gather"
+        # called once per step when the step's work is out of this thread's hands (the
+        # first server awaited, else the last stage computing): host work that can
+        # overlap it, such as handing out the previous step's tokens
+        self.on_wait = None
 
     @property
     def swa(self) -> SwaCells | None:
@@ -364,8 +368,9 @@ class Model:
         seqs, tokens, pos, out = batch
         key, values = self.kv.inputs(tokens, pos, seqs, out)
         x = None
-        for i, st in enumerate(self.stages):
-            if i == 1 and self.rows:
+        hook = self.on_wait
+        for k, st in enumerate(self.stages):
+            if k == 1 and self.rows:
                 x = self.rows.run(key, values, x)
             be, dev = st.device.backend, st.device.index
             try:
@@ -375,6 +380,11 @@ class Model:
                 # round trip per device per step
                 with be.corked():
                     g.write_inputs(be, values)
+                    if hook is not None and isinstance(be, RemoteBackend):
+                        be.waiting, hook = hook, None       # run while the server computes
+                    elif hook is not None and k == len(self.stages) - 1:
+                        hook()
+                        hook = None
                     # a device holds one graph: rerun it when it is this stage's graph of this shape
                     held = (id(be), dev)
                     if self._held.get(held) == (id(st), key):

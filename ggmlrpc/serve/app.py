@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncio
 import hmac
 import json
+from json.encoder import encode_basestring
 from pathlib import Path
 
 from prometheus_client import CollectorRegistry, generate_latest
@@ -28,6 +29,14 @@ def error_response(e: ApiError) -> JSONResponse:
 
 def dumps(obj) -> bytes:
     return json.dumps(obj, ensure_ascii=False, separators=(",", ":")).encode()
+
+
+def json_string(text: str) -> bytes:
+    """dumps(text), without building an encoder."""
+    return encode_basestring(text).encode()
+
+
+HOLE = "\0"      # where a chunk's text goes (no request names a model with a NUL in it)
 
 
 async def json_body(request: Request) -> dict:
@@ -209,16 +218,22 @@ class Api:
         """Events to SSE chunks in the job's format."""
         chat = job.kind == "chat"
 
+        def token_chunk(text, probs) -> dict:
+            if chat:
+                return self._chunk_chat(head, {"content": text}, None, probs)
+            return {"choices": [{"text": text, "index": 0, "logprobs": {"content": [probs]} if probs else None,
+                                 "finish_reason": None}], **head, "object": "text_completion"}
+
+        # a token's chunk without logprobs is the same bytes each time around its text:
+        # made once, the text's JSON string goes in between
+        pre, post = sse(token_chunk(HOLE, None)).split(dumps(HOLE), 1)
+
         def chunk(ev) -> list[bytes]:
             kind = ev[0]
             if kind == "token":
-                text, probs = text_of(ev[1]), ev[2]
-                if chat:
-                    return [sse(self._chunk_chat(head, {"content": text}, None, probs))]
-                return [sse({"choices": [{"text": text, "index": 0,
-                                          "logprobs": {"content": [probs]} if probs else None,
-                                          "finish_reason": None}],
-                             **head, "object": "text_completion"})]
+                if ev[2] is None:
+                    return [pre + json_string(text_of(ev[1])) + post]
+                return [sse(token_chunk(text_of(ev[1]), ev[2]))]
             if kind == "error":
                 return [sse(ev[1].to_json())]
             if kind == "cancelled":

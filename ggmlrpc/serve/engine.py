@@ -244,6 +244,10 @@ class Engine:
         self.model_path = model_path
         self.stats = Stats()
         self.jobs: queue.Queue = queue.Queue()
+        # the events of a step go out while the servers compute the next one (the
+        # event loop's work then needs no GIL the worker wants), or before the worker idles
+        self.outbox: list[tuple[Generation, tuple]] = []
+        model.on_wait = self._flush
         self.worker = threading.Thread(target=self._work, name="serve-worker", daemon=True)
         self.worker.start()
 
@@ -401,6 +405,8 @@ class Engine:
             free = [s for s in self.slots if s.gen is None]
             self.stats.processing = len(self.slots) - len(free)
             while free:
+                if len(free) == len(self.slots):
+                    self._flush()
                 try:
                     gen = self.jobs.get(block=len(free) == len(self.slots))
                 except queue.Empty:
@@ -487,7 +493,9 @@ class Engine:
         out = slot.text.add(piece, tok.is_eog(t))
         probs = self._probs(t, logits, job.n_probs) if job.n_probs else None
         if out or probs is not None:
-            slot.gen.put(("token", out, probs))
+            self.outbox.append((slot.gen, ("token", out, probs)))
+            if slot.n_gen == 1:
+                self._flush()       # the first token at once: time to first token
         slot.seq.stop_reason = self.model.stop_after(slot.seq, t, slot.n_gen, job.n_predict)
         if slot.text.stopped or slot.seq.stop_reason:
             self._finish(slot)
@@ -495,8 +503,13 @@ class Engine:
     def _end(self, slot: "Slot", event: tuple) -> None:
         if event[0] == "cancelled":
             slot.seq.reset()        # the client is gone: its context is freed
-        slot.gen.put(event)
+        self.outbox.append((slot.gen, event))
         slot.gen = None
+
+    def _flush(self) -> None:
+        out, self.outbox = self.outbox, []
+        for gen, ev in out:
+            gen.put(ev)
 
     def _finish(self, slot: "Slot") -> None:
         job, st, text = slot.gen.job, self.stats, slot.text
