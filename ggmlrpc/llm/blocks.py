@@ -130,11 +130,12 @@ class Ctx:
         query and not the scores (then attention's kq_scale is 1)."""
         return B.scale(q, 1.0 / math.sqrt(dim or self.hp.head_dim), name=f"Qcur_scaled-{il}")
 
-    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float | None = None) -> Tensor:
+    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float | None = None,
+                  project: bool = True) -> Tensor:
         """k and v written to the layer's cache cells, q attending the cells
         (flash attention, or soft-max over the transposed V cache; the file's sink
         logits and the soft-capping of the scores where there are), then the output
-        projection (+ bias)."""
+        projection (+ bias) unless not `project`."""
         hp, w, T, g = self.hp, self.w, self.T, self.g
         p, hd = f"blk.{il}.", hp.head_dim
         swa = hp.is_swa(il)
@@ -173,6 +174,8 @@ class Ctx:
                                 sinks=w.get(p + "attn_sinks.weight"))
             kqv = B.mul_mat(B.permute(vt, 0, 2, 1, 3), kq, name=f"kqv-{il}")
             o = B.cont(B.permute(kqv, 0, 2, 1, 3), (hd * hp.n_head, T), name=f"kqv_out-{il}")
+        if not project:
+            return o
         cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
         if p + "attn_output.bias" in w:
             cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")
@@ -193,11 +196,13 @@ class Ctx:
         return B.mul_mat(w[p + f"ffn_down{suffix}.weight"], B.glu_split(act, gate, up, name=f"ffn_glu-{il}"),
                          name=f"ffn_out-{il}")
 
-    def moe(self, il: int, cur: Tensor, norm_w: bool = False, oai: bool = False) -> Tensor:
+    def moe(self, il: int, cur: Tensor, norm_w: bool = False, oai: bool = False,
+            sigmoid_shexp: bool = False) -> Tensor:
         """A mixture of experts as llama.cpp builds it: soft-max gate, the top
         n_expert_used experts (MUL_MAT_ID) weighted by their gate probability
         (`norm_w`: renormalized to sum to 1) and summed, plus a shared expert behind
-        a sigmoid gate where the file has one. `oai` (gpt-oss): the chosen logits are
+        a sigmoid gate where the file has one (`sigmoid_shexp`: ggml's SIGMOID, else
+        silu(x) / x). `oai` (gpt-oss): the chosen logits are
         soft-maxed among themselves and the experts use the clamped SwiGLU; gate and
         experts take their biases (ADD_ID) where the file has them."""
         hp, w, g = self.hp, self.w, self.g
@@ -245,7 +250,8 @@ class Ctx:
         if p + "ffn_gate_inp_shexp.weight" not in w:
             return moe
         gate_in = B.mul_mat(w[p + "ffn_gate_inp_shexp.weight"], cur, name=f"ffn_shexp_gate_inp-{il}")
-        shared_gate = B.div(B.silu(gate_in), gate_in, name=f"ffn_shexp_gate-{il}")
+        shared_gate = (B.unary(GGMLUnaryOp.SIGMOID, gate_in, name=f"shared_expert_gate_sigmoid-{il}")
+                       if sigmoid_shexp else B.div(B.silu(gate_in), gate_in, name=f"ffn_shexp_gate-{il}"))
         shared = B.mul(self.ffn(il, cur, suffix="_shexp"), shared_gate, name=f"ffn_shexp_out-{il}")
         return B.add(moe, shared, name=f"ffn_out-{il}")
 
@@ -273,7 +279,8 @@ def stage_weights(arch: "Arch", hp: HParams, st: Stage, tensors: Container[str])
         names += [n for n in ROPE_FACTORS if n in tensors]
     for il in st.layers:
         p = f"blk.{il}."
-        names += [f"{p}{n}.weight" for n in arch.weights(hp)]
+        names += ([p + n for n in arch.layer_weights(hp, il)] if arch.layer_weights
+                  else [f"{p}{n}.weight" for n in arch.weights(hp)])
         names += [p + n for n in OPTIONAL if p + n in tensors]
     if st.output:
         names.append("output_norm.weight")

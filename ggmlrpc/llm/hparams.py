@@ -42,6 +42,7 @@ class HParams:
     rope_attn_factor: float = 1.0  # rope's magnitude factor
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
+    ssm: dict | None = None        # a recurrent architecture's sizes (its module's hparams)
 
     @property
     def n_embd_kv(self) -> int:

@@ -32,6 +32,12 @@ class Arch:
     synth: dict[str, Callable] = field(default_factory=dict)
     synth_rope_share: float = 1.0
     test_shape: dict = field(default_factory=dict)
+    # layers of more than one kind: (HParams, il) -> layer il's tensors after "blk.N."
+    # (suffix included), in place of `weights`
+    layer_weights: Callable | None = None
+    # a recurrent state beside the layers: (HParams, il) -> the shapes of layer il's F32
+    # state tensors for one sequence (none: the layer keeps only its KV cache)
+    state: Callable | None = None
 
 
 def _discover() -> dict[str, Arch]:
