@@ -258,11 +258,15 @@ def set_rows(dst: Tensor, src: Tensor, rows: Tensor, name: str = "") -> Tensor:
 def rope_ext(a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, mode: int,
              n_ctx_orig: int, freq_base: float, freq_scale: float = 1.0, ext_factor: float = 0.0,
              attn_factor: float = 1.0, beta_fast: float = 32.0, beta_slow: float = 1.0,
-             name: str = "") -> Tensor:
-    """Rotary embedding of a (head_dim, n_head, n_tokens) by positions `pos` (I32)."""
-    _check(pos.type == GGMLType.I32 and pos.ne[0] == a.ne[2], "rope: one I32 position per token")
+             name: str = "", sections: Sequence[int] = ()) -> Tensor:
+    """Rotary embedding of a (head_dim, n_head, n_tokens) by positions `pos` (I32);
+    with `sections` (ggml_rope_multi's four, M-RoPE modes) four positions per token,
+    one set of n_tokens after another."""
+    per_token = 4 if sections else 1
+    _check(pos.type == GGMLType.I32 and pos.ne[0] == per_token * a.ne[2],
+           f"rope: {per_token} I32 position(s) per token")
     params = [0, n_dims, mode, 0, n_ctx_orig] + [f32_bits(v) for v in (
-        freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)]
+        freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)] + list(sections)
     return _node(GGMLOp.ROPE, a.type, a.ne, a, pos, freq_factors, params=params, name=name)
 
 

@@ -48,8 +48,8 @@ def conv_channels(s: dict) -> int:
     return s["d_inner"] + 2 * s["n_k_heads"] * s["d_state"]
 
 
-def layer_weights(hp, il: int) -> tuple[str, ...]:
-    own = LINEAR if is_recurrent(hp, il) else GATED
+def layer_weights(hp, il: int, linear: tuple[str, ...] = LINEAR) -> tuple[str, ...]:
+    own = linear if is_recurrent(hp, il) else GATED
     return ("attn_norm.weight", "post_attention_norm.weight", *own, *(n + ".weight" for n in EXPERTS), *SHARED)
 
 
@@ -61,8 +61,10 @@ def state(hp, il: int) -> tuple:
     return (((s["d_conv"] - 1) * conv_channels(s), 1), (s["d_state"] * s["d_inner"], 1))
 
 
-def gated_attention(c, il: int, cur):
+def gated_attention(c, il: int, cur, rope=None):
+    """`rope(c, t, il, name)`: the rotation (default: the architecture's rope)."""
     hp, w, T = c.hp, c.w, c.T
+    rope = rope or (lambda c, t, il, name: c.rope(t, il, name))
     p, hd = f"blk.{il}.", hp.head_dim
     q_full = B.reshape(B.mul_mat(w[p + "attn_q.weight"], cur, name=f"Qcur_full-{il}"), (2 * hd, hp.n_head, T))
     k = B.reshape(B.mul_mat(w[p + "attn_k.weight"], cur, name=f"Kcur-{il}"), (hd, hp.n_head_kv, T))
@@ -72,7 +74,7 @@ def gated_attention(c, il: int, cur):
     gate = B.view(q_full, (hd, hp.n_head, T), q_full.nb, hd * es, name=f"gate-{il}")
     q = c.norm(q, "attn_q_norm", il, "Qcur_normed")
     k = c.norm(k, "attn_k_norm", il, "Kcur_normed")
-    q, k = c.rope(q, il, f"Qcur-{il}"), c.rope(k, il, f"Kcur-{il}")
+    q, k = rope(c, q, il, f"Qcur-{il}"), rope(c, k, il, f"Kcur-{il}")
     cur = c.attention(il, q, k, v, project=False)
     gate = B.unary(GGMLUnaryOp.SIGMOID, B.cont(gate, (hd * hp.n_head, T)), name=f"gate_sigmoid-{il}")
     cur = B.mul(cur, gate, name=f"attn_gated-{il}")
@@ -85,16 +87,12 @@ def l2_norm(x, eps: float):
     return B.scale(B.rms_norm(x, float(np.float32(eps) / n)), float(np.float32(1.0) / np.sqrt(n)))
 
 
-def linear_attention(c, il: int, cur):
-    """The gated delta net over the layer's recurrent state (one sequence)."""
-    hp, w, T, g = c.hp, c.w, c.T, c.g
-    p, s = f"blk.{il}.", hp.ssm
-    S, Hk, Hv, d_conv = s["d_state"], s["n_k_heads"], s["n_v_heads"], s["d_conv"]
-    dv = s["d_inner"] // Hv
-    channels = conv_channels(s)
-    qkv = B.mul_mat(w[p + "attn_qkv.weight"], cur, name=f"linear_attn_qkv_mixed-{il}")
-    qkv = B.reshape(qkv, (qkv.ne[0], T, 1))
-    z = B.mul_mat(w[p + "attn_gate.weight"], cur, name=f"z-{il}")
+def beta_gate(c, il: int, cur):
+    """The delta net's per-head beta (sigmoid) and decay gate (softplus(alpha + dt)
+    times A), (1, n_v_heads, T, 1) each: beta and alpha interleaved per key head in one
+    matrix's rows."""
+    hp, w, T, p = c.hp, c.w, c.T, f"blk.{il}."
+    Hk, Hv = hp.ssm["n_k_heads"], hp.ssm["n_v_heads"]
     ba = B.mul_mat(w[p + "ssm_ba.weight"], cur, name=f"linear_attn_mixed_ba-{il}")
     ba = B.reshape(ba, (2 * Hv // Hk, Hk, T, 1))
     b = B.view(ba, (Hv // Hk, Hk, T, 1), ba.nb, 0, name=f"b-{il}")
@@ -103,7 +101,22 @@ def linear_attention(c, il: int, cur):
     alpha = B.cont(a, (Hv, T, 1))
     alpha = B.unary(GGMLUnaryOp.SOFTPLUS, B.add(alpha, w[p + "ssm_dt.bias"]), name=f"a_softplus-{il}")
     gate = B.mul(alpha, w[p + "ssm_a"], name=f"gate-{il}")
-    beta, gate = B.reshape(beta, (1, Hv, T, 1)), B.reshape(gate, (1, Hv, T, 1))
+    return B.reshape(beta, (1, Hv, T, 1)), B.reshape(gate, (1, Hv, T, 1))
+
+
+def linear_attention(c, il: int, cur, beta_gate=beta_gate, repeat: bool = True):
+    """The gated delta net over the layer's recurrent state (one sequence); `repeat`:
+    the key heads repeated to the value heads' count before it (else the op
+    broadcasts them)."""
+    hp, w, T, g = c.hp, c.w, c.T, c.g
+    p, s = f"blk.{il}.", hp.ssm
+    S, Hk, Hv, d_conv = s["d_state"], s["n_k_heads"], s["n_v_heads"], s["d_conv"]
+    dv = s["d_inner"] // Hv
+    channels = conv_channels(s)
+    qkv = B.mul_mat(w[p + "attn_qkv.weight"], cur, name=f"linear_attn_qkv_mixed-{il}")
+    qkv = B.reshape(qkv, (qkv.ne[0], T, 1))
+    z = B.mul_mat(w[p + "attn_gate.weight"], cur, name=f"z-{il}")
+    beta, gate = beta_gate(c, il, cur)
     conv_all, ssm_all = c.st.state[il]
     # the convolution's input: the state's last inputs, then this step's (channels as rows)
     conv_states = B.reshape(conv_all, (d_conv - 1, channels, 1), name=f"conv_states_reshaped-{il}")
@@ -120,7 +133,7 @@ def linear_attention(c, il: int, cur):
     k = B.view(conv, (S, Hk, T, 1), (es, es * S, row, row * T), S * Hk * es, name=f"k_conv-{il}")
     v = B.view(conv, (dv, Hv, T, 1), (es, es * dv, row, row * T), 2 * S * Hk * es, name=f"v_conv-{il}")
     q, k = l2_norm(q, hp.eps), l2_norm(k, hp.eps)
-    if Hk != Hv:    # each key head serves Hv / Hk value heads, repeated in place
+    if Hk != Hv and repeat:    # each key head serves Hv / Hk value heads, repeated in place
         r = Hv // Hk
         q, k = (B.reshape(B.repeat(B.reshape(t, (S, 1, Hk, T)), (S, r, Hk, T)), (S, Hv, T, 1)) for t in (q, k))
     out = B.gated_delta_net(q, k, v, gate, beta, state, name=f"gdn-{il}")
@@ -135,10 +148,10 @@ def linear_attention(c, il: int, cur):
     return B.reshape(cur, (hp.n_embd, T))
 
 
-def layer(c, il: int, x):
+def layer(c, il: int, x, attention=gated_attention, linear=linear_attention):
     cur = c.norm(x, "attn_norm", il)
     c.g.expand(cur)
-    cur = (linear_attention if is_recurrent(c.hp, il) else gated_attention)(c, il, cur)
+    cur = (linear if is_recurrent(c.hp, il) else attention)(c, il, cur)
     res = B.add(cur, x, name=f"attn_residual-{il}")
     cur = c.norm(res, "post_attention_norm", il, "attn_post_norm")
     cur = c.moe(il, cur, norm_w=True, sigmoid_shexp=True)
@@ -147,8 +160,9 @@ def layer(c, il: int, x):
     return out
 
 
-def write(s) -> None:
-    """synth: every second layer attends; two key heads for four value heads."""
+def write(s, split_ba: bool = False) -> None:
+    """synth: every second layer attends; two key heads for four value heads
+    (`split_ba`: beta and alpha from two matrices, qwen35moe's)."""
     sh, e = s.shape, s.shape.n_embd
     S, Hk, Hv, d_conv = 16, 2, 4, 4
     ff_exp = s.experts()
@@ -175,7 +189,8 @@ def write(s) -> None:
             w.add_tensor(p + "ssm_conv1d.weight", s.mat(2 * S * Hk + S * Hv, d_conv, 0.5, dtype=f32))
             w.add_tensor(p + "ssm_dt.bias", s.bias(Hv, 0.5))
             w.add_tensor(p + "ssm_a", -np.exp(s.bias(Hv, 0.5)).astype(f32))
-            w.add_tensor(p + "ssm_ba.weight", s.mat(2 * Hv, e))
+            for name, rows in ((("ssm_beta", Hv), ("ssm_alpha", Hv)) if split_ba else (("ssm_ba", 2 * Hv),)):
+                w.add_tensor(p + name + ".weight", s.mat(rows, e))
             w.add_tensor(p + "ssm_norm.weight", s.norm(S))
             w.add_tensor(p + "ssm_out.weight", s.mat(e, S * Hv))
         else:
