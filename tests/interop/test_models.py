@@ -120,7 +120,8 @@ CASES: list[Case] = (
         ("llama", "Q8_0", ("-fa", "off", "-ctk", "q8_0"), ((), NO_ROT))) for env in envs]
     # layers split over two servers
     + [Case(arch, w, FA_ON, pair) for arch, w in (("llama", "Q8_0"), ("gemma2", "F16"),
-                                                  ("qwen2moe", "Q4_0"), ("gpt-oss", "MXFP4_MOE"))
+                                                  ("qwen2moe", "Q4_0"), ("gpt-oss", "MXFP4_MOE"),
+                                                  ("qwen3next", "Q4_K_M"), ("qwen35moe", "Q8_0"))
        for pair in ("ours+ours", "ours+ref")]
 )
 
@@ -133,7 +134,8 @@ LOGIT_CASES: list[Case] = (
        Case("qwen2moe", "MXFP4_MOE"), Case("qwen2moe", "F16", KV_Q8),
        Case("gpt-oss", "MXFP4_MOE"), Case("gpt-oss", "Q4_K_M", FA_OFF),
        Case("gpt-oss", "Q8_0", KV_Q4),
-       Case("gemma2", "Q8_0", KV_Q4, env=NO_ROT)]
+       Case("gemma2", "Q8_0", KV_Q4, env=NO_ROT),
+       Case("qwen3next", "Q4_K_M"), Case("qwen35moe", "Q8_0")]
 )
 
 # case id -> why it fails (strict: the marker turns into a failure once it passes)

@@ -244,16 +244,20 @@ def test_recurrent_state_equals_llama_completion(ref_bin, tmp_path, arch, kind, 
     layers between attention layers), F32 and quantized by llama-quantize (256 wide:
     K-quants take every matrix they can): in-process, and split over two of our
     servers with -ts 1,1 (the recurrent layer on one, the attention layer and the
-    output on the other), as llama-completion prints them, its state carried from the
-    prompt through every decode step."""
+    output on the other), and F32 in micro-batches of 7, as llama-completion prints
+    them, its state carried from the prompt through every decode step."""
     f32 = synth.write_model(tmp_path / "f32.gguf", arch, arch_shape(arch, 256), "f32", seed=5)
     model = f32 if kind == "F32" else synth.quantize(ref_bin / "llama-quantize", f32, tmp_path / f"{kind}.gguf",
                                                      kind)
     a, b = server_proc("-t", "1"), server_proc("-t", "1")
     texts = []
-    for args in (["-ngl", "0", "-t", "2"], ["--rpc", f"{a.endpoint},{b.endpoint}", "-ngl", "99", "-ts", "1,1"]):
+    runs = [["-ngl", "0", "-t", "2"], ["--rpc", f"{a.endpoint},{b.endpoint}", "-ngl", "99", "-ts", "1,1"]]
+    if kind == "F32":     # the prompt in micro-batches of 7: the state carries across them
+        runs.append(["-ngl", "0", "-t", "2", "-ub", "7"])
+    for args in runs:
         mine = ours(model, args, capfdbinary)
         assert mine.startswith(b" " + PROMPT.encode()) and len(mine) > len(PROMPT) + N
         equal_or_near_tie(model, mine, completion(ref_bin, model, args, expect=mine), bit_exact, (kind, args))
         texts.append(mine)
-    equal_or_near_tie(model, texts[1], texts[0], bit_exact, (kind, "servers vs in-process"))
+    for text in texts[1:]:
+        equal_or_near_tie(model, text, texts[0], bit_exact, (kind, "vs in-process"))
