@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ggmlrpc.llm.synth import LlamaShape, quantize, write_llama  # noqa: E402
+from ggmlrpc.llm.synth import LlamaShape, quantize, write_model  # noqa: E402
 
 
 def reference_bin() -> Path:
@@ -33,17 +33,17 @@ def reference_bin() -> Path:
     return Path(out.strip().splitlines()[-1])
 
 
-def model(ref: Path, qtype: str, shape: LlamaShape) -> Path:
+def model(ref: Path, qtype: str, shape: LlamaShape, arch: str = "llama") -> Path:
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ggmlrpc" / "models"
     cache.mkdir(parents=True, exist_ok=True)
-    tag = f"llama-{shape.n_layer}x{shape.n_embd}-ff{shape.n_ff}"
+    tag = f"{arch}-{shape.n_layer}x{shape.n_embd}-ff{shape.n_ff}"
     if shape.n_ctx != LlamaShape.n_ctx:
         tag += f"-ctx{shape.n_ctx}"
     dst = cache / f"{tag}-{qtype.lower()}.gguf"
     if not dst.exists():
         src = cache / f"{tag}-f16.gguf"
         if not src.exists():
-            write_llama(src.with_suffix(".tmp"), shape, "f16")
+            write_model(src.with_suffix(".tmp"), arch, shape, "f16")
             src.with_suffix(".tmp").rename(src)
         if qtype.upper() == "F16":
             return src
