@@ -60,3 +60,17 @@ def test_one_sequence_only(model_path):
         m.eval(m.tokenize(PROMPT))
         with pytest.raises(ModelError, match="recurrent state cannot drop"):
             m.truncate(2)
+
+
+
+def test_missing_delta_net_sizes(tmp_path, capsys, monkeypatch):
+    """A file without its delta net's state size: one error line from the runner."""
+    import gguf
+
+    from ggmlrpc.cli.main import main
+
+    monkeypatch.setattr(gguf.GGUFWriter, "add_ssm_state_size", lambda self, n: None)
+    bad = synth.write_model(tmp_path / "bad.gguf", "qwen3next", arch_shape("qwen3next", 64), "f32", seed=3)
+    assert main(["run", "-m", str(bad), "-p", "x", "-n", "1"]) != 0
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "ssm" in err and "Traceback" not in err

@@ -16,6 +16,7 @@ import numpy as np
 from ... import builder as B
 from ...ggml import GGMLUnaryOp
 from ..blocks import EXPERTS
+from ..gguf_file import ModelError
 from . import ROPE_NEOX, Arch
 
 SHARED = ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight", "ffn_down_shexp.weight")
@@ -35,9 +36,13 @@ def hparams(key) -> dict:
         recurrent = [(i + 1) % every != 0 for i in range(n_layer)]
     elif isinstance(recurrent, (bool, int, np.bool_)):
         recurrent = [bool(recurrent)] * n_layer
-    return {"ssm": {"d_conv": int(key("ssm.conv_kernel", 4)), "d_inner": int(key("ssm.inner_size", 0)),
-                    "d_state": int(key("ssm.state_size", 0)), "n_v_heads": int(key("ssm.time_step_rank", 0)),
-                    "n_k_heads": int(key("ssm.group_count", 0)), "recurrent": [bool(r) for r in recurrent]}}
+    sizes = {name: int(key(f"ssm.{k}", 0)) for name, k in (
+        ("d_conv", "conv_kernel"), ("d_inner", "inner_size"), ("d_state", "state_size"),
+        ("n_v_heads", "time_step_rank"), ("n_k_heads", "group_count"))}
+    if not all(sizes.values()) or sizes["n_v_heads"] % sizes["n_k_heads"] \
+            or sizes["d_inner"] != sizes["d_state"] * sizes["n_v_heads"] or len(recurrent) < n_layer:
+        raise ModelError(f"the delta net's sizes (ssm.*: {sizes}) or recurrent layers are missing or inconsistent")
+    return {"ssm": {**sizes, "recurrent": [bool(r) for r in recurrent]}}
 
 
 def is_recurrent(hp, il: int) -> bool:
