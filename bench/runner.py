@@ -143,6 +143,7 @@ def round_trips(ref: Path, m: Path, mode: str, args, n1: int = 4, n2: int = 20) 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", nargs="+", default=["Q8_0"])
+    ap.add_argument("--arch", default="llama", help="the generated model's architecture (ggmlrpc.llm.synth's)")
     ap.add_argument("--modes", nargs="+", default=["rpc", "local"], choices=["rpc", "rpc2", "local"])
     ap.add_argument("--rtt-ms", nargs="+", type=float, default=[0.0],
                     help="simulated round trips for the rpc modes (a proxy per server)")

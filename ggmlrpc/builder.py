@@ -207,6 +207,39 @@ def cpy(a: Tensor, b: Tensor, name: str = "") -> Tensor:
                   name=name or f"{b.name} (copy of {a.name})", flags=TensorFlag.COMPUTE)
 
 
+def repeat(a: Tensor, ne: Sequence[int], name: str = "") -> Tensor:
+    """ggml_repeat_4d: a tiled to shape `ne` (each dim a multiple of a's)."""
+    ne = _ne4(ne)
+    _check(all(ne[i] % a.ne[i] == 0 for i in range(4)), f"repeat: {a.ne} does not tile {ne}")
+    return _node(GGMLOp.REPEAT, a.type, ne, a, name=name)
+
+
+def concat(a: Tensor, b: Tensor, dim: int, name: str = "") -> Tensor:
+    """ggml_concat: b after a along `dim` (the other dims equal)."""
+    _check(a.type == b.type and all(a.ne[d] == b.ne[d] for d in range(4) if d != dim),
+           f"concat: {a.ne} and {b.ne} differ beside dim {dim}")
+    ne = [a.ne[d] + b.ne[d] if d == dim else a.ne[d] for d in range(4)]
+    return _node(GGMLOp.CONCAT, a.type, ne, a, b, params=[dim], name=name)
+
+
+def ssm_conv(sx: Tensor, c: Tensor, name: str = "") -> Tensor:
+    """ggml_ssm_conv: the short causal convolution of sx (d_conv - 1 + n_t, d_inner,
+    n_s) with kernel c (d_conv, d_inner) -> (d_inner, n_t, n_s)."""
+    _check(sx.ne[1] == c.ne[1] and sx.ne[0] >= c.ne[0] - 1, "ssm_conv: shapes do not match")
+    return _node(GGMLOp.SSM_CONV, GGMLType.F32, (c.ne[1], sx.ne[0] - c.ne[0] + 1, sx.ne[2]), sx, c, name=name)
+
+
+def gated_delta_net(q: Tensor, k: Tensor, v: Tensor, g: Tensor, beta: Tensor, state: Tensor, n_snap: int = 1,
+                    name: str = "") -> Tensor:
+    """ggml_gated_delta_net: v (S_v, H, T, B) -> (S_v * H, T * B + n_snap * S_v * B): the
+    outputs, then the final state(s) (S_v, S_v, H, B) after them."""
+    s_v, h, t, b = v.ne
+    _check(state.ne == (s_v, s_v, h, b) and beta.ne[0] == 1 and g.ne[0] in (1, s_v),
+           "gated_delta_net: shapes do not match")
+    return _node(GGMLOp.GATED_DELTA_NET, GGMLType.F32, (s_v * h, t * b + n_snap * s_v * b),
+                 q, k, v, g, beta, state, params=[n_snap], name=name)
+
+
 def get_rows(a: Tensor, rows: Tensor, name: str = "") -> Tensor:
     """Rows `rows` (I32) of a -> (a.ne[0], len(rows), ...), F32 (I32 for I32 a)."""
     _check(rows.type == GGMLType.I32, "get_rows: row ids must be I32")
@@ -231,11 +264,15 @@ def set_rows(dst: Tensor, src: Tensor, rows: Tensor, name: str = "") -> Tensor:
 def rope_ext(a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, mode: int,
              n_ctx_orig: int, freq_base: float, freq_scale: float = 1.0, ext_factor: float = 0.0,
              attn_factor: float = 1.0, beta_fast: float = 32.0, beta_slow: float = 1.0,
-             name: str = "") -> Tensor:
-    """Rotary embedding of a (head_dim, n_head, n_tokens) by positions `pos` (I32)."""
-    _check(pos.type == GGMLType.I32 and pos.ne[0] == a.ne[2], "rope: one I32 position per token")
+             name: str = "", sections: Sequence[int] = ()) -> Tensor:
+    """Rotary embedding of a (head_dim, n_head, n_tokens) by positions `pos` (I32);
+    with `sections` (ggml_rope_multi's four, M-RoPE modes) four positions per token,
+    one set of n_tokens after another."""
+    per_token = 4 if sections else 1
+    _check(pos.type == GGMLType.I32 and pos.ne[0] == per_token * a.ne[2],
+           f"rope: {per_token} I32 position(s) per token")
     params = [0, n_dims, mode, 0, n_ctx_orig] + [f32_bits(v) for v in (
-        freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)]
+        freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)] + list(sections)
     return _node(GGMLOp.ROPE, a.type, a.ne, a, pos, freq_factors, params=params, name=name)
 
 

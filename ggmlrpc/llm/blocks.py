@@ -237,13 +237,14 @@ class Ctx:
         return mm("ffn_down", B.glu_split(act, gate, up, name=f"ffn_glu-{il}"))
 
     def moe(self, il: int, cur: Tensor, norm_w: bool = False, oai: bool = False,
-            logits: Tensor | None = None, act: int = GGMLGluOp.SWIGLU) -> Tensor:
+            logits: Tensor | None = None, act: int = GGMLGluOp.SWIGLU,
+            sigmoid_shexp: bool = False) -> Tensor:
         """A mixture of experts as llama.cpp builds it: soft-max gate (or a sigmoid
         per expert: hp.expert_gating), the top n_expert_used experts (MUL_MAT_ID;
         chosen after adding the file's selection bias exp_probs_b where it has one)
         weighted by their gate probability (`norm_w`: renormalized to sum to 1; times
         hp.expert_weights_scale unless 0 or 1) and summed, plus a shared expert (behind a sigmoid gate where
-        the file has one). `logits`: the router's, computed by the architecture;
+        the file has one: ggml's SIGMOID with `sigmoid_shexp`, else silu(x) / x). `logits`: the router's, computed by the architecture;
         `act`: the experts' gated activation (GeGLU for gemma4), their gate and up
         matrices one fused matrix where the file has it, and a scale per expert on
         their output where it has one. `oai` (gpt-oss): the chosen logits are soft-maxed among
@@ -304,7 +305,8 @@ class Ctx:
         if p + "ffn_gate_inp_shexp.weight" not in w:
             return B.add(moe, self.ffn(il, cur, suffix="_shexp"), name=f"ffn_out-{il}")
         gate_in = B.mul_mat(w[p + "ffn_gate_inp_shexp.weight"], cur, name=f"ffn_shexp_gate_inp-{il}")
-        shared_gate = B.div(B.silu(gate_in), gate_in, name=f"ffn_shexp_gate-{il}")
+        shared_gate = (B.unary(GGMLUnaryOp.SIGMOID, gate_in, name=f"shared_expert_gate_sigmoid-{il}")
+                       if sigmoid_shexp else B.div(B.silu(gate_in), gate_in, name=f"ffn_shexp_gate-{il}"))
         shared = B.mul(self.ffn(il, cur, suffix="_shexp"), shared_gate, name=f"ffn_shexp_out-{il}")
         return B.add(moe, shared, name=f"ffn_out-{il}")
 
@@ -347,7 +349,7 @@ def stage_weights(arch: "Arch", hp: HParams, st: Stage, tensors: Container[str])
         p = f"blk.{il}."
         names += [f"{p}{n}.weight" for n in arch.weights(hp)]
         if arch.layer_weights is not None:
-            names += [f"{p}{n}.weight" for n in arch.layer_weights(hp, il)]
+            names += [p + n for n in arch.layer_weights(hp, il)]
         names += [p + n for n in OPTIONAL if p + n in tensors]
     if st.output:
         names.append("output_norm.weight")

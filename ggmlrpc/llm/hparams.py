@@ -59,6 +59,7 @@ class HParams:
     head_dim_swa: int = 0
     n_rot_swa: int = 0
     n_head_kv_arr: tuple[int, ...] = ()
+    ssm: dict | None = None        # a recurrent architecture's sizes (its module's hparams)
 
     @property
     def n_embd_kv(self) -> int:

@@ -153,7 +153,9 @@ class KVCache:
         seqs = np.asarray(seqs, np.int64)
         mask_type = np.float16 if self.flash_attn else np.float32
         values = {"inp_tokens": np.asarray(tokens, np.int32), "inp_pos": pos,
-                  "out_ids": np.asarray(out, np.int32)}
+                  "out_ids": np.asarray(out, np.int32),
+                  # M-RoPE's four positions of text tokens: three times each position, then zeros
+                  "inp_pos_4": np.concatenate([pos, pos, pos, np.zeros_like(pos)])}
 
         def cells(c: Cells, suffix: str = "") -> int:
             idx = c.place(pos, seqs)

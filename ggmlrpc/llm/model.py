@@ -78,6 +78,12 @@ class Model:
         self.on_wait = None
 
     @property
+    def fixed_past(self) -> bool:
+        """Whether the context cannot drop its last tokens (a sliding-window cache
+        overwrites old cells; a recurrent state holds no past to go back to)."""
+        return self.swa is not None or self.arch.state is not None
+
+    @property
     def swa(self) -> SwaCells | None:
         """The sliding-window layers' cells (None: the model has none)."""
         return self.kv.swa if self.kv is not None else None
@@ -123,6 +129,9 @@ class Model:
         if f.arch not in SUPPORTED_ARCHS:
             raise ModelError(f"architecture {f.arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
         self.arch = ARCHS[f.arch]
+        if self.arch.state and self.n_seq > 1:
+            raise ModelError(f"architecture {f.arch!r} keeps a recurrent state for one sequence only "
+                             f"(got {self.n_seq} parallel sequences)")
         self.tokenizer = Tokenizer.from_gguf(f)
         hp = self.hp = HParams.from_gguf(f, self.tokenizer.n_vocab, self.arch)
         self.flash_attn = flash_attn
@@ -179,7 +188,8 @@ class Model:
 
     def _alloc_stage(self, st: Stage) -> int:
         names = stage_weights(self.arch, self.hp, st, self.file.tensors)
-        return alloc_stage(st, self.file, names, self.kv, self._file_buffer)
+        state = self.arch.state and (lambda il: self.arch.state(self.hp, il))
+        return alloc_stage(st, self.file, names, self.kv, self._file_buffer, state)
 
     def _file_buffer(self, be: LocalBackend) -> RemoteBuffer:
         """The whole file mapping as one read-only local buffer (made once)."""
@@ -200,6 +210,8 @@ class Model:
         one `eval`, `prefill`, `stream`... act on). Its tokens attend only its own
         cells; `Model.decode` runs steps of several sequences in one graph per
         device. `close()` it to free its cells."""
+        if self.arch.state:
+            raise ModelError(f"architecture {self.arch.name!r} keeps a recurrent state for one sequence only")
         self._next_seq += 1
         return Sequence(self, self._next_seq)
 
@@ -374,6 +386,8 @@ class Model:
                 x = self.rows.run(key, values, x)
             be, dev = st.device.backend, st.device.index
             try:
+                if st.state_span is not None and pos[0] == 0:   # a sequence starts: no state yet
+                    be.memset_tensor(st.state_span, 0)
                 g = self._graph(st, key)
                 values["embd"] = x
                 # inputs, graph and the read of its result leave in one write: one
@@ -492,7 +506,7 @@ class Sequence:
             if a != b:
                 break
             keep += 1
-        if keep < len(self.tokens) and self.model.swa is not None:
+        if keep < len(self.tokens) and self.model.fixed_past:
             return 0
         return keep
 
@@ -517,8 +531,8 @@ class Sequence:
             raise ValueError(f"cannot keep {n} of {self.n_past} tokens")
         if n == self.n_past:
             return
-        if n and self.model.swa is not None:
-            raise ModelError("a sliding-window cache cannot drop its last tokens")
+        if n and self.model.fixed_past:
+            raise ModelError("a sliding-window cache or a recurrent state cannot drop its last tokens")
         self.model._forget(self.id, n)
         del self.tokens[n:]
 

@@ -71,6 +71,8 @@ class Stage:
     output: bool = False
     weights: dict[str, Tensor] = field(default_factory=dict)
     kv: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    state: dict[int, tuple[Tensor, ...]] = field(default_factory=dict)   # recurrent layers' state
+    state_span: Tensor | None = None      # all of the stage's recurrent state (zeroed anew)
     buffers: list[RemoteBuffer] = field(default_factory=list)
     compute: RemoteBuffer | None = None
     inputs_buf: RemoteBuffer | None = None
@@ -153,11 +155,13 @@ def plan_stages(cpu: Device, remote: list[Device], n_layer: int, n_gpu_layers: i
 
 
 def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
-                file_buffer: Callable[[LocalBackend], RemoteBuffer], n_embd_kv: int | None = None) -> int:
-    """One buffer on the stage's device for its weights (`names`) and KV cache
-    (rows of `n_embd_kv`, default each layer's own); places the tensors in it. Returns
-    the weight bytes to send. On the local CPU the weights stay in the file's
-    mapping (`file_buffer`) and only the cache gets a buffer."""
+                file_buffer: Callable[[LocalBackend], RemoteBuffer], n_embd_kv: int | None = None,
+                state: Callable[[int], tuple] | None = None) -> int:
+    """One buffer on the stage's device for its weights (`names`), KV cache (rows of
+    `n_embd_kv`, default each layer's own) and recurrent state (`state(il)`: the
+    shapes of layer il's F32 state tensors; a layer with some keeps no KV cache);
+    places the tensors in it. Returns the weight bytes to send. On the local CPU the
+    weights stay in the file's mapping (`file_buffer`) and only the cache gets a buffer."""
     be, dev = st.device.backend, st.device.index
     align = be.get_alignment(dev)
     for n in names:
@@ -166,9 +170,12 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
     width = (lambda il: n_embd_kv) if n_embd_kv else kv.hp.n_embd_kv_of   # a cache row, per layer
     st.mapped = st.device.local
     size = 0 if st.mapped else sum(_align(f.tensors[n].nbytes, align) for n in names)
-    kv_size = sum(2 * _align(2 * width(il) * kv.cells(il), align) for il in st.layers)
-    st.buffers, st.weights, st.kv = [], {}, {}
-    st.compute = st.inputs_buf = None
+    shapes = {il: state(il) if state else () for il in st.layers}
+    attn = [il for il in st.layers if not shapes[il]]
+    kv_size = sum(2 * _align(2 * width(il) * kv.cells(il), align) for il in attn)
+    kv_size += sum(_align(4 * int(np.prod(ne)), align) for il in st.layers for ne in shapes[il])
+    st.buffers, st.weights, st.kv, st.state = [], {}, {}, {}
+    st.compute = st.inputs_buf = st.state_span = None
     st.graphs.clear()
     if st.mapped:
         whole = file_buffer(be)
@@ -188,13 +195,22 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
         ti = f.tensors[n]
         st.weights[n] = buf.tensor(ti.type, ti.ne, off, name=n)
         off += _align(ti.nbytes, align)
-    for il in st.layers:
+    for il in attn:
         n_embd_kv = width(il)
         kv_row = _align(2 * n_embd_kv * kv.cells(il), align)
         k = buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off, name=f"cache_k_l{il}")
         v = buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off + kv_row, name=f"cache_v_l{il}")
         off += 2 * kv_row
         st.kv[il] = (k, v)
+    state_at = off
+    for il in st.layers:
+        ts = []
+        for kind, ne in zip("rs", shapes[il]):     # llama.cpp's r (conv) and s (ssm) states
+            ts.append(buf.tensor(GGMLType.F32, ne, off, name=f"cache_{kind}_l{il}"))
+            off += _align(4 * int(np.prod(ne)), align)
+        st.state[il] = tuple(ts)
+    if off > state_at:
+        st.state_span = buf.tensor(GGMLType.I8, (off - state_at,), state_at, name="rs")
     if kv_size:
         be.memset_tensor(buf.tensor(GGMLType.I8, (kv_size,), size, name="kv"), 0)
     return 0 if st.mapped else sum(f.tensors[n].nbytes for n in names)

@@ -124,7 +124,8 @@ CASES: list[Case] = (
         ("llama", "Q8_0", ("-fa", "off", "-ctk", "q8_0"), ((), NO_ROT))) for env in envs]
     # layers split over two servers
     + [Case(arch, w, FA_ON, pair) for arch, w in (("llama", "Q8_0"), ("gemma2", "F16"),
-                                                  ("qwen2moe", "Q4_0"), ("gpt-oss", "MXFP4_MOE"))
+                                                  ("qwen2moe", "Q4_0"), ("gpt-oss", "MXFP4_MOE"),
+                                                  ("qwen3next", "Q4_K_M"), ("qwen35moe", "Q8_0"))
        for pair in ("ours+ours", "ours+ref")]
 )
 
@@ -138,7 +139,8 @@ LOGIT_CASES: list[Case] = (
        Case("gpt-oss", "MXFP4_MOE"), Case("gpt-oss", "Q4_K_M", FA_OFF),
        Case("gpt-oss", "Q8_0", KV_Q4),
        Case("glm4moe", "Q4_K_M"), Case("minimax-m2", "Q8_0"), Case("gemma4-moe", "Q4_K_M", FA_OFF),
-       Case("gemma2", "Q8_0", KV_Q4, env=NO_ROT)]
+       Case("gemma2", "Q8_0", KV_Q4, env=NO_ROT),
+       Case("qwen3next", "Q4_K_M"), Case("qwen35moe", "Q8_0")]
 )
 
 # case id -> why it fails (strict: the marker turns into a failure once it passes)

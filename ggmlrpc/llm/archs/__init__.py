@@ -24,7 +24,7 @@ class Arch:
     weights: Callable           # (HParams) -> the per-layer tensors, blk.N.<name>.weight, in upload order
     layer: Callable             # (blocks.Ctx, il, x) -> the layer's output
     hparams: Callable | None = None   # (key) -> HParams fields it reads on top; key(name, default)
-    layer_weights: Callable | None = None   # (HParams, il) -> layer il's tensors on top of `weights`
+    layer_weights: Callable | None = None   # (HParams, il) -> layer il's tensors (whole names: "ffn_up.weight") on top of `weights`
     layer_norm: bool = False    # LayerNorm with biases where the others take an RMS norm
     scale_embd: bool = False    # embeddings scaled by sqrt(n_embd)
     swa_pattern: int = 0        # layer il slides when il % swa_pattern < swa_pattern - 1 (0: none)
@@ -33,6 +33,9 @@ class Arch:
     synth: dict[str, Callable] = field(default_factory=dict)
     synth_rope_share: float = 1.0
     test_shape: dict = field(default_factory=dict)
+    # a recurrent state beside the layers: (HParams, il) -> the shapes of layer il's F32
+    # state tensors for one sequence (none: the layer keeps only its KV cache)
+    state: Callable | None = None
 
 
 def _discover() -> dict[str, Arch]:

@@ -34,7 +34,7 @@ def weights(hp) -> tuple[str, ...]:
 
 
 def layer_weights(hp, il: int) -> tuple[str, ...]:
-    return FEED_FORWARD if il < hp.n_layer_dense_lead else EXPERTS
+    return tuple(n + ".weight" for n in (FEED_FORWARD if il < hp.n_layer_dense_lead else EXPERTS))
 
 
 def layer(c, il: int, x):

@@ -42,7 +42,7 @@ def weights(hp) -> tuple[str, ...]:
 
 def layer_weights(hp, il: int) -> tuple[str, ...]:
     """The feed-forward's tensors: experts and the shared expert, or a SwiGLU."""
-    return (*EXPERTS, *SHARED) if _is_moe(hp, il) else FEED_FORWARD
+    return tuple(n + ".weight" for n in ((*EXPERTS, *SHARED) if _is_moe(hp, il) else FEED_FORWARD))
 
 
 def moe(c, il: int, cur):
