@@ -189,7 +189,7 @@ class Model:
     def _alloc_stage(self, st: Stage) -> int:
         names = stage_weights(self.arch, self.hp, st, self.file.tensors)
         state = self.arch.state and (lambda il: self.arch.state(self.hp, il))
-        return alloc_stage(st, self.file, names, self.kv, self._file_buffer, state)
+        return alloc_stage(st, self.file, names, self.kv, self._file_buffer, state=state)
 
     def _file_buffer(self, be: LocalBackend) -> RemoteBuffer:
         """The whole file mapping as one read-only local buffer (made once)."""
