@@ -136,6 +136,17 @@ def mul_mat_case(t, K, M, N):
     return build
 
 
+def mul_mat_id_case(t, K, M, tokens, n_as=4, n_used=2):
+    def build(rng):
+        b = Builder(size=M * n_used * tokens * 4 + K * (M * n_as + n_used * tokens) * 4 + (1 << 20))
+        w = b.tensor(t, (K, M, n_as), data=random_blocks(rng, t, K * M * n_as))
+        x = b.tensor(T.F32, (K, n_used, tokens), data=rng.standard_normal((tokens, n_used, K)).astype(np.float32))
+        ids = np.stack([rng.permutation(n_as)[:n_used] for _ in range(tokens)]).astype(np.int32)
+        sel = b.tensor(T.I32, (n_used, tokens), data=ids)
+        return b, b.tensor(T.F32, (M, n_used, tokens), op=Op.MUL_MAT_ID, src=(w, x, sel))
+    return build
+
+
 def flash_attn_case(nq, nkv, masked, heads=4, kv_heads=2, d=64):
     def build(rng):
         b = Builder(size=4 * d * (nq + 2 * nkv) * heads + 8 * nkv * nq + (1 << 20))
@@ -159,6 +170,8 @@ MID_NODE_CASES = {
     **{f"mul_mat-{t.name}-{K}x{M}x{N}": mul_mat_case(t, K, M, N)
        for t in (T.F32, T.F16, T.Q8_0, T.Q4_0, T.Q4_K, T.Q6_K, T.IQ2_XS)
        for K, M, N in ((256, 600, 1), (256, 200, 7), (512, 130, 33), (256, 257, 64))},
+    **{f"mul_mat_id-{t.name}-{K}x{M}x{tokens}": mul_mat_id_case(t, K, M, tokens)
+       for t in (T.Q8_0, T.Q4_K) for K, M, tokens in ((256, 300, 1), (256, 200, 12))},
     **{f"flash_attn-q{nq}-kv{nkv}{'-mask' if m else ''}": flash_attn_case(nq, nkv, m)
        for nq, nkv, m in ((7, 80, False), (64, 96, True), (130, 300, True), (200, 64, False))},
 }
