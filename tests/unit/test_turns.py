@@ -15,7 +15,7 @@ import threading
 import numpy as np
 import pytest
 
-from ggmlrpc.compute.cpu import CpuExecutor, cancel_token
+from ggmlrpc.compute.cpu import CpuExecutor, _native as ex_native, cancel_token
 from ggmlrpc.errors import ConnectionLost
 from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
 from tests.ops.test_quants import random_blocks
@@ -41,6 +41,16 @@ def small_product():
     w = b.tensor(T.F32, (8, 3), data=np.full((3, 8), 2.0, np.float32))
     out = b.tensor(T.F32, (3, 2), op=Op.MUL_MAT, src=(w, x))
     return b, out
+
+
+def small_product_completes(ex):
+    """small_product() runs on ex to its end, with the right result"""
+    sb, out = small_product()
+    small_plan = ex.compile(sb.graph())
+    small_run, small_got = start(lambda: ex.run(small_plan))
+    small_run.join(GENEROUS)
+    assert not small_run.is_alive() and "error" not in small_got
+    np.testing.assert_array_equal(sb.read(out).reshape(2, 3), np.full((2, 3), 16.0, np.float32))
 
 
 def start(fn):
@@ -91,13 +101,8 @@ def test_bystander_graph_runs_between_the_nodes_of_a_long_one():
         while not ready.wait(0.01):     # the long run holds the device
             if ex.turns._holder is long_token:
                 ready.set()
-        sb, out = small_product()
-        small_plan = ex.compile(sb.graph())
-        small_run, small_got = start(lambda: ex.run(small_plan))
-        small_run.join(GENEROUS)
-        assert not small_run.is_alive() and "error" not in small_got
+        small_product_completes(ex)
         assert long_run.is_alive() and not long_got, "the long graph ended first"
-        np.testing.assert_array_equal(sb.read(out).reshape(2, 3), np.full((2, 3), 16.0, np.float32))
         assert not np.count_nonzero(lb.read(louts[-1])), "the long graph's last node ran"
     finally:
         long_token.set()
@@ -215,15 +220,33 @@ def test_bystander_graph_runs_inside_a_long_node():
         while not computing.wait(0.01):   # the long node has written its first outputs
             if lb.buf.mem.read(first, 4) != bytes(4) or not long_run.is_alive():
                 computing.set()
-        sb, out = small_product()
-        small_plan = ex.compile(sb.graph())
-        small_run, small_got = start(lambda: ex.run(small_plan))
-        small_run.join(GENEROUS)
-        assert not small_run.is_alive() and "error" not in small_got
+        small_product_completes(ex)
         assert long_run.is_alive() and not long_got, "the long node ended first"
-        np.testing.assert_array_equal(sb.read(out).reshape(2, 3), np.full((2, 3), 16.0, np.float32))
         assert np.count_nonzero(lb.read(lout)) < lout.ne[0] * lout.ne[1], "the long node had finished"
     finally:
         long_token.set()
         long_run.join(GENEROUS)
     assert isinstance(long_got.get("error"), ConnectionLost)
+
+
+def test_cancel_while_paused_mid_node_then_run_again():
+    """A run paused inside its node whose client then goes away stops when it goes on
+    (canceled), and the plan holds nothing of it: the next run starts afresh
+    and writes the whole output as an uninterrupted run does."""
+    b, out = MID_NODE_CASES["mul_mat-Q8_0-256x257x64"](np.random.default_rng(1))
+    ex = CpuExecutor(2)
+    plan = ex.compile(b.graph())
+    assert plan.native.run(ex.pool, cancel_token()) is None
+    whole = b.read(out, np.uint8).copy()
+    p = b.placement[out.id]
+    p.buffer.mem.write(p.offset, bytes(len(whole)))
+    token = cancel_token()
+    token.request_yield()
+    assert plan.native.run(ex.pool, token, 0, 0.0) == 0   # paused inside node 0
+    token.set()
+    with pytest.raises(ex_native().ExecError) as e:
+        plan.native.run(ex.pool, token, 0, 0.0, True)   # goes on from the pause
+    assert e.value.code == ex_native().EXEC_ECANCELED
+    assert np.count_nonzero(b.read(out)) < out.ne[0] * out.ne[1]
+    ex.run(plan)
+    np.testing.assert_array_equal(b.read(out, np.uint8), whole)
