@@ -182,13 +182,9 @@ MID_NODE_CASES = {
 }
 
 
-@pytest.mark.parametrize("case", sorted(MID_NODE_CASES))
-@pytest.mark.parametrize("n_threads", [1, 2, 3])
-def test_paused_mid_node_is_bit_identical(case, n_threads):
-    """A run asked to yield at every chance pauses inside its one long node (between
-    work chunks, or between blocks of a thread's own rows) and goes on where it
-    stopped: the output is bit for bit that of one uninterrupted run."""
-    b, out = MID_NODE_CASES[case](np.random.default_rng(len(case)))
+def cleared_after_one_run(b, out, n_threads):
+    """(executor, plan, the output bytes of one uninterrupted run, a token asking to
+    yield); the output is zeroed again"""
     ex = CpuExecutor(n_threads)
     plan = ex.compile(b.graph())
     assert plan.native.run(ex.pool, cancel_token()) is None
@@ -197,6 +193,17 @@ def test_paused_mid_node_is_bit_identical(case, n_threads):
     p.buffer.mem.write(p.offset, bytes(len(whole)))
     token = cancel_token()
     token.request_yield()
+    return ex, plan, whole, token
+
+
+@pytest.mark.parametrize("case", sorted(MID_NODE_CASES))
+@pytest.mark.parametrize("n_threads", [1, 2, 3])
+def test_paused_mid_node_is_bit_identical(case, n_threads):
+    """A run asked to yield at every chance pauses inside its one long node (between
+    work chunks, or between blocks of a thread's own rows) and goes on where it
+    stopped: the output is bit for bit that of one uninterrupted run."""
+    b, out = MID_NODE_CASES[case](np.random.default_rng(len(case)))
+    ex, plan, whole, token = cleared_after_one_run(b, out, n_threads)
     starts, start = [], 0
     while start is not None:
         start = plan.native.run(ex.pool, token, start, 0.0, bool(starts))
@@ -234,14 +241,7 @@ def test_cancel_while_paused_mid_node_then_run_again():
     (canceled), and the plan holds nothing of it: the next run starts afresh
     and writes the whole output as an uninterrupted run does."""
     b, out = MID_NODE_CASES["mul_mat-Q8_0-256x257x64"](np.random.default_rng(1))
-    ex = CpuExecutor(2)
-    plan = ex.compile(b.graph())
-    assert plan.native.run(ex.pool, cancel_token()) is None
-    whole = b.read(out, np.uint8).copy()
-    p = b.placement[out.id]
-    p.buffer.mem.write(p.offset, bytes(len(whole)))
-    token = cancel_token()
-    token.request_yield()
+    ex, plan, whole, token = cleared_after_one_run(b, out, 2)
     assert plan.native.run(ex.pool, token, 0, 0.0) == 0   # paused inside node 0
     token.set()
     with pytest.raises(ex_native().ExecError) as e:
