@@ -149,12 +149,6 @@ static void barrier_destroy(gr_barrier *b) {
     pthread_cond_destroy(&b->cv);
 }
 
-static inline int64_t gr_now_ns(void) {
-    struct timespec t;
-    clock_gettime(CLOCK_MONOTONIC, &t);
-    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
-}
-
 static void barrier_wait(gr_barrier *b) {
     if (b->n == 1) return;
     const int gen = atomic_load(&b->gen);
@@ -188,16 +182,21 @@ static void barrier_wait(gr_barrier *b) {
 /* ---- runs --------------------------------------------------------------- */
 
 /* thread 0, before a barrier: a cancel request becomes a failure at that barrier,
- * a yield request one at the barrier that ends node i (one thread decides, so every
- * thread stops at the same one) */
+ * a yield request (once the run has had its slice) one at the barrier that ends
+ * node i (one thread decides, so every thread stops at the same one), unless a
+ * thread already stopped the node's chunks to yield inside it */
 static void check_stop(gr_job *job, int node_done, int i) {
-    if (job->ith != 0 || !job->run->cancel) return;
-    const int c = *job->run->cancel;
+    gr_run *run = job->run;
+    if (job->ith != 0 || !run->cancel) return;
+    const int c = *run->cancel;
     if (c & GR_STOP_CANCEL) {
         gr_fail(job, GR_EXEC_ECANCELED, "canceled");
-    } else if ((c & GR_STOP_YIELD) && node_done && i + 1 < job->run->n_nodes) {
-        job->run->resume = i + 1;
-        gr_fail(job, GR_EXEC_EYIELD, "yielded");
+    } else if ((c & GR_STOP_YIELD) && node_done && i + 1 < run->n_nodes && !gr_chunk_stopped(run)
+               && (!run->at->slice_ns || gr_now_ns() - run->t0 >= run->at->slice_ns)
+               && gr_fail(job, GR_EXEC_EYIELD, "yielded")) {
+        run->at->node = i + 1;
+        run->at->phase = 0;
+        run->at->mid = 0;
     }
 }
 
@@ -223,9 +222,12 @@ static void run_nodes(gr_pool *pool, gr_run *run, int ith) {
     for (int i = run->start; i < run->n_nodes; i++) {
         const gr_node *node = &run->nodes[i];
         const gr_kernel_entry *k = &KERNELS[node->kernel];
-        gr_job job = { node, ith, nth, run->wdata, run->wsize, run, 0 };
-        for (int phase = 0; phase < k->phases; phase++) {
+        gr_job job = { node, ith, nth, run->wdata, run->wsize, run, 0, 0, 0, 0 };
+        const int first = i == run->start ? run->start_phase : 0;
+        for (int phase = first; phase < k->phases; phase++) {
             job.epoch = epoch;
+            job.phase = phase;
+            job.resumed = i == run->start && phase == first && run->start_mid;
             k->fn(&job, phase);
             check_stop(&job, phase + 1 == k->phases, i);
             barrier_wait(&pool->barrier);
@@ -314,7 +316,7 @@ int ggmlrpc_pool_threads(const gr_pool *pool) { return pool->n_threads; }
 
 int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
                      void *wdata, size_t wsize, gr_exec_status *status, const volatile int *cancel,
-                     int *next) {
+                     gr_resume *at) {
     status->code = 0;
     status->node = -1;
     status->msg[0] = 0;
@@ -334,10 +336,14 @@ int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
             return status->code;
         }
     }
-    if (*next < 0 || *next > n_nodes) *next = n_nodes;
-    gr_run run = { nodes, n_nodes, wdata, wsize, 0, status, cancel, *next, *next, 0 };
+    if (at->node < 0 || at->node >= n_nodes) at->node = n_nodes;
+    const int kp = at->node < n_nodes ? KERNELS[nodes[at->node].kernel].phases : 0;
+    if (at->phase < 0 || at->phase >= kp) at->phase = 0, at->mid = 0;
+    gr_run run = { nodes, n_nodes, wdata, wsize, 0, status, cancel, at->node, at->phase, at->mid != 0,
+                   at, gr_now_ns(), 0, 0 };
     atomic_init(&run.failed, 0);
-    atomic_init(&run.chunk, 0);
+    atomic_init(&run.paused, 0);
+    atomic_init(&run.chunk, at->mid ? at->chunk : 0);
     pthread_mutex_lock(&pool->run_mu);
     pthread_mutex_lock(&pool->mu);
     pool->run = &run;
@@ -352,6 +358,6 @@ int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
     while (pool->active > 0) pthread_cond_wait(&pool->done_cv, &pool->mu);
     pthread_mutex_unlock(&pool->mu);
     pthread_mutex_unlock(&pool->run_mu);
-    *next = run.resume;
+    if (!atomic_load(&run.failed)) at->node = n_nodes;
     return atomic_load(&run.failed) ? status->code : 0;   /* status was written before the barrier */
 }

@@ -106,17 +106,31 @@ gr_pool *ggmlrpc_pool_new(int n_threads);
 void ggmlrpc_pool_free(gr_pool *pool);
 int ggmlrpc_pool_threads(const gr_pool *pool);
 
-/* Run nodes[*next..n_nodes) with the pool's threads. wdata is scratch of wsize bytes
- * (at least the largest node->wsize; 64-byte aligned). Runs are serialized per
+/* Where a run resumes: set node (phase 0, mid 0) before the first call; a run that
+ * yields fills it in. A yield comes after a node, or inside a long node between its
+ * work chunks (mid: the phase's shared chunk counter and every thread's position in
+ * its own rows are kept here), so the rest of the node is the same chunks computed
+ * the same way. slice_ns: a yield request is honoured only once the run has held the
+ * pool that long (0: at once). */
+typedef struct {
+    int node, phase, mid;
+    int64_t chunk;
+    int64_t slice_ns;
+    int64_t cursor[GR_EXEC_MAX_THREADS];
+} gr_resume;
+
+/* Run nodes from at->node on with the pool's threads. wdata is scratch of wsize bytes
+ * (at least the largest node->wsize; 64-byte aligned): the plan's own, untouched by
+ * other runs while this one is paused. Runs are serialized per
  * pool. cancel (may be NULL) is read before every work chunk and at the end of
  * every node phase: once GR_STOP_CANCEL is set the run stops there with
  * GR_EXEC_ECANCELED (a client that went away, a server shutting down); once
- * GR_STOP_YIELD is set it stops after the node in progress with GR_EXEC_EYIELD and
- * *next the node to resume from (another run waits for the pool). Returns 0, or an
- * enum gr_exec_error with *status filled in. */
+ * GR_STOP_YIELD is set it stops at the next node end or work chunk with
+ * GR_EXEC_EYIELD and *at where to resume (another run waits for the pool). Returns 0,
+ * or an enum gr_exec_error with *status filled in. */
 int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
                      void *wdata, size_t wsize, gr_exec_status *status, const volatile int *cancel,
-                     int *next);
+                     gr_resume *at);
 
 /* Scratch bytes a node needs with n_threads threads (0 when it needs none).
  * The compiler calls this after filling in the node. */

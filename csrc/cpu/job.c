@@ -19,14 +19,66 @@ int gr_canceled(gr_job *job) {
     return 1;
 }
 
+/* a yield request whose run has had its slice */
+static int yield_due(const gr_job *job) {
+    const volatile int *c = job->run->cancel;
+    if (!c || !(*c & GR_STOP_YIELD)) return 0;
+    return !job->run->at->slice_ns || gr_now_ns() - job->run->t0 >= job->run->at->slice_ns;
+}
+
+/* the run yields inside the phase in progress (if nothing stopped it first) */
+static int pause_here(gr_job *job, int64_t chunk) {
+    if (!gr_fail(job, GR_EXEC_EYIELD, "yielded")) return 0;
+    gr_resume *at = job->run->at;
+    at->node = (int)(job->node - job->run->nodes);
+    at->phase = job->phase;
+    at->mid = 1;
+    at->chunk = chunk;
+    atomic_store(&job->run->paused, 1);
+    return 1;
+}
+
+/* a stopped counter: every take is past every chunk, and its low bits say where
+ * the phase goes on */
+#define GR_CHUNK_STOP ((int64_t)1 << 60)
+
 int64_t gr_chunk_next(gr_job *job) {
     if (gr_canceled(job)) return INT64_MAX / 2;
+    if (yield_due(job)) {
+        int64_t v = atomic_load(&job->run->chunk);
+        while (!(v & GR_CHUNK_STOP) && !atomic_compare_exchange_weak(&job->run->chunk, &v, v | GR_CHUNK_STOP)) {}
+        if (!(v & GR_CHUNK_STOP)) pause_here(job, v);
+        return INT64_MAX / 2;
+    }
     return atomic_fetch_add_explicit(&job->run->chunk, 1, memory_order_relaxed);
 }
 
-void gr_fail(gr_job *job, int code, const char *fmt, ...) {
+int64_t gr_chunk_first(gr_job *job) {
+    if (!job->resumed) return job->ith;
+    return atomic_fetch_add_explicit(&job->run->chunk, 1, memory_order_relaxed);
+}
+
+int gr_chunk_stopped(const gr_run *run) {
+    return (atomic_load(&run->chunk) & GR_CHUNK_STOP) != 0;
+}
+
+int64_t gr_rows_from(gr_job *job, int64_t r0) {
+    job->from = job->resumed ? job->run->at->cursor[job->ith] : r0;
+    return job->from;
+}
+
+int gr_rows_pause(gr_job *job, int64_t i) {
+    job->run->at->cursor[job->ith] = i;   /* this thread's own slot */
+    if (gr_canceled(job)) return 1;   /* the run stops at the node's barrier */
+    if (i == job->from || !yield_due(job)) return 0;
+    /* the first to yield decides; the others stop too once they see it was a pause
+     * (one that cannot tell goes on to the end of its rows, which is as correct) */
+    return pause_here(job, 0) || atomic_load(&job->run->paused);
+}
+
+int gr_fail(gr_job *job, int code, const char *fmt, ...) {
     int expected = 0;
-    if (!atomic_compare_exchange_strong(&job->run->failed, &expected, job->epoch + 1)) return;
+    if (!atomic_compare_exchange_strong(&job->run->failed, &expected, job->epoch + 1)) return 0;
     gr_exec_status *st = job->run->status;
     st->code = code;
     st->node = job->node->index;
@@ -34,6 +86,7 @@ void gr_fail(gr_job *job, int code, const char *fmt, ...) {
     va_start(ap, fmt);
     vsnprintf(st->msg, sizeof st->msg, fmt, ap);
     va_end(ap);
+    return 1;
 }
 
 /* ---- the rows of kernels.def without a kernel or without scratch ------------ */

@@ -10,6 +10,7 @@
 #include <stdatomic.h>
 #include <stdint.h>
 #include <string.h>
+#include <time.h>
 
 #include "cpu/exec.h"
 #include "common/fp16.h"
@@ -32,9 +33,11 @@ typedef struct gr_run {
     atomic_int failed;          /* 0, or 1 + the barrier number where every thread stops */
     gr_exec_status *status;
     const volatile int *cancel; /* GR_STOP_* bits (exec.h; may be NULL) */
-    int start;                  /* the node this run starts at (read by every thread as it
-                                 * joins: never written during the run) */
-    int resume;                 /* after a yield, the node to resume from */
+    int start, start_phase, start_mid;   /* where this run starts (a copy of *at, read by
+                                 * every thread as it joins: never written during the run) */
+    gr_resume *at;              /* written by the one thread whose yield wins */
+    int64_t t0;                 /* when the run began (its slice) */
+    atomic_int paused;          /* a thread yielded inside the phase in progress */
     _Alignas(64) atomic_llong chunk;   /* next work chunk of the current node (own cache line; 64-bit:
                                         * experts x row chunks of a MUL_MAT_ID can pass 2^31) */
 } gr_run;
@@ -47,12 +50,15 @@ typedef struct gr_job {
     size_t wsize;
     gr_run *run;
     int epoch;           /* barriers this thread has passed (where a failure stops) */
+    int phase;
+    int resumed;         /* this phase was paused mid-way and goes on from *run->at */
+    int64_t from;        /* where this thread's own rows went on from (gr_rows_from) */
 } gr_job;
 
 typedef void (*gr_kernel_fn)(gr_job *job, int phase);
 
-/* Report a run error; the first one wins and the run stops at the next barrier. */
-void gr_fail(gr_job *job, int code, const char *fmt, ...)
+/* Report a run error; the first one wins (returns 1) and the run stops at the next barrier. */
+int gr_fail(gr_job *job, int code, const char *fmt, ...)
     __attribute__((format(printf, 3, 4)));
 
 /* A counter shared by the threads of a run, for work handed out in chunks: one
@@ -60,8 +66,26 @@ void gr_fail(gr_job *job, int code, const char *fmt, ...)
  * the barrier orders the set before the takes). */
 void gr_chunk_set(gr_job *job, int64_t value);
 int64_t gr_chunk_next(gr_job *job);   /* returns the counter, then adds 1; past every
-                                       * chunk once the run is canceled (it stops at the
-                                       * node's barrier) */
+                                       * chunk once the run is canceled or yields (it
+                                       * stops at the node's barrier) */
+/* A thread's first chunk of a phase: its own index, or the counter where a paused
+ * phase goes on (taken without a yield check, so every turn makes progress). */
+int64_t gr_chunk_first(gr_job *job);
+/* whether a thread stopped the counter to yield inside the phase */
+int gr_chunk_stopped(const gr_run *run);
+
+/* A thread's own rows [r0, r1) with pauses between blocks of them: start at
+ * gr_rows_from(job, r0), and before each block (and once at r1) ask
+ * gr_rows_pause(job, i): 1 means stop now (the run yields and goes on from i, or
+ * it was canceled). */
+int64_t gr_rows_from(gr_job *job, int64_t r0);
+int gr_rows_pause(gr_job *job, int64_t i);
+
+static inline int64_t gr_now_ns(void) {
+    struct timespec t;
+    clock_gettime(CLOCK_MONOTONIC, &t);
+    return (int64_t)t.tv_sec * 1000000000 + t.tv_nsec;
+}
 
 /* Whether the run was canceled: a long loop without chunks checks it between its
  * blocks of work and leaves early (the run then stops at the node's barrier). */

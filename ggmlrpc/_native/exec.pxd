@@ -44,9 +44,13 @@ cdef extern from "cpu/exec.h" nogil:
     gr_pool *ggmlrpc_pool_new(int n_threads)
     void ggmlrpc_pool_free(gr_pool *pool)
     int ggmlrpc_pool_threads(const gr_pool *pool)
+    ctypedef struct gr_resume:
+        int node, phase, mid
+        int64_t chunk
+        int64_t slice_ns
     int ggmlrpc_exec_run(gr_pool *pool, const gr_node *nodes, int n_nodes,
                          void *wdata, size_t wsize, gr_exec_status *status, const int *cancel,
-                         int *next)
+                         gr_resume *at)
     size_t ggmlrpc_exec_wsize(const gr_node *node, int n_threads)
     int ggmlrpc_exec_simd_level()
     int ggmlrpc_exec_set_simd(int enable)

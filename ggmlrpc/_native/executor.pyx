@@ -154,6 +154,7 @@ cdef class Plan:
     cdef readonly size_t wsize
     cdef readonly int n_threads
     cdef list keep
+    cdef gr_resume at           # where a yielded run goes on (node -1: none)
 
     def __cinit__(self, list records, int n_threads, list keep, size_t max_scratch=0):
         cdef int i, j
@@ -224,20 +225,26 @@ cdef class Plan:
     def __len__(self):
         return self.n_nodes
 
-    def run(self, Pool pool, CancelToken cancel=None, int start=0):
+    def run(self, Pool pool, CancelToken cancel=None, int start=0, double slice_s=0, bint resume=False):
         """Run the nodes from `start` on; raises ExecError when a node fails (nothing ran
         out of bounds) or when `cancel` was set during the run. Returns None, or the
-        node to resume from when `cancel` asked the run to yield."""
+        node to resume from when `cancel` asked the run to yield: after a node, or
+        inside a long node between its work chunks (the plan keeps where; passing the
+        returned node back with `resume` goes on from there). A yield request is honoured once the
+        run has held the pool for `slice_s` seconds."""
         cdef gr_exec_status st
         cdef int rc
-        cdef int next = start
+        if not resume or start != self.at.node:
+            self.at.node, self.at.phase, self.at.mid, self.at.chunk = start, 0, 0, 0
+        self.at.slice_ns = <int64_t>(slice_s * 1e9)
         cdef const int *flag = &cancel.flag if cancel is not None else NULL
         if pool.n_threads != self.n_threads:
             raise ValueError(f"plan made for {self.n_threads} threads, pool has {pool.n_threads}")
         with nogil:
-            rc = ggmlrpc_exec_run(pool.pool, self.nodes, self.n_nodes, self.wdata, self.wsize, &st, flag, &next)
+            rc = ggmlrpc_exec_run(pool.pool, self.nodes, self.n_nodes, self.wdata, self.wsize, &st, flag, &self.at)
         if rc == EXEC_EYIELD:
-            return next
+            return self.at.node
+        self.at.node = -1
         if rc:
             raise ExecError(st.code, st.node, st.msg.decode("utf-8", "replace"))
 

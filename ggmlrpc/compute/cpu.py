@@ -82,11 +82,12 @@ def select_kernel_family(env=os.environ) -> str:
 class Turns:
     """Round robin over the runs that share a device's thread pool: a run holds the
     pool for one turn; when another run is waiting, the holder's token is asked to
-    yield (it stops after the node in progress) and it queues again behind the
-    waiters. A run alone on the device is never interrupted. `interleave` False
+    yield (it stops at the next node end or work chunk inside a long node, once it
+    has held the pool for SLICE seconds) and it queues again behind the waiters. A run alone on the device is never interrupted. `interleave` False
     makes each run hold the pool to its end instead (for measuring the difference)."""
 
     interleave = True
+    SLICE = 0.01   # a turn's least length: fewer switches, each costs a wake-up
 
     def __init__(self):
         self._cv = threading.Condition()
@@ -160,12 +161,13 @@ class CpuExecutor:
         ex = _native()
         cancel = cancel if cancel is not None else cancel_token()
         pool = self.pool
-        start = 0
+        start, resume = 0, False
         try:
             while start is not None:
                 self.turns.take(cancel)
                 try:
-                    start = plan.native.run(pool, cancel, start)
+                    start = plan.native.run(pool, cancel, start, self.turns.SLICE, resume)
+                    resume = True
                 finally:
                     self.turns.give(cancel)
         except ex.ExecError as e:

@@ -254,8 +254,8 @@ static void fa_tiled(gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
     float S[FA_TQ], M[FA_TQ];
     int skip[FA_TQ];
 
-    int64_t ir = r0;
-    while (ir < r1) {
+    int64_t ir = gr_rows_from(job, r0);
+    while (!gr_rows_pause(job, ir) && ir < r1) {   /* a turn may end between tiles */
         const int64_t iq3 = ir / (neq2 * neq1);
         const int64_t iq2 = (ir - iq3 * neq2 * neq1) / neq1;
         const int64_t iq1 = ir - iq3 * neq2 * neq1 - iq2 * neq1;
@@ -368,5 +368,6 @@ void gr_k_flash_attn(gr_job *job, int phase) {
     gr_range(nr, job->ith, job->nth, &r0, &r1);
     if (r0 >= r1) return;
     if (n->iparams[1] == GR_FA_TILED) fa_tiled(job, &c, r0, r1);
-    else for (int64_t ir = r0; ir < r1; ir++) fa_row(n, job, &c, ir, 0, c.k->ne[1], NULL);
+    else for (int64_t ir = gr_rows_from(job, r0); !gr_rows_pause(job, ir) && ir < r1; ir++)
+        fa_row(n, job, &c, ir, 0, c.k->ne[1], NULL);
 }

@@ -210,6 +210,13 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
     }
 }
 
+/* mm_rows over a thread's whole share, its blocks of 16 weight rows one call each
+ * (the same blocks as one call makes), so that the run may yield between them */
+static void mm_rows_share(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
+    for (int64_t ib = gr_rows_from(job, a0); !gr_rows_pause(job, ib) && ib < a1; ib += 16)
+        mm_rows(job, cx, ib, ib + 16 < a1 ? ib + 16 : a1, b0, b1);
+}
+
 /* K-quants, 8+ columns, K panels in scratch: chunks of GR_MM_CHUNK_ROWS weight
  * rows handed out one at a time, decoded once per src1 batch, each row against
  * every panel of eight columns and the columns left over */
@@ -221,7 +228,7 @@ static void mm_kpanel_gemm(gr_job *job, const mm_ctx *cx) {
     char *krows = job->wdata + cx->L.threads + (size_t)job->ith * cx->L.per_thread;
     float *dd = (float *)(krows + (size_t)CH * (size_t)nb * GR_KROW_BYTES), *dm = dd + CH * nb;
     const int64_t nch = (nr0 + CH - 1) / CH;
-    for (int64_t ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+    for (int64_t ch = gr_chunk_first(job); ch < nch; ch = gr_chunk_next(job)) {
         const int64_t ib = ch * CH, ie = ib + CH < nr0 ? ib + CH : nr0;
         for (int64_t sl = 0; sl < ne12 * ne13; sl++) {
             const int64_t i12 = sl % ne12, i13 = sl / ne12;
@@ -276,7 +283,7 @@ static void mm_chunks(gr_job *job, const mm_ctx *cx, mm_chunk_fn decode, mm_chun
     const gr_tensor *s0 = cx->s0;
     const int64_t CH = GR_MM_CHUNK_ROWS, nch = (cx->nr0 + CH - 1) / CH;
     mm_chunk c = {.mem = job->wdata + cx->L.threads + (size_t)job->ith * cx->L.per_thread};
-    for (int64_t ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+    for (int64_t ch = gr_chunk_first(job); ch < nch; ch = gr_chunk_next(job)) {
         c.ib = ch * CH;
         c.ie = c.ib + CH < cx->nr0 ? c.ib + CH : cx->nr0;
         int64_t cur = -1;
@@ -350,7 +357,7 @@ static void mm_tiled(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int6
     const gr_tensor *s0 = cx->s0, *d = cx->d;
     const int64_t N = cx->N, ne12 = cx->ne12;
     void *mem = job->wdata + cx->L.tiled + (size_t)job->ith * cx->L.tiled_bytes;
-    for (int64_t i01 = a0; i01 < a1; i01++) {
+    for (int64_t i01 = gr_rows_from(job, a0); !gr_rows_pause(job, i01) && i01 < a1; i01++) {
         if (gr_canceled(job)) return;
         int64_t cur = -1;
         gr_tiled_row row;
@@ -376,7 +383,7 @@ static void mm_gemm_tiles(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1,
     const int f16 = s0->type == GR_TYPE_F16;
     const int TC = gr_vec.tile_cols;
     const int64_t RB = 64;
-    for (int64_t rb = a0; rb < a1; rb += RB) {
+    for (int64_t rb = gr_rows_from(job, a0); !gr_rows_pause(job, rb) && rb < a1; rb += RB) {
         const int64_t re = rb + RB < a1 ? rb + RB : a1;
         for (int64_t c = b0; c < b1;) {
             const int64_t i12 = (c / N) % ne12, i13 = c / (N * ne12);
@@ -415,7 +422,7 @@ static void mm_panel_gemm(gr_job *job, const mm_ctx *cx, size_t pb) {
     const ggmlrpc_panel_dot_fn pdot = ggmlrpc_get_panel_dot((uint32_t)s0->type);
     const char *panels = job->wdata + cx->L.panels;
     const int64_t nch = (nr0 + CH - 1) / CH;
-    for (int64_t ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+    for (int64_t ch = gr_chunk_first(job); ch < nch; ch = gr_chunk_next(job)) {
         const int64_t ib = ch * CH, ie = ib + CH < nr0 ? ib + CH : nr0;
         for (int64_t sl = 0; sl < ne12 * ne13; sl++) {
             const int64_t i12 = sl % ne12, i13 = sl / ne12;
@@ -442,7 +449,7 @@ static void mm_panel_gemm(gr_job *job, const mm_ctx *cx, size_t pb) {
  * thread at the barrier; as ggml's mul_mat chunks */
 static void mm_matvec(gr_job *job, const mm_ctx *cx, int64_t CH) {
     const int64_t nch = (cx->nr0 + CH - 1) / CH;
-    for (int64_t ch = job->ith; ch < nch; ch = gr_chunk_next(job)) {
+    for (int64_t ch = gr_chunk_first(job); ch < nch; ch = gr_chunk_next(job)) {
         const int64_t a0 = ch * CH, a1 = a0 + CH < cx->nr0 ? a0 + CH : cx->nr0;
         mm_rows(job, cx, a0, a1, 0, cx->nr1);
     }
@@ -493,5 +500,5 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     else if (order == GR_MM_GEMM && (s0->type == GR_TYPE_F32 || s0->type == GR_TYPE_F16)) mm_gemm_tiles(job, &cx, a0, a1, b0, b1);
     else if (pb) mm_panel_gemm(job, &cx, pb);
     else if (cx.nr1 < 8 && cx.nr0 >= 4 * job->nth * CH) mm_matvec(job, &cx, CH);
-    else mm_rows(job, &cx, a0, a1, b0, b1);
+    else mm_rows_share(job, &cx, a0, a1, b0, b1);
 }

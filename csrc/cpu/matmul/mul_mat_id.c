@@ -150,7 +150,7 @@ static void mmid_quant_experts(gr_job *job, const mmid_ctx *c, const gr_mm_scrat
     int64_t total = 0;
     for (int64_t a = 0; a < c->n_as; a++) total += c->counts[a] > 0 ? nch : 0;
     int64_t a = 0, before = 0;   /* items of the experts before a */
-    for (int64_t it = job->ith; it < total; it = gr_chunk_next(job)) {
+    for (int64_t it = gr_chunk_first(job); it < total; it = gr_chunk_next(job)) {
         while (c->counts[a] == 0 || it >= before + nch) {
             if (c->counts[a] > 0) before += nch;
             a++;
