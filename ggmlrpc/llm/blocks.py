@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Container
 from .. import builder as B
 from ..client import Tensor
 from ..ggml import GGMLGluOp, GGMLType, GGMLUnaryOp
-from .hparams import HParams
+from .hparams import GATING_SIGMOID, HParams
 from .placement import Stage, StageGraph
 
 if TYPE_CHECKING:
@@ -30,7 +30,8 @@ OPTIONAL = ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.
             "ffn_down_shexp.weight",
             "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
             "attn_output.bias", "attn_norm.bias", "attn_qkv.bias", "ffn_up.bias", "ffn_down.bias",
-            "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias")
+            "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias",
+            "exp_probs_b.bias")
 # rope frequency factors (LongRoPE: a long and a short set), used wherever a file has them
 ROPE_FACTORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
@@ -212,8 +213,18 @@ class Ctx:
 
         logits = biased(B.mul_mat(w[p + "ffn_gate_inp.weight"], cur, name=f"ffn_moe_logits-{il}"),
                         "ffn_gate_inp")
-        probs = logits if oai else B.soft_max(logits, name=f"ffn_moe_probs-{il}")
-        chosen = B.argsort_top_k(probs, k, name=f"ffn_moe_topk-{il}")
+        if oai:
+            probs = logits
+        elif hp.expert_gating == GATING_SIGMOID:
+            probs = B.unary(GGMLUnaryOp.SIGMOID, logits, name=f"ffn_moe_probs-{il}")
+        else:
+            probs = B.soft_max(logits, name=f"ffn_moe_probs-{il}")
+        select = probs    # the experts' selection bias (exp_probs_b) steers the choice, not the weights
+        if p + "exp_probs_b.bias" in w:
+            select = B.add(probs, w[p + "exp_probs_b.bias"], name=f"ffn_moe_probs_biased-{il}")
+        if hp.n_expert_groups > 1:
+            select = self.expert_groups(il, select)
+        chosen = B.argsort_top_k(select, k, name=f"ffn_moe_topk-{il}")
         weights = B.get_rows(B.reshape(probs, (1, hp.n_expert, T)), chosen, name=f"ffn_moe_weights-{il}")
         if oai:   # soft-max over the chosen experts only
             weights = B.reshape(B.soft_max(B.reshape(weights, (k, T))), (1, k, T))
@@ -221,6 +232,8 @@ class Ctx:
             weights = B.reshape(weights, (k, T))
             total = B.clamp(B.sum_rows(weights), 6.103515625e-5, math.inf, name=f"ffn_moe_weights_sum-{il}")
             weights = B.reshape(B.div(weights, total, name=f"ffn_moe_weights_norm-{il}"), (1, k, T))
+        if hp.expert_weights_scale not in (0.0, 1.0):
+            weights = B.scale(weights, hp.expert_weights_scale, name=f"ffn_moe_weights_scaled-{il}")
         g.expand(weights)
         x = B.reshape(cur, (n_embd, 1, T))
         up = biased(B.mul_mat_id(w[p + "ffn_up_exps.weight"], x, chosen, name=f"ffn_moe_up-{il}"),
@@ -249,6 +262,19 @@ class Ctx:
         shared = B.mul(self.ffn(il, cur, suffix="_shexp"), shared_gate, name=f"ffn_shexp_out-{il}")
         return B.add(moe, shared, name=f"ffn_out-{il}")
 
+    def expert_groups(self, il: int, select: Tensor) -> Tensor:
+        """select (n_expert, T) with the experts outside the n_group_used best groups
+        at -inf; a group scores the sum of its two best experts (DeepSeek V3)."""
+        hp, T = self.hp, select.ne[1]
+        n_groups = hp.n_expert_groups
+        groups = B.reshape(select, (hp.n_expert // n_groups, n_groups, T))
+        best2 = B.argsort_top_k(groups, 2)
+        best2 = B.get_rows(B.reshape(groups, (1, *groups.ne[:3])), best2)
+        score = B.reshape(B.sum_rows(B.reshape(best2, best2.ne[1:])), (n_groups, T))
+        used = B.argsort_top_k(score, hp.n_group_used, name=f"ffn_moe_group_topk-{il}")
+        kept = B.set_rows(B.fill(groups, -math.inf), B.get_rows(groups, used), used)
+        return B.reshape(kept, (hp.n_expert, T), name=f"ffn_moe_probs_masked-{il}")
+
     def output(self, x: Tensor) -> Tensor:
         """The output layer: norm, the vocabulary's logits (the token embeddings when
         the file has no output matrix), + bias, tanh soft-capping where set."""
@@ -274,6 +300,8 @@ def stage_weights(arch: "Arch", hp: HParams, st: Stage, tensors: Container[str])
     for il in st.layers:
         p = f"blk.{il}."
         names += [f"{p}{n}.weight" for n in arch.weights(hp)]
+        if arch.layer_weights is not None:
+            names += [f"{p}{n}.weight" for n in arch.layer_weights(hp, il)]
         names += [p + n for n in OPTIONAL if p + n in tensors]
     if st.output:
         names.append("output_norm.weight")

@@ -42,10 +42,28 @@ class HParams:
     rope_attn_factor: float = 1.0  # rope's magnitude factor
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
+    # routed experts: how they are chosen and weighted (llama.cpp's build_moe_ffn)
+    expert_gating: int = 0         # GATING_SOFTMAX (0: the same) or GATING_SIGMOID
+    expert_weights_norm: bool = False
+    expert_weights_scale: float = 0.0   # 0 or 1: not scaled
+    n_expert_groups: int = 0       # > 1: experts chosen among the n_group_used best groups
+    n_group_used: int = 0
+    n_layer_dense_lead: int = 0    # the first layers have a dense feed-forward
+    # multi-head latent attention (deepseek2): the compressed KV and its head sizes
+    n_lora_q: int = 0
+    n_lora_kv: int = 0
+    head_dim_mla: int = 0          # a query/key head decompressed (0: no MLA)
+    head_dim_v_mla: int = 0
+    rope_yarn_log_mul: float = 0.0
 
     @property
     def n_embd_kv(self) -> int:
         return self.head_dim * self.n_head_kv
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention: a K cache only, V is its first n_lora_kv values."""
+        return bool(self.head_dim_mla and self.head_dim_v_mla)
 
     def is_swa(self, il: int) -> bool:
         """Whether layer il attends a sliding window (gemma2: the even ones; gemma3:
@@ -84,22 +102,31 @@ class HParams:
                    rope_scale=1.0 / float(scale) if scale else 1.0,
                    n_expert=int(key("expert_count", 0)), n_expert_used=int(key("expert_used_count", 0)),
                    n_ctx_orig=int(key("rope.scaling.original_context_length", 0)),
-                   **_yarn_hparams(kind, 1.0 / float(scale) if scale else 1.0,
-                                   float(f.get(f"{a}.rope.scaling.attn_factor", 1.0))),
-                   **extra)
+                   n_expert_groups=int(key("expert_group_count", 0)),
+                   n_group_used=int(key("expert_group_used_count", 0)),
+                   **{**yarn_hparams(kind, 1.0 / float(scale) if scale else 1.0,
+                                     float(f.get(f"{a}.rope.scaling.attn_factor", 1.0))),
+                      **extra})
 
 
-def _yarn_hparams(kind: str, freq_scale: float, attn_factor: float) -> dict:
+GATING_SOFTMAX, GATING_SIGMOID = 1, 2     # llama.cpp's expert gating functions
+
+
+def yarn_hparams(kind: str, freq_scale: float, attn_factor: float, mscale: float | None = None) -> dict:
     """llama.cpp's rope extension factors: YaRN mixes in extrapolated frequencies
     (ext_factor 1); ggml's rope then grows the magnitude by 1 + 0.1 ln(factor), which
     llama.cpp's attention factor cancels again (both in F32, as llama.cpp computes
-    them), times the file's own attention factor."""
+    them), times the file's own attention factor. `mscale`: YaRN's magnitude where
+    an architecture sets its own (default 1 + 0.1 ln(factor)); an arch's hparams
+    may return these keys to replace the common ones."""
     f32 = np.float32
     if kind != "yarn":
         return {"rope_attn_factor": attn_factor}
     factor = f32(1.0) / f32(freq_scale)
     lnf = f32(math.log(factor))
-    mscale = f32(1.0) if factor <= 1.0 else f32(0.1) * lnf + f32(1.0)
+    if mscale is None:
+        mscale = f32(1.0) if factor <= 1.0 else f32(0.1) * lnf + f32(1.0)
+    mscale = f32(mscale)
     cancel = f32(1.0) / (f32(1.0) + f32(0.1) * lnf)
     return {"rope_ext_factor": 1.0, "rope_attn_factor": float(f32(mscale * cancel) * f32(attn_factor))}
 

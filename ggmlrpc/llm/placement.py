@@ -70,7 +70,7 @@ class Stage:
     embed: bool = False
     output: bool = False
     weights: dict[str, Tensor] = field(default_factory=dict)
-    kv: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    kv: dict[int, tuple[Tensor, Tensor | None]] = field(default_factory=dict)   # K, V (None: MLA)
     buffers: list[RemoteBuffer] = field(default_factory=list)
     compute: RemoteBuffer | None = None
     inputs_buf: RemoteBuffer | None = None
@@ -163,7 +163,8 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
     n_embd_kv = kv.hp.n_embd_kv
     st.mapped = st.device.local
     size = 0 if st.mapped else sum(_align(f.tensors[n].nbytes, align) for n in names)
-    kv_size = sum(2 * _align(2 * n_embd_kv * kv.cells(il), align) for il in st.layers)
+    n_cache = 1 if kv.hp.is_mla else 2      # MLA: a K cache only (V is part of it)
+    kv_size = sum(n_cache * _align(2 * n_embd_kv * kv.cells(il), align) for il in st.layers)
     st.buffers, st.weights, st.kv = [], {}, {}
     st.compute = st.inputs_buf = None
     st.graphs.clear()
@@ -188,8 +189,9 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
     for il in st.layers:
         kv_row = _align(2 * n_embd_kv * kv.cells(il), align)
         k = buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off, name=f"cache_k_l{il}")
-        v = buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off + kv_row, name=f"cache_v_l{il}")
-        off += 2 * kv_row
+        v = (None if n_cache == 1 else
+             buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off + kv_row, name=f"cache_v_l{il}"))
+        off += n_cache * kv_row
         st.kv[il] = (k, v)
     if kv_size:
         be.memset_tensor(buf.tensor(GGMLType.I8, (kv_size,), size, name="kv"), 0)

@@ -32,6 +32,7 @@ class Arch:
     synth: dict[str, Callable] = field(default_factory=dict)
     synth_rope_share: float = 1.0
     test_shape: dict = field(default_factory=dict)
+    layer_weights: Callable | None = None   # (HParams, il) -> layer il's tensors on top of `weights`
 
 
 def _discover() -> dict[str, Arch]:
