@@ -136,8 +136,8 @@ def write(s, q_lora: bool = True, v3: bool = False) -> None:
     """synth: one leading dense layer, then experts with one shared expert; one
     cache head of a 64-value compressed KV plus 16 rotated values; query heads of
     32 + 16 values, value heads of 32. `q_lora`: the low-rank query (V3), else one
-    matrix (V2-Lite); `v3`: sigmoid gate with a selection bias, 4 expert groups of
-    which 2 are used, renormalized weights, YaRN with its log multiplier (unless
+    matrix (V2-Lite); `v3`: sigmoid gate with a selection bias, groups of two
+    experts of which half are used, renormalized weights, YaRN with its log multiplier (unless
     the shape sets a rope scaling); else soft-max (V2)."""
     import gguf
 
@@ -161,8 +161,8 @@ def write(s, q_lora: bool = True, v3: bool = False) -> None:
     w.add_expert_weights_norm(v3)
     w.add_expert_gating_func(gguf.ExpertGatingFuncType(GATING_SIGMOID if v3 else GATING_SOFTMAX))
     if v3:
-        w.add_expert_group_count(4)
-        w.add_expert_group_used_count(2)
+        w.add_expert_group_count(n // 2)        # groups of two experts, half of them used
+        w.add_expert_group_used_count(n // 4)
         if not sh.rope_scaling:
             w.add_rope_scaling_type(gguf.RopeScalingType.YARN)
             w.add_rope_scaling_factor(4.0)
