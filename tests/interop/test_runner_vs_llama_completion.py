@@ -8,14 +8,19 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ggmlrpc.cli.main import main
 from ggmlrpc.llm import synth
 from ggmlrpc.llm.archs import ARCHS
+from ggmlrpc.llm.model import Model
+from tests.conftest import Proc, free_port, our_server_argv
 from tests.e2e.test_runner import OTHER_ARCHS, arch_shape
+from tests.interop.test_models import LOGIT_TIE
 
 pytestmark = pytest.mark.interop
 
@@ -205,3 +210,61 @@ def test_sliding_window_cache_wraps_like_llama(ref_bin, tmp_path, arch, capfdbin
         mine = ours(model, args, capfdbinary)
         assert len(mine) > 300 + len(PROMPT)
         assert same_text(mine, completion(ref_bin, model, args, expect=mine)), fa
+
+
+# the families people split over machines, each model of them as F32 and quantized
+# (256 wide so that K-quants quantize the large matrices; three blocks so that -ts 1,1
+# gives each server some, the output layer counting as one)
+SPLIT_MODELS = ["deepseek2", "deepseek2-v3", "deepseek2-lite"]
+SPLIT_SHAPE = synth.ModelShape(n_layer=3, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_expert=8)
+
+
+@pytest.fixture(scope="module")
+def two_servers():
+    """Two of our servers, shared by the module."""
+    procs = []
+    for _ in range(2):
+        port = free_port()
+        procs.append(Proc(our_server_argv("-p", str(port), "-t", "1"), port))
+    yield ",".join(p.endpoint for p in procs)
+    for p in procs:
+        p.stop()
+
+
+def same_text_or_near_tie(name: str, model: Path, mine: bytes, ref: bytes) -> None:
+    """Our text equals llama-completion's, or they part at a token whose top two
+    logits (ours, in-process) are closer than LOGIT_TIE: reported as a warning."""
+    if same_text(mine, ref):
+        return
+    with Model.load(model, n_gpu_layers=0) as m:
+        lg = m.prefill(m.tokenize(PROMPT))
+        pieces, gaps = [], []
+        for _ in range(N):
+            top2 = np.sort(lg)[-2:]
+            gaps.append(float(top2[1] - top2[0]))
+            t = int(np.argmax(lg))
+            pieces.append(m.tokenizer.token_to_piece(t))
+            lg = m.eval([t])
+    parted = next(i for i, (a, b) in enumerate(zip(mine, ref)) if a != b) if len(ref) > len(PROMPT) else 0
+    pos = len(mine) - 2 - len(b"".join(pieces))      # where the generated text starts
+    k = next((i for i, p in enumerate(pieces) if (pos := pos + len(p)) > parted), None)
+    assert k is not None and gaps[k] < LOGIT_TIE, \
+        f"{name}: our text {mine!r} parts from llama-completion's {ref!r} (token {k}, top-2 gaps {gaps})"
+    warnings.warn(f"{name}: near-tie at token {k} (top-2 logit gap {gaps[k]:.2e}), texts part there")
+
+
+@pytest.mark.parametrize("weights", ["F32", "Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("model", SPLIT_MODELS)
+def test_split_families_in_process_and_over_two_servers(ref_bin, tmp_path, model, weights, two_servers,
+                                                        capfdbinary):
+    """Greedy text equal to llama-completion's: in-process (llama.cpp on its CPU,
+    --no-repack) and with the layers split over two of our servers (-ts 1,1, the same
+    servers for llama-completion)."""
+    path = synth.write_model(tmp_path / f"{model}.gguf", model, SPLIT_SHAPE, "f32", seed=5)
+    if weights != "F32":
+        path = synth.quantize(ref_bin / "llama-quantize", path, tmp_path / f"{model}-{weights}.gguf", weights)
+    for args in (["-ngl", "0", "-t", "2"], ["--rpc", two_servers, "-ngl", "99", "-ts", "1,1"]):
+        mine = ours(path, args, capfdbinary)
+        assert mine.startswith(b" " + PROMPT.encode()) and len(mine) > len(PROMPT) + N
+        same_text_or_near_tie(f"{model} {weights} {' '.join(args)}", path,
+                              mine, completion(ref_bin, path, args, expect=mine))
