@@ -108,6 +108,7 @@ CASES: list[Case] = (
         ("phi3", ("Q4_0", "Q5_K_M", "Q4_1")),
         ("qwen2moe", ("F32", "Q8_0", "Q4_0", "Q4_K_M", "Q2_K", "MXFP4_MOE")),
         ("gpt-oss", ("MXFP4_MOE", "Q8_0", "Q4_K_M", "Q5_0")),
+        ("deepseek2", ("Q8_0", "Q4_K_M")), ("deepseek2-v3", ("Q4_K_M", "Q8_0", "F32")),
     ) for i, w in enumerate(weights) for fa in [(FA_ON, FA_OFF)[i % 2]]]
     # quantized KV caches (SET_ROWS into Q8_0/Q4_0, flash attention over them), with
     # llama.cpp's Hadamard rotation of q/k/v and without it (test_completion runs
@@ -116,11 +117,12 @@ CASES: list[Case] = (
         ("llama", "F16", KV_Q8, (NO_ROT,)), ("llama", "Q4_K_M", KV_Q4, (NO_ROT,)),
         ("gemma2", "F16", KV_Q8, ((), NO_ROT)), ("phi3", "Q8_0", KV_Q4, ((), NO_ROT)),
         ("qwen2moe", "F16", KV_Q8, ((), NO_ROT)), ("phi2", "F16", KV_Q4, ((),)),
-        ("gpt-oss", "MXFP4_MOE", KV_Q8, ((), NO_ROT)),
+        ("gpt-oss", "MXFP4_MOE", KV_Q8, ((), NO_ROT)), ("deepseek2-v3", "F16", KV_Q8, ((), NO_ROT)),
         ("llama", "Q8_0", ("-fa", "off", "-ctk", "q8_0"), ((), NO_ROT))) for env in envs]
     # layers split over two servers
     + [Case(arch, w, FA_ON, pair) for arch, w in (("llama", "Q8_0"), ("gemma2", "F16"),
-                                                  ("qwen2moe", "Q4_0"), ("gpt-oss", "MXFP4_MOE"))
+                                                  ("qwen2moe", "Q4_0"), ("gpt-oss", "MXFP4_MOE"),
+                                                  ("deepseek2-v3", "Q4_K_M"))
        for pair in ("ours+ours", "ours+ref")]
 )
 
@@ -133,7 +135,8 @@ LOGIT_CASES: list[Case] = (
        Case("qwen2moe", "MXFP4_MOE"), Case("qwen2moe", "F16", KV_Q8),
        Case("gpt-oss", "MXFP4_MOE"), Case("gpt-oss", "Q4_K_M", FA_OFF),
        Case("gpt-oss", "Q8_0", KV_Q4),
-       Case("gemma2", "Q8_0", KV_Q4, env=NO_ROT)]
+       Case("gemma2", "Q8_0", KV_Q4, env=NO_ROT),
+       Case("deepseek2-v3", "Q4_K_M"), Case("deepseek2", "Q8_0", FA_OFF), Case("deepseek2-v3", "F16", KV_Q8)]
 )
 
 # case id -> why it fails (strict: the marker turns into a failure once it passes)

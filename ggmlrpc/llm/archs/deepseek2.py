@@ -134,15 +134,16 @@ def layer(c, il: int, x):
 
 def write(s, q_lora: bool = True, v3: bool = False) -> None:
     """synth: one leading dense layer, then experts with one shared expert; one
-    cache head of a 64-value compressed KV plus 16 rotated values; query heads of
-    32 + 16 values, value heads of 32. `q_lora`: the low-rank query (V3), else one
-    matrix (V2-Lite); `v3`: sigmoid gate with a selection bias, groups of two
-    experts of which half are used, renormalized weights, YaRN with its log multiplier (unless
-    the shape sets a rope scaling); else soft-max (V2)."""
+    cache head of a 96-value compressed KV plus 32 rotated values (a multiple of
+    32, as a quantized cache needs); query heads of 32 + 32 values, value heads of
+    32. `q_lora`: the low-rank query (V3), else one matrix (V2-Lite); `v3`: sigmoid
+    gate with a selection bias, groups of two experts of which half are used,
+    renormalized weights, YaRN with its log multiplier (unless the shape sets a
+    rope scaling); else soft-max (V2)."""
     import gguf
 
     sh, e, n = s.shape, s.shape.n_embd, s.shape.n_expert
-    rank, rot, nope, hv, q_rank = 64, 16, 32, 32, 96 if q_lora else 0
+    rank, rot, nope, hv, q_rank = 96, 32, 32, 32, 96 if q_lora else 0
     w, nh = s.w, sh.n_head
     ff_exp = s.experts()
     for name in ("attention.head_count_kv", "rope.dimension_count"):
