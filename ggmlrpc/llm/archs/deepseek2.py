@@ -12,7 +12,8 @@ scores' scale carries YaRN's magnitude squared (rope.scaling.yarn_log_multiplier
 The experts: soft-max or sigmoid gate, a selection bias (exp_probs_b), the best
 expert groups first where the file has groups, the chosen weights renormalized
 and scaled as the file says. Files written before the split of wkv_b into
-wk_b/wv_b (no key_length_mla) are refused."""
+wk_b/wv_b (no key_length_mla), with an attention temperature (Mistral Large 3)
+or with multi-token prediction layers are refused with one error."""
 from __future__ import annotations
 
 import math
@@ -33,6 +34,10 @@ def hparams(key) -> dict:
     if not key("attention.key_length_mla", 0):
         raise ModelError("deepseek2 without multi-head latent attention (a file with wkv_b, "
                          "no attention.key_length_mla) is not supported: convert it again")
+    for name in ("attention.temperature_scale", "nextn_predict_layers"):
+        if key(name, 0):
+            raise ModelError(f"deepseek2 with {name} (Mistral Large 3's attention temperature, "
+                             f"multi-token prediction layers) is not supported")
     out = {"n_layer_dense_lead": int(key("leading_dense_block_count", 0)),
            "n_lora_q": int(key("attention.q_lora_rank", 0)),
            "n_lora_kv": int(key("attention.kv_lora_rank", 0)),
