@@ -18,8 +18,8 @@ from ggmlrpc.cli.main import main
 from ggmlrpc.llm import synth
 from ggmlrpc.llm.archs import ARCHS
 from ggmlrpc.llm.model import Model
-from tests.conftest import Proc, free_port, our_server_argv
 from tests.e2e.test_runner import OTHER_ARCHS, arch_shape
+from tests.e2e.test_serve import rpc  # noqa: F401 (two of our servers, a fixture)
 from tests.interop.test_models import LOGIT_TIE
 
 pytestmark = pytest.mark.interop
@@ -219,18 +219,6 @@ SPLIT_MODELS = ["deepseek2", "deepseek2-v3", "deepseek2-lite"]
 SPLIT_SHAPE = synth.ModelShape(n_layer=3, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_expert=8)
 
 
-@pytest.fixture(scope="module")
-def two_servers():
-    """Two of our servers, shared by the module."""
-    procs = []
-    for _ in range(2):
-        port = free_port()
-        procs.append(Proc(our_server_argv("-p", str(port), "-t", "1"), port))
-    yield ",".join(p.endpoint for p in procs)
-    for p in procs:
-        p.stop()
-
-
 def same_text_or_near_tie(name: str, model: Path, mine: bytes, ref: bytes) -> None:
     """Our text equals llama-completion's, or they part at a token whose top two
     logits (ours, in-process) are closer than LOGIT_TIE: reported as a warning."""
@@ -255,7 +243,7 @@ def same_text_or_near_tie(name: str, model: Path, mine: bytes, ref: bytes) -> No
 
 @pytest.mark.parametrize("weights", ["F32", "Q8_0", "Q4_K_M"])
 @pytest.mark.parametrize("model", SPLIT_MODELS)
-def test_split_families_in_process_and_over_two_servers(ref_bin, tmp_path, model, weights, two_servers,
+def test_split_families_in_process_and_over_two_servers(ref_bin, tmp_path, model, weights, rpc,
                                                         capfdbinary):
     """Greedy text equal to llama-completion's: in-process (llama.cpp on its CPU,
     --no-repack) and with the layers split over two of our servers (-ts 1,1, the same
@@ -263,7 +251,7 @@ def test_split_families_in_process_and_over_two_servers(ref_bin, tmp_path, model
     path = synth.write_model(tmp_path / f"{model}.gguf", model, SPLIT_SHAPE, "f32", seed=5)
     if weights != "F32":
         path = synth.quantize(ref_bin / "llama-quantize", path, tmp_path / f"{model}-{weights}.gguf", weights)
-    for args in (["-ngl", "0", "-t", "2"], ["--rpc", two_servers, "-ngl", "99", "-ts", "1,1"]):
+    for args in (["-ngl", "0", "-t", "2"], ["--rpc", rpc, "-ngl", "99", "-ts", "1,1"]):
         mine = ours(path, args, capfdbinary)
         assert mine.startswith(b" " + PROMPT.encode()) and len(mine) > len(PROMPT) + N
         same_text_or_near_tie(f"{model} {weights} {' '.join(args)}", path,
