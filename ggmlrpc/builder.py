@@ -170,6 +170,13 @@ def concat(a: Tensor, b: Tensor, dim: int, name: str = "") -> Tensor:
     return _node(GGMLOp.CONCAT, a.type, ne, a, b, params=[dim], name=name)
 
 
+def repeat(a: Tensor, ne: Sequence[int], name: str = "") -> Tensor:
+    """a tiled to shape `ne` (ggml_repeat_4d)."""
+    ne = _ne4(ne)
+    _check(all(ne[i] % a.ne[i] == 0 for i in range(4)), f"repeat: {a.ne} does not tile {ne}")
+    return _node(GGMLOp.REPEAT, a.type, ne, a, name=name)
+
+
 def fill(a: Tensor, c: float, name: str = "") -> Tensor:
     """A tensor of a's shape and type, every element c."""
     _check(a.type in (GGMLType.F32, GGMLType.F16) and is_contiguous(a), "fill: a contiguous F32/F16 tensor")

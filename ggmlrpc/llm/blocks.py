@@ -62,7 +62,7 @@ class Ctx:
         self.pos = inp.new(GGMLType.I32, (T,), "inp_pos")
         k_idx = inp.new(GGMLType.I64, (T,), "k_idxs")
         # without flash attention the V cache is transposed: one index per element
-        v_idx = inp.new(GGMLType.I64, (T if self.flash_attn else T * hp.n_embd_kv,), "v_idxs")
+        v_idx = inp.new(GGMLType.I64, (T if self.flash_attn else T * hp.n_embd_v,), "v_idxs")
         mask_type = GGMLType.F16 if self.flash_attn else GGMLType.F32
         mask = inp.new(mask_type, (self.n_kv, T), "kq_mask")
         # (cache indices of K, of V, mask): of the full-attention layers, of the sliding-window ones
@@ -86,9 +86,11 @@ class Ctx:
             return B.add(y, self.w[p + name + ".bias"], name=out) if p + name + ".bias" in self.w else y
         return B.mul(B.rms_norm(x, self.hp.eps), self.w[p + name + ".weight"], name=out)
 
-    def rope(self, t: Tensor, il: int, name: str) -> Tensor:
+    def rope(self, t: Tensor, il: int, name: str, offset: int = 0) -> Tensor:
+        """Rope on n_rot values of each head from `offset`."""
         hp, swa = self.hp, self.hp.is_swa(il)
         return B.rope_ext(t, self.pos, self.factors, name=name, n_dims=hp.n_rot, mode=self.arch.rope_mode,
+                          offset=offset,
                           n_ctx_orig=self.n_ctx_orig,
                           freq_base=hp.rope_base_swa if swa else hp.rope_base,
                           freq_scale=hp.rope_scale_swa if swa else hp.rope_scale,
@@ -137,7 +139,7 @@ class Ctx:
         logits and the soft-capping of the scores where there are), then the output
         projection (+ bias)."""
         hp, w, T, g = self.hp, self.w, self.T, self.g
-        p, hd = f"blk.{il}.", hp.head_dim
+        p, hd, hv = f"blk.{il}.", hp.head_dim, hp.head_dim_v or hp.head_dim
         swa = hp.is_swa(il)
         k_idx, v_idx, mask = self.attn_in_swa if swa else self.attn_in
         n_kv = self.n_kv_swa if swa else self.n_kv
@@ -146,7 +148,7 @@ class Ctx:
         cache_k, cache_v = self.st.kv[il]
         # rows of n_embd_kv, one per token, however the heads lie in memory
         k2 = B.view(k, (hp.n_embd_kv, T), (k.nb[0], k.nb[2]))
-        v2 = B.view(v, (hp.n_embd_kv, T), (v.nb[0], v.nb[2]))
+        v2 = B.view(v, (hp.n_embd_v, T), (v.nb[0], v.nb[2]))
         # the cache writes run before the attention that reads the cache
         g.expand(B.set_rows(cache_k, k2, k_idx))
         row = 2 * hd   # F16 cache rows
@@ -155,17 +157,18 @@ class Ctx:
         qq = B.permute(q, 0, 2, 1, 3)
         if self.flash_attn:
             g.expand(B.set_rows(cache_v, v2, v_idx))
-            vv = B.permute(B.view(cache_v, (hd, hp.n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
+            vv = B.permute(B.view(cache_v, (hv, hp.n_head_kv, n_kv, 1),
+                                  (2, 2 * hv, 2 * hp.n_embd_v, 2 * hp.n_embd_v * n_kv)), 0, 2, 1, 3)
             o = B.flash_attn_ext(qq, kk, vv, mask, kq_scale, logit_softcap=hp.attn_softcap,
                                  sinks=w.get(p + "attn_sinks.weight"))
-            o = B.reshape(o, (hd * hp.n_head, T), name=f"kqv_out-{il}")
+            o = B.reshape(o, (hv * hp.n_head, T), name=f"kqv_out-{il}")
         else:
             # V transposed: element (cell, channel) at channel * n_ctx + cell
-            flat = B.reshape(cache_v, (1, hp.n_embd_kv * n_cells))
+            flat = B.reshape(cache_v, (1, hp.n_embd_v * n_cells))
             v2 = v2 if B.is_contiguous(v2) else B.cont(v2)
-            g.expand(B.set_rows(flat, B.reshape(v2, (1, T * hp.n_embd_kv)), v_idx))
-            vt = B.view(cache_v, (n_kv, hp.n_head_kv, hd, 1),
-                        (2, 2 * n_cells * hd, 2 * n_cells, 2 * n_cells * hp.n_embd_kv))
+            g.expand(B.set_rows(flat, B.reshape(v2, (1, T * hp.n_embd_v)), v_idx))
+            vt = B.view(cache_v, (n_kv, hp.n_head_kv, hv, 1),
+                        (2, 2 * n_cells * hv, 2 * n_cells, 2 * n_cells * hp.n_embd_v))
             kq = B.mul_mat(kk, qq, name=f"kq-{il}", prec_f32=True)
             if hp.attn_softcap:
                 kq = B.scale(B.unary(GGMLUnaryOp.TANH, B.scale(kq, 1.0 / hp.attn_softcap)),
@@ -173,7 +176,7 @@ class Ctx:
             kq = B.soft_max_ext(kq, mask, kq_scale, name=f"kq_soft_max-{il}",
                                 sinks=w.get(p + "attn_sinks.weight"))
             kqv = B.mul_mat(B.permute(vt, 0, 2, 1, 3), kq, name=f"kqv-{il}")
-            o = B.cont(B.permute(kqv, 0, 2, 1, 3), (hd * hp.n_head, T), name=f"kqv_out-{il}")
+            o = B.cont(B.permute(kqv, 0, 2, 1, 3), (hv * hp.n_head, T), name=f"kqv_out-{il}")
         cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
         if p + "attn_output.bias" in w:
             cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")

@@ -52,6 +52,7 @@ class HParams:
     # multi-head latent attention (deepseek2): the compressed KV and its head sizes
     n_lora_q: int = 0
     n_lora_kv: int = 0
+    head_dim_v: int = 0            # a value head where it differs from a key head (0: head_dim)
     head_dim_mla: int = 0          # a query/key head decompressed (0: no MLA)
     head_dim_v_mla: int = 0
     rope_yarn_log_mul: float = 0.0
@@ -59,6 +60,10 @@ class HParams:
     @property
     def n_embd_kv(self) -> int:
         return self.head_dim * self.n_head_kv
+
+    @property
+    def n_embd_v(self) -> int:
+        return (self.head_dim_v or self.head_dim) * self.n_head_kv
 
     @property
     def is_mla(self) -> bool:

@@ -160,11 +160,12 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
     for n in names:
         if n not in f.tensors:
             raise ModelError(f"{f.path}: missing tensor {n}")
-    n_embd_kv = kv.hp.n_embd_kv
+    n_embd_kv, n_embd_v = kv.hp.n_embd_kv, kv.hp.n_embd_v
     st.mapped = st.device.local
     size = 0 if st.mapped else sum(_align(f.tensors[n].nbytes, align) for n in names)
     n_cache = 1 if kv.hp.is_mla else 2      # MLA: a K cache only (V is part of it)
-    kv_size = sum(n_cache * _align(2 * n_embd_kv * kv.cells(il), align) for il in st.layers)
+    kv_size = sum(_align(2 * n_embd_kv * kv.cells(il), align)
+                  + (n_cache - 1) * _align(2 * n_embd_v * kv.cells(il), align) for il in st.layers)
     st.buffers, st.weights, st.kv = [], {}, {}
     st.compute = st.inputs_buf = None
     st.graphs.clear()
@@ -187,11 +188,11 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
         st.weights[n] = buf.tensor(ti.type, ti.ne, off, name=n)
         off += _align(ti.nbytes, align)
     for il in st.layers:
-        kv_row = _align(2 * n_embd_kv * kv.cells(il), align)
+        k_row = _align(2 * n_embd_kv * kv.cells(il), align)
         k = buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off, name=f"cache_k_l{il}")
         v = (None if n_cache == 1 else
-             buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off + kv_row, name=f"cache_v_l{il}"))
-        off += n_cache * kv_row
+             buf.tensor(GGMLType.F16, (n_embd_v, kv.cells(il)), off + k_row, name=f"cache_v_l{il}"))
+        off += k_row + (n_cache - 1) * _align(2 * n_embd_v * kv.cells(il), align)
         st.kv[il] = (k, v)
     if kv_size:
         be.memset_tensor(buf.tensor(GGMLType.I8, (kv_size,), size, name="kv"), 0)

@@ -215,7 +215,7 @@ def test_sliding_window_cache_wraps_like_llama(ref_bin, tmp_path, arch, capfdbin
 # the families people split over machines, each model of them as F32 and quantized
 # (256 wide so that K-quants quantize the large matrices; three blocks so that -ts 1,1
 # gives each server some, the output layer counting as one)
-SPLIT_MODELS = ["deepseek2", "deepseek2-v3", "deepseek2-lite"]
+SPLIT_MODELS = ["deepseek2", "deepseek2-v3", "deepseek2-lite", "deepseek2-wkv_b"]
 SPLIT_SHAPE = synth.ModelShape(n_layer=3, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_expert=8)
 
 
