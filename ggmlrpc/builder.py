@@ -168,6 +168,20 @@ def mul_mat_id(experts: Tensor, b: Tensor, ids: Tensor, name: str = "") -> Tenso
                  experts, b, ids, name=name)
 
 
+def concat(a: Tensor, b: Tensor, dim: int, name: str = "") -> Tensor:
+    """a and b joined along `dim` (the other dims equal)."""
+    _check(a.type == b.type and all(a.ne[d] == b.ne[d] for d in range(4) if d != dim),
+           "concat: types or shapes differ")
+    ne = tuple(a.ne[d] + b.ne[d] if d == dim else a.ne[d] for d in range(4))
+    return _node(GGMLOp.CONCAT, a.type, ne, a, b, params=[dim], name=name)
+
+
+def fill(a: Tensor, c: float, name: str = "") -> Tensor:
+    """A tensor of a's shape and type, every element c."""
+    _check(a.type in (GGMLType.F32, GGMLType.F16) and is_contiguous(a), "fill: a contiguous F32/F16 tensor")
+    return _node(GGMLOp.FILL, a.type, a.ne, a, params=[f32_bits(c)], name=name)
+
+
 def argsort(a: Tensor, descending: bool = False, name: str = "") -> Tensor:
     """Indices (I32) that sort each row of a."""
     return _node(GGMLOp.ARGSORT, GGMLType.I32, a.ne, a, params=[1 if descending else 0], name=name)
@@ -205,21 +219,6 @@ def cpy(a: Tensor, b: Tensor, name: str = "") -> Tensor:
     root, offs = _root(b)
     return Tensor(b.type, b.ne, nb=b.nb, op=GGMLOp.CPY, src=[a, b], view_src=root, view_offs=offs,
                   name=name or f"{b.name} (copy of {a.name})", flags=TensorFlag.COMPUTE)
-
-
-def repeat(a: Tensor, ne: Sequence[int], name: str = "") -> Tensor:
-    """ggml_repeat_4d: a tiled to shape `ne` (each dim a multiple of a's)."""
-    ne = _ne4(ne)
-    _check(all(ne[i] % a.ne[i] == 0 for i in range(4)), f"repeat: {a.ne} does not tile {ne}")
-    return _node(GGMLOp.REPEAT, a.type, ne, a, name=name)
-
-
-def concat(a: Tensor, b: Tensor, dim: int, name: str = "") -> Tensor:
-    """ggml_concat: b after a along `dim` (the other dims equal)."""
-    _check(a.type == b.type and all(a.ne[d] == b.ne[d] for d in range(4) if d != dim),
-           f"concat: {a.ne} and {b.ne} differ beside dim {dim}")
-    ne = [a.ne[d] + b.ne[d] if d == dim else a.ne[d] for d in range(4)]
-    return _node(GGMLOp.CONCAT, a.type, ne, a, b, params=[dim], name=name)
 
 
 def ssm_conv(sx: Tensor, c: Tensor, name: str = "") -> Tensor:
@@ -264,15 +263,20 @@ def set_rows(dst: Tensor, src: Tensor, rows: Tensor, name: str = "") -> Tensor:
 def rope_ext(a: Tensor, pos: Tensor, freq_factors: Tensor | None, n_dims: int, mode: int,
              n_ctx_orig: int, freq_base: float, freq_scale: float = 1.0, ext_factor: float = 0.0,
              attn_factor: float = 1.0, beta_fast: float = 32.0, beta_slow: float = 1.0,
-             name: str = "", sections: Sequence[int] = ()) -> Tensor:
+             name: str = "", sections: Sequence[int] = (), offset: int = 0) -> Tensor:
     """Rotary embedding of a (head_dim, n_head, n_tokens) by positions `pos` (I32);
     with `sections` (ggml_rope_multi's four, M-RoPE modes) four positions per token,
-    one set of n_tokens after another."""
+    one set of n_tokens after another; `offset`: the rotated dims start there
+    (ggml_rope_set_offset)."""
     per_token = 4 if sections else 1
     _check(pos.type == GGMLType.I32 and pos.ne[0] == per_token * a.ne[2],
            f"rope: {per_token} I32 position(s) per token")
     params = [0, n_dims, mode, 0, n_ctx_orig] + [f32_bits(v) for v in (
-        freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)] + list(sections)
+        freq_base, freq_scale, ext_factor, attn_factor, beta_fast, beta_slow)]
+    if sections or offset:
+        params += list(sections) or [0, 0, 0, 0]
+    if offset:
+        params.append(offset)
     return _node(GGMLOp.ROPE, a.type, a.ne, a, pos, freq_factors, params=params, name=name)
 
 

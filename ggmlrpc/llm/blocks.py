@@ -68,14 +68,14 @@ class Ctx:
         self.pos = inp.new(GGMLType.I32, (T,), "inp_pos")
         k_idx = inp.new(GGMLType.I64, (T,), "k_idxs")
         # without flash attention the V cache is transposed: one index per element
-        v_idx = inp.new(GGMLType.I64, (T if self.flash_attn else T * hp.kv_width(False),), "v_idxs")
+        v_idx = inp.new(GGMLType.I64, (T if self.flash_attn else T * hp.v_width(False),), "v_idxs")
         mask_type = GGMLType.F16 if self.flash_attn else GGMLType.F32
         mask = inp.new(mask_type, (self.n_kv, T), "kq_mask")
         # (cache indices of K, of V, mask): of the full-attention layers, of the sliding-window ones
         self.attn_in = self.attn_in_swa = (k_idx, v_idx, mask)
         if hp.n_swa and any(hp.is_swa(il) for il in self.st.layers):
             self.attn_in_swa = (inp.new(GGMLType.I64, (T,), "k_idxs_swa"),
-                                inp.new(GGMLType.I64, (T if self.flash_attn else T * hp.kv_width(True),),
+                                inp.new(GGMLType.I64, (T if self.flash_attn else T * hp.v_width(True),),
                                         "v_idxs_swa"),
                                 inp.new(mask_type, (self.n_kv_swa, T), "kq_mask_swa"))
         # temperature tuning: each token's query scale, (1, 1, T)
@@ -106,11 +106,12 @@ class Ctx:
             return B.add(y, self.w[p + name + ".bias"], name=out) if p + name + ".bias" in self.w else y
         return B.mul(B.rms_norm(x, self.hp.eps), self.w[p + name + ".weight"], name=out)
 
-    def rope(self, t: Tensor, il: int, name: str, factors: bool = True) -> Tensor:
-        """t rotated by the positions (with the file's frequency factors unless not `factors`)."""
+    def rope(self, t: Tensor, il: int, name: str, factors: bool = True, offset: int = 0) -> Tensor:
+        """t rotated by the positions (with the file's frequency factors unless not
+        `factors`), on the layer's n_rot values of each head from `offset`."""
         hp, swa = self.hp, self.hp.is_swa(il)
         return B.rope_ext(t, self.pos, self.factors if factors else None, name=name, n_dims=hp.n_rot_of(il),
-                          mode=self.arch.rope_mode,
+                          mode=self.arch.rope_mode, offset=offset,
                           n_ctx_orig=self.n_ctx_orig,
                           freq_base=hp.rope_base_swa if swa else hp.rope_base,
                           freq_scale=hp.rope_scale_swa if swa else hp.rope_scale,
@@ -167,7 +168,8 @@ class Ctx:
         projection (+ bias) when `project`."""
         hp, w, T, g = self.hp, self.w, self.T, self.g
         p, hd, n_head, n_head_kv = f"blk.{il}.", hp.head_dim_of(il), q.ne[1], hp.n_head_kv_of(il)
-        n_embd_kv = hd * n_head_kv
+        hv = hp.head_dim_v or hd        # a value head
+        n_embd_kv, n_embd_v = hd * n_head_kv, hv * n_head_kv
         swa = hp.is_swa(il)
         k_idx, v_idx, mask = self.attn_in_swa if swa else self.attn_in
         n_kv = self.n_kv_swa if swa else self.n_kv
@@ -176,7 +178,7 @@ class Ctx:
         cache_k, cache_v = self.st.kv[il]
         # rows of n_embd_kv, one per token, however the heads lie in memory
         k2 = B.view(k, (n_embd_kv, T), (k.nb[0], k.nb[2]))
-        v2 = B.view(v, (n_embd_kv, T), (v.nb[0], v.nb[2]))
+        v2 = B.view(v, (n_embd_v, T), (v.nb[0], v.nb[2]))
         # the cache writes run before the attention that reads the cache
         g.expand(B.set_rows(cache_k, k2, k_idx))
         row = 2 * hd   # F16 cache rows
@@ -185,17 +187,18 @@ class Ctx:
         qq = B.permute(q, 0, 2, 1, 3)
         if self.flash_attn:
             g.expand(B.set_rows(cache_v, v2, v_idx))
-            vv = B.permute(B.view(cache_v, (hd, n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
+            vv = B.permute(B.view(cache_v, (hv, n_head_kv, n_kv, 1),
+                                  (2, 2 * hv, 2 * n_embd_v, 2 * n_embd_v * n_kv)), 0, 2, 1, 3)
             o = B.flash_attn_ext(qq, kk, vv, mask, kq_scale, logit_softcap=hp.attn_softcap,
                                  sinks=w.get(p + "attn_sinks.weight"))
-            o = B.reshape(o, (hd * n_head, T), name=f"kqv_out-{il}")
+            o = B.reshape(o, (hv * n_head, T), name=f"kqv_out-{il}")
         else:
             # V transposed: element (cell, channel) at channel * n_ctx + cell
-            flat = B.reshape(cache_v, (1, n_embd_kv * n_cells))
+            flat = B.reshape(cache_v, (1, n_embd_v * n_cells))
             v2 = v2 if B.is_contiguous(v2) else B.cont(v2)
-            g.expand(B.set_rows(flat, B.reshape(v2, (1, T * n_embd_kv)), v_idx))
-            vt = B.view(cache_v, (n_kv, n_head_kv, hd, 1),
-                        (2, 2 * n_cells * hd, 2 * n_cells, 2 * n_cells * n_embd_kv))
+            g.expand(B.set_rows(flat, B.reshape(v2, (1, T * n_embd_v)), v_idx))
+            vt = B.view(cache_v, (n_kv, n_head_kv, hv, 1),
+                        (2, 2 * n_cells * hv, 2 * n_cells, 2 * n_cells * n_embd_v))
             kq = B.mul_mat(kk, qq, name=f"kq-{il}", prec_f32=True)
             if hp.attn_softcap:
                 kq = B.scale(B.unary(GGMLUnaryOp.TANH, B.scale(kq, 1.0 / hp.attn_softcap)),
@@ -203,7 +206,7 @@ class Ctx:
             kq = B.soft_max_ext(kq, mask, kq_scale, name=f"kq_soft_max-{il}",
                                 sinks=w.get(p + "attn_sinks.weight"))
             kqv = B.mul_mat(B.permute(vt, 0, 2, 1, 3), kq, name=f"kqv-{il}")
-            o = B.cont(B.permute(kqv, 0, 2, 1, 3), (hd * n_head, T), name=f"kqv_out-{il}")
+            o = B.cont(B.permute(kqv, 0, 2, 1, 3), (hv * n_head, T), name=f"kqv_out-{il}")
         if not project:
             return o
         cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
@@ -270,10 +273,12 @@ class Ctx:
             probs = B.unary(GGMLUnaryOp.SIGMOID, logits, name=f"ffn_moe_probs-{il}")
         else:
             probs = B.soft_max(logits, name=f"ffn_moe_probs-{il}")
-        selection = probs
+        select = probs    # the experts' selection bias (exp_probs_b) steers the choice, not the weights
         if p + "exp_probs_b.bias" in w:
-            selection = B.add(probs, w[p + "exp_probs_b.bias"], name=f"ffn_moe_probs_biased-{il}")
-        chosen = B.argsort_top_k(selection, k, name=f"ffn_moe_topk-{il}")
+            select = B.add(probs, w[p + "exp_probs_b.bias"], name=f"ffn_moe_probs_biased-{il}")
+        if hp.n_expert_groups > 1:
+            select = self.expert_groups(il, select)
+        chosen = B.argsort_top_k(select, k, name=f"ffn_moe_topk-{il}")
         weights = B.get_rows(B.reshape(probs, (1, hp.n_expert, T)), chosen, name=f"ffn_moe_weights-{il}")
         if oai:   # soft-max over the chosen experts only
             weights = B.reshape(B.soft_max(B.reshape(weights, (k, T))), (1, k, T))
@@ -322,6 +327,19 @@ class Ctx:
         for v in views[1:]:
             moe = g.expand(B.add(moe, v, name=f"ffn_moe_out-{il}"))
         return B.cont(moe) if k == 1 else moe
+
+    def expert_groups(self, il: int, select: Tensor) -> Tensor:
+        """select (n_expert, T) with the experts outside the n_group_used best groups
+        at -inf; a group scores the sum of its two best experts (DeepSeek V3)."""
+        hp, T = self.hp, select.ne[1]
+        n_groups = hp.n_expert_groups
+        groups = B.reshape(select, (hp.n_expert // n_groups, n_groups, T))
+        best2 = B.argsort_top_k(groups, 2)
+        best2 = B.get_rows(B.reshape(groups, (1, *groups.ne[:3])), best2)
+        score = B.reshape(B.sum_rows(B.reshape(best2, best2.ne[1:])), (n_groups, T))
+        used = B.argsort_top_k(score, hp.n_group_used, name=f"ffn_moe_group_topk-{il}")
+        kept = B.set_rows(B.fill(groups, -math.inf), B.get_rows(groups, used), used)
+        return B.reshape(kept, (hp.n_expert, T), name=f"ffn_moe_probs_masked-{il}")
 
     def output(self, x: Tensor) -> Tensor:
         """The output layer: norm, the vocabulary's logits (the token embeddings when

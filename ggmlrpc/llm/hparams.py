@@ -53,7 +53,16 @@ class HParams:
     expert_gating: int = 0         # GATING_SOFTMAX (0: the same) or GATING_SIGMOID
     expert_weights_norm: bool = False
     expert_weights_scale: float = 0.0   # 0 or 1: not scaled
+    n_expert_groups: int = 0       # > 1: experts chosen among the n_group_used best groups
+    n_group_used: int = 0
     n_layer_dense_lead: int = 0    # the first layers have a dense feed-forward
+    # multi-head latent attention (deepseek2): the compressed KV and its head sizes
+    n_lora_q: int = 0
+    n_lora_kv: int = 0
+    head_dim_v: int = 0            # a value head where it differs from a key head (0: head_dim)
+    head_dim_mla: int = 0          # a query/key head decompressed (0: no MLA)
+    head_dim_v_mla: int = 0
+    rope_yarn_log_mul: float = 0.0
     # attention shaped per layer (gemma4): the sliding-window layers' head size and
     # rotated dims (0: as the others), a K/V head count per layer
     head_dim_swa: int = 0
@@ -64,6 +73,15 @@ class HParams:
     @property
     def n_embd_kv(self) -> int:
         return self.head_dim * self.n_head_kv
+
+    @property
+    def n_embd_v(self) -> int:
+        return (self.head_dim_v or self.head_dim) * self.n_head_kv
+
+    @property
+    def is_mla(self) -> bool:
+        """Multi-head latent attention: a K cache only, V is its first n_lora_kv values."""
+        return bool(self.head_dim_mla and self.head_dim_v_mla)
 
     def is_swa(self, il: int) -> bool:
         """Whether layer il attends a sliding window (gemma2: the even ones; gemma3:
@@ -85,6 +103,14 @@ class HParams:
     def n_embd_kv_of(self, il: int) -> int:
         """Layer il's K (and V) row: its head size times its K/V heads."""
         return self.head_dim_of(il) * self.n_head_kv_of(il)
+
+    def n_embd_v_of(self, il: int) -> int:
+        """Layer il's V row: as its K row, unless value heads have their own size."""
+        return self.head_dim_v * self.n_head_kv_of(il) if self.head_dim_v else self.n_embd_kv_of(il)
+
+    def v_width(self, swa: bool) -> int:
+        """The V row of the sliding-window layers (`swa`) or of the others."""
+        return self.n_embd_v if self.head_dim_v else self.kv_width(swa)
 
     def kv_width(self, swa: bool) -> int:
         """The K/V row of the sliding-window layers (`swa`) or of the others (every
@@ -127,25 +153,31 @@ class HParams:
                    rope_scale=1.0 / float(scale) if scale else 1.0,
                    n_expert=int(key("expert_count", 0)), n_expert_used=int(key("expert_used_count", 0)),
                    n_ctx_orig=int(key("rope.scaling.original_context_length", 0)),
-                   **_yarn_hparams(kind, 1.0 / float(scale) if scale else 1.0,
-                                   float(f.get(f"{a}.rope.scaling.attn_factor", 1.0))),
-                   **extra)
+                   n_expert_groups=int(key("expert_group_count", 0)),
+                   n_group_used=int(key("expert_group_used_count", 0)),
+                   **{**yarn_hparams(kind, 1.0 / float(scale) if scale else 1.0,
+                                     float(f.get(f"{a}.rope.scaling.attn_factor", 1.0))),
+                      **extra})
 
 
 GATING_SOFTMAX, GATING_SIGMOID = 1, 2     # llama.cpp's expert gating functions
 
 
-def _yarn_hparams(kind: str, freq_scale: float, attn_factor: float) -> dict:
+def yarn_hparams(kind: str, freq_scale: float, attn_factor: float, mscale: float | None = None) -> dict:
     """llama.cpp's rope extension factors: YaRN mixes in extrapolated frequencies
     (ext_factor 1); ggml's rope then grows the magnitude by 1 + 0.1 ln(factor), which
     llama.cpp's attention factor cancels again (both in F32, as llama.cpp computes
-    them), times the file's own attention factor."""
+    them), times the file's own attention factor. `mscale`: YaRN's magnitude where
+    an architecture sets its own (default 1 + 0.1 ln(factor)); an arch's hparams
+    may return these keys to replace the common ones."""
     f32 = np.float32
     if kind != "yarn":
         return {"rope_attn_factor": attn_factor}
     factor = f32(1.0) / f32(freq_scale)
     lnf = f32(math.log(factor))
-    mscale = f32(1.0) if factor <= 1.0 else f32(0.1) * lnf + f32(1.0)
+    if mscale is None:
+        mscale = f32(1.0) if factor <= 1.0 else f32(0.1) * lnf + f32(1.0)
+    mscale = f32(mscale)
     cancel = f32(1.0) / (f32(1.0) + f32(0.1) * lnf)
     return {"rope_ext_factor": 1.0, "rope_attn_factor": float(f32(mscale * cancel) * f32(attn_factor))}
 

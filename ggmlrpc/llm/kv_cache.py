@@ -164,7 +164,7 @@ class KVCache:
             if self.flash_attn:
                 values["v_idxs" + suffix] = idx
             else:   # one index per element of the transposed V cache, token-major
-                chan = np.arange(self.hp.kv_width(c is self.swa), dtype=np.int64) * c.size
+                chan = np.arange(self.hp.v_width(c is self.swa), dtype=np.int64) * c.size
                 values["v_idxs" + suffix] = (chan[None, :] + idx[:, None]).reshape(-1)
             values["kq_mask" + suffix] = c.mask(pos, n_kv, seqs).astype(mask_type)
             return n_kv

@@ -70,7 +70,7 @@ class Stage:
     embed: bool = False
     output: bool = False
     weights: dict[str, Tensor] = field(default_factory=dict)
-    kv: dict[int, tuple[Tensor, Tensor]] = field(default_factory=dict)
+    kv: dict[int, tuple[Tensor, Tensor | None]] = field(default_factory=dict)   # K, V (None: MLA)
     state: dict[int, tuple[Tensor, ...]] = field(default_factory=dict)   # recurrent layers' state
     state_span: Tensor | None = None      # all of the stage's recurrent state (zeroed anew)
     buffers: list[RemoteBuffer] = field(default_factory=list)
@@ -168,11 +168,14 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
         if n not in f.tensors:
             raise ModelError(f"{f.path}: missing tensor {n}")
     width = (lambda il: n_embd_kv) if n_embd_kv else kv.hp.n_embd_kv_of   # a cache row, per layer
+    v_width = (lambda il: n_embd_kv) if n_embd_kv else kv.hp.n_embd_v_of
+    n_cache = 1 if kv.hp.is_mla else 2      # MLA: a K cache only (V is part of it)
     st.mapped = st.device.local
     size = 0 if st.mapped else sum(_align(f.tensors[n].nbytes, align) for n in names)
     shapes = {il: state(il) if state else () for il in st.layers}
     attn = [il for il in st.layers if not shapes[il]]
-    kv_size = sum(2 * _align(2 * width(il) * kv.cells(il), align) for il in attn)
+    kv_size = sum(_align(2 * width(il) * kv.cells(il), align)
+                  + (n_cache - 1) * _align(2 * v_width(il) * kv.cells(il), align) for il in attn)
     kv_size += sum(_align(4 * int(np.prod(ne)), align) for il in st.layers for ne in shapes[il])
     st.buffers, st.weights, st.kv, st.state = [], {}, {}, {}
     st.compute = st.inputs_buf = st.state_span = None
@@ -196,11 +199,12 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
         st.weights[n] = buf.tensor(ti.type, ti.ne, off, name=n)
         off += _align(ti.nbytes, align)
     for il in attn:
-        n_embd_kv = width(il)
-        kv_row = _align(2 * n_embd_kv * kv.cells(il), align)
+        n_embd_kv, n_embd_v = width(il), v_width(il)
+        k_row = _align(2 * n_embd_kv * kv.cells(il), align)
         k = buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off, name=f"cache_k_l{il}")
-        v = buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off + kv_row, name=f"cache_v_l{il}")
-        off += 2 * kv_row
+        v = (None if n_cache == 1 else
+             buf.tensor(GGMLType.F16, (n_embd_v, kv.cells(il)), off + k_row, name=f"cache_v_l{il}"))
+        off += k_row + (n_cache - 1) * _align(2 * n_embd_v * kv.cells(il), align)
         st.kv[il] = (k, v)
     state_at = off
     for il in st.layers:

@@ -182,6 +182,10 @@ class _Synth:
     def bias(self, n, scale=0.1):
         return (scale * self.rng.standard_normal(n, dtype=np.float32)).astype(np.float32)
 
+    def rewrite(self, name: str) -> None:
+        """Forget the common key `<arch>.<name>`, which the architecture writes its own way."""
+        self.w.kv_data[0].pop(f"{self.w.arch}.{name}", None)
+
     def add_f32(self, key: str, value: float) -> None:
         import gguf
         self.w.add_key_value(key, value, gguf.GGUFValueType.FLOAT32)

@@ -129,6 +129,17 @@ def test_sliding_window_sequences(tmp_path, servers, arch):
         check(m, start=[0, 0, 2, 4], stop={2: 10}, n=48)
 
 
+@pytest.mark.parametrize("model,fa", [("deepseek2-v3", True), ("deepseek2", False), ("deepseek2-wkv_b", False)])
+def test_latent_attention_sequences(tmp_path, servers, model, fa):
+    """deepseek2's compressed K-only cache (or, from a file with wkv_b, K and V
+    caches of different head sizes), on the servers beside its layers, shared by
+    four sequences as the full cache is."""
+    path = synth.write_model(tmp_path / f"{model}.gguf", model, arch_shape("deepseek2", 64))
+    with Model.load(path, rpc=servers, tensor_split=[1, 1], n_seq=4, flash_attn=fa) as m:
+        assert all((v is None) == m.hp.is_mla for st in m.stages for _, v in st.kv.values())
+        check(m, start=[0, 0, 2, 4], stop={1: 7})
+
+
 def test_the_model_s_own_sequence_is_untouched(llama):
     """Model.eval/prefill act on sequence 0; other sequences do not change its logits."""
     with Model.load(llama, n_gpu_layers=0, n_seq=2) as m:

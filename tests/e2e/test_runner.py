@@ -8,6 +8,7 @@ import os
 import subprocess
 import sys
 
+import gguf
 import numpy as np
 import pytest
 
@@ -347,3 +348,20 @@ def test_prefill_reuses_the_common_prefix(model_path, servers):
         assert np.allclose(got, c_whole, rtol=1e-3, atol=1e-3)
         again = m.prefill(c)                     # the same context: its last token runs again
         assert m.n_past == len(c) and np.allclose(again, c_whole, rtol=1e-3, atol=1e-3)
+
+
+@pytest.mark.parametrize("change,msg", [(("nextn_predict_layers", 1), "nextn_predict_layers"),
+                                        (("attention.temperature_scale", 0.5), "attention.temperature_scale")])
+def test_deepseek2_files_it_cannot_run_are_one_error(tmp_path, capsys, change, msg):
+    """A deepseek2 file the graph would run wrongly is refused: one `error:` line."""
+    from ggmlrpc.llm.archs import deepseek2
+
+    key, value = change
+    path = tmp_path / "ds.gguf"
+    s = synth._Synth(path, "deepseek2", arch_shape("deepseek2", 64), "f32", 0)
+    deepseek2.write(s)
+    s.w.add_key_value(f"deepseek2.{key}", value, gguf.GGUFValueType.UINT32 if isinstance(value, int)
+                      else gguf.GGUFValueType.FLOAT32)
+    s.finish()
+    rc, out, err = run_cli(capsys, "-m", str(path), "-p", PROMPT, "-n", "2")
+    assert rc == 1 and msg in err and err.startswith("error:") and err.count("\n") == 1, err

@@ -112,6 +112,7 @@ CASES: list[Case] = (
         ("gpt-oss", ("MXFP4_MOE", "Q8_0", "Q4_K_M", "Q5_0")),
         ("glm4moe", ("Q8_0", "Q4_K_M")), ("minimax-m2", ("Q4_K_M", "Q8_0")), ("gemma4", ("Q4_K_M", "Q8_0")),
         ("gemma4-moe", ("Q8_0", "Q4_K_M")),
+        ("deepseek2", ("Q8_0", "Q4_K_M")), ("deepseek2-v3", ("Q4_K_M", "Q8_0", "F32")),
     ) for i, w in enumerate(weights) for fa in [(FA_ON, FA_OFF)[i % 2]]]
     # quantized KV caches (SET_ROWS into Q8_0/Q4_0, flash attention over them), with
     # llama.cpp's Hadamard rotation of q/k/v and without it (test_completion runs
@@ -120,12 +121,13 @@ CASES: list[Case] = (
         ("llama", "F16", KV_Q8, (NO_ROT,)), ("llama", "Q4_K_M", KV_Q4, (NO_ROT,)),
         ("gemma2", "F16", KV_Q8, ((), NO_ROT)), ("phi3", "Q8_0", KV_Q4, ((), NO_ROT)),
         ("qwen2moe", "F16", KV_Q8, ((), NO_ROT)), ("phi2", "F16", KV_Q4, ((),)),
-        ("gpt-oss", "MXFP4_MOE", KV_Q8, ((), NO_ROT)),
+        ("gpt-oss", "MXFP4_MOE", KV_Q8, ((), NO_ROT)), ("deepseek2-v3", "F16", KV_Q8, ((), NO_ROT)),
         ("llama", "Q8_0", ("-fa", "off", "-ctk", "q8_0"), ((), NO_ROT))) for env in envs]
     # layers split over two servers
     + [Case(arch, w, FA_ON, pair) for arch, w in (("llama", "Q8_0"), ("gemma2", "F16"),
                                                   ("qwen2moe", "Q4_0"), ("gpt-oss", "MXFP4_MOE"),
-                                                  ("qwen3next", "Q4_K_M"), ("qwen35moe", "Q8_0"))
+                                                  ("qwen3next", "Q4_K_M"), ("qwen35moe", "Q8_0"),
+                                                  ("deepseek2-v3", "Q4_K_M"))
        for pair in ("ours+ours", "ours+ref")]
 )
 
@@ -140,7 +142,8 @@ LOGIT_CASES: list[Case] = (
        Case("gpt-oss", "Q8_0", KV_Q4),
        Case("glm4moe", "Q4_K_M"), Case("minimax-m2", "Q8_0"), Case("gemma4-moe", "Q4_K_M", FA_OFF),
        Case("gemma2", "Q8_0", KV_Q4, env=NO_ROT),
-       Case("qwen3next", "Q4_K_M"), Case("qwen35moe", "Q8_0")]
+       Case("qwen3next", "Q4_K_M"), Case("qwen35moe", "Q8_0"),
+       Case("deepseek2-v3", "Q4_K_M"), Case("deepseek2", "Q8_0", FA_OFF), Case("deepseek2-v3", "F16", KV_Q8)]
 )
 
 # case id -> why it fails (strict: the marker turns into a failure once it passes)

@@ -22,6 +22,7 @@ from ggmlrpc.llm.model import Model
 from tests.e2e.test_batch import alone
 from ggmlrpc.llm.sampling import Sampler
 from tests.e2e.test_runner import OTHER_ARCHS, arch_shape
+from tests.e2e.test_serve import rpc  # noqa: F401 (two of our servers, a fixture)
 from tests.interop.test_models import LOGIT_TIE
 
 pytestmark = pytest.mark.interop
@@ -328,3 +329,27 @@ def test_recurrent_state_equals_llama_completion(ref_bin, tmp_path, arch, kind, 
         texts.append(mine)
     for text in texts[1:]:
         equal_or_near_tie(model, text, texts[0], bit_exact, (kind, "vs in-process"))
+
+
+# the families people split over machines, each model of them as F32 and quantized
+# (256 wide so that K-quants quantize the large matrices; three blocks so that -ts 1,1
+# gives each server some, the output layer counting as one)
+SPLIT_MODELS = ["deepseek2", "deepseek2-v3", "deepseek2-lite", "deepseek2-wkv_b"]
+SPLIT_SHAPE = synth.ModelShape(n_layer=3, n_embd=256, n_ff=512, n_head=4, n_head_kv=2, n_expert=8)
+
+
+@pytest.mark.parametrize("weights", ["F32", "Q8_0", "Q4_K_M"])
+@pytest.mark.parametrize("model", SPLIT_MODELS)
+def test_split_families_in_process_and_over_two_servers(ref_bin, tmp_path, model, weights, rpc,
+                                                        capfdbinary):
+    """Greedy text equal to llama-completion's: in-process (llama.cpp on its CPU,
+    --no-repack) and with the layers split over two of our servers (-ts 1,1, the same
+    servers for llama-completion)."""
+    path = synth.write_model(tmp_path / f"{model}.gguf", model, SPLIT_SHAPE, "f32", seed=5)
+    if weights != "F32":
+        path = synth.quantize(ref_bin / "llama-quantize", path, tmp_path / f"{model}-{weights}.gguf", weights)
+    for args in (["-ngl", "0", "-t", "2"], ["--rpc", rpc, "-ngl", "99", "-ts", "1,1"]):
+        mine = ours(path, args, capfdbinary)
+        assert mine.startswith(b" " + PROMPT.encode()) and len(mine) > len(PROMPT) + N
+        same_text_or_near_tie(f"{model} {weights} {' '.join(args)}", path,
+                              mine, completion(ref_bin, path, args, expect=mine), n_gpu_layers=0)
