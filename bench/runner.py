@@ -148,7 +148,6 @@ def main(argv=None) -> int:
     ap.add_argument("--rtt-ms", nargs="+", type=float, default=[0.0],
                     help="simulated round trips for the rpc modes (a proxy per server)")
     lb.add_run_args(ap)
-    ap.add_argument("--arch", default="llama", help="the generated model's architecture (synth's model names)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--round-trips", action="store_true",
                     help="first count the commands per generated token on each server (rpc modes)")
