@@ -189,6 +189,43 @@ def decode_checked(buf, offset: int = 0) -> RpcTensor:
     return t
 
 
+def check_shapes(buf, offset: int, rows, nbytes) -> int:
+    """The shape checks of the graph tensors at offset + TENSOR_SIZE * rows[k], their
+    byte sizes written to nbytes[rows[k]]; returns the first row that fails, or -1."""
+    for r in rows:
+        try:
+            nbytes[r] = check_tensor_shape(decode_tensor(buf, offset + TENSOR_SIZE * int(r)))
+        except ValidationError:
+            return int(r)
+    return -1
+
+
+def find_cycle(deps) -> int:
+    """deps[i]: the rows tensor i depends on (-1: none). Returns the row of a tensor
+    that depends on itself through them, or -1 (iterative depth-first search)."""
+    state = bytearray(len(deps))  # 1: on the current path, 2: done
+    for root in range(len(deps)):
+        if state[root]:
+            continue
+        state[root] = 1
+        stack = [(root, iter(deps[root].tolist()))]
+        while stack:
+            i, it = stack[-1]
+            for d in it:
+                if d < 0:
+                    continue
+                if state[d] == 1:
+                    return d
+                if not state[d]:
+                    state[d] = 1
+                    stack.append((d, iter(deps[d].tolist())))
+                    break
+            else:
+                state[i] = 2
+                stack.pop()
+    return -1
+
+
 class PurePythonCodec:
     """The reference implementation of the codec functions the native module provides."""
 
@@ -198,6 +235,8 @@ class PurePythonCodec:
     check_tensor_shape = staticmethod(check_tensor_shape)
     decode_graph = staticmethod(decode_graph)
     decode_checked = staticmethod(decode_checked)
+    check_shapes = staticmethod(check_shapes)
+    find_cycle = staticmethod(find_cycle)
     range_inside = staticmethod(range_inside)
     fnv1a = staticmethod(fnv1a)
 

@@ -20,7 +20,7 @@ from . import protocol
 from .buffers import BufferTable, ServerBuffer
 from .errors import ConnectionLost, GgmlRpcError, ProtocolError, RpcTimeout, ValidationError
 from .compute.cpu import cancel_token
-from .graph import build_graph
+from .graph import DECODE_FACTOR, graph_from_payload
 from .metrics import SessionStats
 from .protocol import (CONN_CAPS_SIZE, Cmd, CMD_COUNT, MAX_GRAPH_PAYLOAD, REQUEST_SIZE,
                        SET_TENSOR_HEADER_SIZE, TENSOR_SIZE)
@@ -38,14 +38,15 @@ GRAPH_CHUNK = 16 << 20           # graph payloads grow only as their bytes arriv
 ANNOUNCED_MAX = 16               # cache misses a connection may upload after (llama.cpp: one)
 
 class StoredGraph:
-    """A compiled graph kept for GRAPH_RECOMPUTE, with the scratch bytes its plan holds
-    (counted in the device's ledger while it is stored)."""
-    __slots__ = ("graph", "plan", "scratch")
+    """A compiled graph kept for GRAPH_RECOMPUTE: its plan (which keeps nothing of the
+    decoded graph), its node count, and the bytes the plan holds (scratch, node
+    records, names), counted in the device's ledger while it is stored."""
+    __slots__ = ("plan", "n_nodes", "held")
 
-    def __init__(self, graph, plan, scratch: int):
-        self.graph = graph
+    def __init__(self, plan, n_nodes: int, held: int):
         self.plan = plan
-        self.scratch = scratch
+        self.n_nodes = n_nodes
+        self.held = held
 
 
 class Session:
@@ -135,28 +136,37 @@ class Session:
         self.held[b.device] -= b.size
         self.server.ledgers[b.device].release(b.size)
 
-    def keep_graph(self, device: int, graph, plan) -> None:
-        """Store a compiled graph, its plan's scratch reserved in the device's ledger
-        first: a graph whose scratch would pass the memory limit is refused."""
-        scratch = plan.scratch_bytes
+    def charge(self, device: int, n: int, what: str) -> None:
+        """Count n bytes of `what` against the connection's share and the device's
+        ledger; ValidationError (the connection closes) when either would pass its limit."""
         ledger = self.server.ledgers[device]
-        if scratch > ledger.share - self.held[device]:
-            raise ValidationError(f"graph needs {scratch} bytes of scratch memory on device "
-                                  f"{device}, this connection holds {self.held[device]} of the "
-                                  f"{ledger.share} bytes one client may (--client-mem-limit)")
-        if scratch and not ledger.reserve(scratch):
-            raise ValidationError(f"graph needs {scratch} bytes of scratch memory on device "
-                                  f"{device}, {ledger.used} of {ledger.limit} bytes in use (--mem-limit)")
-        self.held[device] += scratch
-        self.graphs[device] = StoredGraph(graph, plan, scratch)
+        if n > ledger.share - self.held[device]:
+            raise ValidationError(f"{what} needs {n} bytes on device {device}, this connection "
+                                  f"holds {self.held[device]} of the {ledger.share} bytes one client "
+                                  "may (--client-mem-limit)")
+        if n and not ledger.reserve(n):
+            raise ValidationError(f"{what} needs {n} bytes on device {device}, {ledger.used} of "
+                                  f"{ledger.limit} bytes in use (--mem-limit)")
+        self.held[device] += n
+
+    def uncharge(self, device: int, n: int) -> None:
+        if n:
+            self.held[device] -= n
+            self.server.ledgers[device].release(n)
+
+    def keep_graph(self, device: int, plan, n_nodes: int) -> None:
+        """Store a compiled graph, what its plan holds charged first: a plan that would
+        pass the memory limits is refused."""
+        held = plan.held_bytes
+        self.charge(device, held, "graph (its plan and scratch memory)")
+        self.graphs[device] = StoredGraph(plan, n_nodes, held)
 
     def forget_graphs(self, device: int | None = None) -> None:
-        """Drop the stored graph of one device (all when None) and return its scratch."""
+        """Drop the stored graph of one device (all when None) and return its bytes."""
         for dev in list(self.graphs) if device is None else [device]:
             stored = self.graphs.pop(dev, None)
-            if stored is not None and stored.scratch:
-                self.held[dev] -= stored.scratch
-                self.server.ledgers[dev].release(stored.scratch)
+            if stored is not None:
+                self.uncharge(dev, stored.held)
 
     def note(self, key: str, fmt: str, *args) -> None:
         """A warning that a client can repeat at will: logged once per connection,
@@ -461,21 +471,25 @@ class Session:
             raise ProtocolError(f"GRAPH_COMPUTE payload of {size} bytes")
         if size > MAX_GRAPH_PAYLOAD:
             raise ProtocolError(f"GRAPH_COMPUTE payload of {size} bytes exceeds the limit")
-        payload = self.recv_graph(size)
-        device, node_ids, tensors = self.codec.decode_graph(payload)
-        self.device_index(device)
-        if self.debug:
-            self.server.dbg("[graph_compute] device: %d, n_nodes: %d, n_tensors: %d",
-                            device, len(node_ids), len(tensors))
-        t0 = perf_counter_ns()
-        graph = build_graph(self, device, node_ids, tensors)
-        executor = self.devices[device].executor()
-        self.forget_graphs(device)
-        plan = executor.compile(graph, self.limits.max_graph_work)
-        self.keep_graph(device, graph, plan)   # a failed run closes the connection, releasing it
+        decoding = self.recv_graph(size)   # (device, charged bytes, payload)
+        device, charged, payload = decoding
+        try:
+            graph = graph_from_payload(self, payload)
+            if self.debug:
+                self.server.dbg("[graph_compute] device: %d, n_nodes: %d, n_tensors: %d",
+                                device, graph.n_nodes, len(graph.rows))
+            t0 = perf_counter_ns()
+            executor = self.devices[device].executor()
+            self.forget_graphs(device)
+            plan = executor.compile(graph, self.limits.max_graph_work)
+            n_nodes = graph.n_nodes
+            del graph, payload, decoding
+        finally:
+            self.uncharge(device, charged)
+        self.keep_graph(device, plan, n_nodes)   # a failed run closes the connection, releasing it
         with self.server.graph_watch.computing(self) as cancel:
             executor.run(plan, cancel)
-        self.stats.graph(device, "compute", len(node_ids), perf_counter_ns() - t0)
+        self.stats.graph(device, "compute", n_nodes, perf_counter_ns() - t0)
 
     def cmd_graph_recompute(self, size):
         (dev,) = U32.unpack(self.request)
@@ -488,18 +502,19 @@ class Session:
         t0 = perf_counter_ns()
         with self.server.graph_watch.computing(self) as cancel:
             self.devices[dev].executor().run(stored.plan, cancel)
-        self.stats.graph(dev, "recompute", len(stored.graph.nodes), perf_counter_ns() - t0)
+        self.stats.graph(dev, "recompute", stored.n_nodes, perf_counter_ns() - t0)
 
-    def recv_graph(self, size: int) -> bytearray:
-        """A graph payload, read in chunks so that memory grows only as bytes arrive.
-        After the first chunk its counts are checked against the caps (a bogus count
-        closes the connection before the rest is read), and bytes past the last
-        tensor, which the decoder ignores as llama.cpp does, are read and dropped
+    def recv_graph(self, size: int) -> tuple[int, int, bytearray]:
+        """A graph payload, read in chunks so that memory grows only as bytes arrive:
+        (device, bytes charged, payload). After the first chunk its counts are checked
+        against the caps (a bogus count closes the connection before the rest is
+        read) and the memory its decoding takes (graph.DECODE_FACTOR per byte kept) is
+        charged to the device it names, until the caller uncharges it; bytes past the
+        last tensor, which the decoder ignores as llama.cpp does, are read and dropped
         without being kept."""
         out = self.conn.recv_exact(min(size, GRAPH_CHUNK))
-        if len(out) == size:
-            return out
-        _, n_nodes = protocol.graph_layout(size, out[:8])
+        device, n_nodes = protocol.graph_layout(size, out[:8])
+        self.device_index(device)
         need, off = size, 8 + 8 * n_nodes
         if off + 4 <= len(out):
             (n_tensors,) = U32.unpack_from(out, off)
@@ -507,11 +522,17 @@ class Session:
                 raise ProtocolError(f"graph of {n_tensors} tensors (at most "
                                     f"{protocol.MAX_GRAPH_TENSORS})")
             need = min(size, off + 4 + TENSOR_SIZE * n_tensors)
-        while len(out) < need:
-            out += self.conn.recv_exact(min(need - len(out), GRAPH_CHUNK))
-        if size > max(need, len(out)):
-            self.conn.discard(size - max(need, len(out)))
-        return out
+        charged = DECODE_FACTOR * need
+        self.charge(device, charged, f"decoding a graph of {need} bytes")
+        try:
+            while len(out) < need:
+                out += self.conn.recv_exact(min(need - len(out), GRAPH_CHUNK))
+            if size > max(need, len(out)):
+                self.conn.discard(size - max(need, len(out)))
+        except BaseException:
+            self.uncharge(device, charged)
+            raise
+        return device, charged, out
 
 
 _HANDLERS = {
