@@ -122,6 +122,14 @@ class FlatGraph:
         self.node_rows = node_rows  # the row of each node, in graph order
         self.buffers = buffers      # handle -> ServerBuffer, every buffer a tensor names
         self.placement = _Placements(self)
+        # the rows of the runnable nodes and of their sources, by id, looked up in one
+        # pass (a dict of ints only: nothing the cyclic collector visits)
+        run = self.runnable_rows()
+        want = np.concatenate([rows["id"][run], rows["src"][run].ravel(), rows["view_src"][run]])
+        want = np.unique(want[want != 0])
+        i = np.minimum(np.searchsorted(uid, want), max(len(uid) - 1, 0))
+        hit = uid[i] == want if len(uid) else np.zeros(0, bool)
+        self._rows = dict(zip(want[hit].tolist(), urow[i[hit]].tolist()))
 
     @property
     def n_nodes(self) -> int:
@@ -129,6 +137,9 @@ class FlatGraph:
 
     def row(self, tid: int) -> int:
         """The row of id tid (its first occurrence), -1 when absent."""
+        r = self._rows.get(tid)
+        if r is not None:
+            return r
         i = int(np.searchsorted(self.uid, tid))
         return int(self.urow[i]) if i < len(self.uid) and int(self.uid[i]) == tid else -1
 
