@@ -107,11 +107,12 @@ def counted(n_nodes: int, n_fillers: int) -> int:
 def per_graph(layers: int, embd: int, n_tokens: int) -> list[dict]:
     from ggmlrpc.llm import synth
     from ggmlrpc.llm.model import Model
-    from ggmlrpc.session import Session
+    from ggmlrpc import session as sess
+    from ggmlrpc.protocol import Cmd
     from tests.conftest import start_server
 
     times = {"pp": [], "tg": []}
-    orig = Session.cmd_graph_compute
+    orig = sess._HANDLER_LIST[Cmd.GRAPH_COMPUTE]
     kind = ["pp"]
 
     def timed(self, size):
@@ -119,7 +120,7 @@ def per_graph(layers: int, embd: int, n_tokens: int) -> list[dict]:
         orig(self, size)
         times[kind[0]].append(time.perf_counter_ns() - t0)
 
-    Session.cmd_graph_compute = timed
+    sess._HANDLER_LIST[Cmd.GRAPH_COMPUTE] = timed
     srv = start_server("native")
     try:
         with tempfile.TemporaryDirectory() as d:
@@ -137,7 +138,7 @@ def per_graph(layers: int, embd: int, n_tokens: int) -> list[dict]:
                     for _ in gen:
                         pass
     finally:
-        Session.cmd_graph_compute = orig
+        sess._HANDLER_LIST[Cmd.GRAPH_COMPUTE] = orig
         srv.close()
     return [{"case": "per_graph", "graph": k, "n": len(v), "median_ms": round(statistics.median(v) / 1e6, 3)}
             for k, v in times.items() if v]
