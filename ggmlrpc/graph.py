@@ -121,7 +121,6 @@ class FlatGraph:
         self.urow = urow            # the row of each one's first occurrence
         self.node_rows = node_rows  # the row of each node, in graph order
         self.buffers = buffers      # handle -> ServerBuffer, every buffer a tensor names
-        self.placement = _Placements(self)
         # the rows of the runnable nodes and of their sources, by id, looked up in one
         # pass (a dict of ints only: nothing the cyclic collector visits)
         run = self.runnable_rows()
@@ -130,6 +129,12 @@ class FlatGraph:
         i = np.minimum(np.searchsorted(uid, want), max(len(uid) - 1, 0))
         hit = uid[i] == want if len(uid) else np.zeros(0, bool)
         self._rows = dict(zip(want[hit].tolist(), urow[i[hit]].tolist()))
+
+    @property
+    def placement(self) -> _Placements:
+        # made per use, not kept: a kept one would be a reference cycle, and the graph's
+        # arrays (the payload with them) would wait for the cyclic collector
+        return _Placements(self)
 
     @property
     def n_nodes(self) -> int:

@@ -8,6 +8,7 @@ against the live buffers of its own connection.
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import logging
 import mmap
@@ -35,7 +36,27 @@ U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
 U64x2 = struct.Struct("<QQ")  # (handle, size), (free, total), (offset, size|hash)
 GRAPH_CHUNK = 16 << 20           # graph payloads grow only as their bytes arrive
+TRIM_AT = 64 << 20               # a graph whose decoding took this much gives it back to the OS
 ANNOUNCED_MAX = 16               # cache misses a connection may upload after (llama.cpp: one)
+
+
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):   # not glibc
+        return None
+
+
+_trim = _malloc_trim()
+
+
+def return_freed_memory() -> None:
+    """Give the heap's free memory back to the OS (glibc's malloc_trim): the transient
+    arrays of a large graph's decoding come from the heap once glibc has raised its
+    mmap threshold, and the process would keep their pages after they are freed."""
+    if _trim is not None:
+        _trim(0)
+
 
 class StoredGraph:
     """A compiled graph kept for GRAPH_RECOMPUTE: its plan (which keeps nothing of the
@@ -486,6 +507,8 @@ class Session:
             del graph, payload, decoding
         finally:
             self.uncharge(device, charged)
+            if charged >= TRIM_AT:
+                return_freed_memory()
         self.keep_graph(device, plan, n_nodes)   # a failed run closes the connection, releasing it
         with self.server.graph_watch.computing(self) as cancel:
             executor.run(plan, cancel)
