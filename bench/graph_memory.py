@@ -9,6 +9,7 @@ each run prints JSON rows and a short table:
   a buffer (the most a graph may carry), `nodes` 262,144 runnable ADD nodes; with the
   bytes the server's ledger counts for that client (`counted`, 0 when the tree has no
   ledger entry for graphs).
+  The same graphs against the reference ggml-rpc-server when it is built.
 - `per_graph`: the server's time per GRAPH_COMPUTE (decode, validation, plan, run) of a
   generated llama model's prompt and generation graphs, medians (in process).
 - `bystander`: p50/p99/max of a 64-byte GET_TENSOR round trip of a client while 0, 1
@@ -60,10 +61,22 @@ def rss_of(pid: int) -> int:
         return int(f.read().split()[1]) * os.sysconf("SC_PAGE_SIZE")
 
 
-def stored(n_nodes: int, n_fillers: int) -> dict:
+def reference_server() -> str | None:
+    """The reference build's ggml-rpc-server, or None when it is not built."""
+    try:
+        out = subprocess.run(["bash", str(REPO / "scripts" / "build-reference.sh"), "--where"],
+                             capture_output=True, text=True, timeout=30).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    exe = Path(out.splitlines()[-1]) / "ggml-rpc-server" if out else None
+    return str(exe) if exe is not None and exe.exists() else None
+
+
+def stored(n_nodes: int, n_fillers: int, reference: str | None = None) -> dict:
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-P", "-m", "ggmlrpc.cli.server", "-p", str(port),
-                             "-t", "1"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    argv = ([reference, "-p", str(port), "-t", "1"] if reference else
+            [sys.executable, "-P", "-m", "ggmlrpc.cli.server", "-p", str(port), "-t", "1"])
+    proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
         deadline = time.monotonic() + 30
         while True:
@@ -82,7 +95,8 @@ def stored(n_nodes: int, n_fillers: int) -> dict:
         took = time.perf_counter() - t0
         after = rss_of(proc.pid)
         a.raw.close()
-        return {"case": "stored", "graph": "nodes" if n_nodes > 1 else "unused", "n_nodes": n_nodes,
+        return {"case": "stored", "graph": "nodes" if n_nodes > 1 else "unused",
+                "server": "reference" if reference else "ours", "n_nodes": n_nodes,
                 "n_tensors": n_nodes + n_fillers + 2, "rss_before": before, "rss_after": after,
                 "grown_mib": round((after - before) / 2**20, 1), "seconds": round(took, 2)}
     finally:
@@ -105,7 +119,7 @@ def counted(n_nodes: int, n_fillers: int) -> int:
         srv.close()
 
 
-def per_graph(layers: int, embd: int, n_tokens: int) -> list[dict]:
+def per_graph(layers: int, embd: int, n_tokens: int, rounds: int) -> list[dict]:
     from ggmlrpc.llm import synth
     from ggmlrpc.llm.model import Model
     from ggmlrpc import session as sess
@@ -131,7 +145,7 @@ def per_graph(layers: int, embd: int, n_tokens: int) -> list[dict]:
                 gen = m.generate("the old fisherman " * (n_tokens // 3), 1, temp=0)
                 next(gen)
                 kind[0] = "tg"
-                for _ in range(3):
+                for _ in range(rounds):
                     gen = m.generate("the", 24, temp=0)
                     kind[0] = "pp"
                     next(gen)
@@ -194,16 +208,20 @@ def main() -> None:
     ap.add_argument("--embd", type=int, default=256)
     ap.add_argument("--tokens", type=int, default=96)
     ap.add_argument("--seconds", type=float, default=10)
+    ap.add_argument("--rounds", type=int, default=12, help="generations timed in per_graph")
     ap.add_argument("--skip", nargs="*", default=[], choices=["stored", "per_graph", "bystander"])
     a = ap.parse_args()
     rows = []
     if "stored" not in a.skip:
+        ref = reference_server()
         for n_nodes, n_fillers in ((1, (1 << 19) - 3), (1 << 18, 0)):
             row = stored(n_nodes, n_fillers)
             row["counted_mib"] = round(counted(n_nodes, n_fillers) / 2**20, 1)
             rows.append(row)
+            if ref:
+                rows.append(stored(n_nodes, n_fillers, ref))
     if "per_graph" not in a.skip:
-        rows += per_graph(a.layers, a.embd, a.tokens)
+        rows += per_graph(a.layers, a.embd, a.tokens, a.rounds)
     if "bystander" not in a.skip:
         rows += [bystander(k, a.seconds) for k in (0, 1, 3)]
     for r in rows:

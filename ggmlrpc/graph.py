@@ -12,15 +12,14 @@ parameters are function pointers of the client process.
 """
 from __future__ import annotations
 
-import struct
 from dataclasses import dataclass, field
 
 import numpy as np
 
 from . import ggml
 from .errors import ProtocolError, ValidationError
-from .protocol import (MAX_GRAPH_TENSORS, MAX_SRC, TENSOR_SIZE, RpcTensor, encode_graph,
-                       graph_layout)
+from .protocol import (MAX_SRC, TENSOR_SIZE, RpcTensor, encode_graph, graph_layout,
+                       graph_tensors)
 
 
 @dataclass
@@ -105,9 +104,10 @@ class _Placements:
 
 class FlatGraph:
     """A validated graph kept as the payload's own records plus a sorted id index:
-    RpcTensor objects exist only while a caller holds them (runnable() and sources()
-    make them on demand), so a graph of half a million tensors costs a few arrays,
-    not millions of Python objects. Offers Graph's interface to the executors."""
+    RpcTensor objects are made only for the runnable nodes and their sources, when
+    runnable() and sources() first hand them out, so a graph of half a million
+    tensors that nothing computes costs a few arrays, not millions of Python objects.
+    Offers Graph's interface to the executors; release() frees the objects in steps."""
 
     def __init__(self, codec, device: int, rows, offset: int, payload, nbytes, uid, urow,
                  node_rows, buffers):
@@ -124,6 +124,8 @@ class FlatGraph:
         # the rows of the runnable nodes and of their sources, by id, looked up in one
         # pass (a dict of ints only: nothing the cyclic collector visits)
         run = self.runnable_rows()
+        self._run = run.tolist()
+        self._objs = {}             # row -> RpcTensor, for the runnable nodes and their sources
         want = np.concatenate([rows["id"][run], rows["src"][run].ravel(), rows["view_src"][run]])
         want = np.unique(want[want != 0])
         i = np.minimum(np.searchsorted(uid, want), max(len(uid) - 1, 0))
@@ -149,9 +151,21 @@ class FlatGraph:
         return int(self.urow[i]) if i < len(self.uid) and int(self.uid[i]) == tid else -1
 
     def tensor(self, r: int) -> RpcTensor:
-        t = self.codec.decode_tensor(self.payload, self.offset + TENSOR_SIZE * r)
-        t.nbytes = int(self.nbytes[r])
+        """Row r as an RpcTensor, made on first use and kept until release()."""
+        t = self._objs.get(r)
+        if t is None:
+            t = self.codec.decode_tensor(self.payload, self.offset + TENSOR_SIZE * r)
+            t.nbytes = int(self.nbytes[r])
+            self._objs[r] = t
         return t
+
+    def release(self, step: int = 4096) -> None:
+        """Drop the tensors made so far, a step at a time: a loop in Python, which other
+        threads interrupt, rather than one dict freed under the interpreter lock."""
+        objs = self._objs
+        while objs:
+            for _ in range(min(step, len(objs))):
+                objs.popitem()
 
     def runnable_rows(self):
         """Rows of the nodes a ggml backend runs: compute flag, not a view op, no empty dim."""
@@ -162,8 +176,8 @@ class FlatGraph:
         return nr[keep]
 
     def runnable(self):
-        """The runnable nodes as RpcTensors, made one at a time."""
-        for r in self.runnable_rows().tolist():
+        """The runnable nodes as RpcTensors, made on first use."""
+        for r in self._run:
             yield self.tensor(r)
 
     def sources(self, node: RpcTensor) -> list[RpcTensor | None]:
@@ -221,13 +235,7 @@ def graph_from_payload(session, payload) -> FlatGraph:
     node_ids = np.frombuffer(payload, "<u8", n_nodes, 8)
     if len(np.unique(node_ids)) != n_nodes:
         raise ValidationError("graph lists a node id more than once")
-    off = 8 + 8 * n_nodes
-    (n_tensors,) = struct.unpack_from("<I", payload, off)
-    off += 4
-    if n_tensors > MAX_GRAPH_TENSORS:
-        raise ProtocolError(f"graph of {n_tensors} tensors (at most {MAX_GRAPH_TENSORS})")
-    if size < off + n_tensors * TENSOR_SIZE:
-        raise ProtocolError(f"graph payload of {size} bytes too short for {n_tensors} tensors")
+    off, n_tensors = graph_tensors(payload, n_nodes)
     rows = np.ndarray((n_tensors,), TENSOR_DTYPE, payload, off)
 
     def name(r) -> str:

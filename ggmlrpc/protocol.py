@@ -161,6 +161,18 @@ def graph_layout(payload_size: int, head: bytes):
     return device, n_nodes
 
 
+def graph_tensors(payload, n_nodes: int) -> tuple[int, int]:
+    """(offset, count) of the tensors of a graph payload after its n_nodes node ids,
+    the count checked against the cap and the payload's size."""
+    off = 8 + 8 * n_nodes
+    (n_tensors,) = struct.unpack_from("<I", payload, off)
+    if n_tensors > MAX_GRAPH_TENSORS:
+        raise ProtocolError(f"graph of {n_tensors} tensors (at most {MAX_GRAPH_TENSORS})")
+    if len(payload) < off + 4 + n_tensors * TENSOR_SIZE:
+        raise ProtocolError(f"graph payload of {len(payload)} bytes too short for {n_tensors} tensors")
+    return off + 4, n_tensors
+
+
 def decode_graph(payload) -> tuple[int, list[int], list[RpcTensor]]:
     """Decode a whole graph payload (trailing bytes are ignored, as llama.cpp does)."""
     size = len(payload)
@@ -170,13 +182,7 @@ def decode_graph(payload) -> tuple[int, list[int], list[RpcTensor]]:
     nodes = list(struct.unpack_from(f"<{n_nodes}Q", payload, 8))
     if len(set(nodes)) != n_nodes:
         raise ValidationError("graph lists a node id more than once")
-    off = 8 + 8 * n_nodes
-    (n_tensors,) = struct.unpack_from("<I", payload, off)
-    off += 4
-    if n_tensors > MAX_GRAPH_TENSORS:
-        raise ProtocolError(f"graph of {n_tensors} tensors (at most {MAX_GRAPH_TENSORS})")
-    if size < off + n_tensors * TENSOR_SIZE:
-        raise ProtocolError(f"graph payload of {size} bytes too short for {n_tensors} tensors")
+    off, n_tensors = graph_tensors(payload, n_nodes)
     tensors = [decode_tensor(payload, off + i * TENSOR_SIZE) for i in range(n_tensors)]
     return device, nodes, tensors
 

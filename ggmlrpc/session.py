@@ -502,7 +502,10 @@ class Session:
             t0 = perf_counter_ns()
             executor = self.devices[device].executor()
             self.forget_graphs(device)
-            plan = executor.compile(graph, self.limits.max_graph_work)
+            try:
+                plan = executor.compile(graph, self.limits.max_graph_work)
+            finally:
+                graph.release()
             n_nodes = graph.n_nodes
             del graph, payload, decoding
         finally:

@@ -18,7 +18,7 @@ import pytest
 
 from ggmlrpc.server import Limits
 from tests.conftest import start_server
-from tests.protocol.rawclient import (DEVICE_COUNT, GRAPH_COMPUTE, HELLO_ANSWER, OP_ADD, Raw, Watch,
+from tests.protocol.rawclient import (GRAPH_COMPUTE, HELLO_ANSWER, OP_ADD, Raw, Watch,
                                       frame, logged, tensor, wait_stats)
 
 BUF = 1 << 16
@@ -56,7 +56,7 @@ class Attacker:
         return frame(GRAPH_COMPUTE, payload(self.handle, self.base, n_nodes, n_fillers))
 
 
-def held(server, session_count: int = 2) -> list[int]:
+def held(server) -> list[int]:
     """Per session, the bytes it holds on device 0."""
     return [h[0] for h in server.memory()["held"]]
 
