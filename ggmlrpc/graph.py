@@ -9,6 +9,11 @@ kernels touch); a tensor with
 data has a live buffer of this connection and lies inside it; a view lies inside
 the buffer of what it views; no op outside ggml's range and no custom ops, whose
 parameters are function pointers of the client process.
+
+graph_from_payload validates a payload in place and returns a FlatGraph (the
+server's and LocalBackend's form: the payload's records, no Python object per
+tensor); Graph is the same interface over RpcTensor objects, for tests and tools
+that build graphs by hand.
 """
 from __future__ import annotations
 
@@ -32,14 +37,12 @@ class Placement:
 
 @dataclass
 class Graph:
+    """A graph of RpcTensor objects (not validated: see graph_from_payload)."""
+
     device: int
     nodes: list[RpcTensor]
     tensors: dict[int, RpcTensor]
     placement: dict[int, Placement] = field(default_factory=dict)
-
-    def buffers(self) -> set[int]:
-        """Handles of every buffer the graph touches (a free of one drops the graph)."""
-        return {p.buffer.handle for p in self.placement.values()}
 
     def runnable(self) -> list[RpcTensor]:
         """The nodes a ggml backend runs: compute flag, not a view op, no empty dim."""
