@@ -2,10 +2,14 @@
 both over the same two servers of ours, same generated model (llama_bench.py's,
 quantized by llama-quantize), in the same run:
 
+- both servers run at once over the same RPC servers and are measured in turns,
+  --rounds of each (medians), so that a shared host's drifting load hits both;
 - one request alone (generation tokens/s), then N concurrent greedy requests of
   --gen tokens each (random prompts of --prompt tokens): the aggregate tokens/s
   (every request's tokens over the wall time from sending to the last one done),
-  its ratio to one request alone, and the p50/p99 time per token (the gaps between
+  its ratio to one request alone, the same for the decode alone (tokens after each
+  request's first, from the first first token on: without the prompts, which
+  dominate short runs on a CPU), and the p50/p99 time per token (the gaps between
   a request's streamed chunks);
 - the prefix cache: a request with a --prefix-token prompt, then one that shares
   that prefix (a different ending): the times to first token and their ratio.
@@ -74,8 +78,10 @@ def concurrent(url: str, prompts: list[list[int]], n_gen: int) -> dict:
     t1 = max(r["times"][-1] for r in rs)
     n = sum(len(r["times"]) for r in rs)
     gaps = np.concatenate([np.diff(r["times"]) for r in rs]) * 1e3
-    return {"tps": n / (t1 - t0), "n": n, "p50_ms": float(np.percentile(gaps, 50)),
-            "p99_ms": float(np.percentile(gaps, 99))}
+    # the decode alone: tokens after each request's first, from the first first token on
+    t_first = min(r["times"][0] for r in rs)
+    return {"tps": n / (t1 - t0), "gen_tps": (n - len(rs)) / (t1 - t_first), "n": n,
+            "p50_ms": float(np.percentile(gaps, 50)), "p99_ms": float(np.percentile(gaps, 99))}
 
 
 def prefix(url: str, rng, args) -> dict:
@@ -88,35 +94,55 @@ def prefix(url: str, rng, args) -> dict:
 
 
 def bench(ref: Path, qtype: str, np_: int, args) -> dict:
+    """Both servers up at once over the same RPC servers, measured in turns
+    (--rounds of each): on a shared host the load drifts, so each figure is the
+    median of its rounds and both see the same drift."""
     shape = lb.LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64, n_head_kv=args.embd // 64,
                           n_ctx=args.ctx)
     m = lb.model(ref, qtype, shape)
-    row = {"type": qtype, "np": np_, "prompt": args.prompt, "gen": args.gen}
+    row = {"type": qtype, "np": np_, "prompt": args.prompt, "gen": args.gen, "rounds": args.rounds}
+    who_all = ("ours", "llama-server")
+    runs: dict = {(w, k): [] for w in who_all for k in ("one", "many")}
     with runner.our_servers(2, args.threads) as (eps, _):
-        for who in ("ours", "llama-server"):
-            rng = np.random.default_rng(np_)
-            proc, url = start(who, ref, m, eps, np_, args)
-            try:
-                request(url, [int(t) for t in rng.integers(3, 500, 8)], 4)     # warm-up
-                one = concurrent(url, [[int(t) for t in rng.integers(3, 500, args.prompt)]], args.gen)
-                many = concurrent(url, [[int(t) for t in rng.integers(3, 500, args.prompt)]
-                                        for _ in range(np_)], args.gen)
-                row[f"{who}_alone_tps"] = one["tps"]
+        procs, urls = [], {}
+        try:
+            for who in who_all:
+                proc, urls[who] = start(who, ref, m, eps, np_, args)
+                procs.append(proc)
+                rng = np.random.default_rng(0)
+                request(urls[who], [int(t) for t in rng.integers(3, 500, 8)], 4)     # warm-up
+            for r in range(args.rounds):
+                for who in who_all:
+                    rng = np.random.default_rng(np_ * 1000 + r)
+                    runs[who, "one"].append(concurrent(urls[who], [[int(t) for t in rng.integers(3, 500, args.prompt)]],
+                                                       args.gen))
+                    runs[who, "many"].append(concurrent(urls[who], [[int(t) for t in rng.integers(3, 500, args.prompt)]
+                                                                    for _ in range(np_)], args.gen))
+                    time.sleep(args.pause)
+            for who in who_all:
+                one = float(np.median([x["tps"] for x in runs[who, "one"]]))
+                many = {k: float(np.median([x[k] for x in runs[who, "many"]]))
+                        for k in ("tps", "gen_tps", "p50_ms", "p99_ms")}
+                row[f"{who}_alone_tps"] = one
+                row[f"{who}_alone_gen_tps"] = float(np.median([x["gen_tps"] for x in runs[who, "one"]]))
+                row[f"{who}_gen_tps"] = many["gen_tps"]
+                row[f"{who}_gen_batch_ratio"] = many["gen_tps"] / row[f"{who}_alone_gen_tps"]
                 row[f"{who}_tps"] = many["tps"]
                 row[f"{who}_p50_ms"], row[f"{who}_p99_ms"] = many["p50_ms"], many["p99_ms"]
-                row[f"{who}_batch_ratio"] = many["tps"] / one["tps"]
+                row[f"{who}_batch_ratio"] = many["tps"] / one
                 if np_ == min(args.np) and args.prefix:
-                    for k, v in prefix(url, rng, args).items():
+                    for k, v in prefix(urls[who], np.random.default_rng(np_), args).items():
                         row[f"{who}_{k}"] = v
-            finally:
+        finally:
+            for proc in procs:
                 proc.send_signal(signal.SIGINT)
                 try:
                     proc.wait(30)
                 except subprocess.TimeoutExpired:
                     proc.kill()
                     proc.wait()
-            time.sleep(args.pause)
     row["tps_ratio"] = row["ours_tps"] / row["llama-server_tps"]
+    row["gen_tps_ratio"] = row["ours_gen_tps"] / row["llama-server_gen_tps"]
     return row
 
 
@@ -132,7 +158,8 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--embd", type=int, default=1024)
     ap.add_argument("--ff", type=int, default=2816)
-    ap.add_argument("--pause", type=float, default=1.0, help="seconds of quiet between servers")
+    ap.add_argument("--pause", type=float, default=0.5, help="seconds of quiet between measurements")
+    ap.add_argument("--rounds", type=int, default=3, help="turns of each server (figures: medians)")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     ref = lb.reference_bin()
@@ -141,8 +168,9 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     print("\n| type | np | agg t/s ours / llama-server | ratio | ours vs alone | llama-server vs alone "
+          "| decode t/s ours / ls (ratio) | decode vs alone ours / ls "
           "| p50 ms ours / ls | p99 ms ours / ls | prefix TTFT first/shared ours (ratio) | llama-server (ratio) |")
-    print("| --- | --: | --- | --: | --: | --: | --- | --- | --- | --- |")
+    print("| --- | --: | --- | --: | --: | --: | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         pre = ("", "")
         if "ours_ttft_ratio" in r:
@@ -150,6 +178,8 @@ def main(argv=None) -> int:
                         for w in ("ours", "llama-server"))
         print(f"| {r['type']} | {r['np']} | {r['ours_tps']:.2f} / {r['llama-server_tps']:.2f} | {r['tps_ratio']:.2f} "
               f"| {r['ours_batch_ratio']:.2f}x | {r['llama-server_batch_ratio']:.2f}x "
+              f"| {r['ours_gen_tps']:.1f} / {r['llama-server_gen_tps']:.1f} ({r['gen_tps_ratio']:.2f}) "
+              f"| {r['ours_gen_batch_ratio']:.2f}x / {r['llama-server_gen_batch_ratio']:.2f}x "
               f"| {r['ours_p50_ms']:.1f} / {r['llama-server_p50_ms']:.1f} "
               f"| {r['ours_p99_ms']:.1f} / {r['llama-server_p99_ms']:.1f} | {pre[0]} | {pre[1]} |")
     return 0

@@ -41,7 +41,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))   # the tests package; ggmlrpc itself as installed
 
-from servers import fixtures, server_argvs  # noqa: E402
+from servers import emit_json, fixtures, server_argvs  # noqa: E402
 from ggmlrpc.errors import GgmlRpcError  # noqa: E402
 from tests.conftest import Proc, free_port  # noqa: E402
 from tests.e2e.test_cancel import long_chain as chain  # noqa: E402
@@ -248,10 +248,7 @@ def main(argv=None) -> int:
                   f"{fmt(r['max_ms'])}  {r['timed_out']:9d}  {r.get('load', {}).get('graphs', '-'):>11} "
                   f"{fmt(gr.get('p50_ms'))}   {fmt(gr.get('p99_ms'))}  "
                   f"{f'{growth:+.1%}' if growth is not None else '-':>13}")
-    doc = json.dumps({"threads": args.threads, "seconds": args.seconds, "results": res}, indent=2)
-    print(doc)
-    if args.json:
-        Path(args.json).write_text(doc)
+    emit_json({"threads": args.threads, "seconds": args.seconds, "results": res}, args.json)
     return 0
 
 

@@ -13,20 +13,18 @@ instead of hashing it again. Prints a table and a JSON document; asserts nothing
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import sys
 import tempfile
 import time
-from pathlib import Path
 
 import numpy as np
 
 from ggmlrpc import protocol
 from ggmlrpc.client import RemoteBackend
 from ggmlrpc.ggml import GGMLType
-from servers import fixtures, server_argvs  # bench/servers.py
+from servers import emit_json, fixtures, server_argvs  # bench/servers.py
 
 MiB = 1 << 20
 
@@ -103,10 +101,7 @@ def main(argv=None) -> int:
                           for k, v in row.items() if isinstance(v, dict))
         ratio = row.get("ours_over_reference_time")
         print(f"{size:>6} MiB hit: {cells}" + (f", ours/reference {ratio:.2f}" if ratio else ""))
-    doc = json.dumps(results, indent=2)
-    print(doc)
-    if args.json:
-        Path(args.json).write_text(doc + "\n")
+    emit_json(results, args.json)
     return 0
 
 

@@ -24,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from ggmlrpc.llm.synth import LlamaShape, quantize, write_llama  # noqa: E402
+from ggmlrpc.llm.synth import LlamaShape, ModelShape, quantize, write_llama, write_model  # noqa: E402
 
 
 def reference_bin() -> Path:
@@ -33,17 +33,21 @@ def reference_bin() -> Path:
     return Path(out.strip().splitlines()[-1])
 
 
-def model(ref: Path, qtype: str, shape: LlamaShape) -> Path:
+def model(ref: Path, qtype: str, shape: LlamaShape, arch: str = "llama") -> Path:
+    """A generated model (`arch`: a model name of ggmlrpc.llm.synth), cached by shape."""
     cache = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "ggmlrpc" / "models"
     cache.mkdir(parents=True, exist_ok=True)
-    tag = f"llama-{shape.n_layer}x{shape.n_embd}-ff{shape.n_ff}"
+    tag = f"{arch}-{shape.n_layer}x{shape.n_embd}-ff{shape.n_ff}"
     if shape.n_ctx != LlamaShape.n_ctx:
         tag += f"-ctx{shape.n_ctx}"
     dst = cache / f"{tag}-{qtype.lower()}.gguf"
     if not dst.exists():
         src = cache / f"{tag}-f16.gguf"
         if not src.exists():
-            write_llama(src.with_suffix(".tmp"), shape, "f16")
+            if arch == "llama":
+                write_llama(src.with_suffix(".tmp"), shape, "f16")
+            else:
+                write_model(src.with_suffix(".tmp"), arch, ModelShape(**vars(shape)), "f16")
             src.with_suffix(".tmp").rename(src)
         if qtype.upper() == "F16":
             return src
@@ -100,9 +104,9 @@ def run_once(ref: Path, server_argv: list[str], m: Path, args) -> dict:
             srv.kill()
 
 
-def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--types", nargs="+", default=["Q8_0", "Q4_0"])
+def add_run_args(ap: argparse.ArgumentParser) -> None:
+    """The options of a run both comparisons share (this one and runner.py): threads,
+    prompt and generation lengths, repetitions, rounds, and the generated model's size."""
     ap.add_argument("--threads", type=int, default=2)
     ap.add_argument("--pp", type=int, default=64)
     ap.add_argument("--tg", type=int, default=32)
@@ -111,6 +115,17 @@ def main(argv=None) -> int:
     ap.add_argument("--layers", type=int, default=12)
     ap.add_argument("--embd", type=int, default=1024)
     ap.add_argument("--ff", type=int, default=2816)
+
+
+def model_shape(args) -> LlamaShape:
+    """The generated llama add_run_args' options describe (64-wide heads)."""
+    return LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64, n_head_kv=args.embd // 64)
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", nargs="+", default=["Q8_0", "Q4_0"])
+    add_run_args(ap)
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--metrics", action="store_true",
                     help="also run ours with --metrics (ours+metrics) and report on/off ratios")
@@ -124,8 +139,7 @@ def main(argv=None) -> int:
     servers = {"reference": [str(ref / "ggml-rpc-server")], "ours": ours_argv}
     if args.metrics:  # every command counted; the endpoint on a free loopback port
         servers["ours+metrics"] = ours_argv + ["--metrics", "127.0.0.1:0"]
-    shape = LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64,
-                       n_head_kv=args.embd // 64)
+    shape = model_shape(args)
     results = []
     for qtype in args.types:
         m = model(ref, qtype, shape)

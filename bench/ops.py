@@ -16,7 +16,6 @@ whether the two results were the same bytes. Asserts nothing; see bench/README.m
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import sys
 import time
@@ -27,6 +26,7 @@ import numpy as np
 REPO = Path(__file__).resolve().parent.parent
 sys.path.append(str(REPO))   # the tests package; ggmlrpc itself as installed
 
+from servers import emit_json  # noqa: E402  bench/servers.py
 from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T  # noqa: E402
 from tests.conftest import Proc, free_port, our_server_argv, reference_bin  # noqa: E402
 from tests.ops.conftest import Ctx  # noqa: E402
@@ -110,10 +110,7 @@ def main(argv=None) -> int:
         print(f"{r['type']:6} {r['shape']:>14} {r.get('ours_min_ms', 0):9.3f} {r.get('reference_min_ms', 0):9.3f} "
               f"{r.get('ratio_min', 0):6.2f} {r.get('ours_median_ms', 0):9.3f} {r.get('reference_median_ms', 0):9.3f} "
               f"{r.get('ratio_median', 0):6.2f}  {r.get('same_bytes', '-')}")
-    doc = json.dumps({"threads": args.threads, "reps": args.reps, "rows": rows}, indent=2)
-    print(doc)
-    if args.json:
-        Path(args.json).write_text(doc)
+    emit_json({"threads": args.threads, "reps": args.reps, "rows": rows}, args.json)
     return 0
 
 

@@ -146,24 +146,17 @@ def main(argv=None) -> int:
     ap.add_argument("--modes", nargs="+", default=["rpc", "local"], choices=["rpc", "rpc2", "local"])
     ap.add_argument("--rtt-ms", nargs="+", type=float, default=[0.0],
                     help="simulated round trips for the rpc modes (a proxy per server)")
-    ap.add_argument("--threads", type=int, default=2)
-    ap.add_argument("--pp", type=int, default=64)
-    ap.add_argument("--tg", type=int, default=32)
-    ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--layers", type=int, default=12)
-    ap.add_argument("--embd", type=int, default=1024)
-    ap.add_argument("--ff", type=int, default=2816)
+    lb.add_run_args(ap)
+    ap.add_argument("--arch", default="llama", help="the generated model's architecture (synth's model names)")
     ap.add_argument("--timeout", type=float, default=900)
     ap.add_argument("--round-trips", action="store_true",
                     help="first count the commands per generated token on each server (rpc modes)")
     args = ap.parse_args(argv)
     ref = lb.reference_bin()
-    shape = lb.LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64,
-                          n_head_kv=args.embd // 64)
+    shape = lb.model_shape(args)
     table = []
     for qtype in args.types:
-        m = lb.model(ref, qtype, shape)
+        m = lb.model(ref, qtype, shape, args.arch)
         if args.round_trips:
             for mode in [mo for mo in args.modes if mo != "local"]:
                 rt = round_trips(ref, m, mode, args)
@@ -174,7 +167,7 @@ def main(argv=None) -> int:
                               f"{[p['round_trips'] for p in per]}", flush=True)
         for mode, rtt in [(mo, r) for mo in args.modes for r in (args.rtt_ms if mo != "local" else [0.0])]:
             runs = [run_pair(ref, m, mode, rtt, args) for _ in range(args.rounds)]
-            row = {"type": qtype, "mode": mode, "rtt_ms": rtt, "runs": runs}
+            row = {"arch": args.arch, "type": qtype, "mode": mode, "rtt_ms": rtt, "runs": runs}
             for k in ("pp", "tg"):
                 pairs = [(r["ours"][k], r["llama.cpp"][k]) for r in runs
                          if k in r["ours"] and k in r["llama.cpp"]]

@@ -1,8 +1,9 @@
-"""What the benchmarks share: the tests' helpers for starting servers, and the
-command lines of the servers a run compares."""
+"""What the benchmarks share: the tests' helpers for starting servers, the
+command lines of the servers a run compares, and the JSON a run prints."""
 from __future__ import annotations
 
 import importlib.util
+import json
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
@@ -27,3 +28,11 @@ def server_argvs(fx, peers: str) -> dict[str, list[str]]:
             raise SystemExit("reference build missing: run scripts/build-reference.sh")
         argvs["reference"] = [str(ref / "ggml-rpc-server")]
     return argvs
+
+
+def emit_json(results, path: str | None) -> None:
+    """Print a run's results as JSON, and write them to `path` too when one is given."""
+    doc = json.dumps(results, indent=2)
+    print(doc)
+    if path:
+        Path(path).write_text(doc + "\n")

@@ -14,20 +14,18 @@ document; asserts nothing. See bench/README.md.
 from __future__ import annotations
 
 import argparse
-import json
 import socket
 import statistics
 import sys
 import threading
 import time
-from pathlib import Path
 
 import numpy as np
 
 from ggmlrpc._native import sockio
 from ggmlrpc.client import RemoteBackend
 from ggmlrpc.ggml import GGMLType
-from servers import fixtures, server_argvs  # bench/servers.py
+from servers import emit_json, fixtures, server_argvs  # bench/servers.py
 
 MiB = 1 << 20
 LATENCY_COMMANDS = ("get_alignment", "get_tensor_64")
@@ -210,10 +208,7 @@ def main(argv=None) -> int:
             lat["metrics_on_over_off_median"] = lat["ours+metrics"]["median"] / lat["ours"]["median"]
 
     print_table(results, names)
-    doc = json.dumps(results, indent=2)
-    print(doc)
-    if args.json:
-        Path(args.json).write_text(doc + "\n")
+    emit_json(results, args.json)
     return 0
 
 

@@ -128,6 +128,12 @@ def div(a: Tensor, b: Tensor, name: str = "") -> Tensor:
     return _binary(GGMLOp.DIV, a, b, name)
 
 
+def repeat(a: Tensor, ne: Sequence[int], name: str = "") -> Tensor:
+    """a tiled to shape ne (ggml_repeat_4d): each dimension a multiple of a's."""
+    _check(all(n % m == 0 for n, m in zip(_ne4(ne), a.ne)), "repeat: shape is not a multiple of the source's")
+    return _node(GGMLOp.REPEAT, a.type, ne, a, name=name)
+
+
 def unary(op: int, a: Tensor, name: str = "") -> Tensor:
     """ggml_unary: GGMLUnaryOp `op` element by element."""
     return _node(GGMLOp.UNARY, a.type, a.ne, a, params=[int(op)], name=name)

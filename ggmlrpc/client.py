@@ -431,6 +431,21 @@ class RemoteBackend:
                 out = bytearray(size)
             return self._recv_rsp(Cmd.GET_TENSOR, size, into=out)
 
+    def request_tensor(self, tensor: Tensor, out=None):
+        """Send GET_TENSOR for all of `tensor` (with what `corked()` holds) and return
+        a function that reads the answer into `out`: a host asks every server before
+        it waits for any. Nothing else may be sent on this connection in between."""
+        size = tensor.nbytes
+        req = protocol.encode_tensor(tensor.to_rpc()) + struct.pack("<QQ", 0, size)
+        with self._lock:
+            self._send(Cmd.GET_TENSOR, req)
+        out = bytearray(size) if out is None else out
+
+        def answer():
+            with self._lock:
+                return self._recv_rsp(Cmd.GET_TENSOR, size, into=out)
+        return answer
+
     def get_array(self, tensor: Tensor) -> np.ndarray:
         """A contiguous tensor's contents as a numpy array (numpy order: ne reversed, trailing 1s dropped)."""
         return tensor_array(tensor, self.get_tensor(tensor))
@@ -462,6 +477,10 @@ class RemoteBackend:
     def graph_compute(self, nodes: Sequence[Tensor], device: int = 0) -> None:
         """Send a graph (its nodes in execution order) to run on `device`."""
         self._post(Cmd.GRAPH_COMPUTE, serialize_graph(device, nodes))
+
+    def graph_compute_serialized(self, payload: bytes) -> None:
+        """GRAPH_COMPUTE with a graph `serialize_graph` made before (sent again as is)."""
+        self._post(Cmd.GRAPH_COMPUTE, payload)
 
     def graph_recompute(self, device: int = 0) -> None:
         self._post(Cmd.GRAPH_RECOMPUTE, struct.pack("<I", device))

@@ -350,11 +350,10 @@ class Metrics:
     def _commands(self, total, CounterMetricFamily, HistogramMetricFamily):
         names = [Cmd(c).name for c in range(CMD_COUNT)]
         seen = [c for c in range(CMD_COUNT) if total.count[c]]
-        count = CounterMetricFamily("ggmlrpc_commands", "commands served", labels=["command"])
-        rx = CounterMetricFamily("ggmlrpc_command_request_bytes",
-                                 "request bytes received, headers included", labels=["command"])
-        tx = CounterMetricFamily("ggmlrpc_command_response_bytes",
-                                 "response bytes sent, size fields included", labels=["command"])
+        count, rx, tx = _families(CounterMetricFamily, ["command"], (
+            ("ggmlrpc_commands", "commands served"),
+            ("ggmlrpc_command_request_bytes", "request bytes received, headers included"),
+            ("ggmlrpc_command_response_bytes", "response bytes sent, size fields included")))
         lat = HistogramMetricFamily("ggmlrpc_command_seconds",
                                     "time from a request's header to its response",
                                     labels=["command"])
@@ -372,14 +371,11 @@ class Metrics:
         yield from (count, rx, tx, lat)
 
     def _graphs(self, total, CounterMetricFamily):
-        runs = CounterMetricFamily("ggmlrpc_graph_computes",
-                                   "graphs run: GRAPH_COMPUTE (compute) and GRAPH_RECOMPUTE (recompute)",
-                                   labels=["device", "kind"])
-        nodes = CounterMetricFamily("ggmlrpc_graph_nodes", "nodes of the graphs run",
-                                    labels=["device", "kind"])
-        secs = CounterMetricFamily("ggmlrpc_graph_seconds",
-                                   "time validating, compiling and running graphs",
-                                   labels=["device", "kind"])
+        runs, nodes, secs = _families(CounterMetricFamily, ["device", "kind"], (
+            ("ggmlrpc_graph_computes",
+             "graphs run: GRAPH_COMPUTE (compute) and GRAPH_RECOMPUTE (recompute)"),
+            ("ggmlrpc_graph_nodes", "nodes of the graphs run"),
+            ("ggmlrpc_graph_seconds", "time validating, compiling and running graphs")))
         for dev, label in enumerate(self._labels):
             for kind in ("compute", "recompute"):
                 g = total.graphs.get((dev, kind), (0, 0, 0))
@@ -410,15 +406,12 @@ class Metrics:
             for label, v in zip(self._labels, values):
                 fam.add_metric([label], v)
             fams.append(fam)
-        free = GaugeMetricFamily("ggmlrpc_device_memory_free_bytes",
-                                 "free memory the device reports to clients", labels=["device"])
-        tot = GaugeMetricFamily("ggmlrpc_device_memory_total_bytes",
-                                "total memory the device reports to clients", labels=["device"])
-        limit = GaugeMetricFamily("ggmlrpc_device_memory_limit_bytes",
-                                  "buffer bytes all clients together may hold (--mem-limit)",
-                                  labels=["device"])
-        used = GaugeMetricFamily("ggmlrpc_device_memory_used_bytes",
-                                 "buffer bytes counted against the limit", labels=["device"])
+        free, tot, limit, used = _families(GaugeMetricFamily, ["device"], (
+            ("ggmlrpc_device_memory_free_bytes", "free memory the device reports to clients"),
+            ("ggmlrpc_device_memory_total_bytes", "total memory the device reports to clients"),
+            ("ggmlrpc_device_memory_limit_bytes",
+             "buffer bytes all clients together may hold (--mem-limit)"),
+            ("ggmlrpc_device_memory_used_bytes", "buffer bytes counted against the limit")))
         ledgers = getattr(self.server, "ledgers", [])
         for i, (label, dev) in enumerate(zip(self._labels, self.server.devices)):
             f, t = dev.memory()
@@ -453,6 +446,11 @@ class Metrics:
         yield GaugeMetricFamily("ggmlrpc_cache_files", "files in the local cache", value=files)
         yield GaugeMetricFamily("ggmlrpc_cache_disk_bytes", "bytes of the local cache's files",
                                 value=size)
+
+
+def _families(cls, labels: list[str], named) -> list:
+    """A metric family of type `cls` with these label names for each (name, help)."""
+    return [cls(name, doc, labels=labels) for name, doc in named]
 
 
 HTTP_MAX_CONNECTIONS = 4    # scrapes served at once; Prometheus sends one at a time

@@ -37,6 +37,8 @@ U64 = struct.Struct("<Q")
 U64x2 = struct.Struct("<QQ")  # (handle, size), (free, total), (offset, size|hash)
 GRAPH_CHUNK = 16 << 20           # graph payloads grow only as their bytes arrive
 TRIM_AT = 64 << 20               # a graph whose decoding took this much gives it back to the OS
+GRAPH_CACHE = 256                # compiled graphs a connection keeps per device (see cmd_graph_compute),
+GRAPH_CACHE_BYTES = 64 << 20     # and the bytes of their payloads
 ANNOUNCED_MAX = 16               # cache misses a connection may upload after (llama.cpp: one)
 
 
@@ -59,9 +61,10 @@ def return_freed_memory() -> None:
 
 
 class StoredGraph:
-    """A compiled graph kept for GRAPH_RECOMPUTE: its plan (which keeps nothing of the
-    decoded graph), its node count, and the bytes the plan holds (scratch, node
-    records, names), counted in the device's ledger while it is stored."""
+    """A compiled graph kept for GRAPH_RECOMPUTE and for a GRAPH_COMPUTE that repeats
+    its payload: its plan (which keeps nothing of the decoded graph), its node count,
+    and the bytes it holds (the plan's scratch, node records and names, and the
+    payload it is kept under), counted in the device's ledger while it is stored."""
     __slots__ = ("plan", "n_nodes", "held")
 
     def __init__(self, plan, n_nodes: int, held: int):
@@ -82,6 +85,8 @@ class Session:
         self.conn = Conn(sock, native=server.native)
         self.buffers = BufferTable()
         self.graphs: dict[int, StoredGraph] = {}
+        # compiled graphs by their GRAPH_COMPUTE payload, per device, oldest first
+        self.compiled: list[dict[bytes, StoredGraph]] = [{} for _ in self.devices]
         self.request: bytearray | None = None  # payload of the current fixed-size request
         self.debug = server.debug
         self.limits = server.limits
@@ -175,19 +180,34 @@ class Session:
             self.held[device] -= n
             self.server.ledgers[device].release(n)
 
-    def keep_graph(self, device: int, plan, n_nodes: int) -> None:
-        """Store a compiled graph, what its plan holds charged first: a plan that would
-        pass the memory limits is refused."""
-        held = plan.held_bytes
+    def keep_graph(self, device: int, plan, n_nodes: int, payload: bytes) -> StoredGraph:
+        """Store a compiled graph as the device's graph and among its compiled ones
+        (under its payload), what it holds charged first; the oldest compiled graphs
+        make room. A graph that would pass the memory limits alone is refused."""
+        held = plan.held_bytes + len(payload)
+        ledger = self.server.ledgers[device]
+        compiled = self.compiled[device]
+        while compiled and (len(compiled) >= GRAPH_CACHE or held > ledger.share - self.held[device]
+                            or held > ledger.limit - ledger.used
+                            or sum(map(len, compiled)) + len(payload) > GRAPH_CACHE_BYTES):
+            self.forget_graph(device, next(iter(compiled)))
         self.charge(device, held, "graph (its plan and scratch memory)")
-        self.graphs[device] = StoredGraph(plan, n_nodes, held)
+        stored = self.graphs[device] = compiled[payload] = StoredGraph(plan, n_nodes, held)
+        return stored
 
-    def forget_graphs(self, device: int | None = None) -> None:
-        """Drop the stored graph of one device (all when None) and return its bytes."""
-        for dev in list(self.graphs) if device is None else [device]:
-            stored = self.graphs.pop(dev, None)
-            if stored is not None:
-                self.uncharge(dev, stored.held)
+    def forget_graph(self, device: int, payload: bytes) -> None:
+        """Drop one compiled graph and return its bytes."""
+        stored = self.compiled[device].pop(payload)
+        if self.graphs.get(device) is stored:
+            del self.graphs[device]
+        self.uncharge(device, stored.held)
+
+    def forget_graphs(self) -> None:
+        """Drop every stored and compiled graph and return their bytes."""
+        for dev, compiled in enumerate(self.compiled):
+            for payload in list(compiled):
+                self.forget_graph(dev, payload)
+        self.graphs.clear()
 
     def note(self, key: str, fmt: str, *args) -> None:
         """A warning that a client can repeat at will: logged once per connection,
@@ -313,19 +333,19 @@ class Session:
                             dev, req, handle, req)
         self.reply(U64x2.pack(handle, req))
 
-    def cmd_get_alignment(self, size):
+    def _device_property(self, name: str) -> None:
+        """GET_ALIGNMENT, GET_MAX_SIZE: a u32 device in, its `name`() out as a u64."""
         (dev,) = U32.unpack(self.request)
-        a = self.devices[self.device_index(dev)].alignment()
+        v = getattr(self.devices[self.device_index(dev)], name)()
         if self.debug:
-            self.server.dbg("[get_alignment] device: %d, alignment: %d", dev, a)
-        self.reply(U64.pack(a))
+            self.server.dbg("[get_%s] device: %d, %s: %d", name, dev, name, v)
+        self.reply(U64.pack(v))
+
+    def cmd_get_alignment(self, size):
+        self._device_property("alignment")
 
     def cmd_get_max_size(self, size):
-        (dev,) = U32.unpack(self.request)
-        m = self.devices[self.device_index(dev)].max_size()
-        if self.debug:
-            self.server.dbg("[get_max_size] device: %d, max_size: %d", dev, m)
-        self.reply(U64.pack(m))
+        self._device_property("max_size")
 
     def cmd_buffer_get_base(self, size):
         (h,) = U64.unpack(self.request)
@@ -492,30 +512,40 @@ class Session:
             raise ProtocolError(f"GRAPH_COMPUTE payload of {size} bytes")
         if size > MAX_GRAPH_PAYLOAD:
             raise ProtocolError(f"GRAPH_COMPUTE payload of {size} bytes exceeds the limit")
-        decoding = self.recv_graph(size)   # (device, charged bytes, payload)
-        device, charged, payload = decoding
+        device, charged, received = self.recv_graph(size)   # its decoding is charged
         try:
-            graph = graph_from_payload(self, payload)
-            if self.debug:
-                self.server.dbg("[graph_compute] device: %d, n_nodes: %d, n_tensors: %d",
-                                device, graph.n_nodes, len(graph.rows))
+            payload = bytes(received)
+            del received
             t0 = perf_counter_ns()
-            executor = self.devices[device].executor()
-            self.forget_graphs(device)
-            try:
-                plan = executor.compile(graph, self.limits.max_graph_work)
-            finally:
-                graph.release()
-            n_nodes = graph.n_nodes
-            del graph, payload, decoding
+            if self.debug:
+                (n_nodes,) = U32.unpack_from(payload, 4)
+                self.debug_graph(device, n_nodes, U32.unpack_from(payload, 8 + 8 * n_nodes)[0])
+            # a graph sent again byte for byte (a host that runs several graphs in turn
+            # on one device, as -sm row does) was checked and compiled when it came first:
+            # the buffers it names are still there (freeing any drops every compiled graph)
+            stored = self.compiled[device].pop(payload, None)
+            if stored is not None:
+                self.compiled[device][payload] = self.graphs[device] = stored     # now the newest
+            else:
+                graph = graph_from_payload(self, payload)
+                try:
+                    plan = self.devices[device].executor().compile(graph, self.limits.max_graph_work)
+                finally:
+                    graph.release()
+                n_nodes = graph.n_nodes
+                del graph
         finally:
             self.uncharge(device, charged)
             if charged >= TRIM_AT:
                 return_freed_memory()
-        self.keep_graph(device, plan, n_nodes)   # a failed run closes the connection, releasing it
+        if stored is None:   # a failed run closes the connection, releasing it
+            stored = self.keep_graph(device, plan, n_nodes, payload)
         with self.server.graph_watch.computing(self) as cancel:
-            executor.run(plan, cancel)
-        self.stats.graph(device, "compute", n_nodes, perf_counter_ns() - t0)
+            self.devices[device].executor().run(stored.plan, cancel)
+        self.stats.graph(device, "compute", stored.n_nodes, perf_counter_ns() - t0)
+
+    def debug_graph(self, device: int, n_nodes: int, n_tensors: int) -> None:
+        self.server.dbg("[graph_compute] device: %d, n_nodes: %d, n_tensors: %d", device, n_nodes, n_tensors)
 
     def cmd_graph_recompute(self, size):
         (dev,) = U32.unpack(self.request)

@@ -13,6 +13,7 @@ import threading
 import time
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 REPO = Path(__file__).resolve().parent.parent
@@ -30,6 +31,16 @@ def pytest_sessionstart(session):
     if os.environ.get("GGMLRPC_KERNELS"):
         from ggmlrpc.compute.cpu import select_kernel_family
         select_kernel_family()
+
+
+def nmse(ours, ref) -> float:
+    """Normalized mean squared error as test-backend-ops judges results (the plain
+    squared error where the reference is all zeros)."""
+    ours = np.asarray(ours, dtype=np.float64)
+    ref = np.asarray(ref, dtype=np.float64)
+    den = float(np.sum(ref * ref))
+    num = float(np.sum((ours - ref) ** 2))
+    return num / den if den else num
 
 
 def free_port() -> int:
@@ -131,6 +142,18 @@ def our_server_argv(*args):
     if exe and os.environ.get("GGMLRPC_USE_MODULE") is None:
         return [exe, *args]
     return [sys.executable, "-P", "-m", "ggmlrpc.cli.server", *args]
+
+
+def server_procs(n: int, *args):
+    """n of our servers as processes (a generator for a fixture): yields their
+    endpoints joined by commas (--rpc's form), stops them after."""
+    procs = []
+    for _ in range(n):
+        port = free_port()
+        procs.append(Proc(our_server_argv("-p", str(port), *args), port))
+    yield ",".join(p.endpoint for p in procs)
+    for p in procs:
+        p.stop()
 
 
 @pytest.fixture

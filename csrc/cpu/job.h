@@ -67,6 +67,12 @@ int64_t gr_chunk_next(gr_job *job);   /* returns the counter, then adds 1; past 
  * blocks of work and leaves early (the run then stops at the node's barrier). */
 int gr_canceled(gr_job *job);
 
+/* The locals a kernel starts from (as ggml's GGML_TENSOR_UNARY_OP_LOCALS): its
+ * node n, n's first source s and its result d. */
+#define GR_NODE_LOCALS(job)             \
+    const gr_node *n = (job)->node;     \
+    const gr_tensor *s = &n->src[0], *d = &n->dst
+
 /* Rows [*r0, *r1) of n for thread ith of nth: contiguous, nearly equal shares. */
 static inline void gr_range(int64_t n, int ith, int nth, int64_t *r0, int64_t *r1) {
     const int64_t dr = (n + nth - 1) / nth;
@@ -81,6 +87,13 @@ static inline void gr_range(int64_t n, int ith, int nth, int64_t *r0, int64_t *r
 static inline int64_t gr_nrows(const gr_tensor *t) { return t->ne[1] * t->ne[2] * t->ne[3]; }
 static inline int64_t gr_nelements(const gr_tensor *t) {
     return t->ne[0] * t->ne[1] * t->ne[2] * t->ne[3];
+}
+
+/* The indices (i1, i2, i3) of row ir (flattened over dims 1..3) of t. */
+static inline void gr_row_index(const gr_tensor *t, int64_t ir, int64_t *i1, int64_t *i2, int64_t *i3) {
+    *i1 = ir % t->ne[1];
+    *i2 = (ir / t->ne[1]) % t->ne[2];
+    *i3 = ir / (t->ne[1] * t->ne[2]);
 }
 
 /* Address of row ir (flattened over dims 1..3) of t. */

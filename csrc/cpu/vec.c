@@ -69,14 +69,22 @@ float gr_vec_reduce4(float acc[4][16]) { return reduce_4(acc, vec_lanes); }
 
 static inline float hsum_lanes(const float *a, int L) { return L == 16 ? hsum_16(a) : hsum_8(a); }
 
+/* The main loop of ggml_vec_dot_f32/f16 over x and y: four accumulators `acc` of
+ * L lanes over the first np elements (n rounded down to 4 L), each element read
+ * as AS_F32(element). Declares L, np and acc. */
+#define DOT_4ACC(AS_F32)                                                                       \
+    const int L = vec_lanes;                                                                   \
+    const int64_t np = n & ~(int64_t)(4 * L - 1);                                              \
+    float acc[4][16] = {{0}};                                                                  \
+    for (int64_t i = 0; i < np; i += 4 * L)                                                    \
+        for (int j = 0; j < 4; j++)                                                            \
+            for (int l = 0; l < L; l++)                                                        \
+                acc[j][l] = fmaf(AS_F32(x[i + j * L + l]), AS_F32(y[i + j * L + l]), acc[j][l])
+
+#define F32_AS_F32(v) (v)
+
 static float dot_f32_c(int64_t n, const float *x, const float *y) {
-    const int L = vec_lanes;
-    const int64_t np = n & ~(int64_t)(4 * L - 1);
-    float acc[4][16] = {{0}};
-    for (int64_t i = 0; i < np; i += 4 * L)
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < L; l++)
-                acc[j][l] = fmaf(x[i + j * L + l], y[i + j * L + l], acc[j][l]);
+    DOT_4ACC(F32_AS_F32);
     return leftovers_f32(reduce_4(acc, L), np, n, x, y);
 }
 
@@ -89,14 +97,7 @@ static float dot_f32_gemm_c(int64_t n, const float *x, const float *y) {
 }
 
 static float dot_f16_c(int64_t n, const uint16_t *x, const uint16_t *y) {
-    const int L = vec_lanes;
-    const int64_t np = n & ~(int64_t)(4 * L - 1);
-    float acc[4][16] = {{0}};
-    for (int64_t i = 0; i < np; i += 4 * L)
-        for (int j = 0; j < 4; j++)
-            for (int l = 0; l < L; l++)
-                acc[j][l] = fmaf(gr_fp16_to_fp32(x[i + j * L + l]), gr_fp16_to_fp32(y[i + j * L + l]),
-                                 acc[j][l]);
+    DOT_4ACC(gr_fp16_to_fp32);
     double s = reduce_4(acc, L);
     for (int64_t i = np; i < n; i++) s += (double)(gr_fp16_to_fp32(x[i]) * gr_fp16_to_fp32(y[i]));
     return (float)s;

@@ -57,7 +57,6 @@ cdef extern from "cpu/exec.h" nogil:
     int ggmlrpc_exec_vec_lanes()
 
 cdef extern from "cpu/quants/quants.h" nogil:
-    int ggmlrpc_quants_simd(int level)
     ctypedef void (*ggmlrpc_to_float_fn)(const void *src, float *dst, int64_t n)
     ctypedef void (*ggmlrpc_from_float_fn)(const float *src, void *dst, int64_t n)
     ctypedef void (*ggmlrpc_vec_dot_fn)(int64_t n, float *s, const void *w_row, const void *act_row)

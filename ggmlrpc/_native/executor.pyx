@@ -273,14 +273,6 @@ def set_simd(bint enable):
     return ggmlrpc_exec_set_simd(enable)
 
 
-def quants_simd(int level=-1):
-    """The level of the quant kernels the executor calls (0 portable C, 1 AVX2+FMA+F16C,
-    2 that and the AVX-512 VNNI decode kernels); with level >= 0 set it first (clamped
-    to what this CPU has). This module links its own copy of the quant kernels, so
-    quants.simd() does not reach them. Process-wide, for tests and benchmarks."""
-    return ggmlrpc_quants_simd(level)
-
-
 FAMILIES = FAMILY   # the older name
 _FAMILY_NAMES = {v: k for k, v in FAMILIES.items()}
 

@@ -41,6 +41,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="layers to offload to the servers' devices (default: all)")
     p.add_argument("-ts", "--tensor-split", dest="ts", type=_split, default=None,
                    help="fraction of the offloaded layers per device, e.g. 3,1 (default: by free memory)")
+    p.add_argument("-sm", "--split-mode", dest="sm", choices=("layer", "row"), default="layer",
+                   help="layer: runs of layers per device (default); row: every offloaded layer cut "
+                        "over all devices by -ts shares (heads, feed-forward rows, vocabulary rows)")
     p.add_argument("-t", "--threads", type=int, default=None, help="local CPU threads")
     p.add_argument("-c", "--ctx-size", dest="ctx", type=int, default=0,
                    help="context size (default: 0, the model's)")
@@ -116,7 +119,7 @@ def load_model(a, progress=None):
         model = Model.load(a.model, rpc=rpc, n_gpu_layers=a.ngl, tensor_split=a.ts, n_ctx=a.ctx,
                            n_threads=a.threads, flash_attn=a.fa != "off", timeout=a.timeout,
                            progress=progress, reconnect=a.reconnect, n_ubatch=a.ubatch,
-                           n_seq=max(1, getattr(a, "parallel", 1)))
+                           n_seq=max(1, getattr(a, "parallel", 1)), split_mode=a.sm)
     except VersionMismatch as e:
         raise CliError(str(e)) from None
     except ModelError as e:
@@ -201,7 +204,7 @@ def cmd_bench(a) -> int:
                             "stddev_ts": statistics.stdev(ts) if len(ts) > 1 else 0.0,
                             "samples_ns": [int(t * 1e9) for t in times]})
         info = {"model": os.path.basename(a.model), "size": sum(t.nbytes for t in model.file.tensors.values()),
-                "backend": "RPC" if a.rpc else "CPU", "ngl": a.ngl if a.rpc else 0}
+                "backend": "RPC" if a.rpc else "CPU", "ngl": a.ngl if a.rpc else 0, "split_mode": a.sm}
     except GgmlRpcError as e:
         raise CliError(f"server lost during the benchmark: {e}") from None
     finally:
@@ -209,11 +212,12 @@ def cmd_bench(a) -> int:
     if a.output == "json":
         print(json.dumps([{**info, **r} for r in results], indent=2))
         return 0
-    print("| model | size | backend | ngl | test | t/s |")
-    print("| ----- | ---: | ------- | --: | ---: | --: |")
+    sm = ("", "") if a.sm == "layer" else (" sm |", " -- |")    # llama-bench's column when not the default
+    print(f"| model | size | backend | ngl |{sm[0]} test | t/s |")
+    print(f"| ----- | ---: | ------- | --: |{sm[1]} ---: | --: |")
     for r in results:
         print(f"| {info['model']} | {info['size'] / 2**20:.2f} MiB | {info['backend']} | {info['ngl']} "
-              f"| {r['test']} | {r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} |")
+              f"|{f' {a.sm} |' if sm[0] else ''} {r['test']} | {r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} |")
     return 0
 
 

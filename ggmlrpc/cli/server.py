@@ -107,6 +107,19 @@ def positive_int(opt: str, v: str) -> int:
     return n
 
 
+def int_in(v: str, lo: int, hi: int | None, what: str) -> int:
+    """An integer from lo to hi (no bound above when None); else `error: invalid <what>`
+    with the text given, or the number read where it is out of range (as llama.cpp's
+    rpc-server says of threads)."""
+    try:
+        n = int(v)
+    except ValueError:
+        raise UsageError(f"error: invalid {what}: {v}") from None
+    if n < lo or (hi is not None and n > hi):
+        raise UsageError(f"error: invalid {what}: {n}")
+    return n
+
+
 def seconds(opt: str, v: str) -> float | None:
     """Seconds > 0; 0 turns the timeout off."""
     try:
@@ -131,21 +144,9 @@ def parse(argv: list[str], prog: str) -> Params:
         if arg in ("-H", "--host"):
             p.host = value()
         elif arg in ("-p", "--port"):
-            v = value()
-            try:
-                p.port = int(v)
-            except ValueError:
-                raise UsageError(f"error: invalid port: {v}") from None
-            if not 0 < p.port <= 65535:
-                raise UsageError(f"error: invalid port: {v}")
+            p.port = int_in(value(), 1, 65535, "port")
         elif arg in ("-t", "--threads"):
-            v = value()
-            try:
-                p.threads = int(v)
-            except ValueError:
-                raise UsageError(f"error: invalid number of threads: {v}") from None
-            if p.threads <= 0:
-                raise UsageError(f"error: invalid number of threads: {p.threads}")
+            p.threads = int_in(value(), 1, None, "number of threads")
         elif arg in ("-d", "--device"):
             p.devices.extend(split_names(value()))
         elif arg in ("-c", "--cache"):

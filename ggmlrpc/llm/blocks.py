@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable, Container
 from .. import builder as B
 from ..client import Tensor
 from ..ggml import GGMLGluOp, GGMLType, GGMLUnaryOp
-from .hparams import HParams
+from .hparams import GATING_SIGMOID, HParams
 from .placement import Stage, StageGraph
 
 if TYPE_CHECKING:
@@ -25,12 +25,19 @@ if TYPE_CHECKING:
 ATTENTION = ("attn_norm", "attn_q", "attn_k", "attn_v", "attn_output")
 FEED_FORWARD = ("ffn_gate", "ffn_up", "ffn_down")
 EXPERTS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
+# per-matrix scales (llama.cpp's generic ".scale": NVFP4's second scale, and every matrix of
+# test-llama-archs' models), one per expert for the stacked experts
+SCALES = tuple(f"{m}.scale" for m in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate",
+                                      "ffn_up", "ffn_down", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
+                                      "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
 # per-layer tensors the blocks use when a file has them
-OPTIONAL = ("ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
+OPTIONAL = (*SCALES, "ffn_gate.bias", "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
             "ffn_down_shexp.weight",
             "attn_q.bias", "attn_k.bias", "attn_v.bias", "attn_q_norm.weight", "attn_k_norm.weight",
             "attn_output.bias", "attn_norm.bias", "attn_qkv.bias", "ffn_up.bias", "ffn_down.bias",
-            "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias")
+            "ffn_gate_inp.bias", "ffn_gate_exps.bias", "ffn_up_exps.bias", "ffn_down_exps.bias",
+            "exp_probs_b.bias", "attn_v.weight", "layer_output_scale.weight", "ffn_gate_inp.scale",
+            "ffn_gate_up_exps.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.scale")
 # rope frequency factors (LongRoPE: a long and a short set), used wherever a file has them
 ROPE_FACTORS = ("rope_freqs.weight", "rope_factors_long.weight", "rope_factors_short.weight")
 
@@ -61,19 +68,33 @@ class Ctx:
         self.pos = inp.new(GGMLType.I32, (T,), "inp_pos")
         k_idx = inp.new(GGMLType.I64, (T,), "k_idxs")
         # without flash attention the V cache is transposed: one index per element
-        v_idx = inp.new(GGMLType.I64, (T if self.flash_attn else T * hp.n_embd_kv,), "v_idxs")
+        v_idx = inp.new(GGMLType.I64, (T if self.flash_attn else T * hp.kv_width(False),), "v_idxs")
         mask_type = GGMLType.F16 if self.flash_attn else GGMLType.F32
         mask = inp.new(mask_type, (self.n_kv, T), "kq_mask")
         # (cache indices of K, of V, mask): of the full-attention layers, of the sliding-window ones
         self.attn_in = self.attn_in_swa = (k_idx, v_idx, mask)
         if hp.n_swa and any(hp.is_swa(il) for il in self.st.layers):
             self.attn_in_swa = (inp.new(GGMLType.I64, (T,), "k_idxs_swa"),
-                                inp.new(GGMLType.I64, v_idx.ne[:1], "v_idxs_swa"),
+                                inp.new(GGMLType.I64, (T if self.flash_attn else T * hp.kv_width(True),),
+                                        "v_idxs_swa"),
                                 inp.new(mask_type, (self.n_kv_swa, T), "kq_mask_swa"))
+        # temperature tuning: each token's query scale, (1, 1, T)
+        self.attn_scale = inp.new(GGMLType.F32, (1, 1, T), "inp_attn_scale") if hp.attn_temp_scale else None
         self.out_ids = (inp.new(GGMLType.I32, (self.n_out,), "out_ids")
                         if self.last in self.st.layers and self.n_out < T else None)
 
     # -- blocks ----------------------------------------------------------------
+    def scaled(self, t: Tensor, name: str, il: int, ids: Tensor | None = None) -> Tensor:
+        """t times the file's scale of matrix `name` of layer il, where it has one
+        (llama.cpp's build_lora_mm); per expert, the chosen experts' (`ids`)."""
+        s = self.w.get(f"blk.{il}.{name}.scale")
+        if s is None:
+            return t
+        if ids is not None:     # (n_expert) -> the scale of each chosen expert, (1, n_used, T)
+            rows = B.repeat(B.reshape(s, (1, s.ne[0], 1)), (1, s.ne[0], ids.ne[1]))
+            s = B.get_rows(rows, ids)
+        return B.mul(t, s, name=t.name)
+
     def norm(self, x: Tensor, name: str, il: int | None = None, out: str | None = None) -> Tensor:
         """Weight `name` (of layer il) times the RMS norm of x, or the architecture's
         LayerNorm plus its bias; the result is named `out` (default `name`), -il."""
@@ -85,22 +106,24 @@ class Ctx:
             return B.add(y, self.w[p + name + ".bias"], name=out) if p + name + ".bias" in self.w else y
         return B.mul(B.rms_norm(x, self.hp.eps), self.w[p + name + ".weight"], name=out)
 
-    def rope(self, t: Tensor, il: int, name: str) -> Tensor:
+    def rope(self, t: Tensor, il: int, name: str, factors: bool = True) -> Tensor:
+        """t rotated by the positions (with the file's frequency factors unless not `factors`)."""
         hp, swa = self.hp, self.hp.is_swa(il)
-        return B.rope_ext(t, self.pos, self.factors, name=name, n_dims=hp.n_rot, mode=self.arch.rope_mode,
+        return B.rope_ext(t, self.pos, self.factors if factors else None, name=name, n_dims=hp.n_rot_of(il),
+                          mode=self.arch.rope_mode,
                           n_ctx_orig=self.n_ctx_orig,
                           freq_base=hp.rope_base_swa if swa else hp.rope_base,
                           freq_scale=hp.rope_scale_swa if swa else hp.rope_scale,
                           ext_factor=hp.rope_ext_factor, attn_factor=hp.rope_attn_factor,
                           beta_fast=hp.yarn_beta_fast, beta_slow=hp.yarn_beta_slow)
 
-    def qkv(self, il: int, cur: Tensor) -> tuple[Tensor, Tensor, Tensor]:
-        """The heads of q, k (rotated) and v: one matrix each (+ bias, + per-head RMS
-        norm), or views of one fused matrix's rows."""
+    def qkv(self, il: int, cur: Tensor, rotate: bool = True) -> tuple[Tensor, Tensor, Tensor]:
+        """The heads of q, k (rotated unless not `rotate`) and v: one matrix each
+        (+ bias, + per-head RMS norm), or views of one fused matrix's rows."""
         hp, w, T = self.hp, self.w, self.T
-        p, hd = f"blk.{il}.", hp.head_dim
+        p, hd, n_head_kv = f"blk.{il}.", hp.head_dim_of(il), hp.n_head_kv_of(il)
         if p + "attn_qkv.weight" in w:   # one matrix: q, k, v are views of its rows
-            qkv = B.mul_mat(w[p + "attn_qkv.weight"], cur, name=f"wqkv-{il}")
+            qkv = self.scaled(B.mul_mat(w[p + "attn_qkv.weight"], cur, name=f"wqkv-{il}"), "attn_qkv", il)
             if p + "attn_qkv.bias" in w:
                 qkv = B.add(qkv, w[p + "attn_qkv.bias"], name=f"wqkv_b-{il}")
             es, rs = qkv.nb[0], qkv.nb[1]
@@ -108,35 +131,43 @@ class Ctx:
             def part(n_head, at):
                 return B.view(qkv, (hd, n_head, T), (es, es * hd, rs, rs * T), es * at)
 
-            return (self.rope(part(hp.n_head, 0), il, f"Qcur-{il}"),
-                    self.rope(part(hp.n_head_kv, hd * hp.n_head), il, f"Kcur-{il}"),
-                    part(hp.n_head_kv, hd * (hp.n_head + hp.n_head_kv)))
+            rope = self.rope if rotate else (lambda t, il, name: t)
+            return (rope(part(hp.n_head, 0), il, f"Qcur-{il}"),
+                    rope(part(n_head_kv, hd * hp.n_head), il, f"Kcur-{il}"),
+                    part(n_head_kv, hd * (hp.n_head + n_head_kv)))
 
         def proj(name: str, n_head: int, rotate: bool) -> Tensor:
-            """x W (+ bias), heads split, (+ per-head RMS norm), (+ rope): llama.cpp's order."""
+            """x W (+ bias), heads split, (+ RMS norm: per head, or over all heads
+            before the split when the norm weight spans them, as minimax-m2's), (+ rope):
+            llama.cpp's order."""
             t = B.mul_mat(w[p + f"attn_{name}.weight"], cur, name=f"{name.upper()}cur-{il}")
+            t = self.scaled(t, f"attn_{name}", il)
             if p + f"attn_{name}.bias" in w:
                 t = B.add(t, w[p + f"attn_{name}.bias"], name=f"{name.upper()}cur-{il}")
+            nw = w.get(p + f"attn_{name}_norm.weight")
+            if nw is not None and nw.ne[0] != hd:
+                t = B.mul(B.rms_norm(t, hp.eps), nw, name=f"{name.upper()}cur_normed-{il}")
             t = B.reshape(t, (hd, n_head, T))
-            if p + f"attn_{name}_norm.weight" in w:
-                t = B.mul(B.rms_norm(t, hp.eps), w[p + f"attn_{name}_norm.weight"],
-                          name=f"{name.upper()}cur_normed-{il}")
+            if nw is not None and nw.ne[0] == hd:
+                t = B.mul(B.rms_norm(t, hp.eps), nw, name=f"{name.upper()}cur_normed-{il}")
             return self.rope(t, il, f"{name.upper()}cur-{il}") if rotate else t
 
-        return proj("q", hp.n_head, True), proj("k", hp.n_head_kv, True), proj("v", hp.n_head_kv, False)
+        return proj("q", hp.n_head, rotate), proj("k", n_head_kv, rotate), proj("v", n_head_kv, False)
 
     def scale_query(self, q: Tensor, il: int, dim: int = 0) -> Tensor:
         """q / sqrt(dim) (default: the head size), for the architectures that scale the
         query and not the scores (then attention's kq_scale is 1)."""
         return B.scale(q, 1.0 / math.sqrt(dim or self.hp.head_dim), name=f"Qcur_scaled-{il}")
 
-    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float | None = None) -> Tensor:
+    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float | None = None,
+                  project: bool = True) -> Tensor:
         """k and v written to the layer's cache cells, q attending the cells
         (flash attention, or soft-max over the transposed V cache; the file's sink
         logits and the soft-capping of the scores where there are), then the output
-        projection (+ bias)."""
+        projection (+ bias) when `project`."""
         hp, w, T, g = self.hp, self.w, self.T, self.g
-        p, hd = f"blk.{il}.", hp.head_dim
+        p, hd, n_head, n_head_kv = f"blk.{il}.", hp.head_dim_of(il), q.ne[1], hp.n_head_kv_of(il)
+        n_embd_kv = hd * n_head_kv
         swa = hp.is_swa(il)
         k_idx, v_idx, mask = self.attn_in_swa if swa else self.attn_in
         n_kv = self.n_kv_swa if swa else self.n_kv
@@ -144,27 +175,27 @@ class Ctx:
         kq_scale = 1.0 / math.sqrt(hd) if kq_scale is None else kq_scale
         cache_k, cache_v = self.st.kv[il]
         # rows of n_embd_kv, one per token, however the heads lie in memory
-        k2 = B.view(k, (hp.n_embd_kv, T), (k.nb[0], k.nb[2]))
-        v2 = B.view(v, (hp.n_embd_kv, T), (v.nb[0], v.nb[2]))
+        k2 = B.view(k, (n_embd_kv, T), (k.nb[0], k.nb[2]))
+        v2 = B.view(v, (n_embd_kv, T), (v.nb[0], v.nb[2]))
         # the cache writes run before the attention that reads the cache
         g.expand(B.set_rows(cache_k, k2, k_idx))
         row = 2 * hd   # F16 cache rows
-        kv_nb = (2, row, row * hp.n_head_kv, row * hp.n_head_kv * n_kv)
-        kk = B.permute(B.view(cache_k, (hd, hp.n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
+        kv_nb = (2, row, row * n_head_kv, row * n_head_kv * n_kv)
+        kk = B.permute(B.view(cache_k, (hd, n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
         qq = B.permute(q, 0, 2, 1, 3)
         if self.flash_attn:
             g.expand(B.set_rows(cache_v, v2, v_idx))
-            vv = B.permute(B.view(cache_v, (hd, hp.n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
+            vv = B.permute(B.view(cache_v, (hd, n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
             o = B.flash_attn_ext(qq, kk, vv, mask, kq_scale, logit_softcap=hp.attn_softcap,
                                  sinks=w.get(p + "attn_sinks.weight"))
-            o = B.reshape(o, (hd * hp.n_head, T), name=f"kqv_out-{il}")
+            o = B.reshape(o, (hd * n_head, T), name=f"kqv_out-{il}")
         else:
             # V transposed: element (cell, channel) at channel * n_ctx + cell
-            flat = B.reshape(cache_v, (1, hp.n_embd_kv * n_cells))
+            flat = B.reshape(cache_v, (1, n_embd_kv * n_cells))
             v2 = v2 if B.is_contiguous(v2) else B.cont(v2)
-            g.expand(B.set_rows(flat, B.reshape(v2, (1, T * hp.n_embd_kv)), v_idx))
-            vt = B.view(cache_v, (n_kv, hp.n_head_kv, hd, 1),
-                        (2, 2 * n_cells * hd, 2 * n_cells, 2 * n_cells * hp.n_embd_kv))
+            g.expand(B.set_rows(flat, B.reshape(v2, (1, T * n_embd_kv)), v_idx))
+            vt = B.view(cache_v, (n_kv, n_head_kv, hd, 1),
+                        (2, 2 * n_cells * hd, 2 * n_cells, 2 * n_cells * n_embd_kv))
             kq = B.mul_mat(kk, qq, name=f"kq-{il}", prec_f32=True)
             if hp.attn_softcap:
                 kq = B.scale(B.unary(GGMLUnaryOp.TANH, B.scale(kq, 1.0 / hp.attn_softcap)),
@@ -172,8 +203,11 @@ class Ctx:
             kq = B.soft_max_ext(kq, mask, kq_scale, name=f"kq_soft_max-{il}",
                                 sinks=w.get(p + "attn_sinks.weight"))
             kqv = B.mul_mat(B.permute(vt, 0, 2, 1, 3), kq, name=f"kqv-{il}")
-            o = B.cont(B.permute(kqv, 0, 2, 1, 3), (hd * hp.n_head, T), name=f"kqv_out-{il}")
+            o = B.cont(B.permute(kqv, 0, 2, 1, 3), (hd * n_head, T), name=f"kqv_out-{il}")
+        if not project:
+            return o
         cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
+        cur = self.scaled(cur, "attn_output", il)
         if p + "attn_output.bias" in w:
             cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")
         return cur
@@ -185,35 +219,60 @@ class Ctx:
             return ts
         return tuple(B.get_rows(t, self.out_ids) for t in ts)
 
-    def ffn(self, il: int, cur: Tensor, act: int = GGMLGluOp.SWIGLU, suffix: str = "") -> Tensor:
-        """Gated feed-forward: down(act(gate x) * up x), act SwiGLU or GeGLU."""
+    def ffn(self, il: int, cur: Tensor, act: int = GGMLGluOp.SWIGLU, suffix: str = "",
+            scales: bool = True) -> Tensor:
+        """Gated feed-forward: down(act(gate x) * up x), act SwiGLU or GeGLU; each
+        matrix + its bias, times its scale (unless not `scales`), where the file has them."""
         w, p = self.w, f"blk.{il}."
-        gate = B.mul_mat(w[p + f"ffn_gate{suffix}.weight"], cur, name=f"ffn_gate{suffix}-{il}")
-        up = B.mul_mat(w[p + f"ffn_up{suffix}.weight"], cur, name=f"ffn_up{suffix}-{il}")
-        return B.mul_mat(w[p + f"ffn_down{suffix}.weight"], B.glu_split(act, gate, up, name=f"ffn_glu-{il}"),
-                         name=f"ffn_out-{il}")
 
-    def moe(self, il: int, cur: Tensor, norm_w: bool = False, oai: bool = False) -> Tensor:
-        """A mixture of experts as llama.cpp builds it: soft-max gate, the top
-        n_expert_used experts (MUL_MAT_ID) weighted by their gate probability
-        (`norm_w`: renormalized to sum to 1) and summed, plus a shared expert behind
-        a sigmoid gate where the file has one. `oai` (gpt-oss): the chosen logits are
-        soft-maxed among themselves and the experts use the clamped SwiGLU; gate and
-        experts take their biases (ADD_ID) where the file has them."""
+        def mm(name: str, x: Tensor) -> Tensor:
+            out = "ffn_out" if name == "ffn_down" else name + suffix
+            t = B.mul_mat(w[p + f"{name}{suffix}.weight"], x, name=f"{out}-{il}")
+            if p + f"{name}{suffix}.bias" in w:
+                t = B.add(t, w[p + f"{name}{suffix}.bias"], name=f"{name}_b-{il}")
+            return self.scaled(t, name + suffix, il) if scales else t
+
+        up = mm("ffn_up", cur)
+        gate = mm("ffn_gate", cur)
+        return mm("ffn_down", B.glu_split(act, gate, up, name=f"ffn_glu-{il}"))
+
+    def moe(self, il: int, cur: Tensor, norm_w: bool = False, oai: bool = False,
+            logits: Tensor | None = None, act: int = GGMLGluOp.SWIGLU) -> Tensor:
+        """A mixture of experts as llama.cpp builds it: soft-max gate (or a sigmoid
+        per expert: hp.expert_gating), the top n_expert_used experts (MUL_MAT_ID;
+        chosen after adding the file's selection bias exp_probs_b where it has one)
+        weighted by their gate probability (`norm_w`: renormalized to sum to 1; times
+        hp.expert_weights_scale unless 0 or 1) and summed, plus a shared expert (behind a sigmoid gate where
+        the file has one). `logits`: the router's, computed by the architecture;
+        `act`: the experts' gated activation (GeGLU for gemma4), their gate and up
+        matrices one fused matrix where the file has it, and a scale per expert on
+        their output where it has one. `oai` (gpt-oss): the chosen logits are soft-maxed among
+        themselves and the experts use the clamped SwiGLU; gate and experts take their
+        biases (ADD_ID) where the file has them."""
         hp, w, g = self.hp, self.w, self.g
         p = f"blk.{il}."
         n_embd, T, k = cur.ne[0], cur.ne[1], hp.n_expert_used
 
         def biased(t: Tensor, name: str, ids: Tensor | None = None) -> Tensor:
+            t = t if ids is None else self.scaled(t, name, il, ids)   # stacked experts: scale, then bias
             b = w.get(p + name + ".bias")
             if b is None:
                 return t
             return B.add(t, b, name=t.name) if ids is None else B.add_id(t, b, ids, name=t.name)
 
-        logits = biased(B.mul_mat(w[p + "ffn_gate_inp.weight"], cur, name=f"ffn_moe_logits-{il}"),
-                        "ffn_gate_inp")
-        probs = logits if oai else B.soft_max(logits, name=f"ffn_moe_probs-{il}")
-        chosen = B.argsort_top_k(probs, k, name=f"ffn_moe_topk-{il}")
+        if logits is None:
+            logits = biased(B.mul_mat(w[p + "ffn_gate_inp.weight"], cur, name=f"ffn_moe_logits-{il}"),
+                            "ffn_gate_inp")
+        if oai:
+            probs = logits
+        elif hp.expert_gating == GATING_SIGMOID:
+            probs = B.unary(GGMLUnaryOp.SIGMOID, logits, name=f"ffn_moe_probs-{il}")
+        else:
+            probs = B.soft_max(logits, name=f"ffn_moe_probs-{il}")
+        selection = probs
+        if p + "exp_probs_b.bias" in w:
+            selection = B.add(probs, w[p + "exp_probs_b.bias"], name=f"ffn_moe_probs_biased-{il}")
+        chosen = B.argsort_top_k(selection, k, name=f"ffn_moe_topk-{il}")
         weights = B.get_rows(B.reshape(probs, (1, hp.n_expert, T)), chosen, name=f"ffn_moe_weights-{il}")
         if oai:   # soft-max over the chosen experts only
             weights = B.reshape(B.soft_max(B.reshape(weights, (k, T))), (1, k, T))
@@ -221,17 +280,37 @@ class Ctx:
             weights = B.reshape(weights, (k, T))
             total = B.clamp(B.sum_rows(weights), 6.103515625e-5, math.inf, name=f"ffn_moe_weights_sum-{il}")
             weights = B.reshape(B.div(weights, total, name=f"ffn_moe_weights_norm-{il}"), (1, k, T))
+        if hp.expert_weights_scale not in (0.0, 1.0):
+            weights = B.scale(weights, hp.expert_weights_scale, name=f"ffn_moe_weights_scaled-{il}")
         g.expand(weights)
         x = B.reshape(cur, (n_embd, 1, T))
-        up = biased(B.mul_mat_id(w[p + "ffn_up_exps.weight"], x, chosen, name=f"ffn_moe_up-{il}"),
-                    "ffn_up_exps", chosen)
-        gate = biased(B.mul_mat_id(w[p + "ffn_gate_exps.weight"], x, chosen, name=f"ffn_moe_gate-{il}"),
-                      "ffn_gate_exps", chosen)
-        act = (B.swiglu_oai(gate, up, 1.702, 7.0, name=f"ffn_moe_swiglu_oai-{il}") if oai
-               else B.swiglu_split(gate, up, name=f"ffn_moe_swiglu-{il}"))
-        down = biased(B.mul_mat_id(w[p + "ffn_down_exps.weight"], act, chosen, name=f"ffn_moe_down-{il}"),
+        if p + "ffn_gate_up_exps.weight" in w:
+            both = B.mul_mat_id(w[p + "ffn_gate_up_exps.weight"], x, chosen, name=f"ffn_moe_gate_up-{il}")
+            n_ff = both.ne[0] // 2
+            gate, up = (B.view(both, (n_ff, *both.ne[1:3]), both.nb[:3], at * n_ff * both.nb[0])
+                        for at in (0, 1))
+        else:
+            up = biased(B.mul_mat_id(w[p + "ffn_up_exps.weight"], x, chosen, name=f"ffn_moe_up-{il}"),
+                        "ffn_up_exps", chosen)
+            gate = biased(B.mul_mat_id(w[p + "ffn_gate_exps.weight"], x, chosen, name=f"ffn_moe_gate-{il}"),
+                          "ffn_gate_exps", chosen)
+        glu = (B.swiglu_oai(gate, up, 1.702, 7.0, name=f"ffn_moe_swiglu_oai-{il}") if oai
+               else B.glu_split(act, gate, up, name=f"ffn_moe_glu-{il}"))
+        down = biased(B.mul_mat_id(w[p + "ffn_down_exps.weight"], glu, chosen, name=f"ffn_moe_down-{il}"),
                       "ffn_down_exps", chosen)
-        experts = B.mul(down, weights, name=f"ffn_moe_weighted-{il}")
+        moe = self.sum_experts(il, B.mul(down, weights, name=f"ffn_moe_weighted-{il}"))
+        if p + "ffn_up_shexp.weight" not in w:
+            return moe
+        if p + "ffn_gate_inp_shexp.weight" not in w:
+            return B.add(moe, self.ffn(il, cur, suffix="_shexp"), name=f"ffn_out-{il}")
+        gate_in = B.mul_mat(w[p + "ffn_gate_inp_shexp.weight"], cur, name=f"ffn_shexp_gate_inp-{il}")
+        shared_gate = B.div(B.silu(gate_in), gate_in, name=f"ffn_shexp_gate-{il}")
+        shared = B.mul(self.ffn(il, cur, suffix="_shexp"), shared_gate, name=f"ffn_shexp_out-{il}")
+        return B.add(moe, shared, name=f"ffn_out-{il}")
+
+    def sum_experts(self, il: int, experts: Tensor) -> Tensor:
+        """The chosen experts' outputs (n_embd, n_used, T) summed, in llama.cpp's order."""
+        g, (n_embd, k, T) = self.g, experts.ne[:3]
         g.expand(experts)
         views = [B.view(experts, (n_embd, T), (experts.nb[0], experts.nb[2]), i * experts.nb[1])
                  for i in range(k)]
@@ -240,14 +319,7 @@ class Ctx:
         moe = views[0]
         for v in views[1:]:
             moe = g.expand(B.add(moe, v, name=f"ffn_moe_out-{il}"))
-        if k == 1:
-            moe = B.cont(moe)
-        if p + "ffn_gate_inp_shexp.weight" not in w:
-            return moe
-        gate_in = B.mul_mat(w[p + "ffn_gate_inp_shexp.weight"], cur, name=f"ffn_shexp_gate_inp-{il}")
-        shared_gate = B.div(B.silu(gate_in), gate_in, name=f"ffn_shexp_gate-{il}")
-        shared = B.mul(self.ffn(il, cur, suffix="_shexp"), shared_gate, name=f"ffn_shexp_out-{il}")
-        return B.add(moe, shared, name=f"ffn_out-{il}")
+        return B.cont(moe) if k == 1 else moe
 
     def output(self, x: Tensor) -> Tensor:
         """The output layer: norm, the vocabulary's logits (the token embeddings when
@@ -274,6 +346,8 @@ def stage_weights(arch: "Arch", hp: HParams, st: Stage, tensors: Container[str])
     for il in st.layers:
         p = f"blk.{il}."
         names += [f"{p}{n}.weight" for n in arch.weights(hp)]
+        if arch.layer_weights is not None:
+            names += [f"{p}{n}.weight" for n in arch.layer_weights(hp, il)]
         names += [p + n for n in OPTIONAL if p + n in tensors]
     if st.output:
         names.append("output_norm.weight")

@@ -180,27 +180,33 @@ class _Probe:
                 or "iterated" in self.ops.get(id(container), ()))
 
 
-class _PList(list):
-    """A list whose iteration a probe sees."""
+class _Probed:
+    """A container whose iteration its probe sees, as the op `_walk`."""
 
-    def __init__(self, items, probe):
-        super().__init__(items)
-        self._probe = probe
-
-    def __iter__(self):
-        self._probe.op(self, "array")
-        return super().__iter__()
-
-
-class _PDict(dict):
-    """A dict whose walking over (items, values, keys) a probe sees."""
+    _walk = ""
 
     def __init__(self, items, probe):
         super().__init__(items)
         self._probe = probe
 
     def _seen(self):
-        self._probe.op(self, "iterated")
+        self._probe.op(self, self._walk)
+
+    def __iter__(self):
+        self._seen()
+        return super().__iter__()
+
+
+class _PList(_Probed, list):
+    """A list whose iteration a probe sees."""
+
+    _walk = "array"
+
+
+class _PDict(_Probed, dict):
+    """A dict whose walking over (items, values, keys) a probe sees."""
+
+    _walk = "iterated"
 
     def items(self):
         self._seen()
@@ -209,10 +215,6 @@ class _PDict(dict):
     def values(self):
         self._seen()
         return super().values()
-
-    def __iter__(self):
-        self._seen()
-        return super().__iter__()
 
 
 class _PStr(str):

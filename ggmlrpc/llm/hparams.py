@@ -34,14 +34,31 @@ class HParams:
     n_ctx_orig: int = 0            # rope's original context (0: n_ctx_train)
     n_swa: int = 0                 # sliding window (0: none)
     swa_pattern: int = 0           # layer il slides when il % swa_pattern < swa_pattern - 1
+    swa_layers: tuple[bool, ...] = ()   # a window flag per layer, where the file lists them
+    swa_chunked: bool = False      # llama4: the window is the position's chunk of n_swa, not the last n_swa
     rope_base_swa: float = 10000.0
     rope_scale_swa: float = 1.0
     attn_softcap: float = 0.0
     final_softcap: float = 0.0
+    attn_temp_scale: float = 0.0   # attention temperature tuning (llama4, mistral3; 0: none): the
+    attn_temp_floor: int = 0       # queries times log(floor((pos + offset) / floor) + 1) * scale + 1
+    attn_temp_offset: float = 0.0
+    moe_step: int = 0              # llama4: experts in every moe_step-th layer
+    no_rope_step: int = 0          # llama4: every no_rope_step-th layer has no rope
     rope_ext_factor: float = 0.0   # YaRN: 1 (mix of interpolated and extrapolated frequencies)
     rope_attn_factor: float = 1.0  # rope's magnitude factor
     yarn_beta_fast: float = 32.0
     yarn_beta_slow: float = 1.0
+    # routed experts: how they are chosen and weighted (llama.cpp's build_moe_ffn)
+    expert_gating: int = 0         # GATING_SOFTMAX (0: the same) or GATING_SIGMOID
+    expert_weights_norm: bool = False
+    expert_weights_scale: float = 0.0   # 0 or 1: not scaled
+    n_layer_dense_lead: int = 0    # the first layers have a dense feed-forward
+    # attention shaped per layer (gemma4): the sliding-window layers' head size and
+    # rotated dims (0: as the others), a K/V head count per layer
+    head_dim_swa: int = 0
+    n_rot_swa: int = 0
+    n_head_kv_arr: tuple[int, ...] = ()
 
     @property
     def n_embd_kv(self) -> int:
@@ -49,9 +66,30 @@ class HParams:
 
     def is_swa(self, il: int) -> bool:
         """Whether layer il attends a sliding window (gemma2: the even ones; gemma3:
-        all but every sixth)."""
+        all but every sixth; gemma4: as its per-layer flags say)."""
+        if self.swa_layers:
+            return bool(self.n_swa) and bool(self.swa_layers[il])
         n = self.swa_pattern
         return bool(self.n_swa) and il % n < n - 1
+
+    def head_dim_of(self, il: int) -> int:
+        return self.head_dim_swa if self.head_dim_swa and self.is_swa(il) else self.head_dim
+
+    def n_rot_of(self, il: int) -> int:
+        return self.n_rot_swa if self.n_rot_swa and self.is_swa(il) else self.n_rot
+
+    def n_head_kv_of(self, il: int) -> int:
+        return self.n_head_kv_arr[il] if self.n_head_kv_arr else self.n_head_kv
+
+    def n_embd_kv_of(self, il: int) -> int:
+        """Layer il's K (and V) row: its head size times its K/V heads."""
+        return self.head_dim_of(il) * self.n_head_kv_of(il)
+
+    def kv_width(self, swa: bool) -> int:
+        """The K/V row of the sliding-window layers (`swa`) or of the others (every
+        layer of a kind has the same)."""
+        return next((self.n_embd_kv_of(il) for il in range(self.n_layer) if self.is_swa(il) == swa),
+                    self.n_embd_kv)
 
     @classmethod
     def from_gguf(cls, f: GGUFFile, n_vocab: int, arch: "Arch | None" = None) -> "HParams":
@@ -69,14 +107,18 @@ class HParams:
             return v
 
         n_embd, n_head = int(key("embedding_length")), int(key("attention.head_count"))
+        kv = key("attention.head_count_kv", n_head)     # one count, or one per layer
+        n_head_kv = tuple(int(x) for x in kv) if isinstance(kv, list) else (int(kv),)
         head_dim = int(key("attention.key_length", n_embd // n_head))
         scale = f.get(f"{a}.rope.scaling.factor") or f.get(f"{a}.rope.scale_linear")
         kind = str(f.get(f"{a}.rope.scaling.type", "linear"))
         if kind == "none":
             scale = None
         return cls(n_vocab=n_vocab, n_ctx_train=int(key("context_length")), n_embd=n_embd,
-                   n_layer=int(key("block_count")), n_ff=int(key("feed_forward_length")),
-                   n_head=n_head, n_head_kv=int(key("attention.head_count_kv", n_head)),
+                   # the NextN/MTP layers a file may carry after the others are not run
+                   n_layer=int(key("block_count")) - int(key("nextn_predict_layers", 0)),
+                   n_ff=int(key("feed_forward_length")),
+                   n_head=n_head, n_head_kv=n_head_kv[0], n_head_kv_arr=n_head_kv if len(n_head_kv) > 1 else (),
                    head_dim=head_dim, n_rot=int(key("rope.dimension_count", head_dim)),
                    eps=float(f.get(f"{a}.attention.layer_norm_rms_epsilon")
                              or key("attention.layer_norm_epsilon")),
@@ -87,6 +129,9 @@ class HParams:
                    **_yarn_hparams(kind, 1.0 / float(scale) if scale else 1.0,
                                    float(f.get(f"{a}.rope.scaling.attn_factor", 1.0))),
                    **extra)
+
+
+GATING_SOFTMAX, GATING_SIGMOID = 1, 2     # llama.cpp's expert gating functions
 
 
 def _yarn_hparams(kind: str, freq_scale: float, attn_factor: float) -> dict:

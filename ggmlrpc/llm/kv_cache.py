@@ -25,8 +25,8 @@ class Cells:
     attention reads the cells in cell order, so the same layout gives llama.cpp's
     sums."""
 
-    def __init__(self, size: int, n_swa: int = 0):
-        self.size, self.n_swa = size, n_swa
+    def __init__(self, size: int, n_swa: int = 0, chunked: bool = False):
+        self.size, self.n_swa, self.chunked = size, n_swa, chunked
         self.pos = np.full(size, -1, np.int64)    # the position in each cell (-1: empty)
         self.seq = np.full(size, -1, np.int64)    # the sequence of each cell (-1: empty)
         self.head = 0
@@ -53,7 +53,7 @@ class Cells:
             for s in np.unique(seq[full]):
                 mine = seq == s
                 last[mine] = pos[mine].max()
-            usable |= full & (last + 1 - pos >= self.n_swa)
+            usable |= full & self._left(pos, last + 1)
         head = 0 if self.head > int(full.sum()) + 2 * n else self.head
         order = np.r_[head:self.size, 0:head]
         idx = order[usable[order]][:n]
@@ -89,8 +89,15 @@ class Cells:
         s = np.zeros_like(p) if seqs is None else np.asarray(seqs, np.int64)[:, None]
         keep = (cseq == s) & (cell >= 0) & (cell <= p)
         if self.n_swa:
-            keep &= p - cell < self.n_swa
+            keep &= ~self._left(cell, p)
         return np.where(keep, 0.0, -np.inf)
+
+    def _left(self, p0: np.ndarray, p1) -> np.ndarray:
+        """Whether position p0 is out of the window of position p1: n_swa or more
+        before it, or (chunked) before p1's chunk of n_swa positions."""
+        if self.chunked:
+            return p0 < p1 // self.n_swa * self.n_swa
+        return p1 - p0 >= self.n_swa
 
 
 SwaCells = Cells
@@ -107,7 +114,8 @@ class KVCache:
         self.hp, self.n_ctx, self.flash_attn, self.n_seq = hp, n_ctx, flash_attn, n_seq
         self.full = Cells(n_ctx)
         swa = min(n_ctx, hp.n_swa * n_seq + n_ubatch)
-        self.swa = Cells(min(n_ctx, -(-swa // KV_PAD) * KV_PAD), hp.n_swa) if hp.n_swa else None
+        self.swa = (Cells(min(n_ctx, -(-swa // KV_PAD) * KV_PAD), hp.n_swa, hp.swa_chunked)
+                    if hp.n_swa else None)
         self._all = [c for c in (self.full, self.swa) if c is not None]
 
     def cells(self, il: int) -> int:
@@ -154,11 +162,22 @@ class KVCache:
             if self.flash_attn:
                 values["v_idxs" + suffix] = idx
             else:   # one index per element of the transposed V cache, token-major
-                chan = np.arange(self.hp.n_embd_kv, dtype=np.int64) * c.size
+                chan = np.arange(self.hp.kv_width(c is self.swa), dtype=np.int64) * c.size
                 values["v_idxs" + suffix] = (chan[None, :] + idx[:, None]).reshape(-1)
             values["kq_mask" + suffix] = c.mask(pos, n_kv, seqs).astype(mask_type)
             return n_kv
 
         n_kv = cells(self.full)
         n_kv_swa = cells(self.swa, "_swa") if self.swa is not None else 0
+        if self.hp.attn_temp_scale:
+            values["inp_attn_scale"] = attn_scale(self.hp, pos)
         return (T, n_kv, len(out), n_kv_swa), values
+
+
+def attn_scale(hp: HParams, pos: np.ndarray) -> np.ndarray:
+    """The temperature tuning's query scale of each position, (1, 1, T) F32, as
+    llama.cpp computes it (the quotient in F32, the logarithm in double)."""
+    f32 = np.float32
+    q = np.floor((pos.astype(f32) + f32(hp.attn_temp_offset)) / f32(hp.attn_temp_floor))
+    s = np.log(q.astype(np.float64) + 1.0) * float(f32(hp.attn_temp_scale)) + 1.0
+    return s.astype(f32).reshape(1, 1, -1)

@@ -40,8 +40,9 @@ from .blocks import build, stage_weights
 from .gguf_file import GGUFFile, ModelError
 from .hparams import HParams
 from .kv_cache import KV_PAD, KVCache, SwaCells
-from .placement import (Device, Stage, StageGraph, alloc_stage, assign_layers, open_devices, plan_stages,
-                        send_weights, stage_graph)
+from .placement import (Device, Stage, StageGraph, alloc_stage, assign_layers, device_shares, open_devices,
+                        plan_stages, send_weights, stage_graph)
+from .rowsplit import SPLIT_MODES, RowSplit
 from .sampling import Sampler
 from .tokenizer import Tokenizer
 
@@ -69,6 +70,8 @@ class Model:
         self.n_ubatch = N_UBATCH
         self.n_seq = 1
         self.kv: KVCache | None = None
+        self.rows: RowSplit | None = None      # -sm row: the offloaded layers, run after stage 0
+        self.split_mode, self.row_combine = "layer", "gather"
 
     @property
     def swa(self) -> SwaCells | None:
@@ -80,15 +83,25 @@ class Model:
     def load(cls, path, rpc: Seq[str] | str | None = None, n_gpu_layers: int = 99,
              tensor_split: Seq[float] | None = None, n_ctx: int = 0,
              n_threads: int | None = None, flash_attn: bool = True, timeout: float = 120.0,
-             progress=None, reconnect: float = 0.0, n_ubatch: int = N_UBATCH, n_seq: int = 1) -> "Model":
+             progress=None, reconnect: float = 0.0, n_ubatch: int = N_UBATCH, n_seq: int = 1,
+             split_mode: str = "layer", row_combine: str = "gather") -> "Model":
         """Open `path`, connect to `rpc` servers ("host:port", a list or a comma-separated
         string) and upload the weights (hash first: a server started with -c that has them
         cached is not sent the bytes). `progress(done, total, cached)` is called as
         bytes go. `reconnect`: seconds to wait for a server lost during generation
-        (it gets its layers again and the context is replayed); 0 fails at once.
+        (it gets its layers again and the context is replayed); 0 fails at once
+        (split_mode "row" takes 0 only).
         `n_ubatch`: prompt tokens per graph (llama.cpp's -ub). `n_seq`: the sequences
-        run at once (llama.cpp's -np: sliding-window layers keep a window for each)."""
+        run at once (llama.cpp's -np: sliding-window layers keep a window for each).
+        `split_mode`: "layer" (runs of layers per device) or "row" (every offloaded
+        layer cut over all devices by `tensor_split`: ggmlrpc.llm.rowsplit, which
+        says what `row_combine`, "gather" or "reduce", does)."""
+        if split_mode not in SPLIT_MODES:
+            raise ModelError(f"split mode must be one of {', '.join(SPLIT_MODES)}, got {split_mode!r}")
+        if split_mode == "row" and reconnect > 0:
+            raise ModelError("--reconnect does not work with -sm row yet (a lost server fails the step)")
         m = cls()
+        m.split_mode, m.row_combine = split_mode, row_combine
         m.n_seq = max(1, n_seq)
         m.reconnect = reconnect
         m.n_ubatch = n_ubatch
@@ -115,11 +128,28 @@ class Model:
         self.n_ubatch = min(self.n_ubatch, self.n_ctx)
         self.kv = KVCache(hp, self.n_ctx, self.n_ubatch, flash_attn, self.n_seq)
         cpu, remote = open_devices(rpc, n_threads, timeout, self.backends)
-        self.stages = plan_stages(cpu, remote, hp.n_layer, n_gpu_layers, tensor_split)
+        if self.split_mode == "row" and remote and n_gpu_layers > 0:
+            self._plan_rows(cpu, remote, n_gpu_layers, tensor_split)
+        else:
+            self.stages = plan_stages(cpu, remote, hp.n_layer, n_gpu_layers, tensor_split)
         self._upload(progress)
 
+    def _plan_rows(self, cpu: Device, remote: list[Device], n_gpu_layers: int, tensor_split) -> None:
+        """-sm row: the embeddings and the layers not offloaded on the CPU, every
+        offloaded layer cut over the devices (the output layer too when every layer
+        is offloaded, else it follows on the CPU)."""
+        n_layer = self.hp.n_layer
+        start = n_layer - min(n_gpu_layers, n_layer)
+        output = n_gpu_layers > n_layer
+        self.stages = [Stage(cpu, list(range(start)), embed=True)]
+        if not output:
+            self.stages.append(Stage(cpu, [], output=True))
+        self.rows = RowSplit(self.arch, self.hp, self.file, self.kv, remote, device_shares(remote, tensor_split),
+                             list(range(start, n_layer)),
+                             output, self.flash_attn, self.n_ctx, self.row_combine, self.n_ubatch)
+
     def _upload(self, progress) -> None:
-        total = sum(self._alloc_stage(st) for st in self.stages)
+        total = sum(self._alloc_stage(st) for st in self.stages) + (self.rows.alloc() if self.rows else 0)
         done = 0
 
         def sent(nbytes: int, cached: bool) -> None:
@@ -131,6 +161,9 @@ class Model:
 
         for st in self.stages:
             send_weights(st, self.file, sent)
+        if self.rows:
+            self.rows.send(sent)
+            self.rows.reserve(self.kv.largest(self.n_ubatch))
         # reserve the compute and input memory of the largest graph each stage runs
         for st in self.stages:
             self._graph(st, self.kv.largest(self.n_ubatch))
@@ -331,7 +364,9 @@ class Model:
         seqs, tokens, pos, out = batch
         key, values = self.kv.inputs(tokens, pos, seqs, out)
         x = None
-        for st in self.stages:
+        for i, st in enumerate(self.stages):
+            if i == 1 and self.rows:
+                x = self.rows.run(key, values, x)
             be, dev = st.device.backend, st.device.index
             try:
                 g = self._graph(st, key)
@@ -351,6 +386,8 @@ class Model:
             except ConnectionLost as e:
                 e.backend = be
                 raise
+        if len(self.stages) == 1 and self.rows:
+            x = self.rows.run(key, values, x)
         self._batches.append(batch)
         n_vocab = self.hp.n_vocab
         return np.frombuffer(x, dtype=np.float32)[-n_vocab * len(out):].reshape(len(out), n_vocab).copy()
@@ -385,6 +422,9 @@ class Model:
     def close(self) -> None:
         for st in self.stages:
             st.graphs.clear()
+        if self.rows:
+            self.rows.clear()
+            self.rows = None
         for be in self.backends:
             try:
                 be.close()

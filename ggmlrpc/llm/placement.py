@@ -122,20 +122,23 @@ def open_devices(rpc: Sequence[str] | str | None, n_threads: int | None, timeout
     return cpu_dev, remote
 
 
+def device_shares(remote: list[Device], tensor_split: Sequence[float] | None) -> list[float]:
+    """Each remote device's share: `tensor_split` (0 for the devices it leaves out),
+    default its free memory."""
+    if not tensor_split:
+        return [float(d.free) for d in remote]
+    if len(tensor_split) > len(remote):
+        raise ModelError(f"--tensor-split names {len(tensor_split)} devices, the servers have {len(remote)}")
+    return list(tensor_split) + [0.0] * (len(remote) - len(tensor_split))
+
+
 def plan_stages(cpu: Device, remote: list[Device], n_layer: int, n_gpu_layers: int,
                 tensor_split: Sequence[float] | None) -> list[Stage]:
     """The stages in step order: the CPU (embeddings), then each run of layers on one
     device, then the output layer (with the last layer when every layer is
     offloaded, else on the CPU). `tensor_split`: each remote device's share of the
     offloaded layers (default: its free memory)."""
-    if tensor_split:
-        if len(tensor_split) > len(remote):
-            raise ModelError(f"--tensor-split names {len(tensor_split)} devices, "
-                             f"the servers have {len(remote)}")
-        split = list(tensor_split) + [0.0] * (len(remote) - len(tensor_split))
-    else:
-        split = [float(d.free) for d in remote]
-    where = assign_layers(n_layer, n_gpu_layers, split)
+    where = assign_layers(n_layer, n_gpu_layers, device_shares(remote, tensor_split))
     devs = [cpu if w < 0 else remote[w] for w in where]
     out_dev = devs[-1] if remote and n_gpu_layers > n_layer else cpu
     stages = [Stage(cpu, [], embed=True)]
@@ -150,20 +153,20 @@ def plan_stages(cpu: Device, remote: list[Device], n_layer: int, n_gpu_layers: i
 
 
 def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
-                file_buffer: Callable[[LocalBackend], RemoteBuffer]) -> int:
-    """One buffer on the stage's device for its weights (`names`) and KV cache;
-    places the tensors in it. Returns the weight bytes to send. On the local CPU the
-    weights stay in the file's mapping (`file_buffer`) and only the cache gets a
-    buffer."""
+                file_buffer: Callable[[LocalBackend], RemoteBuffer], n_embd_kv: int | None = None) -> int:
+    """One buffer on the stage's device for its weights (`names`) and KV cache
+    (rows of `n_embd_kv`, default each layer's own); places the tensors in it. Returns
+    the weight bytes to send. On the local CPU the weights stay in the file's
+    mapping (`file_buffer`) and only the cache gets a buffer."""
     be, dev = st.device.backend, st.device.index
     align = be.get_alignment(dev)
     for n in names:
         if n not in f.tensors:
             raise ModelError(f"{f.path}: missing tensor {n}")
-    n_embd_kv = kv.hp.n_embd_kv
+    width = (lambda il: n_embd_kv) if n_embd_kv else kv.hp.n_embd_kv_of   # a cache row, per layer
     st.mapped = st.device.local
     size = 0 if st.mapped else sum(_align(f.tensors[n].nbytes, align) for n in names)
-    kv_size = sum(2 * _align(2 * n_embd_kv * kv.cells(il), align) for il in st.layers)
+    kv_size = sum(2 * _align(2 * width(il) * kv.cells(il), align) for il in st.layers)
     st.buffers, st.weights, st.kv = [], {}, {}
     st.compute = st.inputs_buf = None
     st.graphs.clear()
@@ -186,6 +189,7 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
         st.weights[n] = buf.tensor(ti.type, ti.ne, off, name=n)
         off += _align(ti.nbytes, align)
     for il in st.layers:
+        n_embd_kv = width(il)
         kv_row = _align(2 * n_embd_kv * kv.cells(il), align)
         k = buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off, name=f"cache_k_l{il}")
         v = buf.tensor(GGMLType.F16, (n_embd_kv, kv.cells(il)), off + kv_row, name=f"cache_v_l{il}")

@@ -215,10 +215,11 @@ class _Synth:
         self.w.add_expert_feed_forward_length(ff_exp)
         return ff_exp
 
-    def routed_experts(self, p: str, ff_exp: int) -> None:
-        """The expert gate (F32, as converted models keep it) and the stacked experts."""
+    def routed_experts(self, p: str, ff_exp: int, gate_scale: float = 1.0) -> None:
+        """The expert gate (F32, as converted models keep it; `gate_scale` below 1
+        spreads the gate's probabilities over more experts) and the stacked experts."""
         e, n = self.shape.n_embd, self.shape.n_expert
-        self.w.add_tensor(p + "ffn_gate_inp.weight", self.mat(n, e, 1.0, dtype=np.float32))
+        self.w.add_tensor(p + "ffn_gate_inp.weight", self.mat(n, e, gate_scale, dtype=np.float32))
         self.w.add_tensor(p + "ffn_gate_exps.weight", self.mat(ff_exp, e, n=n))
         self.w.add_tensor(p + "ffn_up_exps.weight", self.mat(ff_exp, e, n=n))
         self.w.add_tensor(p + "ffn_down_exps.weight", self.mat(e, ff_exp, n=n))

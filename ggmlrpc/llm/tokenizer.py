@@ -12,6 +12,11 @@ SentencePiece vocabularies (`tokenizer.ggml.model` = "llama"):
   and a character that is no token at all goes out as byte tokens (<0xXX>);
 - BOS in front when the vocabulary says so (default yes), EOS never by default.
 
+llama.cpp's test vocabulary (`tokenizer.ggml.model` = "test", what its
+test-llama-archs writes): no special tokens named, no space prefix, each fragment
+cut into 5-byte chunks, each chunk the token `h % n_vocab` of its rolling hash
+h = 31 h + byte (unsigned 64-bit); a token's text is its id in lower-case hex.
+
 BPE vocabularies (`tokenizer.ggml.model` = "gpt2") with the pre-tokenizers named
 by `tokenizer.ggml.pre` (llama3/llama-bpe, qwen2, gpt-2 and their aliases):
 
@@ -23,6 +28,12 @@ by `tokenizer.ggml.pre` (llama3/llama-bpe, qwen2, gpt-2 and their aliases):
   and merged pairwise by merge rank (lowest first, leftmost on a tie); llama3 takes
   a word that is a token whole (ignore_merges); a piece that is no token goes out
   byte by byte.
+
+Gemma 4's vocabulary (`tokenizer.ggml.model` = "gemma4") is BPE in SentencePiece's
+clothes: spaces become U+2581 first, the text is split only into runs of newlines
+and runs of anything else (a run of newlines that is a token is taken whole), the
+merges run on raw UTF-8, a piece that is no token goes out as byte tokens
+(<0xXX>), and BOS always comes first.
 
 Token ids are ints; text in and out is bytes-exact (`detokenize` returns bytes:
 a byte token may end in the middle of a UTF-8 character).
@@ -77,7 +88,10 @@ PRE_TOKENIZERS = {
     "deepseek-coder": ((r"[\r\n]", r"\s?\p{L}+", r"\s?\p{P}+",
                         "[\u4e00-\u9fa5\u0800-\u4e00\uac00-\ud7ff]+", r"\p{N}"), False, None),
     "default": (_DEFAULT, False, None),
+    "gemma4": ((r"[^\n]+|[\n]+",), False, True),
 }
+# pre-tokenizers on raw UTF-8 with spaces as U+2581 (not GPT-2's byte alphabet)
+SPM_STYLE = {"gemma4"}
 
 
 # pre-tokenizers whose detokenizer keeps spaces as they are (llama.cpp's clean_spaces off)
@@ -152,18 +166,21 @@ class _Fragment:
 class Tokenizer:
     """A vocabulary and its tokenizer. Build one with `Tokenizer.from_gguf`."""
 
+    test = False    # llama.cpp's test vocabulary (hashed chunks)
+
     def __init__(self, tokens: list[bytes], scores: list[float], types: list[int], *,
                  model: str = "llama", bos: int | None = 1, eos: int | None = 2,
                  eot: int | None = None, unk: int | None = 0, add_bos: bool = True,
                  add_eos: bool = False, add_space_prefix: bool | None = None, name: str = "",
                  merges: list[bytes] | None = None, pre: str | None = None):
-        if model not in ("llama", "gpt2"):
+        if model not in ("llama", "gpt2", "gemma4"):
             raise ModelError(f"tokenizer model {model!r} is not supported "
-                             "(SentencePiece 'llama' and BPE 'gpt2' are)")
+                             "(SentencePiece 'llama', BPE 'gpt2' and 'gemma4' are)")
         self.model = model
-        self.bpe = model == "gpt2"
+        self.bpe = model != "llama"
         if self.bpe:
-            self._init_bpe(merges, pre or "default")
+            self._init_bpe(merges, "gemma4" if model == "gemma4" else pre or "default")
+            add_bos = add_bos or model == "gemma4"      # llama.cpp forces it
             add_space_prefix = False if add_space_prefix is None else add_space_prefix
         elif add_space_prefix is None:
             add_space_prefix = True
@@ -194,6 +211,7 @@ class Tokenizer:
         exprs, self.ignore_merges, self.pre_add_bos = PRE_TOKENIZERS[pre]
         self.pre = pre
         self.clean_up_spaces = pre not in KEEP_SPACES
+        self.spm_style = pre in SPM_STYLE
         self.regexes = [regex.compile(e) for e in exprs]
         self.ranks: dict[tuple[bytes, bytes], int] = {}
         for i, m in enumerate(merges):
@@ -216,6 +234,10 @@ class Tokenizer:
             self.eog.add(ids[text])
             self.attrs[ids[text]] |= ATTR_CONTROL
         self.eog |= {t for t in (self.eos, self.eot, self.eom) if t is not None}
+        s = ids.get(b"</s>")
+        if s in self.eog and any(self.tokens[t] in (b"<|tool_response>", b"<|plamo:eos|>") for t in self.eog):
+            self.eog.discard(s)         # Gemma 4's and PLaMo's </s> is a plain token
+            self.attrs[s] = ATTR_NORMAL
 
     def _phi3_attrs(self) -> None:
         for i in range(len(self.tokens)):
@@ -243,7 +265,7 @@ class Tokenizer:
                          ("add_eos_token", "add_eos"), ("add_space_prefix", "add_space_prefix")):
             if opt(key) is not None:
                 kw[arg] = opt(key)
-        if model == "gpt2":
+        if model in ("gpt2", "gemma4"):
             if "tokenizer.ggml.merges" not in f.reader.fields:
                 raise ModelError(f"{f.path}: BPE vocabulary without merges")
             kw["merges"] = f.strings("tokenizer.ggml.merges")
@@ -253,6 +275,11 @@ class Tokenizer:
             kw.setdefault("unk", None)
             pre = PRE_TOKENIZERS.get(kw["pre"])
             kw.setdefault("add_bos", bool(pre and pre[2]))
+        if model == "test":     # SentencePiece's special-token handling, no special tokens named
+            kw = {"bos": None, "eos": None, "unk": None, **kw, "add_space_prefix": False}
+            tok = cls(tokens, scores, types, model="llama", **kw)
+            tok.model, tok.test = "test", True
+            return tok
         return cls(tokens, scores, types, model=str(model), name=str(f.get("general.name", "")), **kw)
 
     @property
@@ -271,12 +298,15 @@ class Tokenizer:
             out.append(self.bos)
         prev_special = True
         for fr in frags:
+            if self.test and fr.token < 0:
+                self._test_chunks(fr.text, out)
+                continue
             if fr.token >= 0:
                 out.append(fr.token)
                 prev_special = True
                 continue
             if self.bpe:
-                self._bpe(fr.text, out)
+                self._bpe(fr.text.replace(b" ", SPACE) if self.spm_style else fr.text, out)
             else:
                 t = (b" " if self.add_space_prefix and prev_special else b"") + fr.text
                 self._spm(t.replace(b" ", SPACE), out)
@@ -318,6 +348,14 @@ class Tokenizer:
                         rest = rest.lstrip(b" \t\n\v\f\r")
             frags = nxt
         return frags
+
+    def _test_chunks(self, text: bytes, out: list[int]) -> None:
+        """llama.cpp's test tokenizer: a token per 5-byte chunk, from its rolling hash."""
+        for at in range(0, len(text), 5):
+            h = 0
+            for b in text[at:at + 5]:
+                h = (h * 31 + b) & 0xFFFFFFFFFFFFFFFF
+            out.append(h % len(self.tokens))
 
     def _spm(self, text: bytes, out: list[int]) -> None:
         """One fragment through SentencePiece's merge loop (llama.cpp's spm session)."""
@@ -384,7 +422,7 @@ class Tokenizer:
         between matches is a piece too); words come back in GPT-2's byte alphabet."""
         u = text.decode("utf-8", "surrogatepass") if self._valid(text) else None
         if u is None:   # invalid UTF-8 cannot be split by character classes
-            return ["".join(BYTE_TO_UNICODE[b] for b in text).encode()]
+            return [text if self.spm_style else "".join(BYTE_TO_UNICODE[b] for b in text).encode()]
         spans = [(0, len(u))]
         for rx in self.regexes:
             nxt = []
@@ -398,6 +436,8 @@ class Tokenizer:
                 if at < end:
                     nxt.append((at, end))
             spans = nxt
+        if self.spm_style:
+            return [u[a:b].encode("utf-8", "surrogatepass") for a, b in spans]
         return ["".join(BYTE_TO_UNICODE[b] for b in u[a:b].encode("utf-8", "surrogatepass")).encode()
                 for a, b in spans]
 
@@ -413,7 +453,8 @@ class Tokenizer:
         """One fragment through llama.cpp's BPE session: words, then rank-ordered merges."""
         ids, ranks = self.ids, self.ranks
         for word in self._words(text):
-            if self.ignore_merges and word in ids:
+            whole = self.ignore_merges or (self.spm_style and not word.strip(b"\n"))
+            if whole and word in ids:
                 out.append(ids[word])
                 continue
             parts = []
@@ -436,6 +477,9 @@ class Tokenizer:
                 if tid is not None:
                     out.append(tid)
                     continue
+                if self.spm_style:      # byte tokens <0xXX> where there are
+                    out.extend(t for t in (ids.get(b"<0x%02X>" % b) for b in p) if t is not None)
+                    continue
                 for ch in p.decode("utf-8", "surrogatepass"):   # bytes of the alphabet, one token each
                     t = ids.get(ch.encode("utf-8", "surrogatepass"))
                     if t is not None:
@@ -455,11 +499,13 @@ class Tokenizer:
         attr = self.attrs[token]
         if not special and attr & (ATTR_UNKNOWN | ATTR_CONTROL):
             return b""
+        if self.test:
+            return b"%x" % token
         text = self.tokens[token]
         if attr & (ATTR_UNKNOWN | ATTR_CONTROL | ATTR_USER_DEFINED):
             return text
         if attr & ATTR_NORMAL:
-            if self.bpe:
+            if self.bpe and not self.spm_style:
                 u = text.decode("utf-8", "surrogatepass")
                 try:
                     return bytes(UNICODE_TO_BYTE[c] for c in u)

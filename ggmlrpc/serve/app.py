@@ -341,20 +341,18 @@ def create_app(engine: Engine, api_keys: list[str] | None = None):
     async def server_error(request, exc: Exception):
         return error_response(ApiError(f"internal error: {type(exc).__name__}: {exc}", "server_error"))
 
-    routes = [
-        Route("/", api.index, methods=["GET"]),
-        Route("/health", api.health, methods=["GET"]),
-        Route("/v1/health", api.health, methods=["GET"]),
-        Route("/metrics", api.metrics, methods=["GET"]),
-        Route("/models", api.models, methods=["GET"]),
-        Route("/v1/models", api.models, methods=["GET"]),
-        Route("/v1/chat/completions", api.chat, methods=["POST"]),
-        Route("/chat/completions", api.chat, methods=["POST"]),
-        Route("/v1/completions", api.completions, methods=["POST"]),
-        Route("/tokenize", api.tokenize, methods=["POST"]),
-        Route("/detokenize", api.detokenize, methods=["POST"]),
-        Route("/apply-template", api.apply_template, methods=["POST"]),
-    ]
+    # each endpoint under all the paths llama-server answers it at
+    routes = [Route(path, endpoint, methods=[method]) for method, endpoint, paths in (
+        ("GET", api.index, ["/"]),
+        ("GET", api.health, ["/health", "/v1/health"]),
+        ("GET", api.metrics, ["/metrics"]),
+        ("GET", api.models, ["/models", "/v1/models"]),
+        ("POST", api.chat, ["/v1/chat/completions", "/chat/completions"]),
+        ("POST", api.completions, ["/v1/completions"]),
+        ("POST", api.tokenize, ["/tokenize"]),
+        ("POST", api.detokenize, ["/detokenize"]),
+        ("POST", api.apply_template, ["/apply-template"]),
+    ) for path in paths]
     app = Starlette(routes=routes, exception_handlers={
         ApiError: api_error, HTTPException: http_error, ModelError: model_error, Exception: server_error})
     return ApiKey(app, api_keys or [])

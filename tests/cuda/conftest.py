@@ -13,6 +13,7 @@ import numpy as np
 import pytest
 
 from ggmlrpc.cuda import Kernels
+from tests.conftest import nmse
 
 HERE = Path(__file__).resolve().parent
 
@@ -125,14 +126,6 @@ def k(request):
 @pytest.fixture
 def rng(seed):
     return np.random.default_rng(seed)
-
-
-def nmse(ours, ref) -> float:
-    ours = np.asarray(ours, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    den = float(np.sum(ref * ref))
-    num = float(np.sum((ours - ref) ** 2))
-    return num / den if den else num
 
 
 def assert_close(ours, ref, max_nmse=1e-7):

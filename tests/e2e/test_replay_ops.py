@@ -45,14 +45,14 @@ def kernels(request):
     ones); the portable primitives (with the AVX2 quant kernels: the quant kernels'
     portable level sums in ggml's generic order, which no x86 build has). Returns the
     quant level in use."""
-    from ggmlrpc._native import executor
-    old_simd, old_level = executor.set_simd(request.param != "portable"), executor.quants_simd(-1)
-    level = executor.quants_simd(old_level if request.param == "simd" else 1)
+    from ggmlrpc._native import executor, quants
+    old_simd, old_level = executor.set_simd(request.param != "portable"), quants.simd(-1)
+    level = quants.simd(old_level if request.param == "simd" else 1)
     if request.param == "avx2-quants" and level < 1:
         pytest.skip("this CPU has no AVX2")
     yield level
     executor.set_simd(bool(old_simd))
-    executor.quants_simd(old_level)
+    quants.simd(old_level)
 
 
 def quantized(case: str) -> bool:

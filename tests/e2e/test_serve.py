@@ -15,7 +15,7 @@ import pytest
 
 from ggmlrpc.llm import synth
 from ggmlrpc.llm.chat_template import CHATML
-from tests.conftest import Proc, free_port, our_server_argv
+from tests.conftest import Proc, free_port, our_server_argv, server_procs
 
 N_CTX = 256
 # it reads the system message before refusing it: a template that never reads one has
@@ -71,13 +71,7 @@ def files(tmp_path_factory):
 
 @pytest.fixture(scope="module")
 def rpc():
-    procs = []
-    for _ in range(2):
-        port = free_port()
-        procs.append(Proc(our_server_argv("-p", str(port), "-t", "1"), port))
-    yield ",".join(p.endpoint for p in procs)
-    for p in procs:
-        p.stop()
+    yield from server_procs(2, "-t", "1")
 
 
 @pytest.fixture(scope="module")

@@ -27,48 +27,75 @@ def body(question: str, n: int = 24, **kw) -> dict:
             "max_tokens": n, "temperature": 0, "ignore_eos": True, "logprobs": True, "top_logprobs": 2, **kw}
 
 
-def answer(url: str, b: dict) -> tuple[list[str], list[list[float]], str]:
-    """The tokens of a whole answer, the top two log-probabilities at each, its text."""
+class Answer:
+    """A greedy answer as its token ids, the top log-probabilities at each
+    ({id: log-probability}) and its text."""
+
+    def __init__(self, content: list[dict], text: str):
+        self.ids = [c["id"] for c in content]
+        self.top = [{t["id"]: t["logprob"] for t in c["top_logprobs"]} for c in content]
+        self.text = text
+
+
+def answer(url: str, b: dict) -> Answer:
     r = httpx.post(url + "/v1/chat/completions", json=b, timeout=120)
     assert r.status_code == 200, r.text
     choice = r.json()["choices"][0]
-    content = choice["logprobs"]["content"]
-    return ([c["token"] for c in content], [[t["logprob"] for t in c["top_logprobs"]] for c in content],
-            choice["message"]["content"])
+    return Answer(choice["logprobs"]["content"], choice["message"]["content"])
 
 
-def streamed(url: str, b: dict, stop_after: int | None = None) -> str:
-    """The text of a streamed answer; hang up after `stop_after` chunks."""
-    text, n = "", 0
+def streamed(url: str, b: dict, stop_after: int | None = None) -> Answer:
+    """A streamed answer; hang up after `stop_after` chunks."""
+    text, content, n = "", [], 0
     with httpx.stream("POST", url + "/v1/chat/completions", json={**b, "stream": True}, timeout=60) as r:
         for line in r.iter_lines():
             if not line.startswith("data: {"):
                 continue
             for c in json.loads(line[6:])["choices"]:
                 text += (c.get("delta") or {}).get("content") or ""
+                content += (c.get("logprobs") or {}).get("content") or []
             n += 1
             if stop_after is not None and n >= stop_after:
-                return text
-    return text
+                break
+    return Answer(content, text)
 
 
-def same_text_or_near_tie(name: str, alone: tuple, text: str, cut: bool = False) -> None:
-    """`text` is the answer `alone` gave (its start when `cut`), or they part at a
-    near-tie of alone's: the top two log-probabilities of the token where they part
-    closer than 1e-3 (reported as a warning)."""
-    toks, top2, want = alone
-    if text == want or cut and want.startswith(text):
-        return
-    clean = text.replace("\ufffd", "")       # a token that cuts a character shows as U+FFFD or nothing
-    have = ""
-    for k, t in enumerate(toks):
-        have += t.replace("\ufffd", "")
-        if not clean.startswith(have):
-            gap = top2[k][0] - top2[k][1]
-            assert gap < 1e-3, f"{name}: token {k} differs ({want!r} vs {text!r}), top-2 gap {gap}"
-            warnings.warn(f"{name}: near-tie at token {k} (top-2 log-probability gap {gap:.2e})")
-            return
-    raise AssertionError(f"{name}: {want!r} vs {text!r}")
+def compare(alone: Answer, other: Answer) -> tuple[float, int | None]:
+    """How far `other`'s log-probabilities are from `alone`'s while both read the
+    same context (the largest difference of a token in both top lists), and the
+    first token where `other` chose another token (None: none, up to where the
+    shorter one ends). Token ids, not texts: the text of a token that cuts a UTF-8
+    character shows nowhere, so a text can part several tokens after the ids do."""
+    noise = 0.0
+    for k, (a, b) in enumerate(zip(alone.ids, other.ids)):
+        ta, tb = alone.top[k], other.top[k]
+        if a != b:
+            return noise, k
+        noise = max([noise] + [abs(ta[i] - tb[i]) for i in ta.keys() & tb.keys()])
+    return noise, None
+
+
+def same_or_near_tie(pairs: list[tuple[str, Answer, Answer]], bound: float) -> float:
+    """Each (name, alone, other): other's tokens are alone's up to where other ends,
+    but where alone's top two log-probabilities are closer than twice the noise,
+    the largest difference between the two runs' log-probabilities before any
+    parting (each such near-tie is reported as a warning); the noise must stay
+    below `bound`. Returns the noise."""
+    found = [(name, a, b, *compare(a, b)) for name, a, b in pairs]
+    noise = max(f[3] for f in found)
+    assert noise < bound, f"log-probabilities differ by {noise} between runs (bound {bound})"
+    for name, a, b, _, k in found:
+        assert len(b.ids) <= len(a.ids), name
+        if k is None:
+            assert len(b.ids) < len(a.ids) or b.text == a.text, f"{name}: {a.text!r} vs {b.text!r}"
+            continue
+        first, second = sorted(a.top[k].values())[-2:][::-1]
+        gap = first - second
+        assert gap <= 2 * noise, (f"{name}: token {k} differs ({a.ids[k]} vs {b.ids[k]}) with a top-2 gap "
+                                  f"of {gap}, the runs' log-probabilities differing by at most {noise}")
+        warnings.warn(f"{name}: near-tie at token {k} (top-2 gap {gap:.2e}, log-probabilities differ by "
+                      f"{noise:.2e})")
+    return noise
 
 
 @pytest.fixture(scope="module")
@@ -79,31 +106,27 @@ def srv4(files, rpc):  # noqa: F811
     s.stop()
 
 
-def at_once_as_alone(url: str) -> list[tuple]:
+NOISE = 1e-2     # the F32 model's batched log-probabilities differ from alone's by ~2e-3
+
+
+def at_once_as_alone(url: str, bound: float = NOISE) -> list[Answer]:
     """Four requests at once answer as each alone; again with one client hanging up
     mid-way. The answers alone (40 tokens)."""
     alone = [answer(url, body(q, cache_prompt=False)) for q in QUESTIONS]
     with ThreadPoolExecutor(4) as pool:
         got = list(pool.map(lambda q: answer(url, body(q, cache_prompt=False)), QUESTIONS))
-    for q, a, g in zip(QUESTIONS, alone, got):
-        same_text_or_near_tie(f"{url} {q}", a, g[2])
+    same_or_near_tie([(f"{url} {q}", a, g) for q, a, g in zip(QUESTIONS, alone, got)], bound)
     # one client hangs up mid-way: the others' answers do not change
     with ThreadPoolExecutor(4) as pool:
         futs = [pool.submit(streamed, url, body(q, 40, cache_prompt=False), 5 if i == 1 else None)
                 for i, q in enumerate(QUESTIONS)]
         got = [f.result() for f in futs]
     alone40 = [answer(url, body(q, 40, cache_prompt=False)) for q in QUESTIONS]
-    for i, q in enumerate(QUESTIONS):
-        same_text_or_near_tie(f"{url} {q}", alone40[i], got[i], cut=i == 1)
+    assert len(got[1].ids) < 40
+    same_or_near_tie([(f"{url} {q} (streamed)", a, g) for q, a, g in zip(QUESTIONS, alone40, got)], bound)
     return alone40
 
 
-# A known fault, not noise: in a full-suite run a batched answer parted from its alone
-# answer where the top-2 log-probability gap was 0.059 (F32 weights; batched-vs-alone
-# noise is ~2e-3), and the interop Q8_0 case parts at a gap of 0.36. It passes run
-# alone; which batch composition triggers it is not found yet (-np is 1 by default).
-@pytest.mark.xfail(reason="batched answers can part from alone beyond noise under some "
-                          "batch compositions: an open fault of -np > 1", strict=False)
 def test_requests_at_once_answer_as_alone(srv4):
     at_once_as_alone(srv4.url)
 
@@ -117,11 +140,10 @@ def test_a_shared_prefix_is_reused(srv4):
     assert r["timings"]["prompt_n"] == r["usage"]["prompt_tokens"] - cached
     fresh = srv4.post("/v1/chat/completions", body("how many fish are in the sea", cache_prompt=False)).json()
     assert fresh["usage"]["prompt_tokens_details"]["cached_tokens"] == 0
-    lp = fresh["choices"][0]["logprobs"]["content"]
-    same_text_or_near_tie("shared prefix", ([c["token"] for c in lp], [[t["logprob"] for t in c["top_logprobs"]]
-                                                                      for c in lp],
-                                            fresh["choices"][0]["message"]["content"]),
-                          r["choices"][0]["message"]["content"])
+
+    def of(r):
+        return Answer(r["choices"][0]["logprobs"]["content"], r["choices"][0]["message"]["content"])
+    same_or_near_tie([("shared prefix", of(fresh), of(r))], NOISE)
 
 
 def test_a_full_queue_answers_503_and_a_late_request_times_out(files, rpc):  # noqa: F811
@@ -144,3 +166,20 @@ def test_a_full_queue_answers_503_and_a_late_request_times_out(files, rpc):  # n
         assert r.status_code == 503 and "timed out" in r.json()["error"]["message"]
     finally:
         s.stop()
+
+
+def test_a_parting_is_found_at_its_token():
+    """Where the two answers part is found from the token ids: a text check cannot
+    see a parting at a token that cuts a UTF-8 character (its text shows nowhere)
+    and would blame a later token and its top-2 gap (the F32 answer of 'tell me
+    about the old fisherman' has bytes DF and B6 as tokens 6 and 7, one character)."""
+    def entry(i, lp):
+        return {"id": i, "top_logprobs": [{"id": i, "logprob": -0.1}, {"id": i + 1, "logprob": -0.1 - lp}]}
+    alone = Answer([entry(1, 0.5), entry(7, 1e-3), entry(3, 0.06), entry(4, 0.5)], "a\u07f6b")
+    other = Answer([entry(1, 0.5), entry(8, 2e-3), entry(3, 0.06), entry(4, 0.5)], "a\ufffd\ufffdb")
+    other.top[0][1] -= 2e-3                     # the runs' noise before they part
+    assert compare(alone, other) == (pytest.approx(2e-3), 1)
+    with warnings.catch_warnings(record=True) as seen:
+        warnings.simplefilter("always")
+        same_or_near_tie([("utf-8", alone, other)], NOISE)
+    assert "near-tie at token 1" in str(seen[0].message)

@@ -153,26 +153,48 @@ def our_server_argv() -> list[str]:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("ops", nargs="*", default=OPS, help="ops to run (default: all)")
+    ap.add_argument("-p", dest="params", default=None, help="case filter for every op ('' = all cases)")
+    add_side_args(ap)
+    args = ap.parse_args(argv)
+    return print_table("test-backend-ops", "op", args.ops, args,
+                       lambda ref_bin, shim, server, op: run_op(ref_bin, shim, server, op, args.timeout, args.params))
+
+
+def add_side_args(ap: argparse.ArgumentParser) -> None:
+    """--ours / --reference (which servers to run; default both) and --timeout."""
     side = ap.add_mutually_exclusive_group()
     side.add_argument("--ours", action="store_true", help="only our server")
     side.add_argument("--reference", action="store_true", help="only the reference server")
-    ap.add_argument("-p", dest="params", default=None, help="case filter for every op ('' = all cases)")
     ap.add_argument("--timeout", type=float, default=600)
-    args = ap.parse_args(argv)
 
+
+def shim_or_skip(ref_bin: Path, tool: str, tmp_path_factory) -> Path:
+    """The LD_PRELOAD library, compiled against the reference build's shared libraries
+    (a test's skip where the build has no `tool` or no shared ggml libraries)."""
+    import pytest
+    if not (ref_bin / tool).exists() or not (ref_bin / "libggml-rpc.so").exists():
+        pytest.skip(f"{ref_bin} has no {tool} or shared ggml libraries (an older reference build)")
+    return build_shim(ref_bin, tmp_path_factory.mktemp("shim"))
+
+
+def assert_passes(name: str, r: Result, expected: int, output: str) -> None:
+    """Every case of r passed, and as many ran as through the reference server."""
+    why = "\n".join(r.failures())
+    assert r.total > 0, f"{name}: {r.summary()}\n{why}\n{output[-2000:]}"
+    assert r.passed == r.total, f"{name}: {r.summary()}\n{why}"
+    assert r.total == expected, f"{name}: {r.total} cases, the reference server ran {expected}"
+
+
+def print_table(tool: str, what: str, names: list[str], args, run) -> int:
+    """Run `run(ref_bin, shim, server_argv, name)` for each name on the sides args
+    selects (--ours, --reference, default both) and print a markdown table of the
+    results, the failures' lines on stderr; 1 if any failed, 2 without a reference
+    build that has `tool`."""
     from tests.conftest import reference_bin
     ref_bin = reference_bin()
-    if ref_bin is None:
-        print("no reference build (scripts/build-reference.sh)", file=sys.stderr)
+    if ref_bin is None or not (ref_bin / tool).exists():
+        print(f"no reference build with {tool} (scripts/build-reference.sh)", file=sys.stderr)
         return 2
-    return print_table(ref_bin, "op", args.ops, args,
-                       lambda shim, server, op: run_op(ref_bin, shim, server, op, args.timeout, args.params))
-
-
-def print_table(ref_bin: Path, what: str, names: list[str], args, run) -> int:
-    """Run `run(shim, server_argv, name)` for each name on the sides args selects
-    (--ours, --reference, default both) and print a markdown table of the results,
-    the failures' lines on stderr; 1 if any failed."""
     sides = {"ours": our_server_argv(), "reference": reference_server_argv(ref_bin)}
     if args.ours:
         del sides["reference"]
@@ -185,7 +207,7 @@ def print_table(ref_bin: Path, what: str, names: list[str], args, run) -> int:
         for name in names:
             cells = []
             for side, server in sides.items():
-                r = run(shim, server, name)
+                r = run(ref_bin, shim, server, name)
                 cells.append(f"{r.summary()} ({r.seconds:.0f}s)")
                 if not r.ok:
                     bad += 1

@@ -20,7 +20,7 @@ import re
 import sys
 from pathlib import Path
 
-from tests.interop.backend_ops import Result, print_table, run_client
+from tests.interop.backend_ops import Result, add_side_args, print_table, run_client
 
 # The architectures test-llama-archs runs a configuration of (the ones it marks
 # unsupported, and the ones it leaves out, print SKIP and count no test).
@@ -70,22 +70,27 @@ def run_arch(ref_bin: Path, shim: Path, server_argv: list[str], arch: str, timeo
     return Result(arch, *parse(text), seconds, plain(text), err)
 
 
+def save_models(ref_bin: Path, arch: str, out: Path, seed: int = 1, stdev: float = 0.5) -> dict[str, Path]:
+    """The models test-llama-archs writes for `arch` (-o: its dense and MoE variants,
+    random weights of deviation `stdev`, llama.cpp's `test` vocabulary), by variant."""
+    import subprocess
+
+    out.mkdir(parents=True, exist_ok=True)
+    argv = [str(ref_bin / "test-llama-archs"), "-a", f"^{re.escape(arch)}$", "-s", str(seed), "-d", str(stdev),
+            "-o", str(out)]
+    r = subprocess.run(argv, capture_output=True, text=True, errors="replace", timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    found = {v: out / f"{arch}-{v}.gguf" for v in ("dense", "moe")}
+    return {v: p for v, p in found.items() if p.exists()}
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("archs", nargs="*", default=ARCHS, help="architectures to run (default: all)")
-    side = ap.add_mutually_exclusive_group()
-    side.add_argument("--ours", action="store_true", help="only our server")
-    side.add_argument("--reference", action="store_true", help="only the reference server")
-    ap.add_argument("--timeout", type=float, default=600)
+    add_side_args(ap)
     args = ap.parse_args(argv)
-
-    from tests.conftest import reference_bin
-    ref_bin = reference_bin()
-    if ref_bin is None or not (ref_bin / "test-llama-archs").exists():
-        print("no reference build with test-llama-archs (scripts/build-reference.sh)", file=sys.stderr)
-        return 2
-    return print_table(ref_bin, "arch", args.archs, args,
-                       lambda shim, server, arch: run_arch(ref_bin, shim, server, arch, args.timeout))
+    return print_table("test-llama-archs", "arch", args.archs, args,
+                       lambda ref_bin, shim, server, arch: run_arch(ref_bin, shim, server, arch, args.timeout))
 
 
 if __name__ == "__main__":

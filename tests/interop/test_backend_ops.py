@@ -50,17 +50,11 @@ def test_every_op_has_a_reference_count():
 
 @pytest.fixture(scope="module")
 def shim(ref_bin, tmp_path_factory):
-    """The LD_PRELOAD library, compiled against the reference build's shared libraries."""
-    if not (ref_bin / "test-backend-ops").exists() or not (ref_bin / "libggml-rpc.so").exists():
-        pytest.skip(f"{ref_bin} has no test-backend-ops or shared ggml libraries (an older reference build)")
-    return backend_ops.build_shim(ref_bin, tmp_path_factory.mktemp("shim"))
+    return backend_ops.shim_or_skip(ref_bin, "test-backend-ops", tmp_path_factory)
 
 
 @pytest.mark.timeout(900)
 @pytest.mark.parametrize("op", backend_ops.OPS)
 def test_op_passes_through_our_server(ref_bin, shim, op):
     r = backend_ops.run_op(ref_bin, shim, backend_ops.our_server_argv(), op)
-    why = "\n".join(r.failures())
-    assert r.total > 0, f"{op}: {r.summary()}\n{why}\n{r.output[-2000:]}"
-    assert r.passed == r.total, f"{op}: {r.summary()}\n{why}"
-    assert r.total == REFERENCE_CASES[op], f"{op}: {r.total} cases, the reference server ran {REFERENCE_CASES[op]}"
+    backend_ops.assert_passes(op, r, REFERENCE_CASES[op], r.output)

@@ -52,16 +52,11 @@ def test_every_arch_has_a_reference_count():
 
 @pytest.fixture(scope="module")
 def shim(ref_bin, tmp_path_factory):
-    if not (ref_bin / "test-llama-archs").exists() or not (ref_bin / "libggml-rpc.so").exists():
-        pytest.skip(f"{ref_bin} has no test-llama-archs or shared ggml libraries (an older reference build)")
-    return backend_ops.build_shim(ref_bin, tmp_path_factory.mktemp("shim"))
+    return backend_ops.shim_or_skip(ref_bin, "test-llama-archs", tmp_path_factory)
 
 
 @pytest.mark.timeout(600)
 @pytest.mark.parametrize("arch", llama_archs.ARCHS)
 def test_arch_passes_through_our_server(ref_bin, shim, arch):
     r = llama_archs.run_arch(ref_bin, shim, backend_ops.our_server_argv(), arch)
-    why = "\n".join(r.failures())
-    assert r.total > 0, f"{arch}: {r.summary()}\n{why}\n{llama_archs.plain(r.output)[-2000:]}"
-    assert r.passed == r.total, f"{arch}: {r.summary()}\n{why}"
-    assert r.total == REFERENCE_CASES[arch], f"{arch}: {r.total} cases, the reference server ran {REFERENCE_CASES[arch]}"
+    backend_ops.assert_passes(arch, r, REFERENCE_CASES[arch], llama_archs.plain(r.output))

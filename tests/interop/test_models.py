@@ -37,7 +37,7 @@ import socket
 import subprocess
 import threading
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import pytest
@@ -59,6 +59,8 @@ LOGIT_TIE = 2e-2
 # the two-server cases runs two threads
 THREADS = "1"
 SHAPE = synth.ModelShape(n_layer=3, n_embd=256, n_ff=512, n_head=4, n_head_kv=2)
+# llama.cpp's llama4 graph needs a layer without rope (every fourth) for its temperature input
+SHAPES = {"llama4": replace(SHAPE, n_layer=4)}
 TRIES = 12
 
 # weights name -> (llama-quantize type, options); F32/F16 are written directly
@@ -108,6 +110,8 @@ CASES: list[Case] = (
         ("phi3", ("Q4_0", "Q5_K_M", "Q4_1")),
         ("qwen2moe", ("F32", "Q8_0", "Q4_0", "Q4_K_M", "Q2_K", "MXFP4_MOE")),
         ("gpt-oss", ("MXFP4_MOE", "Q8_0", "Q4_K_M", "Q5_0")),
+        ("glm4moe", ("Q8_0", "Q4_K_M")), ("minimax-m2", ("Q4_K_M", "Q8_0")), ("gemma4", ("Q4_K_M", "Q8_0")),
+        ("gemma4-moe", ("Q8_0", "Q4_K_M")),
     ) for i, w in enumerate(weights) for fa in [(FA_ON, FA_OFF)[i % 2]]]
     # quantized KV caches (SET_ROWS into Q8_0/Q4_0, flash attention over them), with
     # llama.cpp's Hadamard rotation of q/k/v and without it (test_completion runs
@@ -133,6 +137,7 @@ LOGIT_CASES: list[Case] = (
        Case("qwen2moe", "MXFP4_MOE"), Case("qwen2moe", "F16", KV_Q8),
        Case("gpt-oss", "MXFP4_MOE"), Case("gpt-oss", "Q4_K_M", FA_OFF),
        Case("gpt-oss", "Q8_0", KV_Q4),
+       Case("glm4moe", "Q4_K_M"), Case("minimax-m2", "Q8_0"), Case("gemma4-moe", "Q4_K_M", FA_OFF),
        Case("gemma2", "Q8_0", KV_Q4, env=NO_ROT)]
 )
 
@@ -164,7 +169,7 @@ def models(tmp_path_factory, ref_bin):
         if key not in made:
             dst = root / f"{arch}-{weights}.gguf"
             if weights in ("F32", "F16"):
-                synth.write_model(dst, arch, SHAPE, weights.lower())
+                synth.write_model(dst, arch, SHAPES.get(arch, SHAPE), weights.lower())
             else:
                 qtype, options = QUANTIZE.get(weights, (weights, ()))
                 synth.quantize(ref_bin / "llama-quantize", get(arch, "F16"), dst, qtype,

@@ -5,17 +5,23 @@ the layers on RPC servers (ours, llama.cpp's, and both at once with -ts 1,1)
 against llama-completion driving the same servers."""
 from __future__ import annotations
 
+import itertools
 import os
 import subprocess
 import sys
+import warnings
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from ggmlrpc.cli.main import main
 from ggmlrpc.llm import synth
 from ggmlrpc.llm.archs import ARCHS
+from ggmlrpc.llm.model import Model
+from tests.e2e.test_batch import alone
 from tests.e2e.test_runner import OTHER_ARCHS, arch_shape
+from tests.interop.test_models import LOGIT_TIE
 
 pytestmark = pytest.mark.interop
 
@@ -65,9 +71,9 @@ def same_text(mine: bytes, ref: bytes) -> bool:
     return mine.startswith(ref) and len(ref) > len(PROMPT) + 1
 
 
-def ours(model: Path, args: list[str], capfdbinary) -> bytes:
+def ours(model: Path, args: list[str], capfdbinary, prompt: str = PROMPT) -> bytes:
     capfdbinary.readouterr()
-    rc = main(["run", "-m", str(model), "--temp", "0", "-p", PROMPT, "-n", str(N), *args])
+    rc = main(["run", "-m", str(model), "--temp", "0", "-p", prompt, "-n", str(N), *args])
     sys.stdout.flush()
     out, err = capfdbinary.readouterr()
     assert rc == 0, err.decode(errors="replace")
@@ -193,7 +199,7 @@ def test_rope_scaling_from_the_file(ref_bin, tmp_path, scaling, factor, server_p
         assert same_text(mine, completion(ref_bin, model, ["-ngl", "0", "-t", "2"], expect=mine)), args
 
 
-@pytest.mark.parametrize("arch", [a.name for a in ARCHS.values() if a.swa_pattern])
+@pytest.mark.parametrize("arch", [a.name for a in ARCHS.values() if a.swa_pattern] + ["gemma4"])
 def test_sliding_window_cache_wraps_like_llama(ref_bin, tmp_path, arch, capfdbinary):
     """Sliding-window layers keep n_swa + a micro-batch cells (rounded up to 256):
     with -ub 16 and a window of 8 that is 256 cells, which 300 new tokens wrap
@@ -205,3 +211,67 @@ def test_sliding_window_cache_wraps_like_llama(ref_bin, tmp_path, arch, capfdbin
         mine = ours(model, args, capfdbinary)
         assert len(mine) > 300 + len(PROMPT)
         assert same_text(mine, completion(ref_bin, model, args, expect=mine)), fa
+
+
+# the families people split over machines (issue 22), each in F32 and quantized by
+# llama-quantize (synth's model names); 256 wide, so that Q4_K_M quantizes every matrix
+SPLIT_FAMILIES = ["glm4moe", "minimax-m2", "gemma4", "gemma4-moe"]
+FAMILY_WEIGHTS = ("F32", "Q8_0", "Q4_K_M")
+
+
+@pytest.fixture(scope="module")
+def family_model(tmp_path_factory, ref_bin):
+    """Factory: (synth model, weights) -> a three-layer model, written once per module."""
+    d = tmp_path_factory.mktemp("families")
+    made: dict[tuple[str, str], Path] = {}
+
+    def get(arch: str, weights: str) -> Path:
+        if (arch, weights) not in made:
+            if weights == "F32":
+                shape = synth.ModelShape(**{**vars(arch_shape(synth.ARCHS[arch][0], 256)), "n_layer": 3})
+                made[arch, weights] = synth.write_model(d / f"{arch}-F32.gguf", arch, shape, "f32", seed=5)
+            else:
+                made[arch, weights] = synth.quantize(ref_bin / "llama-quantize", get(arch, "F32"),
+                                                     d / f"{arch}-{weights}.gguf", weights)
+        return made[arch, weights]
+
+    return get
+
+
+def same_text_or_near_tie(name: str, model: Path, mine: bytes, ref: bytes, **load) -> None:
+    """Our text equals llama-completion's, or parts from it only where our top two
+    logits are a near-tie (within LOGIT_TIE), which is reported as a warning: our
+    greedy run of the same model (Model.load(**load)) says which token is at the byte
+    where the texts part and how close its top two were."""
+    if same_text(mine, ref):
+        return
+    with Model.load(model, **load) as m:
+        ids = m.tokenize(PROMPT)
+        toks, logits = alone(m, ids, N)
+        echo = b"".join(m.tokenizer.token_to_piece(t) for t in ids)
+        ends = itertools.accumulate(len(m.tokenizer.token_to_piece(t).split(b"\0", 1)[0]) for t in toks)
+    at = len(os.path.commonprefix([mine, ref]))
+    k = next((i for i, end in enumerate(ends) if len(echo) + end > at), None)
+    assert mine.startswith(echo) and k is not None, f"{name}: {mine!r}\nllama-completion: {ref!r}"
+    top2 = np.sort(logits[k])[-2:]
+    gap = float(top2[1] - top2[0])
+    assert gap < LOGIT_TIE, (f"{name}: token {k} differs from llama-completion's with a top-2 gap of {gap}\n"
+                             f"ours:             {mine!r}\nllama-completion: {ref!r}")
+    warnings.warn(f"{name}: near-tie at token {k} (top-2 logit gap {gap:.2e})")
+
+
+@pytest.mark.parametrize("weights", FAMILY_WEIGHTS)
+@pytest.mark.parametrize("arch", SPLIT_FAMILIES)
+def test_split_families_equal_llama_completion(ref_bin, family_model, arch, weights, server_proc, capfdbinary):
+    """In-process against llama.cpp's CPU (-ngl 0, no repacking), and over two of our
+    servers with -ts 1,1 against llama-completion driving the same two servers."""
+    model = family_model(arch, weights)
+    mine = ours(model, ["-ngl", "0", "-t", "2"], capfdbinary)
+    ref = completion(ref_bin, model, ["-ngl", "0", "-t", "2"], expect=mine)
+    same_text_or_near_tie(f"{arch} {weights} in-process", model, mine, ref, n_gpu_layers=0)
+    eps = [server_proc("-t", "2").endpoint for _ in range(2)]
+    args = ["--rpc", ",".join(eps), "-ngl", "99", "-ts", "1,1"]
+    split = ours(model, args, capfdbinary)
+    ref = completion(ref_bin, model, args, expect=split)
+    same_text_or_near_tie(f"{arch} {weights} over two servers", model, split, ref, rpc=eps,
+                          tensor_split=[1, 1])

@@ -22,6 +22,7 @@ from ggmlrpc.devices.cpu import CpuDevice
 from ggmlrpc.errors import ServerClosed
 from ggmlrpc.ggml import GGMLOp, GGMLType as T
 from ggmlrpc.server import Server
+from tests.conftest import nmse
 
 N_THREADS = 3   # more threads than this host's cores, and splits that do not divide evenly
 
@@ -32,14 +33,6 @@ NP_TYPES = {T.F32: np.float32, T.F16: np.float16, T.I32: np.int32, T.I64: np.int
 def f32_bits(x: float) -> int:
     """A float op param as the int32 ggml stores."""
     return struct.unpack("<i", struct.pack("<f", x))[0]
-
-
-def nmse(ours, ref) -> float:
-    ours = np.asarray(ours, dtype=np.float64)
-    ref = np.asarray(ref, dtype=np.float64)
-    den = float(np.sum(ref * ref))
-    num = float(np.sum((ours - ref) ** 2))
-    return num / den if den else num
 
 
 def assert_close(ours, ref, max_nmse=1e-7):
@@ -156,12 +149,18 @@ def rejected(server, caplog, *expect: str):
     try:
         yield c
         c.rb.graph_compute(c.nodes)
-        with pytest.raises(ServerClosed):
-            c.rb.synchronize()
-        for e in expect:
-            assert e in caplog.text
+        closed(c, caplog, *expect)
     finally:
         c.close()
+
+
+def closed(c, caplog, *expect: str):
+    """The server closes c's connection (seen at the next synchronize) with a log
+    line holding every `expect` string."""
+    with pytest.raises(ServerClosed):
+        c.rb.synchronize()
+    for e in expect:
+        assert e in caplog.text
 
 
 @pytest.fixture(scope="module")

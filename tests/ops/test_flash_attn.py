@@ -9,7 +9,7 @@ import pytest
 
 from ggmlrpc.ggml import GGMLOp as Op, GGMLType as T
 from tests.ops.conftest import assert_close, f32_bits
-from tests.ops.test_norm import alibi_slopes
+from tests.ops.test_norm import alibi_slopes, softmax_ref
 
 
 def attention_ref(q, k, v, scale, mask=None, softcap=0.0, max_bias=0.0, sinks=None):
@@ -20,16 +20,8 @@ def attention_ref(q, k, v, scale, mask=None, softcap=0.0, max_bias=0.0, sinks=No
     s = np.einsum("bhqd,bhkd->bhqk", q, kk) * scale
     if softcap:
         s = softcap * np.tanh(s / softcap)
-    if mask is not None:
-        s = s + alibi_slopes(heads, max_bias)[None, :, None, None] * mask[None, None]
-    m = s.max(axis=-1, keepdims=True)
-    if sinks is not None:
-        m = np.maximum(m, sinks[None, :, None, None])
-    p = np.exp(s - m)
-    den = p.sum(axis=-1, keepdims=True)
-    if sinks is not None:
-        den = den + np.exp(sinks[None, :, None, None] - m)
-    o = np.einsum("bhqk,bhkd->bhqd", p / den, vv)
+    p = softmax_ref(s, 1.0, mask, alibi_slopes(heads, max_bias), sinks)
+    o = np.einsum("bhqk,bhkd->bhqd", p, vv)
     return o.transpose(0, 2, 1, 3)
 
 

@@ -146,6 +146,7 @@ def _matmul_runs(wtype, wq, x, M, n_threads, simd_at_plan, simd_at_run, runs=1):
     the SIMD kernels this CPU has, or none) or a quant kernel level (0, 1 or 2, the
     executor's SIMD on from 1)."""
     from ggmlrpc._native import executor as native
+    from ggmlrpc._native import quants
     level = lambda v: (2 if v else 0) if isinstance(v, bool) else v  # noqa: E731
     B, N, K = x.shape
     b = Builder(8 << 20)
@@ -153,21 +154,21 @@ def _matmul_runs(wtype, wq, x, M, n_threads, simd_at_plan, simd_at_run, runs=1):
     xt = b.tensor(T.F32, (K, N, B), data=x)
     out = b.tensor(T.F32, (M, N, B), Op.MUL_MAT, (wt, xt))
     ex = CpuExecutor(n_threads)
-    before, qbefore = native.simd_level(), native.quants_simd()
+    before, qbefore = native.simd_level(), quants.simd()
     got = []
     try:
         native.set_simd(bool(simd_at_plan))
-        native.quants_simd(level(simd_at_plan))
+        quants.simd(level(simd_at_plan))
         plan = ex.compile(b.graph())
         native.set_simd(bool(simd_at_run))
-        native.quants_simd(level(simd_at_run))
+        quants.simd(level(simd_at_run))
         for _ in range(runs):
             b.buf.mem.fill(b.placement[out.id].offset, M * N * B * 4, 0)
             ex.run(plan)
             got.append(b.read(out).copy())
     finally:
         native.set_simd(bool(before))
-        native.quants_simd(qbefore)
+        quants.simd(qbefore)
     return got
 
 
@@ -207,7 +208,6 @@ def test_decode_matmul_levels_give_each_row_its_dot(seed, wtype):
     none. Plans made at one level and run at another, weight rows in chunks shared by
     two threads with a remainder of two: every output is the one dot product of its
     row."""
-    from ggmlrpc._native import executor as native
     from ggmlrpc._native import quants
     rng = np.random.default_rng(seed)
     K, M = 1024, 602
@@ -215,7 +215,7 @@ def test_decode_matmul_levels_give_each_row_its_dot(seed, wtype):
     wq = np.concatenate([quants.quantize(int(wtype), r) for r in w])
     act = quants.vec_dot_type(int(wtype))
     rb = len(wq) // M
-    top = native.quants_simd()
+    top = quants.simd()
     for N in (1, 3):
         x = rng.standard_normal((1, N, K)).astype(np.float32)
         want = np.array([[quants.vec_dot(int(wtype), wq[i * rb:(i + 1) * rb].tobytes(),

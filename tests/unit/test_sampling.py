@@ -4,6 +4,7 @@ llama-completion is in tests/interop/test_runner_vs_llama_completion.py)."""
 from __future__ import annotations
 
 import numpy as np
+import pytest
 
 from ggmlrpc.llm.sampling import Sampler, mt19937
 
@@ -44,3 +45,19 @@ def test_one_draw_per_token():
     a(x)
     b(x)
     assert a.uniform() == b.uniform()
+
+
+@pytest.mark.parametrize("seed", range(20))
+def test_greedy_shortcut_is_the_chain(seed):
+    """At temperature 0 the sampler skips the chain's sorts; it picks what the chain
+    picks (three tied highest logits: the lowest id, as long as top-k keeps them
+    all) and draws as often."""
+    rng = np.random.default_rng(seed)
+    logits = rng.standard_normal(3000).round(1).astype(np.float32)
+    logits[rng.choice(3000, 3, replace=False)] = logits.max()
+    banned = np.flatnonzero(logits == logits.max())[:1] if seed % 2 else ()
+    for top_k, top_p, min_p in ((40, 0.95, 0.05), (0, 1.0, 0.0), (10, 0.5, 0.9)):
+        a = Sampler(0.0, top_k, top_p, min_p, seed=seed, banned=banned)
+        b = Sampler(0.0, top_k, top_p, min_p, seed=seed, banned=banned)
+        assert [a(logits) for _ in range(3)] == [b.chain(logits) for _ in range(3)]
+        assert a.uniform() == b.uniform()

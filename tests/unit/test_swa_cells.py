@@ -81,3 +81,15 @@ def test_each_sequence_slides_its_own_window():
     # from the head (cell 1): sequence 0's position 1, out of its window (newest 5)
     assert list(c.place(np.array([6]), np.array([0]))) == [1]
     assert list(c.pos) == [2, 6, 2, 3, 0, 1, 4, 5]
+
+
+def test_chunked_window_keeps_the_chunk_and_reuses_the_last_ones():
+    """llama4's chunks of n_swa positions: a token attends its own chunk only, and a
+    full cache reuses the cells of the chunks before the newest position's."""
+    c = SwaCells(16, 4, chunked=True)
+    c.place(np.arange(0, 10))
+    m = c.mask(np.array([5, 8, 9]), 16)
+    assert [list(np.nonzero(np.isfinite(r))[0]) for r in m] == [[4, 5], [8], [8, 9]]
+    c.place(np.arange(10, 16))
+    # newest position 15 (+1 = 16): chunk 16.. has begun, every cell is reusable, first the head's
+    assert list(c.place(np.array([16, 17]))) == [0, 1]

@@ -25,9 +25,8 @@ void gr_k_add_id(gr_job *job, int phase) {
     int64_t r0, r1;
     gr_range(gr_nrows(a), job->ith, job->nth, &r0, &r1);
     for (int64_t ir = r0; ir < r1; ir++) {
-        const int64_t i1 = ir % a->ne[1];
-        const int64_t i2 = (ir / a->ne[1]) % a->ne[2];
-        const int64_t i3 = ir / (a->ne[1] * a->ne[2]);
+        int64_t i1, i2, i3;
+        gr_row_index(a, ir, &i1, &i2, &i3);
         int32_t k;
         memcpy(&k, ids->data + i1 * ids->nb[0] + i2 * ids->nb[1], 4);
         if (k < 0 || k >= b->ne[1]) {

@@ -330,8 +330,7 @@ void gr_k_im2col_3d(gr_job *job, int phase) {
  * op_params: s0, OC, p0 (the crop at each end) */
 void gr_k_col2im_1d(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int64_t s0 = n->op_params[0], OC = n->op_params[1], p0 = n->op_params[2];
     const int64_t KOC = s->ne[0], T_in = s->ne[1], K = KOC / OC, T_out = d->ne[0];
     const size_t ts = s->type == GR_TYPE_F32 ? 4 : 2;

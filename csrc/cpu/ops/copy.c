@@ -28,8 +28,7 @@
  * one dst row (ne0 % qk == 0) or run on in a contiguous dst; qk = iparams[3].
  *   src0: (ne00, ne01, ne02, ne03) blocks of qk, dst: F32 of the same element count */
 static void dup_from_q_blocks(gr_job *job) {
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int64_t qk = n->iparams[3];
     const int64_t nblocks = s->ne[0] * s->ne[1] * s->ne[2] * s->ne[3] / qk;
     ggmlrpc_to_float_fn to_float = ggmlrpc_get_to_float((uint32_t)s->type);
@@ -244,9 +243,8 @@ static void acc_set(gr_job *job, int phase, int set) {
     int64_t r0, r1;
     gr_range(gr_nrows(s1), job->ith, job->nth, &r0, &r1);
     for (int64_t ir = r0; ir < r1; ir++) {
-        const int64_t i1 = ir % s1->ne[1];
-        const int64_t i2 = (ir / s1->ne[1]) % s1->ne[2];
-        const int64_t i3 = ir / (s1->ne[1] * s1->ne[2]);
+        int64_t i1, i2, i3;
+        gr_row_index(s1, ir, &i1, &i2, &i3);
         char *y = d->data + offset + i1 * nb1 + i2 * nb2 + i3 * nb3;
         const char *x = s0->data + offset + i1 * nb1 + i2 * nb2 + i3 * nb3;
         const char *v = gr_row(s1, ir);

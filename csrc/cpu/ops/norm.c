@@ -22,8 +22,7 @@
  *   src0, dst: (ne0, rows) F32 */
 void gr_k_rms_norm(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     float eps;
     memcpy(&eps, &n->op_params[0], 4);
     const int64_t ne0 = s->ne[0];
@@ -79,8 +78,7 @@ static void norm_row_strided(const gr_tensor *s, const gr_tensor *d, int64_t ir,
  *   src0, dst: (ne0, rows) F32 */
 void gr_k_norm(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     float eps;
     memcpy(&eps, &n->op_params[0], 4);
     const int64_t ne0 = s->ne[0];
@@ -123,8 +121,7 @@ void gr_k_norm(gr_job *job, int phase) {
  *   src0, dst: (ne0, ne1, ne2 channels, ne3); contiguous */
 void gr_k_group_norm(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int n_groups = n->op_params[0];
     float eps;
     memcpy(&eps, &n->op_params[1], 4);

@@ -21,8 +21,7 @@
 void gr_k_sum(gr_job *job, int phase) {
     (void)phase;
     if (job->ith != 0) return;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int64_t ne0 = s->ne[0], nr = gr_nrows(s);
     if (s->type == GR_TYPE_F32) {
         double sum = 0.0;
@@ -51,8 +50,7 @@ void gr_k_sum(gr_job *job, int phase) {
 /* SUM_ROWS (sub 0) and MEAN (sub 1): dst (1, ne1, ne2, ne3) F32 */
 void gr_k_sum_rows(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int64_t ne0 = s->ne[0];
     int64_t r0, r1;
     gr_range(gr_nrows(s), job->ith, job->nth, &r0, &r1);
@@ -68,8 +66,7 @@ void gr_k_sum_rows(gr_job *job, int phase) {
 
 void gr_k_cumsum(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int64_t ne0 = s->ne[0];
     int64_t r0, r1;
     gr_range(gr_nrows(s), job->ith, job->nth, &r0, &r1);
@@ -87,8 +84,7 @@ void gr_k_cumsum(gr_job *job, int phase) {
 /* index of the largest value per row; the last one among equals, as ggml */
 void gr_k_argmax(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int64_t ne0 = s->ne[0];
     int64_t r0, r1;
     gr_range(s->ne[1], job->ith, job->nth, &r0, &r1);

@@ -88,8 +88,7 @@ static void rope_cache(const gr_node *n, const float *pos4, float freq_scale, co
  *   src2: frequency factors (>= n_dims/2) F32 or absent */
 void gr_k_rope(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int32_t *pos = (const int32_t *)n->src[1].data;
     const float *ff = n->n_src > 2 && n->src[2].data ? (const float *)n->src[2].data : NULL;
     const int n_dims = n->op_params[1], mode = n->op_params[2], n_ctx_orig = n->op_params[4];

@@ -20,16 +20,14 @@
 /* dst = src0 tiled to dst's shape (byte copies of elements of size es) */
 void gr_k_repeat(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int64_t es = n->iparams[0];
     const int64_t ne00 = s->ne[0];
     int64_t r0, r1;
     gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
     for (int64_t ir = r0; ir < r1; ir++) {
-        const int64_t i1 = ir % d->ne[1];
-        const int64_t i2 = (ir / d->ne[1]) % d->ne[2];
-        const int64_t i3 = ir / (d->ne[1] * d->ne[2]);
+        int64_t i1, i2, i3;
+        gr_row_index(d, ir, &i1, &i2, &i3);
         const char *x = gr_at(s, 0, i1 % s->ne[1], i2 % s->ne[2], i3 % s->ne[3]);
         char *y = gr_at(d, 0, i1, i2, i3);
         for (int64_t r = 0; r < d->ne[0]; r += ne00) memmove(y + r * es, x, (size_t)(ne00 * es));
@@ -40,8 +38,7 @@ void gr_k_repeat(gr_job *job, int phase) {
 void gr_k_repeat_back(gr_job *job, int phase) {
     (void)phase;
     if (job->ith != 0) return;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int64_t ne0 = d->ne[0], ne1 = d->ne[1], ne2 = d->ne[2], ne3 = d->ne[3];
     const int64_t nr0 = s->ne[0] / ne0, nr1 = s->ne[1] / ne1, nr2 = s->ne[2] / ne2, nr3 = s->ne[3] / ne3;
     for (int64_t k3 = 0; k3 < ne3; k3++)
@@ -114,16 +111,14 @@ static inline int64_t wrap(int64_t i, int64_t n) { return ((i % n) + n) % n; }
 /* dst = src0 with lp/rp zeros (or wrapped values, op_params[8]) around each dim */
 void gr_k_pad(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int32_t *p = n->op_params;
     const int circular = p[8];
     int64_t r0, r1;
     gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
     for (int64_t ir = r0; ir < r1; ir++) {
-        const int64_t i1 = ir % d->ne[1];
-        const int64_t i2 = (ir / d->ne[1]) % d->ne[2];
-        const int64_t i3 = ir / (d->ne[1] * d->ne[2]);
+        int64_t i1, i2, i3;
+        gr_row_index(d, ir, &i1, &i2, &i3);
         float *y = (float *)gr_at(d, 0, i1, i2, i3);
         for (int64_t i0 = 0; i0 < d->ne[0]; i0++) {
             if (circular) {
@@ -152,8 +147,7 @@ void gr_k_arange(gr_job *job, int phase) {
 /* keep one triangle of each matrix (op_params[0]: 0 upper+diag, 1 upper, 2 lower+diag, 3 lower) */
 void gr_k_tri(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int t = n->op_params[0];
     int64_t r0, r1;
     gr_range(gr_nrows(s), job->ith, job->nth, &r0, &r1);
@@ -189,8 +183,7 @@ void gr_k_fill(gr_job *job, int phase) {
 /* dst = src0 with entries i > n_past + row set to -inf (sub 0) or 0 (sub 1).
  * Phase 0 copies when not in place. */
 void gr_k_diag_mask(gr_job *job, int phase) {
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     if (phase == 0) {
         if (s->data == d->data) return;
         int64_t r0, r1;
@@ -213,8 +206,7 @@ void gr_k_diag_mask(gr_job *job, int phase) {
 /* dst = diagonal matrices from the rows of src0: (ne0, ne0, ne2, ne3) */
 void gr_k_diag(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     int64_t r0, r1;
     gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
     for (int64_t ir = r0; ir < r1; ir++) {
@@ -230,13 +222,13 @@ void gr_k_diag(gr_job *job, int phase) {
 /* dst = src0 rolled by op_params[0..3] along each dimension (|shift| < ne) */
 void gr_k_roll(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int32_t *sh = n->op_params;
     int64_t r0, r1;
     gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
     for (int64_t ir = r0; ir < r1; ir++) {
-        const int64_t i1 = ir % d->ne[1], i2 = (ir / d->ne[1]) % d->ne[2], i3 = ir / (d->ne[1] * d->ne[2]);
+        int64_t i1, i2, i3;
+        gr_row_index(d, ir, &i1, &i2, &i3);
         const char *x = gr_at(s, 0, wrap(i1 - sh[1], s->ne[1]), wrap(i2 - sh[2], s->ne[2]), wrap(i3 - sh[3], s->ne[3]));
         float *y = (float *)gr_at(d, 0, i1, i2, i3);
         const int64_t first = wrap(-sh[0], s->ne[0]), cnt = s->ne[0] - first;

@@ -27,8 +27,7 @@ static inline float alibi_slope(float max_bias, uint32_t n_head, uint32_t h) {
  *   F16/F32; sinks: (ne02) F32 */
 void gr_k_soft_max(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const gr_tensor *m = n->n_src > 1 && n->src[1].data ? &n->src[1] : NULL;
     const gr_tensor *sk = n->n_src > 2 && n->src[2].data ? &n->src[2] : NULL;
     float scale, max_bias;
@@ -39,9 +38,8 @@ void gr_k_soft_max(gr_job *job, int phase) {
     int64_t r0, r1;
     gr_range(gr_nrows(s), job->ith, job->nth, &r0, &r1);
     for (int64_t ir = r0; ir < r1; ir++) {
-        const int64_t i1 = ir % s->ne[1];
-        const int64_t i2 = (ir / s->ne[1]) % s->ne[2];
-        const int64_t i3 = ir / (s->ne[1] * s->ne[2]);
+        int64_t i1, i2, i3;
+        gr_row_index(s, ir, &i1, &i2, &i3);
         const float slope = alibi_slope(max_bias, (uint32_t)s->ne[2], (uint32_t)i2);
         const float *sp = (const float *)gr_at(s, 0, i1, i2, i3);
         float *dp = (float *)gr_at(d, 0, i1, i2, i3);

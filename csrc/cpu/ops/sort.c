@@ -38,8 +38,7 @@ static void sort_idx(int32_t *idx, int32_t *tmp, int64_t n, const float *v, int 
  * largest, in decreasing order with the first two swapped, as ggml returns them) */
 void gr_k_argsort(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int64_t ne00 = s->ne[0];
     int32_t *idx = (int32_t *)gr_thread_f32(job, 2 * ne00 + 16);
     int32_t *tmp = idx + ne00 + 8;

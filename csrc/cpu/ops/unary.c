@@ -112,8 +112,7 @@ static void unary_row(int op, const int32_t *p, int64_t n, float *y, const float
 /* dst = f(src0), same shape; rows contiguous in dim 0. */
 void gr_k_unary(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int64_t ne0 = d->ne[0];
     int64_t r0, r1;
     gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
@@ -220,8 +219,7 @@ void gr_k_glu(gr_job *job, int phase) {
  *   src0, dst: (ne0, rows), F32 or BF16, same type */
 void gr_k_scale(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     float sc, b;
     memcpy(&sc, &n->op_params[0], 4);
     memcpy(&b, &n->op_params[1], 4);

@@ -63,8 +63,7 @@ enum { POOL_MAX = 0, POOL_AVG = 1 };
 void gr_k_pool_1d(gr_job *job, int phase) {
     (void)phase;
     if (job->ith != 0) return;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int op = n->op_params[0], k = n->op_params[1], st = n->op_params[2], pd = n->op_params[3];
     const int64_t IW = s->ne[0], OW = d->ne[0];
     for (int64_t ir = 0; ir < gr_nrows(s); ir++) {
@@ -91,8 +90,7 @@ void gr_k_pool_1d(gr_job *job, int phase) {
 void gr_k_pool_2d(gr_job *job, int phase) {
     (void)phase;
     if (job->ith != 0) return;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int32_t *p = n->op_params;
     const int op = p[0], k0 = p[1], k1 = p[2], s0 = p[3], s1 = p[4], p0 = p[5], p1 = p[6];
     for (int64_t i3 = 0; i3 < d->ne[3]; i3++)
@@ -138,8 +136,7 @@ static inline float bicubic(float p0, float p1, float p2, float p3, float x) {
  * op_params[0]: mode | flags (256 align corners, 512 antialias). F32. */
 void gr_k_upscale(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int64_t ne00 = s->ne[0], ne01 = s->ne[1];
     float sf0 = (float)d->ne[0] / ne00, sf1 = (float)d->ne[1] / ne01;
     const float sf2 = (float)d->ne[2] / s->ne[2], sf3 = (float)d->ne[3] / s->ne[3];
@@ -216,8 +213,7 @@ void gr_k_upscale(gr_job *job, int phase) {
 /* dst row = src0 row with p0 / p1 mirrored elements added on the left / right */
 void gr_k_pad_reflect_1d(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int64_t p0 = n->op_params[0], p1 = n->op_params[1], ne0 = d->ne[0];
     int64_t r0, r1;
     gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
@@ -232,8 +228,7 @@ void gr_k_pad_reflect_1d(gr_job *job, int phase) {
 /* sinusoidal embeddings of timesteps: dst (dim, n) from src0 (n) */
 void gr_k_timestep_embedding(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int dim = n->op_params[0], max_period = n->op_params[1], half = dim / 2;
     for (int64_t i = 0; i < s->ne[0]; i++) {
         float *e = (float *)(d->data + i * d->nb[1]);
@@ -257,13 +252,13 @@ void gr_k_timestep_embedding(gr_job *job, int phase) {
  * Both contiguous F32; threads split dst rows (C floats each). */
 void gr_k_win_part(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int64_t C = d->ne[0], row = C * 4;
     int64_t r0, r1;
     gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
     for (int64_t ir = r0; ir < r1; ir++) {
-        const int64_t i1 = ir % d->ne[1], i2 = (ir / d->ne[1]) % d->ne[2], i3 = ir / (d->ne[1] * d->ne[2]);
+        int64_t i1, i2, i3;
+        gr_row_index(d, ir, &i1, &i2, &i3);
         char *out = d->data + ir * row;
         if (n->sub == GR_V_WIN_PART_WIN_PART) {
             const int64_t npx = n->op_params[0], w = n->op_params[2];
@@ -282,8 +277,7 @@ void gr_k_win_part(gr_job *job, int phase) {
  * values copied as they are. src0 (C, 2*ne1 - 1) and dst (C, ne1, ne1) contiguous. */
 void gr_k_get_rel_pos(gr_job *job, int phase) {
     (void)phase;
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     const int64_t w = d->ne[1], row = d->ne[0] * 2;
     int64_t r0, r1;
     gr_range(gr_nrows(d), job->ith, job->nth, &r0, &r1);
@@ -299,8 +293,7 @@ void gr_k_get_rel_pos(gr_job *job, int phase) {
  * comes first in ggml's loop is added first). All contiguous F32; threads split
  * the blocks in phase 1. */
 void gr_k_add_rel_pos(gr_job *job, int phase) {
-    const gr_node *n = job->node;
-    const gr_tensor *s = &n->src[0], *d = &n->dst;
+    GR_NODE_LOCALS(job);
     if (phase == 0) {
         if (d->data != s->data) {
             const int64_t total = gr_nelements(d) * 4;

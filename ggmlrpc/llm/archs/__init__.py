@@ -24,6 +24,7 @@ class Arch:
     weights: Callable           # (HParams) -> the per-layer tensors, blk.N.<name>.weight, in upload order
     layer: Callable             # (blocks.Ctx, il, x) -> the layer's output
     hparams: Callable | None = None   # (key) -> HParams fields it reads on top; key(name, default)
+    layer_weights: Callable | None = None   # (HParams, il) -> layer il's tensors on top of `weights`
     layer_norm: bool = False    # LayerNorm with biases where the others take an RMS norm
     scale_embd: bool = False    # embeddings scaled by sqrt(n_embd)
     swa_pattern: int = 0        # layer il slides when il % swa_pattern < swa_pattern - 1 (0: none)

@@ -1,0 +1,164 @@
+"""Generation speed with -sm row (tensor parallelism) against -sm layer over the
+same two servers, and against llama.cpp's client (llama-bench --rpc, layer split).
+
+Two of our servers, each pinned to its own core (taskset) with -t 1, the generated
+bench model (bench/llama_bench.py: 12 layers, width 1024). Our host runs in this
+process (Model.load + one eval per token, after a warm-up). Each round starts two
+fresh servers and runs on them, in alternating order, `layer`, `row` (the
+"gather" combine, the default), `row-reduce` (partial sums) and llama-bench -ngl
+99 -ts 1/1 (llama.cpp's client, layer split). `--rtt-ms 0.2 1` adds those round
+trips with netproxy.py (a process per server, on the same two cores). Prints JSON
+rows and a table: median tokens/s, and the median over the rounds of each round's
+ratios row / layer and row / llama-bench (a shared host's load moves a round's
+runs together). Asserts nothing.
+
+    python bench/tensor_split.py --types Q8_0 --tg 32 --rounds 2 --rtt-ms 0 0.2 1
+"""
+from __future__ import annotations
+
+import argparse
+import contextlib
+import importlib.util
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+HERE = Path(__file__).resolve().parent
+sys.path.insert(0, str(HERE.parent))
+
+
+def _load(name: str):
+    spec = importlib.util.spec_from_file_location(name, HERE / f"{name}.py")
+    mod = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(mod)
+    return mod
+
+
+lb, runner = _load("llama_bench"), _load("runner")
+
+from ggmlrpc.llm.model import Model  # noqa: E402
+
+MODES = {"layer": dict(split_mode="layer"), "row": dict(split_mode="row"),
+         "row-reduce": dict(split_mode="row", row_combine="reduce")}
+
+
+@contextlib.contextmanager
+def pinned_servers(rtt_ms: float):
+    """Two fresh servers of ours, server i on core i with one thread, each behind a
+    delaying proxy when rtt_ms is set; yields their endpoints."""
+    procs, proxies, eps = [], [], []
+    try:
+        for core in range(2):
+            port = lb.free_port()
+            procs.append(subprocess.Popen(["taskset", "-c", str(core % os.cpu_count()),
+                                           *runner.ours("ggml-rpc-server", "ggmlrpc.cli.server"),
+                                           "-p", str(port), "-t", "1"],
+                                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
+            lb.wait_listening(port, procs[-1])
+            if rtt_ms:
+                up, port = port, lb.free_port()
+                proxies.append(subprocess.Popen([sys.executable, str(HERE / "netproxy.py"), "--listen", str(port),
+                                                 "--upstream", f"127.0.0.1:{up}", "--rtt-ms", str(rtt_ms)],
+                                                stdout=subprocess.DEVNULL))
+                lb.wait_listening(port, proxies[-1])
+            eps.append(f"127.0.0.1:{port}")
+        yield eps
+    finally:
+        for p in procs + proxies:
+            p.terminate()
+            p.wait(10)
+
+
+HOST_CPU: dict[str, list] = {}    # mode -> our host's CPU ms per token, each run
+
+
+def ours(m: Path, mode: str, eps: list[str], tg: int) -> float:
+    """Generation tokens/s of our host: tg evals of one token after a prompt of 8
+    (and its CPU time per token into HOST_CPU)."""
+    with Model.load(m, rpc=eps, tensor_split=[1, 1], n_ctx=256, **MODES[mode]) as model:
+        model.eval(list(range(1, 9)))
+        model.eval([1])                     # warm-up: the decode graphs built and sent once
+        t0, c0 = time.perf_counter(), time.process_time()
+        for i in range(tg):
+            model.eval([2 + i % 100])
+        HOST_CPU.setdefault(mode, []).append((time.process_time() - c0) / tg * 1e3)
+        return tg / (time.perf_counter() - t0)
+
+
+def reference(ref: Path, m: Path, eps: list[str], tg: int, timeout: float) -> float | str:
+    cmd = [str(ref / "llama-bench"), "-m", str(m), "-p", "0", "-n", str(tg), "-r", "2", "-o", "json",
+           "-ngl", "99", "--rpc", ",".join(eps), "-ts", "1/1"]
+    r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
+    if r.returncode:
+        return r.stderr.strip()[-300:]
+    return runner.rows(r.stdout)["tg"]
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--types", nargs="+", default=["Q8_0"])
+    ap.add_argument("--tg", type=int, default=32)
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rtt-ms", nargs="+", type=float, default=[0.0])
+    ap.add_argument("--no-reference", action="store_true", help="skip llama-bench")
+    ap.add_argument("--timeout", type=float, default=600)
+    ap.add_argument("--json", help="also write the results here")
+    args = ap.parse_args(argv)
+    ref = lb.reference_bin()
+    shape = lb.model_shape(SimpleNamespace(layers=12, embd=1024, ff=2816))
+    results = []
+    for qtype in args.types:
+        m = lb.model(ref, qtype, shape)
+        for rtt in args.rtt_ms:
+            runs: dict[str, list] = {k: [] for k in (*MODES, "llama-bench")}
+            for i in range(args.rounds):
+                names = list(runs) if i % 2 == 0 else list(runs)[::-1]
+                with pinned_servers(rtt) as eps:
+                    for name in names:
+                        if name == "llama-bench":
+                            r = None if args.no_reference else reference(ref, m, eps, args.tg, args.timeout)
+                        else:
+                            r = ours(m, name, eps, args.tg)
+                        runs[name].append(r)
+            row = {"type": qtype, "rtt_ms": rtt, "tg": args.tg, "rounds": args.rounds, "runs": runs,
+                   # host round trips per token to each server: one graph per layer split stage;
+                   # three combines per layer + the output layer; two + one
+                   "round_trips_per_token": {"layer": 1, "row": 3 * shape.n_layer + 1,
+                                             "row-reduce": 2 * shape.n_layer + 1},
+                   "host_cpu_ms_per_token": {k: round(statistics.median(v), 2) for k, v in HOST_CPU.items()}}
+            HOST_CPU.clear()
+            for name, vals in runs.items():
+                ok = [v for v in vals if isinstance(v, float)]
+                row[name] = statistics.median(ok) if ok else None
+                if any(isinstance(v, str) for v in vals):
+                    row[name + "_error"] = next(v for v in vals if isinstance(v, str))
+            for name in ("row", "row-reduce"):
+                for base in ("layer", "llama-bench"):
+                    ratios = [a / b for a, b in zip(runs[name], runs[base])
+                              if isinstance(a, float) and isinstance(b, float)]
+                    if ratios:
+                        row[f"{name}/{base}"] = round(statistics.median(ratios), 3)
+            results.append(row)
+            print(json.dumps(row), flush=True)
+    print(f"\n{'type':6} {'rtt ms':>6} {'layer':>7} {'row':>7} {'reduce':>7} {'llama':>7} "
+          f"{'row/layer':>9} {'row/llama':>9} {'reduce/layer':>12}  (generation tokens/s; ratios: medians of each round's)")
+    for r in results:
+        def f(k):
+            return f"{r[k]:7.2f}" if r.get(k) else "      -"
+
+        def q(k, w):
+            return f"{r[k]:{w}.2f}" if r.get(k) else " " * (w - 1) + "-"
+        print(f"{r['type']:6} {r['rtt_ms']:6.1f} {f('layer')} {f('row')} {f('row-reduce')} {f('llama-bench')} "
+              f"{q('row/layer', 9)} {q('row/llama-bench', 9)} {q('row-reduce/layer', 12)}")
+    if args.json:
+        Path(args.json).write_text(json.dumps(results, indent=1))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

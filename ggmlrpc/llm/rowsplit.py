@@ -1,0 +1,312 @@
+"""Tensor parallelism (`-sm row`): every offloaded layer cut over all the servers'
+devices by the -ts shares, through plain v7 commands (so llama.cpp's own
+ggml-rpc-server is a worker too).
+
+Each device (a Shard) holds a slice of every offloaded layer: the query, key and
+value rows of its group of KV heads (and the KV cache of those heads only), the
+feed-forward's hidden rows (gate and up) and the output layer's vocabulary rows;
+norms, rope factors and per-head norms are copied to every device. The results
+come back to the host (GET_TENSOR from every server, then what it made of them
+goes out with the next segment's SET_TENSOR; every server is asked before the
+host waits for any, and each server's inputs, graph and read leave in one write).
+Two ways to combine (`combine`):
+
+- "gather" (the default): every matrix is cut by its output rows, so each
+  number is one device's whole dot product, as on a single device, and the
+  logits are a single device's, bit for bit. A layer is three segments, and the
+  host concatenates each one's pieces: the heads (attention output of its
+  heads); then the whole attention output projection (every device computes it
+  all: 1/12 of a llama layer's weights, one combine fewer), the residual, and
+  its gate/up rows; then its rows of the down matrix plus the residual (kept on
+  the device between the two in a small buffer of its own).
+- "reduce": the output projections are cut by their input columns (the heads'
+  columns, the hidden rows' columns), each device sends its partial sum and the
+  host adds them and the residual: two combines per layer (after attention,
+  after the feed-forward), but a different order of additions, which quantized
+  activations (Q8_0's 8-bit rounding of the next input) can magnify past NMSE 1e-6.
+
+The output layer's rows are gathered in both. In "reduce" only the first device
+adds the projections' biases.
+
+v7 keeps one graph per device, so a segment runs with GRAPH_COMPUTE (its bytes
+serialized once on the host); GRAPH_RECOMPUTE only when a device runs the same
+segment twice in a row."""
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+from typing import Sequence
+
+import numpy as np
+
+from .. import builder as B
+from ..client import serialize_graph
+from ..ggml import GGMLType, blck_size, type_size
+from .blocks import Ctx, stage_weights
+from .gguf_file import GGUFFile, ModelError, TensorInfo
+from .hparams import HParams
+from .kv_cache import KVCache
+from .placement import Device, Stage, StageGraph, alloc_stage, send_weights, stage_graph
+
+SPLIT_MODES = ("layer", "row")
+COMBINES = ("gather", "reduce")
+
+
+def cuts(n: int, shares: Sequence[float], align: int = 1) -> list[tuple[int, int]]:
+    """[start, end) of each share of n units, cut at multiples of `align`, by
+    cumulative fractions (rounded)."""
+    total, acc, bounds = sum(shares), 0.0, [0]
+    for s in shares:
+        acc += s
+        bounds.append(round(n // align * acc / total) * align)
+    bounds[-1] = n
+    return list(zip(bounds, bounds[1:]))
+
+
+def cut_tensor(ti: TensorInfo, axis: int, a: int, b: int) -> TensorInfo:
+    """Rows [a, b) of a matrix (axis 1) or elements [a, b) of every row (axis 0)."""
+    rows = ti.ne[1] * ti.ne[2] * ti.ne[3]
+    raw = ti.data.reshape(rows, ti.nbytes // rows)
+    if axis == 1:
+        return TensorInfo(ti.name, ti.type, (ti.ne[0], b - a, 1, 1), raw[a:b].reshape(-1))
+    bs, ts = blck_size(ti.type), type_size(ti.type)
+    if a % bs or b % bs:
+        raise ModelError(f"-sm row: {ti.name} cannot be cut at column {a if a % bs else b} "
+                         f"(its type has blocks of {bs}); use -sm layer")
+    data = np.ascontiguousarray(raw[:, a // bs * ts:b // bs * ts]).reshape(-1)
+    return TensorInfo(ti.name, ti.type, (b - a, *ti.ne[1:]), data)
+
+
+@dataclasses.dataclass
+class Shard:
+    """One device's slice of the offloaded layers (and of the output layer)."""
+    stage: Stage
+    hp: HParams                # its heads
+    kv_heads: tuple[int, int]
+    ff: tuple[int, int]
+    vocab: tuple[int, int]
+    first: bool                # adds the projections' biases ("reduce")
+    embd: tuple[int, int]      # its rows of the output projections ("gather")
+    tensors: dict[str, TensorInfo] = dataclasses.field(default_factory=dict)
+    held: tuple | None = None  # the segment whose graph the device keeps
+    saved: object = None       # "gather": the residual a layer's last segment adds (n_embd x n_ubatch)
+
+
+ROW_ARCHS = ("llama", "qwen2", "qwen3")   # llama's layer, nothing added to it
+
+
+class RowSplit:
+    """The offloaded layers (and the output layer when `output`) cut over `devices`."""
+
+    def __init__(self, arch, hp: HParams, f: GGUFFile, kv: KVCache, devices: list[Device],
+                 shares: Sequence[float], layers: list[int], output: bool, flash_attn: bool, n_ctx: int,
+                 combine: str = "gather", n_ubatch: int = 512):
+        if arch.name not in ROW_ARCHS or hp.n_expert or hp.n_swa or any(
+                f"blk.{il}.attn_qkv.weight" in f.tensors for il in layers) or any(
+                name.endswith(".scale") for name in f.tensors):
+            raise ModelError(f"-sm row does not support architecture {arch.name!r} "
+                             f"(llama, qwen2 and qwen3 without experts only); use -sm layer")
+        if combine not in COMBINES:
+            raise ModelError(f"row combine must be one of {', '.join(COMBINES)}, got {combine!r}")
+        self.combine, self.n_ubatch = combine, n_ubatch
+        keep = [i for i, s in enumerate(shares) if s > 0]
+        devices, shares = [devices[i] for i in keep], [shares[i] for i in keep]
+        self.arch, self.hp, self.file, self.kv = arch, hp, f, kv
+        self.layers, self.output, self.flash_attn, self.n_ctx = layers, output, flash_attn, n_ctx
+        group = hp.n_head // hp.n_head_kv
+        ff_align = 1 if combine == "gather" else max(blck_size(f.tensors[f"blk.{il}.ffn_down.weight"].type)
+                                                     for il in layers)
+        kv_cuts, ff_cuts = cuts(hp.n_head_kv, shares), cuts(hp.n_ff, shares, ff_align)
+        embd_cuts, vocab_cuts = cuts(hp.n_embd, shares), cuts(hp.n_vocab, shares)
+        for what, cs in (("KV heads", kv_cuts), ("feed-forward rows", ff_cuts), ("rows", embd_cuts),
+                         ("vocabulary rows", vocab_cuts)):
+            if any(a >= b for a, b in cs):
+                raise ModelError(f"-sm row: the {what} cannot be cut over {len(devices)} devices "
+                                 f"by -ts {','.join(f'{s:g}' for s in shares)}")
+        self.shards = []
+        for i, (d, kc, fc, vc) in enumerate(zip(devices, kv_cuts, ff_cuts, vocab_cuts)):
+            n_kv = kc[1] - kc[0]
+            hp_d = dataclasses.replace(hp, n_head=n_kv * group, n_head_kv=n_kv)
+            st = Stage(d, list(layers), output=output)
+            self.shards.append(Shard(st, hp_d, kc, fc, vc, i == 0, embd_cuts[i]))
+        for sh in self.shards:
+            self._cut(sh)
+
+    # -- weights -----------------------------------------------------------------
+    def _cut(self, sh: Shard) -> None:
+        """The device's slices of its stage's weights."""
+        f, hd, group = self.file, self.hp.head_dim, self.hp.n_head // self.hp.n_head_kv
+        k0, k1 = (h * hd for h in sh.kv_heads)
+        q0, q1 = k0 * group, k1 * group
+        out_w = "output.weight" if "output.weight" in f.tensors else "token_embd.weight"
+        rules = {"attn_q.weight": (1, q0, q1), "attn_q.bias": (0, q0, q1),
+                 "attn_k.weight": (1, k0, k1), "attn_k.bias": (0, k0, k1),
+                 "attn_v.weight": (1, k0, k1), "attn_v.bias": (0, k0, k1),
+                 "attn_output.weight": (0, q0, q1),
+                 "ffn_gate.weight": (1, *sh.ff), "ffn_up.weight": (1, *sh.ff), "ffn_down.weight": (0, *sh.ff)}
+        if self.combine == "gather":      # the whole attention projection; the down matrix's rows
+            del rules["attn_output.weight"]
+            rules.update({"ffn_down.weight": (1, *sh.embd), "ffn_down.bias": (0, *sh.embd)})
+        for n in stage_weights(self.arch, self.hp, sh.stage, f.tensors):
+            ti, tail = f.tensors[n], n.split(".", 2)[-1]
+            if tail in ("attn_output.bias", "ffn_down.bias") and not sh.first and self.combine == "reduce":
+                continue
+            if n.startswith("blk.") and tail in rules:
+                ti = cut_tensor(ti, *rules[tail])
+            elif n == out_w and sh.stage.output:
+                ti = cut_tensor(ti, 1, *sh.vocab)
+            elif n == "output.bias":
+                ti = cut_tensor(ti, 0, *sh.vocab)
+            sh.tensors[n] = ti
+
+    def alloc(self) -> int:
+        """Every device's weights and cache in one buffer each; the bytes to send."""
+        total = 0
+        for sh in self.shards:
+            part = SimpleNamespace(path=self.file.path, tensors=sh.tensors)
+            total += alloc_stage(sh.stage, part, list(sh.tensors), self.kv, None, sh.hp.n_embd_kv)
+            if self.combine == "gather":    # the residual between a layer's last two segments
+                be, shape = sh.stage.device.backend, (self.hp.n_embd, self.n_ubatch)
+                buf = be.alloc_buffer(4 * shape[0] * shape[1], sh.stage.device.index)
+                if buf is None:
+                    raise ModelError(f"{sh.stage.device.name}: cannot allocate the residual buffer")
+                sh.stage.buffers.append(buf)
+                sh.saved = buf.tensor(GGMLType.F32, shape, 0, name="ffn_inp")
+        return total
+
+    def send(self, sent) -> None:
+        for sh in self.shards:
+            send_weights(sh.stage, SimpleNamespace(tensors=sh.tensors), sent)
+            sh.tensors = {}        # the slices cut by columns were copies
+
+    def reserve(self, key: tuple) -> None:
+        """The compute and input memory of the largest segments each device runs."""
+        T, il = key[0], self.layers[0]
+        rows = (T, key[1], T, key[3])
+        segs = ([(("attn", il), key), (("ffn", il), rows)] if self.combine == "reduce" else
+                [(("heads", il), key), (("mid", il), rows), (("down", il), rows)])
+        for sh in self.shards:
+            for seg, k in segs + [(("out",), rows)] * self.output:
+                self._graph(sh, seg, k)
+            sh.stage.graphs.clear()
+
+    # -- graphs ------------------------------------------------------------------
+    def _graph(self, sh: Shard, seg: tuple, key: tuple) -> StageGraph:
+        st = sh.stage
+        g = st.graphs.get((seg, key))
+        if g is None:
+            g = stage_graph(st, (seg, key), lambda st, _, align: self._build(sh, seg, key, align), {})
+            g.wire = serialize_graph(st.device.index, g.graph.nodes)
+            if sh.held and sh.held not in st.graphs:
+                sh.held = None        # the buffers grew: the device's graph is gone
+        return g
+
+    def _build(self, sh: Shard, seg: tuple, key: tuple, align: int) -> StageGraph:
+        """One segment: attention of layer il, or its feed-forward (each up to the
+        device's partial output projection), or the output layer's rows."""
+        c = Ctx(self.arch, sh.hp, sh.stage, self.kv.cells, self.flash_attn, self.n_ctx, key, align)
+        kind, il, hp, w = seg[0], seg[-1], self.hp, sh.stage.weights
+        x = c.inp.new(GGMLType.F32, (hp.n_ff if kind == "down" else hp.n_embd, key[0]), "x")
+        p = f"blk.{il}."
+        if kind in ("attn", "heads"):
+            c.layer_inputs()
+            y = c.attention(il, *c.qkv(il, c.norm(x, "attn_norm", il)), project=kind == "attn")
+        elif kind == "ffn":
+            y = c.ffn(il, c.norm(x, "ffn_norm", il))
+        elif kind == "mid":    # x: the residual; o: every head's attention output
+            o = c.inp.new(GGMLType.F32, (hp.head_dim * hp.n_head, key[0]), "o")
+            cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
+            if p + "attn_output.bias" in w:
+                cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")
+            if il == hp.n_layer - 1 and key[2] < key[0]:     # the rows that come out
+                ids = c.inp.new(GGMLType.I32, (key[2],), "out_ids")
+                cur, x = B.get_rows(cur, ids), B.get_rows(x, ids)
+            ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
+            c.g.expand(B.cpy(ffn_inp, B.view(sh.saved, ffn_inp.ne[:2])))
+            cur = c.norm(ffn_inp, "ffn_norm", il)
+            y = B.swiglu_split(B.mul_mat(w[p + "ffn_gate.weight"], cur, name=f"ffn_gate-{il}"),
+                               B.mul_mat(w[p + "ffn_up.weight"], cur, name=f"ffn_up-{il}"), name=f"ffn_glu-{il}")
+        elif kind == "down":   # its rows of the layer's output: down x + the residual kept by "mid"
+            y = B.mul_mat(w[p + "ffn_down.weight"], x, name=f"ffn_out-{il}")
+            if p + "ffn_down.bias" in w:
+                y = B.add(y, w[p + "ffn_down.bias"], name=f"ffn_out-{il}")
+            e0, e1 = sh.embd
+            res = B.view(sh.saved, (e1 - e0, key[0]), (4, 4 * hp.n_embd), 4 * e0)
+            y = B.add(y, res, name=f"l_out-{il}")
+        else:
+            y = c.output(x)
+        c.g.expand(y, output=True)
+        return StageGraph(key, c.g, {t.name: t for t in c.inp.tensors}, y, c.inp)
+
+    # -- a step --------------------------------------------------------------------
+    def _own(self, sh: Shard, values: dict) -> dict:
+        """The inputs that differ per device: without flash attention, the indices
+        into its transposed V cache (its heads' channels)."""
+        if self.flash_attn:
+            return values
+        idx = values["k_idxs"]
+        chan = np.arange(sh.hp.n_embd_kv, dtype=np.int64) * self.kv.cells(self.layers[0])
+        return dict(values, v_idxs=(chan[None, :] + idx[:, None]).reshape(-1))
+
+    def _combine(self, seg: tuple, key: tuple, values: dict) -> list[np.ndarray]:
+        """Run one segment on every device: each device's inputs, graph and the read
+        of its result go in one write, every device before the first answer is read."""
+        answers = []
+        for sh in self.shards:
+            be, dev = sh.stage.device.backend, sh.stage.device.index
+            g = self._graph(sh, seg, key)
+            with be.corked():
+                g.write_inputs(be, values if seg[0] not in ("attn", "heads") else self._own(sh, values))
+                if sh.held == (seg, key):
+                    be.graph_recompute(dev)
+                else:
+                    be.graph_compute_serialized(g.wire)
+                    sh.held = (seg, key)
+                answers.append((g.out.ne, be.request_tensor(g.out, out=g.result)))
+        return [np.frombuffer(read(), np.float32).reshape(ne[1], ne[0]) for ne, read in answers]
+
+    def run(self, key: tuple, values: dict, x) -> np.ndarray:
+        """The residual `x` (the embeddings) through the layers: the host adds each
+        segment's partial sums and the residual; then the output layer's rows
+        gathered (n_out rows of logits), or the last residual rows when the output
+        layer is elsewhere."""
+        T, n_out = key[0], key[2]
+        x = np.frombuffer(x, np.float32).reshape(T, self.hp.n_embd)
+        last = self.hp.n_layer - 1
+        out_ids = values["out_ids"]
+        for il in self.layers:
+            if self.combine == "reduce":
+                s = _sum(self._combine(("attn", il), key, dict(values, x=x)))
+            else:
+                o = _cat(self._combine(("heads", il), key, dict(values, x=x)))
+                h = _cat(self._combine(("mid", il), (T, key[1], n_out if il == last else T, key[3]),
+                                       {"x": x, "o": o, "out_ids": out_ids}))
+                R = h.shape[0]
+                x = _cat(self._combine(("down", il), (R, key[1], R, key[3]), {"x": h}))
+                continue
+            if il == last and n_out < T:
+                s, x = s[out_ids], x[out_ids]
+            x = s + x
+            R = x.shape[0]
+            x = _sum(self._combine(("ffn", il), (R, key[1], R, key[3]), {"x": x})) + x
+        if not self.output:
+            return x
+        R = x.shape[0]
+        return _cat(self._combine(("out",), (R, 0, R, 0), {"x": x}))
+
+    def clear(self) -> None:
+        for sh in self.shards:
+            sh.stage.graphs.clear()
+            sh.held = None
+
+
+def _cat(parts: list[np.ndarray]) -> np.ndarray:
+    """The devices' pieces of each row side by side."""
+    return np.ascontiguousarray(np.concatenate(parts, axis=1))
+
+
+def _sum(parts: list[np.ndarray]) -> np.ndarray:
+    s = parts[0].copy()
+    for p in parts[1:]:
+        s += p
+    return s

@@ -1,0 +1,114 @@
+"""-sm row on generated models through two of our servers: the logits of a prompt
+and of decode steps after it within NMSE 1e-6 of the single-device run (equal and
+unequal -ts, with and without flash attention, some layers kept on the CPU, the
+output layer on the CPU), and one clear error for what cannot be cut."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggmlrpc.cli.main import main
+from ggmlrpc.llm import synth
+from ggmlrpc.llm.gguf_file import ModelError
+from ggmlrpc.llm.model import Model
+from tests.conftest import nmse, start_server
+from tests.e2e.test_batch import servers  # noqa: F401  (two of our servers' endpoints, a module fixture)
+
+PROMPT = "the old fisherman lived in a small village by the sea"
+SHAPE = synth.ModelShape(n_layer=3, n_embd=128, n_ff=256, n_head=8, n_head_kv=4, n_ctx=256)
+
+
+def logits(path, **kw) -> list[np.ndarray]:
+    """The prompt's last logits, then three decode steps'."""
+    with Model.load(path, **kw) as m:
+        out = [m.eval(m.tokenize(PROMPT))]
+        for _ in range(3):
+            out.append(m.eval([int(np.argmax(out[-1]))]))
+        return out
+
+
+@pytest.mark.parametrize("arch,dtype", [("llama", "f32"), ("llama", "q8_0"), ("qwen2", "q8_0"), ("qwen3", "q8_0")])
+def test_row_split_logits_match_one_device(tmp_path, servers, arch, dtype):
+    path = synth.write_model(tmp_path / f"{arch}.gguf", arch, SHAPE, dtype, seed=5)
+    for fa in (True, False):
+        one = logits(path, n_gpu_layers=0, flash_attn=fa)
+        for kw in (dict(tensor_split=[1, 1]), dict(tensor_split=[3, 1]), dict(tensor_split=[1, 2]),
+                   dict(tensor_split=[1, 1], n_gpu_layers=2),      # layer 0 on the CPU
+                   dict(tensor_split=[1, 1], n_gpu_layers=3)):     # the output layer on the CPU
+            row = logits(path, rpc=servers, split_mode="row", flash_attn=fa, **kw)
+            assert max(nmse(a, b) for a, b in zip(row, one)) <= 1e-6, (fa, kw)
+    # a prompt in micro-batches of 5 tokens (each graph's residual kept between segments)
+    one = logits(path, n_gpu_layers=0, n_ubatch=5)
+    row = logits(path, rpc=servers, split_mode="row", tensor_split=[1, 1], n_ubatch=5)
+    assert max(nmse(a, b) for a, b in zip(row, one)) <= 1e-6
+
+
+def test_row_split_places_the_heads(tmp_path, servers):
+    """-ts 3,1: three KV heads (and their cache) on the first server, one on the second."""
+    path = synth.write_model(tmp_path / "llama.gguf", "llama", SHAPE, "f32", seed=5)
+    with Model.load(path, rpc=servers, split_mode="row", tensor_split=[3, 1]) as m:
+        a, b = m.rows.shards
+        assert (a.hp.n_head_kv, b.hp.n_head_kv) == (3, 1) and (a.hp.n_head, b.hp.n_head) == (6, 2)
+        k = a.stage.kv[0][0], b.stage.kv[0][0]
+        assert [t.ne[0] for t in k] == [3 * m.hp.head_dim, m.hp.head_dim]
+        assert [sh.ff for sh in m.rows.shards] == [(0, 192), (192, 256)]
+        assert sum(sh.vocab[1] - sh.vocab[0] for sh in m.rows.shards) == m.hp.n_vocab
+        assert [st.layers for st in m.stages] == [[]]     # the CPU keeps the embeddings only
+
+
+def test_row_split_errors(tmp_path, servers, capsys):
+    moe = synth.write_model(tmp_path / "moe.gguf", "qwen3moe", SHAPE, "f32", seed=5)
+    with pytest.raises(ModelError, match="-sm row does not support"):
+        Model.load(moe, rpc=servers, split_mode="row")
+    llama = synth.write_model(tmp_path / "llama.gguf", "llama",
+                              synth.ModelShape(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=1), "f32")
+    with pytest.raises(ModelError, match="KV heads cannot be cut over 2 devices"):
+        Model.load(llama, rpc=servers, split_mode="row", tensor_split=[1, 1])
+    with pytest.raises(ModelError, match="split mode must be"):
+        Model.load(llama, split_mode="column")
+    assert main(["run", "-m", str(moe), "--rpc", ",".join(servers), "-sm", "row", "-p", "hi", "-n", "2"]) == 1
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and "-sm row does not support architecture 'qwen3moe'" in err
+    assert "Traceback" not in err
+
+
+def test_bench_with_row_split(tmp_path, servers, capsys):
+    import json
+
+    path = synth.write_model(tmp_path / "llama.gguf", "llama", SHAPE, "q8_0", seed=5)
+    assert main(["bench", "-m", str(path), "--rpc", ",".join(servers), "-sm", "row", "-ts", "1,1",
+                 "-p", "8", "-n", "4", "-r", "1", "-o", "json"]) == 0
+    rows = json.loads(capsys.readouterr().out)
+    assert [r["test"] for r in rows] == ["pp8", "tg4"]
+    assert all(r["split_mode"] == "row" and r["avg_ts"] > 0 for r in rows)
+
+
+def test_row_split_over_three_servers(tmp_path):
+    path = synth.write_model(tmp_path / "llama.gguf", "llama", SHAPE, "q8_0", seed=6)
+    srvs = [start_server() for _ in range(3)]
+    try:
+        eps = [f"127.0.0.1:{s.port}" for s in srvs]
+        one = logits(path, n_gpu_layers=0)
+        for ts in ([1, 1, 1], [2, 1, 1]):
+            with Model.load(path, rpc=eps, split_mode="row", tensor_split=ts) as m:
+                assert len(m.rows.shards) == 3
+            row = logits(path, rpc=eps, split_mode="row", tensor_split=ts)
+            assert max(nmse(a, b) for a, b in zip(row, one)) <= 1e-6, ts
+    finally:
+        for s in srvs:
+            s.close()
+
+
+def test_row_split_runs_several_sequences(tmp_path, servers):
+    """Two sequences in one step (serve -np 2): each one's logits as on one device."""
+    path = synth.write_model(tmp_path / "llama.gguf", "llama", SHAPE, "q8_0", seed=7)
+
+    def run(**kw):
+        with Model.load(path, n_seq=2, **kw) as m:
+            a, b = m.seq, m.new_sequence()
+            return (m.decode([(a, [1, 5, 9, 20]), (b, [1, 7, 3])])
+                    + m.decode([(a, [11]), (b, [12])]))
+
+    one = run(n_gpu_layers=0)
+    row = run(rpc=servers, split_mode="row", tensor_split=[1, 1])
+    assert max(nmse(a, b) for a, b in zip(row, one)) <= 1e-6

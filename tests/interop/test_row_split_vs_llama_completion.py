@@ -1,0 +1,37 @@
+"""`run -sm row` prints llama-completion's greedy text on generated llama models
+(F32, Q8_0, Q4_K_M), the layers cut over two of our servers (-ts 1,1 and 3,1) and
+over two of llama.cpp's own ggml-rpc-server (plain v7 commands only)."""
+from __future__ import annotations
+
+import pytest
+
+from ggmlrpc.llm import synth
+from tests.interop.test_runner_vs_llama_completion import completion, ours, same_text
+
+pytestmark = pytest.mark.interop
+
+
+@pytest.fixture(scope="module")
+def models(tmp_path_factory, ref_bin):
+    d = tmp_path_factory.mktemp("row-models")
+    shape = synth.LlamaShape(n_layer=3, n_embd=256, n_ff=512, n_head=8, n_head_kv=4)
+    f32 = synth.write_llama(d / "f32.gguf", shape, "f32", seed=11)
+    return {"f32": f32, **{q.lower(): synth.quantize(ref_bin / "llama-quantize", f32, d / f"{q}.gguf", q)
+                           for q in ("Q8_0", "Q4_K_M")}}
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0", "q4_k_m"])
+def test_row_split_over_our_servers(ref_bin, models, kind, server_proc, capfdbinary):
+    a, b = server_proc("-t", "1"), server_proc("-t", "1")
+    ref = completion(ref_bin, models[kind], ["-ngl", "0", "-t", "2"])
+    for ts in ("1,1", "3,1"):
+        mine = ours(models[kind], ["--rpc", f"{a.endpoint},{b.endpoint}", "-sm", "row", "-ts", ts], capfdbinary)
+        assert same_text(mine, ref), ts
+
+
+def test_row_split_over_llama_servers(ref_bin, models, ref_server, capfdbinary):
+    a, b = ref_server("-t", "1"), ref_server("-t", "1")
+    for kind in ("f32", "q8_0"):
+        ref = completion(ref_bin, models[kind], ["-ngl", "0", "-t", "2"])
+        mine = ours(models[kind], ["--rpc", f"{a.endpoint},{b.endpoint}", "-sm", "row", "-ts", "1,1"], capfdbinary)
+        assert same_text(mine, ref), kind
