@@ -146,3 +146,23 @@ def test_unused_tensors_make_no_python_objects(watched):
     assert stored < 5000, f"{stored} more Python objects while the graph is stored"
     assert len(runs) < 50, f"{len(runs)} collections ({runs.count(2)} full) for one graph"
     watched.bystander.check()
+
+
+def test_cached_graphs_are_charged(watched):
+    """Every compiled graph a connection keeps for a repeat of its payload is charged,
+    its plan and the payload it is kept under: distinct graphs add up in the ledger."""
+    a = Attacker(watched.server.port)
+    held = []
+    for n in (1024, 1025, 1026):
+        msg = a.graph(n, 0)
+        a.raw.send(msg)
+        a.raw.expect_no_response()
+        held.append(max(h[0] for h in watched.server.memory()["held"]))
+    for before, after, n in zip([BUF] + held, held, (1024, 1025, 1026)):
+        assert after - before >= n * (64 + 296), f"a cached graph of {n} nodes counted as {after - before} bytes"
+    a.raw.send(a.graph(1024, 0))           # a repeat: served from the cache, nothing added
+    a.raw.expect_no_response()
+    assert max(h[0] for h in watched.server.memory()["held"]) == held[-1]
+    a.raw.close()
+    wait_stats(watched.server, sessions=1, buffers=1)
+    assert watched.server.memory()["used"] == [watched.bystander.SIZE]
