@@ -35,7 +35,7 @@ def _ops(names):
 
 
 def _worker(args):
-    seed, start, n, threads, ops, hang_s, deadline, big, job, queue = args
+    seed, start, n, threads, ops, hang_s, deadline, big, chains, job, queue = args
 
     def chunk(counts):
         queue.put(("progress", job, counts))
@@ -45,7 +45,7 @@ def _worker(args):
 
     counts, failures = guardfuzz.fuzz(seed, n, start, threads, ops, hang_s, on_failure=failure,
                                       stop_at_failure=False, deadline=deadline, chunk=50 if big else 5000,
-                                      on_chunk=chunk, big=big)
+                                      on_chunk=chunk, big=big, chains=chains)
     queue.put(("done", job, counts))
     return len(failures)
 
@@ -63,19 +63,21 @@ def main(argv=None):
     ap.add_argument("--minutes", type=float, default=0, help="stop after this long (0: no limit)")
     ap.add_argument("--big", action="store_true",
                     help="one dim of every graph past 2^31 over stride 0 (seconds per graph)")
+    ap.add_argument("--chains", action="store_true",
+                    help="multi-node graphs: outputs reused, viewed, or partly overwritten by later nodes")
     ap.add_argument("--replay", type=int, default=None, help="run graph INDEX in this process")
     ap.add_argument("--json", default="", help="also write the JSON to this file")
     a = ap.parse_args(argv)
     ops = _ops(a.ops)
     if a.replay is not None:
-        print(guardfuzz.replay(a.seed, a.replay, a.threads or None, ops, big=a.big))
+        print(guardfuzz.replay(a.seed, a.replay, a.threads or None, ops, big=a.big, chains=a.chains))
         return 0
     deadline = time.monotonic() + a.minutes * 60 if a.minutes else None
     ctx = multiprocessing.get_context("fork")
     queue = ctx.Manager().Queue()
     per = -(-a.graphs // a.jobs)
     jobs = [(a.seed, a.start + j * per, min(per, a.graphs - j * per), a.threads or None, ops, a.hang,
-             deadline, a.big, j, queue)
+             deadline, a.big, a.chains, j, queue)
             for j in range(a.jobs) if a.graphs - j * per > 0]
     t0 = time.monotonic()
     latest = {}
@@ -97,7 +99,7 @@ def main(argv=None):
         res.get()
     dt = time.monotonic() - t0
     counts = {k: sum(c.get(k, 0) for c in latest.values()) for k in ("graphs",) + guardfuzz._KINDS}
-    out = dict(seed=a.seed, start=a.start, jobs=a.jobs, threads=a.threads, big=a.big, seconds=round(dt, 1),
+    out = dict(seed=a.seed, start=a.start, jobs=a.jobs, threads=a.threads, big=a.big, chains=a.chains, seconds=round(dt, 1),
                rate=round(counts["graphs"] / dt, 1), failures=failures, **counts)
     print(f"\n{'graphs':>10} {'run':>10} {'rejected':>10} {'over work':>9} {'too big':>8} {'run err':>8} "
           f"{'rate/s':>8} {'faults':>6}")

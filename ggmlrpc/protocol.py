@@ -161,6 +161,18 @@ def graph_layout(payload_size: int, head: bytes):
     return device, n_nodes
 
 
+def graph_tensors(payload, n_nodes: int) -> tuple[int, int]:
+    """(offset, count) of the tensors of a graph payload after its n_nodes node ids,
+    the count checked against the cap and the payload's size."""
+    off = 8 + 8 * n_nodes
+    (n_tensors,) = struct.unpack_from("<I", payload, off)
+    if n_tensors > MAX_GRAPH_TENSORS:
+        raise ProtocolError(f"graph of {n_tensors} tensors (at most {MAX_GRAPH_TENSORS})")
+    if len(payload) < off + 4 + n_tensors * TENSOR_SIZE:
+        raise ProtocolError(f"graph payload of {len(payload)} bytes too short for {n_tensors} tensors")
+    return off + 4, n_tensors
+
+
 def decode_graph(payload) -> tuple[int, list[int], list[RpcTensor]]:
     """Decode a whole graph payload (trailing bytes are ignored, as llama.cpp does)."""
     size = len(payload)
@@ -170,13 +182,7 @@ def decode_graph(payload) -> tuple[int, list[int], list[RpcTensor]]:
     nodes = list(struct.unpack_from(f"<{n_nodes}Q", payload, 8))
     if len(set(nodes)) != n_nodes:
         raise ValidationError("graph lists a node id more than once")
-    off = 8 + 8 * n_nodes
-    (n_tensors,) = struct.unpack_from("<I", payload, off)
-    off += 4
-    if n_tensors > MAX_GRAPH_TENSORS:
-        raise ProtocolError(f"graph of {n_tensors} tensors (at most {MAX_GRAPH_TENSORS})")
-    if size < off + n_tensors * TENSOR_SIZE:
-        raise ProtocolError(f"graph payload of {size} bytes too short for {n_tensors} tensors")
+    off, n_tensors = graph_tensors(payload, n_nodes)
     tensors = [decode_tensor(payload, off + i * TENSOR_SIZE) for i in range(n_tensors)]
     return device, nodes, tensors
 
@@ -189,6 +195,43 @@ def decode_checked(buf, offset: int = 0) -> RpcTensor:
     return t
 
 
+def check_shapes(buf, offset: int, rows, nbytes) -> int:
+    """The shape checks of the graph tensors at offset + TENSOR_SIZE * rows[k], their
+    byte sizes written to nbytes[rows[k]]; returns the first row that fails, or -1."""
+    for r in rows:
+        try:
+            nbytes[r] = check_tensor_shape(decode_tensor(buf, offset + TENSOR_SIZE * int(r)))
+        except ValidationError:
+            return int(r)
+    return -1
+
+
+def find_cycle(deps) -> int:
+    """deps[i]: the rows tensor i depends on (-1: none). Returns the row of a tensor
+    that depends on itself through them, or -1 (iterative depth-first search)."""
+    state = bytearray(len(deps))  # 1: on the current path, 2: done
+    for root in range(len(deps)):
+        if state[root]:
+            continue
+        state[root] = 1
+        stack = [(root, iter(deps[root].tolist()))]
+        while stack:
+            i, it = stack[-1]
+            for d in it:
+                if d < 0:
+                    continue
+                if state[d] == 1:
+                    return d
+                if not state[d]:
+                    state[d] = 1
+                    stack.append((d, iter(deps[d].tolist())))
+                    break
+            else:
+                state[i] = 2
+                stack.pop()
+    return -1
+
+
 class PurePythonCodec:
     """The reference implementation of the codec functions the native module provides."""
 
@@ -198,6 +241,8 @@ class PurePythonCodec:
     check_tensor_shape = staticmethod(check_tensor_shape)
     decode_graph = staticmethod(decode_graph)
     decode_checked = staticmethod(decode_checked)
+    check_shapes = staticmethod(check_shapes)
+    find_cycle = staticmethod(find_cycle)
     range_inside = staticmethod(range_inside)
     fnv1a = staticmethod(fnv1a)
 

@@ -8,6 +8,7 @@ against the live buffers of its own connection.
 """
 from __future__ import annotations
 
+import ctypes
 import itertools
 import logging
 import mmap
@@ -20,7 +21,7 @@ from . import protocol
 from .buffers import BufferTable, ServerBuffer
 from .errors import ConnectionLost, GgmlRpcError, ProtocolError, RpcTimeout, ValidationError
 from .compute.cpu import cancel_token
-from .graph import build_graph
+from .graph import DECODE_FACTOR, graph_from_payload
 from .metrics import SessionStats
 from .protocol import (CONN_CAPS_SIZE, Cmd, CMD_COUNT, MAX_GRAPH_PAYLOAD, REQUEST_SIZE,
                        SET_TENSOR_HEADER_SIZE, TENSOR_SIZE)
@@ -35,19 +36,41 @@ U32 = struct.Struct("<I")
 U64 = struct.Struct("<Q")
 U64x2 = struct.Struct("<QQ")  # (handle, size), (free, total), (offset, size|hash)
 GRAPH_CHUNK = 16 << 20           # graph payloads grow only as their bytes arrive
+TRIM_AT = 64 << 20               # a graph whose decoding took this much gives it back to the OS
 GRAPH_CACHE = 256                # compiled graphs a connection keeps per device (see cmd_graph_compute),
 GRAPH_CACHE_BYTES = 64 << 20     # and the bytes of their payloads
 ANNOUNCED_MAX = 16               # cache misses a connection may upload after (llama.cpp: one)
 
-class StoredGraph:
-    """A compiled graph kept for GRAPH_RECOMPUTE, with the scratch bytes its plan holds
-    (counted in the device's ledger while it is stored)."""
-    __slots__ = ("graph", "plan", "scratch")
 
-    def __init__(self, graph, plan, scratch: int):
-        self.graph = graph
+def _malloc_trim():
+    try:
+        return ctypes.CDLL(None).malloc_trim
+    except (AttributeError, OSError):   # not glibc
+        return None
+
+
+_trim = _malloc_trim()
+
+
+def return_freed_memory() -> None:
+    """Give the heap's free memory back to the OS (glibc's malloc_trim): the transient
+    arrays of a large graph's decoding come from the heap once glibc has raised its
+    mmap threshold, and the process would keep their pages after they are freed."""
+    if _trim is not None:
+        _trim(0)
+
+
+class StoredGraph:
+    """A compiled graph kept for GRAPH_RECOMPUTE and for a GRAPH_COMPUTE that repeats
+    its payload: its plan (which keeps nothing of the decoded graph), its node count,
+    and the bytes it holds (the plan's scratch, node records and names, and the
+    payload it is kept under), counted in the device's ledger while it is stored."""
+    __slots__ = ("plan", "n_nodes", "held")
+
+    def __init__(self, plan, n_nodes: int, held: int):
         self.plan = plan
-        self.scratch = scratch
+        self.n_nodes = n_nodes
+        self.held = held
 
 
 class Session:
@@ -139,40 +162,48 @@ class Session:
         self.held[b.device] -= b.size
         self.server.ledgers[b.device].release(b.size)
 
-    def keep_graph(self, device: int, graph, plan, payload: bytes) -> StoredGraph:
+    def charge(self, device: int, n: int, what: str) -> None:
+        """Count n bytes of `what` against the connection's share and the device's
+        ledger; ValidationError (the connection closes) when either would pass its limit."""
+        ledger = self.server.ledgers[device]
+        if n > ledger.share - self.held[device]:
+            raise ValidationError(f"{what} needs {n} bytes on device {device}, this connection "
+                                  f"holds {self.held[device]} of the {ledger.share} bytes one client "
+                                  "may (--client-mem-limit)")
+        if n and not ledger.reserve(n):
+            raise ValidationError(f"{what} needs {n} bytes on device {device}, {ledger.used} of "
+                                  f"{ledger.limit} bytes in use (--mem-limit)")
+        self.held[device] += n
+
+    def uncharge(self, device: int, n: int) -> None:
+        if n:
+            self.held[device] -= n
+            self.server.ledgers[device].release(n)
+
+    def keep_graph(self, device: int, plan, n_nodes: int, payload: bytes) -> StoredGraph:
         """Store a compiled graph as the device's graph and among its compiled ones
-        (under its payload), its plan's scratch reserved in the device's ledger first;
-        the oldest compiled graphs make room. A graph whose scratch would pass the
-        memory limit is refused."""
-        scratch = plan.scratch_bytes
+        (under its payload), what it holds charged first; the oldest compiled graphs
+        make room. A graph that would pass the memory limits alone is refused."""
+        held = plan.held_bytes + len(payload)
         ledger = self.server.ledgers[device]
         compiled = self.compiled[device]
-        while compiled and (len(compiled) >= GRAPH_CACHE or scratch > ledger.share - self.held[device]
-                            or scratch > ledger.limit - ledger.used
+        while compiled and (len(compiled) >= GRAPH_CACHE or held > ledger.share - self.held[device]
+                            or held > ledger.limit - ledger.used
                             or sum(map(len, compiled)) + len(payload) > GRAPH_CACHE_BYTES):
             self.forget_graph(device, next(iter(compiled)))
-        if scratch > ledger.share - self.held[device]:
-            raise ValidationError(f"graph needs {scratch} bytes of scratch memory on device "
-                                  f"{device}, this connection holds {self.held[device]} of the "
-                                  f"{ledger.share} bytes one client may (--client-mem-limit)")
-        if scratch and not ledger.reserve(scratch):
-            raise ValidationError(f"graph needs {scratch} bytes of scratch memory on device "
-                                  f"{device}, {ledger.used} of {ledger.limit} bytes in use (--mem-limit)")
-        self.held[device] += scratch
-        stored = self.graphs[device] = compiled[payload] = StoredGraph(graph, plan, scratch)
+        self.charge(device, held, "graph (its plan and scratch memory)")
+        stored = self.graphs[device] = compiled[payload] = StoredGraph(plan, n_nodes, held)
         return stored
 
     def forget_graph(self, device: int, payload: bytes) -> None:
-        """Drop one compiled graph and return its scratch."""
+        """Drop one compiled graph and return its bytes."""
         stored = self.compiled[device].pop(payload)
         if self.graphs.get(device) is stored:
             del self.graphs[device]
-        if stored.scratch:
-            self.held[device] -= stored.scratch
-            self.server.ledgers[device].release(stored.scratch)
+        self.uncharge(device, stored.held)
 
     def forget_graphs(self) -> None:
-        """Drop every stored and compiled graph and return their scratch."""
+        """Drop every stored and compiled graph and return their bytes."""
         for dev, compiled in enumerate(self.compiled):
             for payload in list(compiled):
                 self.forget_graph(dev, payload)
@@ -481,29 +512,37 @@ class Session:
             raise ProtocolError(f"GRAPH_COMPUTE payload of {size} bytes")
         if size > MAX_GRAPH_PAYLOAD:
             raise ProtocolError(f"GRAPH_COMPUTE payload of {size} bytes exceeds the limit")
-        payload = bytes(self.recv_graph(size))
-        # a graph sent again byte for byte (a host that runs several graphs in turn
-        # on one device, as -sm row does) was checked and compiled when it came first:
-        # the buffers it names are still there (freeing any drops every compiled graph)
-        (device,) = U32.unpack_from(payload, 0)
-        t0 = perf_counter_ns()
-        stored = self.compiled[device].pop(payload, None) if device < len(self.compiled) else None
-        if stored is not None:
-            self.compiled[device][payload] = self.graphs[device] = stored     # now the newest
-            if self.debug:   # the header was read when the graph came first
+        device, charged, received = self.recv_graph(size)   # its decoding is charged
+        try:
+            payload = bytes(received)
+            del received
+            t0 = perf_counter_ns()
+            if self.debug:
                 (n_nodes,) = U32.unpack_from(payload, 4)
                 self.debug_graph(device, n_nodes, U32.unpack_from(payload, 8 + 8 * n_nodes)[0])
-        else:
-            device, node_ids, tensors = self.codec.decode_graph(payload)
-            self.device_index(device)
-            if self.debug:
-                self.debug_graph(device, len(node_ids), len(tensors))
-            graph = build_graph(self, device, node_ids, tensors)
-            plan = self.devices[device].executor().compile(graph, self.limits.max_graph_work)
-            stored = self.keep_graph(device, graph, plan, payload)   # a failed run closes the connection
+            # a graph sent again byte for byte (a host that runs several graphs in turn
+            # on one device, as -sm row does) was checked and compiled when it came first:
+            # the buffers it names are still there (freeing any drops every compiled graph)
+            stored = self.compiled[device].pop(payload, None)
+            if stored is not None:
+                self.compiled[device][payload] = self.graphs[device] = stored     # now the newest
+            else:
+                graph = graph_from_payload(self, payload)
+                try:
+                    plan = self.devices[device].executor().compile(graph, self.limits.max_graph_work)
+                finally:
+                    graph.release()
+                n_nodes = graph.n_nodes
+                del graph
+        finally:
+            self.uncharge(device, charged)
+            if charged >= TRIM_AT:
+                return_freed_memory()
+        if stored is None:   # a failed run closes the connection, releasing it
+            stored = self.keep_graph(device, plan, n_nodes, payload)
         with self.server.graph_watch.computing(self) as cancel:
             self.devices[device].executor().run(stored.plan, cancel)
-        self.stats.graph(device, "compute", len(stored.graph.nodes), perf_counter_ns() - t0)
+        self.stats.graph(device, "compute", stored.n_nodes, perf_counter_ns() - t0)
 
     def debug_graph(self, device: int, n_nodes: int, n_tensors: int) -> None:
         self.server.dbg("[graph_compute] device: %d, n_nodes: %d, n_tensors: %d", device, n_nodes, n_tensors)
@@ -519,18 +558,19 @@ class Session:
         t0 = perf_counter_ns()
         with self.server.graph_watch.computing(self) as cancel:
             self.devices[dev].executor().run(stored.plan, cancel)
-        self.stats.graph(dev, "recompute", len(stored.graph.nodes), perf_counter_ns() - t0)
+        self.stats.graph(dev, "recompute", stored.n_nodes, perf_counter_ns() - t0)
 
-    def recv_graph(self, size: int) -> bytearray:
-        """A graph payload, read in chunks so that memory grows only as bytes arrive.
-        After the first chunk its counts are checked against the caps (a bogus count
-        closes the connection before the rest is read), and bytes past the last
-        tensor, which the decoder ignores as llama.cpp does, are read and dropped
+    def recv_graph(self, size: int) -> tuple[int, int, bytearray]:
+        """A graph payload, read in chunks so that memory grows only as bytes arrive:
+        (device, bytes charged, payload). After the first chunk its counts are checked
+        against the caps (a bogus count closes the connection before the rest is
+        read) and the memory its decoding takes (graph.DECODE_FACTOR per byte kept) is
+        charged to the device it names, until the caller uncharges it; bytes past the
+        last tensor, which the decoder ignores as llama.cpp does, are read and dropped
         without being kept."""
         out = self.conn.recv_exact(min(size, GRAPH_CHUNK))
-        if len(out) == size:
-            return out
-        _, n_nodes = protocol.graph_layout(size, out[:8])
+        device, n_nodes = protocol.graph_layout(size, out[:8])
+        self.device_index(device)
         need, off = size, 8 + 8 * n_nodes
         if off + 4 <= len(out):
             (n_tensors,) = U32.unpack_from(out, off)
@@ -538,11 +578,17 @@ class Session:
                 raise ProtocolError(f"graph of {n_tensors} tensors (at most "
                                     f"{protocol.MAX_GRAPH_TENSORS})")
             need = min(size, off + 4 + TENSOR_SIZE * n_tensors)
-        while len(out) < need:
-            out += self.conn.recv_exact(min(need - len(out), GRAPH_CHUNK))
-        if size > max(need, len(out)):
-            self.conn.discard(size - max(need, len(out)))
-        return out
+        charged = DECODE_FACTOR * need
+        self.charge(device, charged, f"decoding a graph of {need} bytes")
+        try:
+            while len(out) < need:
+                out += self.conn.recv_exact(min(need - len(out), GRAPH_CHUNK))
+            if size > max(need, len(out)):
+                self.conn.discard(size - max(need, len(out)))
+        except BaseException:
+            self.uncharge(device, charged)
+            raise
+        return device, charged, out
 
 
 _HANDLERS = {

@@ -3,7 +3,9 @@ and bench/fuzz.py).
 
 Each graph is one compute node: a seed from tests/data/fuzz_seeds.json (nodes the op
 tests run; scripts/fuzz_seeds.py records them) with its types, ne, nb and op_params
-mutated. Every tensor gets a slot of its own: SLOT bytes of read-write memory between
+mutated; or, in a `chains` run, two or three such nodes tied together (Chain): a later
+node reads an earlier one's output as it is or through a VIEW of its own shape, or
+writes its own output partly over an earlier one's. Every tensor gets a slot of its own: SLOT bytes of read-write memory between
 two PROT_NONE pages, and lies flush against one of them, its last byte before the
 upper guard page or its first byte right after the lower one. The graph goes through
 the server's own validation (graph.build_graph, with a session whose buffers are these
@@ -83,6 +85,34 @@ class Case:
         return "\n".join(lines)
 
 
+LINKS = ("reuse", "view", "inplace")
+MAX_CHAIN = 3              # nodes of a multi-node graph
+MUTATIONS = (0, 1, 1, 1, 2, 2, 3, 4)    # how many per node, one picked per node
+CHAIN_MUTATIONS = (0, 0, 1, 1, 2)       # fewer in a chain, so that more chains pass all their rules
+
+
+@dataclass
+class Chain:
+    """A multi-node fuzz graph: the nodes of `cases` in order, tied by `links`, each
+    (j, s, i, kind, at): node j's source s (1..) or, for "inplace", its destination
+    takes node i's output (i < j). "reuse": the source is node i itself; "view": a VIEW
+    of node i (its own type and shape) starting `at` bytes into node i's output;
+    "inplace": node j writes into node i's slot, `at` bytes from node i's output
+    (partial overlaps of a later node's destination with an earlier one's)."""
+
+    cases: list
+    links: list
+    threads: int = 2
+
+    def describe(self) -> str:
+        out = []
+        for j, c in enumerate(self.cases):
+            out.append(f"node {j}: " + c.describe().replace("\n", "\n  "))
+        out += [f"link: node {j} {'dst' if s == 0 else f'src{s - 1}'} <- node {i} ({kind}, at {at})"
+                for j, s, i, kind, at in self.links]
+        return "\n".join(out)
+
+
 def load_seeds() -> list[dict]:
     return json.loads(SEEDS.read_text())
 
@@ -122,13 +152,35 @@ class Mutator:
         self.types = [t for t in range(ggml.TYPE_COUNT) if ggml.blck_size(t)]
 
     def make(self, seed: int, i: int) -> Case:
-        r = random.Random(f"{seed}:{i}")
+        return self._case(random.Random(f"{seed}:{i}"))
+
+    def make_chain(self, seed: int, i: int) -> Chain:
+        """Graph i of a multi-node run: two or three mutated nodes, each later one tied to
+        an earlier one's output by one link (deterministic, like make)."""
+        from ggmlrpc import ggml
+        r = random.Random(f"{seed}:chain:{i}")
+        cases = [self._case(r, CHAIN_MUTATIONS) for _ in range(r.choice((2, 2, MAX_CHAIN)))]
+        links = []
+        for j in range(1, len(cases)):
+            i_ = r.randrange(j)
+            kind = r.choice(LINKS)
+            srcs = [k for k, t in enumerate(cases[j].tensors) if k and t is not None]
+            if kind != "inplace" and not srcs:
+                kind = "inplace"
+            s = 0 if kind == "inplace" else r.choice(srcs)
+            dst = cases[i_].tensors[0]
+            n = ggml.nbytes(dst[0], dst[1], dst[2]) if ggml.blck_size(dst[0]) else 0
+            at = r.choice((0, 0, n // 2, max(0, n - 1), r.randrange(0, max(1, n))))
+            links.append((j, s, i_, kind, at))
+        return Chain(cases, links, r.choice(THREADS))
+
+    def _case(self, r, mutations=MUTATIONS) -> Case:
         op = r.choice(self.ops)
         s = r.choice(self.by_op[op])
         ts = [[s["dst"][0], list(s["dst"][1]), list(s["dst"][2])]]
         ts += [None if t is None else [t[0], list(t[1]), list(t[2])] for t in s["srcs"]]
         params = list(s["op_params"])
-        n_mut = r.choice((0, 1, 1, 1, 2, 2, 3, 4))
+        n_mut = r.choice(mutations)
         for _ in range(n_mut):
             self._mutate(r, ts, params)
         if self.big:
@@ -288,7 +340,7 @@ class Runner:
 
         from ggmlrpc.compute.cpu import CpuExecutor
         self.np = np
-        self.slots = [_Slot() for _ in range(N_SLOTS)]
+        self.slots = [_Slot() for _ in range(N_SLOTS * MAX_CHAIN)]
         self.session = _Session(self.slots)
         self.n_threads = n_threads
         self.executors = {n: CpuExecutor(n) for n in ({n_threads} if n_threads else set(THREADS))}
@@ -296,47 +348,86 @@ class Runner:
         self.work_floor = work_floor
         self.counts = dict.fromkeys(_KINDS, 0)
 
-    def build(self, case: Case):
-        """The validated Graph of a case, or None when it is too big for the slots."""
+    def layout(self, case):
+        """(chain, tensors): the graph's tensors as (id, (type, ne, nb), slot, start,
+        (node index, case) for a node else None, a node's source ids, view_src), or None
+        when one does not fit its slot. A Case's tensor k lies in slot k, against its
+        upper or lower guard page; in a Chain node j's tensors take slots N_SLOTS * j + k,
+        and its links place tensors inside earlier nodes' slots instead."""
+        from ggmlrpc import ggml
+        chain = case if isinstance(case, Chain) else Chain([case], [], case.threads)
+        placed = {}   # (node, tensor index) -> [id, layout, slot, start]
+        for j, c in enumerate(chain.cases):
+            for k, t in enumerate(c.tensors):
+                if t is None:
+                    continue
+                n = ggml.nbytes(t[0], t[1], t[2]) if ggml.blck_size(t[0]) else 0
+                if n > SLOT:
+                    return None
+                placed[j, k] = [1 + N_SLOTS * j + k, t, N_SLOTS * j + k, SLOT - n if c.at_end[k] else 0, 0]
+        for j, s, i, kind, at in chain.links:
+            if (j, s) not in placed or (i, 0) not in placed:
+                continue
+            _, dst, slot, start, _ = placed[i, 0]
+            if kind == "reuse":
+                placed[j, s] = [placed[i, 0][0], dst, slot, start, 0]
+                continue
+            t = placed[j, s][1]
+            n = ggml.nbytes(t[0], t[1], t[2])
+            at = min(start + at, SLOT - n)
+            placed[j, s] = [placed[j, s][0], t, slot, at, placed[i, 0][0] if kind == "view" else 0]
+            if kind == "view" and at < start:
+                placed[j, s][4] = 0      # a view starts inside what it views
+        out = []
+        for j, c in enumerate(chain.cases):
+            srcs = [placed[j, k][0] if (j, k) in placed else 0 for k in range(1, len(c.tensors))]
+            for k in range(len(c.tensors)):
+                if (j, k) in placed:
+                    tid, t, slot, start, view_src = placed[j, k]
+                    out.append((tid, t, slot, start, (j, c) if k == 0 else None,
+                                srcs if k == 0 else None, view_src))
+        return chain, out
+
+    def build(self, case):
+        """The validated Graph of a case or chain, or None when it is too big for the slots."""
         from ggmlrpc import ggml, protocol
         from ggmlrpc.graph import build_graph
-        rpc = []
-        src_ids = []
-        for k, t in enumerate(case.tensors):
-            if t is None:
-                src_ids.append(0)
+        got = self.layout(case)
+        if got is None:
+            return None
+        chain, tensors = got
+        rpc, seen, node_ids = [], set(), []
+        for tid, (typ, ne, nb), slot, start, node, srcs, view_src in tensors:
+            if tid in seen:
                 continue
-            typ, ne, nb = t
-            n = ggml.nbytes(typ, ne, nb) if ggml.blck_size(typ) else 0
-            if n > SLOT:
-                return None
-            slot = self.slots[k]
-            data = slot.addr + (SLOT - n if case.at_end[k] else 0)
-            is_node = k == 0
-            rpc.append(protocol.RpcTensor(
-                id=k + 1, type=typ, buffer=k + 1, ne=tuple(ne), nb=tuple(nb),
-                op=case.op if is_node else 0, op_params=tuple(case.op_params) if is_node else (0,) * 16,
-                flags=ggml.TensorFlag.COMPUTE if is_node else 0, data=data, name=b"t%d" % k))
-            if not is_node:
-                src_ids.append(k + 1)
-        node = rpc[0]
-        node.src = tuple(src_ids) + (0,) * (protocol.MAX_SRC - len(src_ids))
-        rpc = rpc[1:] + rpc[:1]        # sources before their user
-        return build_graph(self.session, 0, [1], rpc)
+            seen.add(tid)
+            data = self.slots[slot].addr + start
+            if node is not None:
+                j, c = node
+                node_ids.append(tid)
+                rpc.append(protocol.RpcTensor(
+                    id=tid, type=typ, buffer=slot + 1, ne=tuple(ne), nb=tuple(nb), op=c.op,
+                    op_params=tuple(c.op_params), flags=ggml.TensorFlag.COMPUTE, data=data,
+                    src=tuple(srcs) + (0,) * (protocol.MAX_SRC - len(srcs)), name=b"n%d" % j))
+            else:
+                view = dict(op=ggml.GGMLOp.VIEW, view_src=view_src,
+                            view_offs=data - self.slots[slot].addr) if view_src else {}
+                rpc.append(protocol.RpcTensor(id=tid, type=typ, buffer=slot + 1, ne=tuple(ne),
+                                              nb=tuple(nb), data=data, name=b"t%d" % tid, **view))
+        return build_graph(self.session, 0, node_ids, rpc)
 
-    def fill(self, case: Case):
+    def fill(self, case):
         """Sources get fresh bytes; index-like integer sources small values, so that
         lookups (GET_ROWS, SET_ROWS, MUL_MAT_ID...) reach their kernels."""
         from ggmlrpc import ggml
         np = self.np
-        rng = np.random.default_rng(case.fill)
-        for k, t in enumerate(case.tensors[1:], start=1):
-            if t is None:
+        chain, tensors = self.layout(case)
+        rng = np.random.default_rng(chain.cases[0].fill)
+        for tid, (typ, ne, nb), slot, start, node, _, _ in tensors:
+            if node is not None:
                 continue
-            typ, ne, nb = t
             n = ggml.nbytes(typ, ne, nb)
-            start = SLOT - n if case.at_end[k] else 0
-            view = np.frombuffer(self.slots[k].map, dtype=np.uint8, count=n, offset=PAGE + start)
+            view = np.frombuffer(self.slots[slot].map, dtype=np.uint8, count=n, offset=PAGE + start)
             if typ in (ggml.GGMLType.I32, ggml.GGMLType.I64) and rng.random() < 0.9:
                 w = ggml.type_size(typ)
                 m = n // w
@@ -348,21 +439,25 @@ class Runner:
                 m = n // 4
                 view[:m * 4] = rng.standard_normal(m, dtype=np.float32).view(np.uint8)
 
-    def _canaries(self, case: Case):
-        """(slot view, start, end) of the CANARY bytes beside each tensor on the side
-        away from its guard page, where a stray write would not fault."""
+    def _canaries(self, case):
+        """The CANARY bytes of each used slot beside the hull of the tensors in it, on the
+        sides away from its guard pages, where a stray write would not fault."""
         from ggmlrpc import ggml
         np = self.np
+        hull = {}
+        for _, (typ, ne, nb), slot, start, *_ in self.layout(case)[1]:
+            n = ggml.nbytes(typ, ne, nb)
+            lo, hi = hull.get(slot, (start, start + n))
+            hull[slot] = (min(lo, start), max(hi, start + n))
         out = []
-        for k, t in enumerate(case.tensors):
-            if t is None:
-                continue
-            n = ggml.nbytes(t[0], t[1], t[2])
-            lo, hi = (max(0, SLOT - n - CANARY), SLOT - n) if case.at_end[k] else (n, min(SLOT, n + CANARY))
-            out.append(np.frombuffer(self.slots[k].map, dtype=np.uint8, count=hi - lo, offset=PAGE + lo))
+        for slot, (lo, hi) in hull.items():
+            for a, b in ((max(0, lo - CANARY), lo), (hi, min(SLOT, hi + CANARY))):
+                if b > a:
+                    out.append(np.frombuffer(self.slots[slot].map, dtype=np.uint8, count=b - a,
+                                             offset=PAGE + a))
         return out
 
-    def run(self, case: Case) -> str:
+    def run(self, case) -> str:
         """'run', 'rejected' (by validation or the planner), 'over_work' (by the work
         limit), 'too_big' (for the slots) or 'run_error' (a run-time check stopped it)."""
         from ggmlrpc.compute import work
@@ -410,7 +505,7 @@ class Failure:
         return f"graph {self.index}: {self.what}\n{self.case.describe()}"
 
 
-def _child(seed, start, stop, progress, n_threads, ops, work_per_byte, big):
+def _child(seed, start, stop, progress, n_threads, ops, work_per_byte, big, chains):
     """Run graphs start..stop-1; progress[0] = graph in progress, then counts."""
     import faulthandler
     faulthandler.disable()   # the parent reports a fault with the graph's reproducer
@@ -420,7 +515,7 @@ def _child(seed, start, stop, progress, n_threads, ops, work_per_byte, big):
         runner = Runner(n_threads, work_per_byte, BIG_WORK if big else WORK_FLOOR)
         for i in range(start, stop):
             struct.pack_into("<q", progress, 0, i)
-            runner.run(mut.make(seed, i))
+            runner.run(mut.make_chain(seed, i) if chains else mut.make(seed, i))
             struct.pack_into("<5q", progress, 8, *(runner.counts[k] for k in _KINDS))
         struct.pack_into("<q", progress, 0, stop)
         os._exit(0)
@@ -434,8 +529,8 @@ def _child(seed, start, stop, progress, n_threads, ops, work_per_byte, big):
 
 def fuzz(seed: int, n: int, start: int = 0, n_threads: int | None = None, ops=None, hang_s: float = HANG_S,
          work_per_byte: int = WORK_PER_BYTE, on_failure=None, stop_at_failure=True, deadline=None,
-         chunk: int = 50_000, on_chunk=None, big: bool = False):
-    """Run graphs start..start+n-1 in forked children of at most `chunk` graphs each. A
+         chunk: int = 50_000, on_chunk=None, big: bool = False, chains: bool = False):
+    """Run graphs start..start+n-1 (multi-node ones, Mutator.make_chain, with `chains`) in forked children of at most `chunk` graphs each. A
     child that dies or hangs is recorded as a Failure and, unless stop_at_failure, a new
     child goes on after that graph; past `deadline` (time.monotonic()) the run stops
     early. on_chunk(counts) after each child. Returns (counts, failures)."""
@@ -454,7 +549,7 @@ def fuzz(seed: int, n: int, start: int = 0, n_threads: int | None = None, ops=No
         struct.pack_into("<q", progress, 0, i)
         pid = os.fork()
         if pid == 0:
-            _child(seed, i, stop, progress, n_threads, ops, work_per_byte, big)
+            _child(seed, i, stop, progress, n_threads, ops, work_per_byte, big, chains)
         last, since = i, time.monotonic()
         status = None
         while True:
@@ -494,7 +589,7 @@ def fuzz(seed: int, n: int, start: int = 0, n_threads: int | None = None, ops=No
         else:
             what = f"exit {os.WEXITSTATUS(status)}"
         mut = mut or Mutator(load_seeds(), ops, big)
-        f = Failure(cur, what, mut.make(seed, cur))
+        f = Failure(cur, what, mut.make_chain(seed, cur) if chains else mut.make(seed, cur))
         failures.append(f)
         if on_failure:
             on_failure(f)
@@ -514,9 +609,11 @@ def _guard_scratch():
 
 
 def replay(seed: int, i: int, n_threads: int | None = None, ops=None, work_per_byte: int = WORK_PER_BYTE,
-           big: bool = False) -> str:
-    """Graph i of run `seed`, in this process (a fault kills the caller)."""
-    case = Mutator(load_seeds(), ops, big).make(seed, i)
+           big: bool = False, chains: bool = False) -> str:
+    """Graph i of run `seed` (of multi-node graphs with `chains`), in this process (a
+    fault kills the caller)."""
+    mut = Mutator(load_seeds(), ops, big)
+    case = mut.make_chain(seed, i) if chains else mut.make(seed, i)
     print(case.describe(), flush=True)
     _guard_scratch()
     return Runner(n_threads, work_per_byte, BIG_WORK if big else WORK_FLOOR).run(case)

@@ -4,7 +4,9 @@
 The functions mirror ``ggmlrpc.protocol.PurePythonCodec``; the tests run the same
 cases against both.
 """
-from libc.stdint cimport uint8_t, uint32_t, uint64_t
+from libc.stdint cimport int32_t, int64_t, uint8_t, uint32_t, uint64_t
+from cpython cimport array
+import array
 from libc.string cimport memcpy, memset
 from cpython.bytearray cimport PyByteArray_AS_STRING, PyByteArray_GET_SIZE
 from cpython.bytes cimport PyBytes_FromStringAndSize
@@ -184,6 +186,12 @@ cdef class NativeCodec:
                 _yield_gil()
         return device, nodes, tensors
 
+    def check_shapes(self, buf, Py_ssize_t offset, rows, nbytes):
+        return check_shapes(buf, offset, rows, nbytes)
+
+    def find_cycle(self, deps):
+        return find_cycle(deps)
+
     def range_inside(self, uint64_t data, uint64_t size, uint64_t base, uint64_t buf_size):
         return bool(ggmlrpc_range_inside(data, size, base, buf_size))
 
@@ -226,3 +234,68 @@ def struct_sizes():
         "rpc_msg_get_alloc_size_req": sizeof(rpc_msg_get_alloc_size_req),
         "rpc_msg_memset_tensor_req": sizeof(rpc_msg_memset_tensor_req),
     }
+
+
+def check_shapes(buf, Py_ssize_t offset, const int64_t[::1] rows, uint64_t[::1] nbytes):
+    """The shape checks of the graph tensors at `offset` + 296 * rows[k], their byte
+    sizes written to nbytes[rows[k]]; returns the first row that fails, or -1."""
+    cdef const uint8_t[::1] view = buf
+    cdef Py_ssize_t k, n = rows.shape[0]
+    cdef int64_t r
+    cdef uint64_t size
+    cdef const uint8_t *base = _ro_ptr(view, offset, 0)
+    cdef Py_ssize_t have = (view.shape[0] - offset) // 296
+    for k in range(n):
+        r = rows[k]
+        if r < 0 or r >= have or r >= nbytes.shape[0]:
+            raise IndexError(f"tensor row {r} outside the graph")
+    cdef int64_t bad = -1
+    with nogil:
+        for k in range(n):
+            r = rows[k]
+            size = 0
+            if ggmlrpc_tensor_check_shape(<const rpc_tensor *>(base + 296 * r), &size) != GR_OK:
+                bad = r
+                break
+            nbytes[r] = size
+    return bad
+
+
+def find_cycle(const int32_t[:, ::1] deps):
+    """deps[i]: the rows tensor i depends on (-1: none). Returns the row of a tensor
+    that depends on itself through them, or -1 (an iterative depth-first search
+    without the GIL: a graph may hold half a million tensors)."""
+    cdef Py_ssize_t n = deps.shape[0], width = deps.shape[1]
+    cdef Py_ssize_t root, top, i, d
+    cdef uint8_t[::1] state = bytearray(n)        # 1: on the current path, 2: done
+    cdef int32_t[::1] stack = array.array("i", bytes(4 * n)) if n else None
+    cdef int32_t[::1] next_dep = array.array("i", bytes(4 * n)) if n else None
+    cdef Py_ssize_t found = -1
+    with nogil:
+        for root in range(n):
+            if state[root]:
+                continue
+            state[root] = 1
+            next_dep[root] = 0
+            stack[0] = <int32_t>root
+            top = 1
+            while top and found < 0:
+                i = stack[top - 1]
+                if next_dep[i] == width:
+                    state[i] = 2
+                    top -= 1
+                    continue
+                d = deps[i, next_dep[i]]
+                next_dep[i] += 1
+                if d < 0:
+                    continue
+                if state[d] == 1:
+                    found = d
+                elif state[d] == 0:
+                    state[d] = 1
+                    next_dep[d] = 0
+                    stack[top] = <int32_t>d
+                    top += 1
+            if found >= 0:
+                break
+    return found

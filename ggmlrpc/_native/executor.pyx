@@ -8,7 +8,7 @@ plan points into alive, and runs the array on a thread pool with the GIL
 released.
 """
 from libc.stdint cimport int32_t, int64_t, uint32_t, uintptr_t
-from libc.stdlib cimport calloc, free
+from libc.stdlib cimport free, realloc
 from libc.string cimport memset
 from posix.mman cimport MAP_ANONYMOUS, MAP_FAILED, MAP_PRIVATE, PROT_NONE, PROT_READ, PROT_WRITE, mmap, mprotect, munmap
 from posix.stdlib cimport posix_memalign
@@ -153,27 +153,36 @@ cdef class Plan:
     cdef size_t wmap_size
     cdef readonly size_t wsize
     cdef readonly int n_threads
-    cdef list keep
+    cdef object keep
     cdef gr_resume at           # where a yielded run goes on (node -1: none)
 
-    def __cinit__(self, list records, int n_threads, list keep, size_t max_scratch=0):
+    def __cinit__(self, records, int n_threads, keep, size_t max_scratch=0):
         cdef int i, j
         cdef gr_node *node
+        cdef gr_node *grown
         cdef size_t w
+        cdef int cap = 0
         self.nodes = NULL
         self.wdata = NULL
         self.wmap = NULL
         self.keep = keep
         self.n_threads = n_threads
-        self.n_nodes = len(records)
-        if self.n_nodes:
-            self.nodes = <gr_node *>calloc(self.n_nodes, sizeof(gr_node))
-            if self.nodes == NULL:
-                raise MemoryError("cannot allocate the node records")
+        self.n_nodes = 0
         self.wsize = 0
-        for i in range(self.n_nodes):
-            kernel, sub, index, op_params, iparams, dst, srcs = records[i]
+        # records may be an iterator: each one is packed as it comes, so a graph of many
+        # nodes never exists as a list of Python records
+        for rec in records:
+            i = self.n_nodes
+            if i == cap:
+                cap = cap * 2 if cap else 64
+                grown = <gr_node *>realloc(self.nodes, cap * sizeof(gr_node))
+                if grown == NULL:
+                    raise MemoryError("cannot allocate the node records")
+                self.nodes = grown
+            kernel, sub, index, op_params, iparams, dst, srcs = rec
             node = &self.nodes[i]
+            memset(node, 0, sizeof(gr_node))
+            self.n_nodes += 1
             node.kernel = kernel
             node.sub = sub
             node.index = index
@@ -194,6 +203,12 @@ cdef class Plan:
             if (i & 1023) == 1023:
                 with nogil:     # let other sessions' threads run: a Cython loop never switches
                     pass
+        if cap > self.n_nodes:
+            grown = <gr_node *>realloc(self.nodes, self.n_nodes * sizeof(gr_node)) if self.n_nodes else NULL
+            if grown != NULL or not self.n_nodes:
+                if not self.n_nodes:
+                    free(self.nodes)
+                self.nodes = grown
         if max_scratch and self.wsize > max_scratch:
             raise MemoryError(f"the graph needs {self.wsize} bytes of scratch memory")
         if self.wsize and _guard_scratch:
@@ -224,6 +239,11 @@ cdef class Plan:
 
     def __len__(self):
         return self.n_nodes
+
+    @property
+    def record_bytes(self):
+        """The C memory of the node records."""
+        return self.n_nodes * sizeof(gr_node)
 
     def run(self, Pool pool, CancelToken cancel=None, int start=0, double slice_s=0, bint resume=False):
         """Run the nodes from `start` on; raises ExecError when a node fails (nothing ran

@@ -16,12 +16,14 @@ bounds before that.
 """
 from __future__ import annotations
 
+import array
 import collections
 import os
 import threading
 
 from .. import ggml
 from ..devices.base import available_memory
+from ..graph import NodeNames
 from ..errors import ConnectionLost, DeviceError, UnsupportedError, ValidationError
 from ..ops.base import no_empty_sources
 from . import cpu_rules, work
@@ -39,12 +41,12 @@ EMPTY_SOURCES_OK = frozenset({ggml.GGMLOp.SET_ROWS, ggml.GGMLOp.CONV_3D, ggml.GG
 
 
 class CpuPlan:
-    """A compiled graph: the native plan plus what its addresses point into."""
+    """A compiled graph: the native plan (it holds what its addresses point into) and
+    its nodes' names; nothing of the graph it was made from."""
 
-    def __init__(self, graph, native, names):
-        self.graph = graph
+    def __init__(self, native, names):
         self.native = native
-        self.names = names      # plan index -> "name (op)" for error messages
+        self.names = names      # plan index -> "name (op)" for error messages (graph.NodeNames)
 
     def __len__(self):
         return len(self.native)
@@ -53,6 +55,11 @@ class CpuPlan:
     def scratch_bytes(self) -> int:
         """The plan's scratch memory, held while the plan is stored."""
         return self.native.wsize
+
+    @property
+    def held_bytes(self) -> int:
+        """Everything the stored plan holds: scratch, node records, names."""
+        return self.native.wsize + self.native.record_bytes + self.names.nbytes
 
 
 def _native():
@@ -131,28 +138,31 @@ class CpuExecutor:
         """max_work: the work limit per byte of buffers (compute.work); None: none."""
         ex = _native()
         work.check_graph(graph, max_work)
-        records = []
-        names = []
         keep = {}
-        for node in graph.runnable():
-            rule = cpu_rules.RULES.get(node.op)
-            srcs = graph.sources(node)
-            if rule is None:
-                raise cpu_rules.unsupported(node, srcs)
-            no_empty_sources(node, srcs, EMPTY_SOURCES_OK)
-            spec = rule(node, srcs)
-            tensors = [_resolve(graph, node, keep)]
-            used = [_resolve(graph, s, keep) if s is not None else None for s in spec.srcs]
-            op_params = tuple(node.op_params) + (0,) * (16 - len(node.op_params))
-            records.append((spec.kernel, spec.sub, len(names), op_params, spec.iparams,
-                            tensors[0], used))
-            names.append(f"{node.name_str!r} ({ggml.op_name(node.op)})")
+        names, ops = bytearray(), array.array("I")
+
+        def records():
+            # one node at a time: the plan packs each record as it comes
+            for node in graph.runnable():
+                rule = cpu_rules.RULES.get(node.op)
+                srcs = graph.sources(node)
+                if rule is None:
+                    raise cpu_rules.unsupported(node, srcs)
+                no_empty_sources(node, srcs, EMPTY_SOURCES_OK)
+                spec = rule(node, srcs)
+                dst = _resolve(graph, node, keep)
+                used = [_resolve(graph, s, keep) if s is not None else None for s in spec.srcs]
+                op_params = tuple(node.op_params) + (0,) * (16 - len(node.op_params))
+                yield (spec.kernel, spec.sub, len(ops), op_params, spec.iparams, dst, used)
+                names.extend(node.name[:64].ljust(64, b"\0"))
+                ops.append(node.op)
+
         limit = min(MAX_SCRATCH, available_memory() // 2)
         try:
-            native = ex.Plan(records, self.n_threads, list(keep.values()), limit)
+            native = ex.Plan(records(), self.n_threads, keep, limit)
         except MemoryError as e:
             raise ValidationError(f"graph rejected: {e}") from None
-        return CpuPlan(graph, native, names)
+        return CpuPlan(native, NodeNames.packed(names, ops))
 
     def run(self, plan: CpuPlan, cancel=None) -> None:
         """Run a plan, taking turns node by node with the plans other threads run on

@@ -25,6 +25,7 @@ from .. import ggml
 from ..cuda import Kernels
 from ..errors import ConnectionLost, DeviceError, UnsupportedError, ValidationError
 from ..ggml import GGMLType as T
+from ..graph import NodeNames
 from ..ops.base import contiguous, nelements, no_empty_sources, ts
 from . import work
 
@@ -38,8 +39,7 @@ class CudaPlan:
     """A compiled graph: its launches (callables), their node names and the scratch
     allocations they write into (freed with the plan)."""
 
-    def __init__(self, graph, steps, names, scratch, scratch_bytes, err=None):
-        self.graph = graph
+    def __init__(self, steps, names, scratch, scratch_bytes, err=None):
         self.err = err              # device i32 where index checks report (node index + 1), or None
         self.steps = steps          # [(node index, callable)]
         self.names = names          # node index -> "name (op)"
@@ -48,6 +48,15 @@ class CudaPlan:
 
     def __len__(self):
         return len(self.names)
+
+    @property
+    def held_bytes(self) -> int:
+        """What the stored plan holds: its scratch, and about STEP_BYTES per launch."""
+        return self.scratch_bytes + STEP_BYTES * len(self.steps) + self.names.nbytes
+
+
+# host memory of one launch of a plan (its closure, arguments and list entry)
+STEP_BYTES = 512
 
 
 class Builder:
@@ -201,7 +210,7 @@ class CudaExecutor:
         from . import cuda_rules  # its rules import Builder from here
 
         work.check_graph(graph, max_work)
-        names = []
+        names, ops = bytearray(), []
         with self.context():
             b = Builder(self, graph)
             try:
@@ -211,14 +220,16 @@ class CudaExecutor:
                     if rule is None:
                         raise cuda_rules.unsupported(node, srcs)
                     no_empty_sources(node, srcs)
-                    b.node_index = len(names)
-                    names.append(f"{node.name_str!r} ({ggml.op_name(node.op)})")
+                    b.node_index = len(ops)
+                    names.extend(node.name[:64].ljust(64, b"\0"))
+                    ops.append(node.op)
                     rule(node, srcs, b)
             except BaseException:
                 for a in b.scratch:
                     a.free()
                 raise
-        return CudaPlan(graph, b.steps, names, b.scratch, b.scratch_bytes, b.err)
+        return CudaPlan(b.steps, NodeNames.packed(names, np.array(ops, np.uint32)), b.scratch,
+                        b.scratch_bytes, b.err)
 
     def run(self, plan: CudaPlan, cancel=None) -> None:
         """Launch a plan's kernels in order and wait for them; a cancel token set

@@ -418,7 +418,7 @@ def test_run_stops_when_cancelled_and_reports_launch_failures():
     _, drv = make_pycuda()
     ran = []
     ex = CudaExecutor(lambda: None, drv, lambda: _Current(drv))
-    plan = CudaPlan(None, [(0, lambda: ran.append(0)), (1, lambda: ran.append(1))], ["'a' (ADD)", "'b' (MUL)"], [], 0)
+    plan = CudaPlan([(0, lambda: ran.append(0)), (1, lambda: ran.append(1))], ["'a' (ADD)", "'b' (MUL)"], [], 0)
     token = cancel_token()
     token.set()
     with pytest.raises(ConnectionLost, match="'a' \\(ADD\\)"):
@@ -430,7 +430,7 @@ def test_run_stops_when_cancelled_and_reports_launch_failures():
     def fail():
         raise RuntimeError("cuLaunchKernel failed: too many resources requested")
     with pytest.raises(DeviceError, match="'b' \\(MUL\\): cuLaunchKernel failed"):
-        ex.run(CudaPlan(None, [(0, lambda: None), (1, fail)], plan.names, [], 0))
+        ex.run(CudaPlan([(0, lambda: None), (1, fail)], plan.names, [], 0))
 
 
 class _Current:

@@ -457,7 +457,7 @@ def test_plan_scratch_is_counted_in_the_memory_limit(closing, caplog):
     with pytest.raises(ServerClosed):
         big.compute()
         big.read(big.nodes[-1])
-    logged(caplog, "bytes of scratch memory", logging.ERROR)
+    logged(caplog, "plan and scratch memory", logging.ERROR)
     w.bystander.check()
     big.close()
     wait_stats(srv, sessions=1)

@@ -67,3 +67,41 @@ def test_guard_page_fuzz(seed):
     assert not failures, f"seed {seed}, {failures[0]}"
     assert counts["graphs"] >= min(GRAPHS, 2000)
     assert counts["run"] > counts["graphs"] // 5       # the mutations still reach the kernels
+
+
+def test_chains_tie_their_nodes():
+    """Multi-node graphs: each link kind does what it says (the layout the runner builds)."""
+    mut = guardfuzz.Mutator(guardfuzz.load_seeds())
+    runner = guardfuzz.Runner(1)
+    seen = set()
+    for i in range(400):
+        chain = mut.make_chain(7, i)
+        got = runner.layout(chain)
+        if got is None:
+            continue
+        _, tensors = got
+        nodes = {t[4][0]: t for t in tensors if t[4] is not None}
+        by_id = {t[0]: t for t in tensors}
+        for j, s, i_, kind, at in chain.links:
+            earlier, node = nodes[i_], nodes[j]
+            if kind == "inplace":
+                assert node[2] == earlier[2]                    # the same slot
+            else:
+                src = by_id[node[5][s - 1]]
+                if kind == "reuse":
+                    assert src[0] == earlier[0]                 # the earlier node itself
+                else:
+                    assert src[2] == earlier[2] and src[3] >= earlier[3] or not src[6]
+                    assert src[6] in (0, earlier[0])            # a view of it (or a plain alias)
+            seen.add(kind)
+    assert seen == set(guardfuzz.LINKS)
+
+
+def test_guard_page_fuzz_chains(seed):
+    """Two- and three-node graphs: outputs reused, viewed and partly overwritten."""
+    t0 = time.monotonic()
+    counts, failures = guardfuzz.fuzz(seed, GRAPHS // 2, deadline=t0 + BUDGET_S // 2, chains=True)
+    print(f"[guard fuzz, chains] seed {seed}: {counts}")
+    assert not failures, f"seed {seed}, {failures[0]}"
+    assert counts["graphs"] >= 1000
+    assert counts["run"] > counts["graphs"] // 10
