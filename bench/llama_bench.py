@@ -22,7 +22,7 @@ import time
 from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
-sys.path.insert(0, str(REPO))
+sys.path.append(str(REPO))   # an installed ggmlrpc first (a source tree holds no built modules)
 
 from ggmlrpc.llm.synth import LlamaShape, ModelShape, quantize, write_llama, write_model  # noqa: E402
 

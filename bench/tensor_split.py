@@ -29,7 +29,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 HERE = Path(__file__).resolve().parent
-sys.path.insert(0, str(HERE.parent))
+sys.path.append(str(HERE.parent))   # an installed ggmlrpc first
 
 
 def _load(name: str):

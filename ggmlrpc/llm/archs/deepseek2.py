@@ -149,8 +149,7 @@ def layer(c, il: int, x):
     if il < hp.n_layer_dense_lead:
         cur = c.ffn(il, cur)
     else:
-        cur = B.add(c.moe(il, cur, norm_w=hp.expert_weights_norm), c.ffn(il, cur, suffix="_shexp"),
-                    name=f"ffn_out-{il}")
+        cur = c.moe(il, cur, norm_w=hp.expert_weights_norm)     # the shared expert added in it
     return B.add(cur, ffn_inp, name=f"l_out-{il}")
 
 
