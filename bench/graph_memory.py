@@ -37,8 +37,7 @@ from pathlib import Path
 import numpy as np
 
 REPO = Path(__file__).resolve().parents[1]
-if "PYTHONPATH" not in os.environ:
-    sys.exit("set PYTHONPATH to the source tree to measure (its server runs as python -P -m)")
+sys.path.append(str(REPO))   # this tree's tests (an installed ggmlrpc first)
 
 from tests.protocol.rawclient import GET_TENSOR, HELLO_ANSWER, Raw, tensor  # noqa: E402
 
@@ -211,6 +210,8 @@ def main() -> None:
     ap.add_argument("--rounds", type=int, default=12, help="generations timed in per_graph")
     ap.add_argument("--skip", nargs="*", default=[], choices=["stored", "per_graph", "bystander"])
     a = ap.parse_args()
+    if "PYTHONPATH" not in os.environ:
+        sys.exit("set PYTHONPATH to the source tree to measure (its server runs as python -P -m)")
     rows = []
     if "stored" not in a.skip:
         ref = reference_server()
