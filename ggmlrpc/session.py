@@ -517,9 +517,11 @@ class Session:
             payload = bytes(received)
             del received
             t0 = perf_counter_ns()
-            if self.debug:
+            if self.debug:   # llama.cpp's line, from a header whose counts fit (the decoder refuses others)
                 (n_nodes,) = U32.unpack_from(payload, 4)
-                self.debug_graph(device, n_nodes, U32.unpack_from(payload, 8 + 8 * n_nodes)[0])
+                at = 8 + 8 * n_nodes
+                if at + 4 <= len(payload):
+                    self.debug_graph(device, n_nodes, U32.unpack_from(payload, at)[0])
             # a graph sent again byte for byte (a host that runs several graphs in turn
             # on one device, as -sm row does) was checked and compiled when it came first:
             # the buffers it names are still there (freeing any drops every compiled graph)
