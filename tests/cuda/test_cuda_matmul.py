@@ -14,6 +14,8 @@ from .conftest import assert_close, cpu_ref, dequantize, random_weights
 
 ALL = list(ops.TYPES)
 QUANT = [t for t in ALL if t not in ops.FLOAT_TYPES]
+# weight types whose CPU dot product quantizes the activations as the dp4a path does
+SAME_ACTIVATIONS = {T.Q4_0, T.Q5_1, T.Q8_0, T.IQ4_NL, T.MXFP4}
 
 
 def _weights(rng, type_, nmat, nrows, ncols):
@@ -77,14 +79,23 @@ def test_choose_mul_mat():
 @pytest.mark.parametrize("strategy,ncols_y", [("mmvq", 1), ("tiled", 9)])
 def test_mul_mat_matches_cpu_executor(k, rng, type_, strategy, ncols_y):
     """The same weights and activations through our CPU executor (which, like ggml,
-    quantizes the activations to the weights' dot-product type)."""
+    quantizes the activations to the weights' dot-product type).
+
+    Where both sides quantize the activations alike (the dp4a path and the CPU's
+    Q8_0/Q8_1 dot types) they agree to rounding. Elsewhere they part by two different
+    activation errors: the CPU's Q8_K (one scale per 256) against q8_1 (one per 32,
+    its sum in f16) or the tiled path's exact f32. With random K-quant blocks, whose
+    min offsets are large, that difference is heavy-tailed: over 600 seeds at 64 rows
+    its NMSE reached 5.9e-4 (median 6e-5), so the bound there is 2e-3; at 19 rows it
+    reached 1.3e-3, hence 64 rows."""
     if strategy == "mmvq" and type_ in ops.FLOAT_TYPES:
         strategy = "vec"
-    ncols, nrows = _ncols(type_), 19
+    ncols, nrows = _ncols(type_), 64
     w, _ = _weights(rng, type_, 1, nrows, ncols)
     x = rng.standard_normal((ncols_y, ncols)).astype(np.float32)
     ref = cpu_ref(B.mul_mat, (type_, (ncols, nrows), w), (T.F32, (ncols, ncols_y), x))
     out = k.empty(ncols_y * nrows * 4)
     ops.mul_mat(k, type_, out, k.dev(w), k.dev(x), ncols, nrows, ncols_y, strategy=strategy,
                 q8_scratch=k.empty(ops.q8_1_bytes(ncols, ncols_y)))
-    assert_close(k.read(out, (ncols_y, nrows)), ref, 5e-4)
+    alike = strategy == "vec" or (strategy == "mmvq" and type_ in SAME_ACTIVATIONS)
+    assert_close(k.read(out, (ncols_y, nrows)), ref, 1e-4 if alike else 2e-3)

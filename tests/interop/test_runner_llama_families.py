@@ -22,36 +22,16 @@ from ggmlrpc.llm.model import Model
 from tests.conftest import server_procs
 from tests.e2e.test_batch import alone
 from tests.interop.llama_archs import save_models
-from tests.interop.test_runner_vs_llama_completion import N, PROMPT, completion, ours, same_text
+from tests.interop.test_runner_vs_llama_completion import N, PROMPT, completion, ours, same_text_or_near_tie
 
 pytestmark = pytest.mark.interop
 
 
-def equal_or_near_tie(name: str, model: Path, mine: bytes, ref: bytes, prompt: str = PROMPT,
-                      tie: float = 1e-3) -> None:
-    """Our text equals llama-completion's, or they part at a near-tie: at the token
-    where they part, the top two of our greedy logits (in-process) lie within `tie`
-    of the row's largest magnitude (reported as a warning). The runs use two threads
-    (flash attention's split of the cells follows the thread count)."""
-    if same_text(mine, ref):
-        return
-    with Model.load(model, n_gpu_layers=0, n_threads=2) as m:
-        ids = m.tokenize(prompt)
-        toks, logits = alone(m, ids, N)
-        # as printed: each piece a C string (nothing from a NUL byte on)
-        pieces = [m.tokenizer.token_to_piece(t).split(b"\0", 1)[0] for t in toks]
-    gen = b"".join(pieces)
-    assert mine.endswith(gen + b"\n\n"), f"{name}: our run is not our in-process greedy text"
-    at = len(mine) - len(gen) - 2       # where the generated text starts
-    for k, piece in enumerate(pieces):
-        at += len(piece)
-        if ref[:at] != mine[:at]:
-            top = np.sort(logits[k])[-2:]
-            gap = float(top[1] - top[0]) / float(np.max(np.abs(logits[k])))
-            assert gap < tie, f"{name}: token {k} differs, top-2 gap {gap:.2e}\nours: {mine!r}\nref:  {ref!r}"
-            warnings.warn(f"{name}: near-tie at token {k} (top-2 gap {gap:.2e} of the largest logit)")
-            return
-    raise AssertionError(f"{name}: {mine!r} vs {ref!r}")
+def near_tie(name: str, model: Path, mine: bytes, ref: bytes, prompt: str = PROMPT) -> None:
+    """`same_text_or_near_tie` with the gap relative to the largest logit, the
+    in-process runs on two threads (flash attention's split of the cells follows the
+    thread count)."""
+    same_text_or_near_tie(name, model, mine, ref, prompt, relative_tie=1e-3, n_threads=2)
 
 
 @pytest.fixture(scope="module")
@@ -72,7 +52,7 @@ def same_as_llama_completion(ref_bin: Path, name: str, model: Path, two_servers:
         assert rc == 0, err.decode(errors="replace")
         assert len(mine) > N + 2, mine     # at least a byte per token (a hex id in the test vocabulary)
         ref = completion(ref_bin, model, args, prompt, expect=mine)
-        equal_or_near_tie(f"{name} {' '.join(args)}", model, mine, ref, prompt)
+        near_tie(f"{name} {' '.join(args)}", model, mine, ref, prompt)
 
 
 MULTI_MACHINE = ["llama-moe", "mistral3", "llama4"]      # synth's models of the added architectures
@@ -112,7 +92,7 @@ def test_llama4_chunks_past_8192(ref_bin, tmp_path, capfdbinary):
     prompt = " ".join(["the old man went to the sea and"] * 522)     # 8353 tokens
     mine = ours(model, ["-ngl", "0", "-t", "2"], capfdbinary, prompt)
     ref = completion(ref_bin, model, ["-ngl", "0", "-t", "2"], prompt, expect=mine)
-    equal_or_near_tie("llama4 past 8192", model, mine, ref, prompt)
+    near_tie("llama4 past 8192", model, mine, ref, prompt)
 
 
 def test_llama4_128_experts_keep_q_and_k_unnormalized(ref_bin, tmp_path, capfdbinary):
@@ -121,5 +101,5 @@ def test_llama4_128_experts_keep_q_and_k_unnormalized(ref_bin, tmp_path, capfdbi
     shape = synth.ModelShape(n_layer=4, n_embd=64, n_ff=128, n_head=4, n_head_kv=2, n_expert=128, n_expert_used=1)
     model = synth.write_model(tmp_path / "llama4-128.gguf", "llama4", shape, "f32", seed=2)
     mine = ours(model, ["-ngl", "0", "-t", "2"], capfdbinary)
-    equal_or_near_tie("llama4 128 experts", model, mine,
+    near_tie("llama4 128 experts", model, mine,
                       completion(ref_bin, model, ["-ngl", "0", "-t", "2"], expect=mine))
