@@ -15,6 +15,7 @@ each op runs against its own server process: a refused case ends only that op.
 from __future__ import annotations
 
 import argparse
+import functools
 import os
 import re
 import subprocess
@@ -96,6 +97,33 @@ def build_shim(ref_bin: Path, out_dir: Path) -> Path:
                     str(HERE / "rpc_register.c"), f"-L{lib}", "-lggml-rpc", "-lggml-base", "-lggml",
                     f"-Wl,-rpath,{lib}"], check=True, capture_output=True, text=True)
     return so
+
+
+_SHIM_DIR = None
+
+
+@functools.lru_cache(maxsize=None)
+def log_flush_shim(ref_bin: Path) -> str | None:
+    """The shim built once per run: preloaded with no servers named, it only drains
+    llama.cpp's log at exit (a llama tool's log thread is never joined, so a short run
+    can exit with nothing printed). None for a build without shared libraries."""
+    global _SHIM_DIR
+    if not (ref_bin / "libggml-rpc.so").exists():
+        return None
+    if _SHIM_DIR is None:
+        _SHIM_DIR = tempfile.TemporaryDirectory(prefix="ggmlrpc-shim-")
+    return str(build_shim(ref_bin, Path(_SHIM_DIR.name)))
+
+
+def tool_env(ref_bin: Path, **extra: str) -> dict[str, str]:
+    """The environment for a reference llama tool: no gdb backtrace on an abort,
+    its whole log printed (`log_flush_shim`), and `extra`."""
+    env = dict(os.environ, GGML_NO_BACKTRACE="1", **extra)
+    env.pop("GGMLRPC_SERVERS", None)
+    shim = log_flush_shim(ref_bin)
+    if shim:
+        env["LD_PRELOAD"] = shim
+    return env
 
 
 SUMMARY = re.compile(r"^\s*(\d+)/(\d+) tests passed", re.M)

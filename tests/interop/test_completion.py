@@ -23,6 +23,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import MODELS, TRACES
+from tests.interop.backend_ops import tool_env
 
 pytestmark = pytest.mark.interop
 
@@ -59,15 +60,14 @@ def recorded_args(session: str) -> list[str]:
 
 
 def completion(ref_bin: Path, model: Path, args: list[str], rpc: str | None, extra=()) -> str:
-    """llama-completion's stdout. The client now and then loses the tail of its output
-    when it exits (the last token's bytes and the closing blank line; seen with no
-    RPC server at all), so a run whose output does not end in its blank line is
-    repeated."""
+    """llama-completion's stdout (its log drained at exit: `tool_env`). Should the
+    client still lose the tail of its output, a run whose output does not end in its
+    blank line is repeated."""
     argv = [str(ref_bin / "llama-completion"), "-m", str(model), *args, *extra]
     # the local CPU run keeps llama.cpp's plain CPU buffers (no repacked or AMX weights),
     # which is what an RPC server computes with
     argv += ["--rpc", rpc, "-ngl", "99"] if rpc else ["-ngl", "0", "--no-repack"]
-    env = dict(os.environ, GGML_NO_BACKTRACE="1")
+    env = tool_env(ref_bin)
     for _ in range(8):   # a loaded CI host once lost the output of four runs in a row
         r = subprocess.run(argv, capture_output=True, stdin=subprocess.DEVNULL, env=env, timeout=300)
         assert r.returncode == 0, f"{shlex.join(argv)}\n{r.stderr.decode(errors='replace')[-3000:]}"

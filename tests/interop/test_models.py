@@ -45,6 +45,7 @@ import pytest
 from ggmlrpc import protocol, trace
 from ggmlrpc.llm import synth
 from tests.conftest import Proc, free_port, our_server_argv
+from tests.interop.backend_ops import tool_env
 
 pytestmark = pytest.mark.interop
 
@@ -242,7 +243,7 @@ def completion(ref_bin: Path, model: Path, flags: tuple[str, ...], rpc: list[str
         argv += ["--rpc", ",".join(rpc), "-ngl", "99"] + (["-ts", "1,1"] if len(rpc) > 1 else [])
     else:
         argv += ["-ngl", "0", "--no-repack"]
-    environ = dict(os.environ, GGML_NO_BACKTRACE="1", **dict(env))
+    environ = tool_env(ref_bin, **dict(env))
     for attempt in range(tries):
         time.sleep(0.1 * attempt)
         r = subprocess.run(argv, capture_output=True, env=environ, timeout=240)

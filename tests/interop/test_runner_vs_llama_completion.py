@@ -20,6 +20,7 @@ from ggmlrpc.llm import synth
 from ggmlrpc.llm.archs import ARCHS
 from ggmlrpc.llm.model import Model
 from tests.e2e.test_batch import alone
+from tests.interop.backend_ops import tool_env
 from ggmlrpc.llm.sampling import Sampler
 from tests.e2e.test_runner import OTHER_ARCHS, arch_shape
 from tests.e2e.test_serve import rpc  # noqa: F401 (two of our servers, a fixture)
@@ -47,16 +48,16 @@ def models(tmp_path_factory, ref_bin):
 def completion(ref_bin: Path, model: Path, args: list[str], prompt: str = PROMPT,
                expect: bytes | None = None) -> bytes:
     """llama-completion's stdout. Its logger (which prints the text) is a thread that
-    is never joined, so the last lines it had queued are lost when the process exits
-    first; on a busy 2-core host that can be all of them. A run whose output does not
-    end in its closing blank line, or differs from `expect`, is repeated (up to eight
-    runs), and where every run lost its tail the longest one is returned (`same_text`
-    then takes it as a prefix).
+    is never joined: a run shorter than the thread's first turn can exit with nothing
+    printed. The preloaded shim (`tool_env`) drains it at exit. Belt and braces (a
+    build without the shim): a run whose output does not end in its closing blank
+    line, or differs from `expect`, is repeated (up to eight runs), and where every
+    run lost its tail the longest is returned (`same_text` takes it as a prefix).
     --no-repack: llama.cpp's CPU backend would otherwise repack Q4_0/Q8_0 weights into
     its interleaved layouts, which sum in another order than ggml's plain kernels."""
     argv = [str(ref_bin / "llama-completion"), "-m", str(model), "--temp", "0", "-s", "1",
             "-no-cnv", "--simple-io", "--no-repack", "-p", prompt, "-n", str(N), *args]
-    env = dict(os.environ, GGML_NO_BACKTRACE="1")
+    env = tool_env(ref_bin)
     whole, longest = None, b""
     for _ in range(8):
         r = subprocess.run(argv, capture_output=True, env=env, timeout=300)
@@ -109,6 +110,21 @@ def test_through_servers_equals_llama_completion(ref_bin, models, kind, server_p
         mine = ours(model, args, capfdbinary)
         # llama.cpp's client through the reference server only (it serves one client at a time)
         assert same_text(mine, completion(ref_bin, model, args, expect=mine)), (rpc, extra)
+
+
+@pytest.mark.parametrize("kind", ["f32", "q8_0"])
+def test_pipelined_prompt_equals_llama_completion(ref_bin, models, kind, server_proc, ref_server,
+                                                  capfdbinary):
+    """The prompt in micro-batches of 4 flowing through our server and llama.cpp's
+    at once (-sm layer's pipeline), and through three servers with unequal shares:
+    llama-completion's text, and our one-by-one run's."""
+    model = models[kind]
+    a, b, c = server_proc("-t", "1"), ref_server("-t", "1"), server_proc("-t", "1")
+    for rpc, ts in ((f"{a.endpoint},{b.endpoint}", "1,1"), (f"{a.endpoint},{c.endpoint},{b.endpoint}", "2,1,1")):
+        args = ["--rpc", rpc, "-ngl", "99", "-ts", ts, "-ub", "4"]
+        mine = ours(model, args, capfdbinary)
+        assert ours(model, [*args, "--no-pipeline"], capfdbinary) == mine
+        assert same_text(mine, completion(ref_bin, model, args, expect=mine)), rpc
 
 
 @pytest.mark.parametrize("kind", ["f32", "q4_0"])
