@@ -44,6 +44,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
     p.add_argument("-sm", "--split-mode", dest="sm", choices=("layer", "row"), default="layer",
                    help="layer: runs of layers per device (default); row: every offloaded layer cut "
                         "over all devices by -ts shares (heads, feed-forward rows, vocabulary rows)")
+    p.add_argument("--no-pipeline", dest="pipeline", action="store_false",
+                   help="with -sm layer over several servers, run a long prompt's micro-batches one "
+                        "after the other (default: as a pipeline, each server working on its own "
+                        "micro-batch at once)")
     p.add_argument("-t", "--threads", type=int, default=None, help="local CPU threads")
     p.add_argument("-c", "--ctx-size", dest="ctx", type=int, default=0,
                    help="context size (default: 0, the model's)")
@@ -119,7 +123,8 @@ def load_model(a, progress=None):
         model = Model.load(a.model, rpc=rpc, n_gpu_layers=a.ngl, tensor_split=a.ts, n_ctx=a.ctx,
                            n_threads=a.threads, flash_attn=a.fa != "off", timeout=a.timeout,
                            progress=progress, reconnect=a.reconnect, n_ubatch=a.ubatch,
-                           n_seq=max(1, getattr(a, "parallel", 1)), split_mode=a.sm)
+                           n_seq=max(1, getattr(a, "parallel", 1)), split_mode=a.sm,
+                           pipeline=a.pipeline)
     except VersionMismatch as e:
         raise CliError(str(e)) from None
     except ModelError as e:

@@ -76,6 +76,8 @@ class Model:
         # first server awaited, else the last stage computing): host work that can
         # overlap it, such as handing out the previous step's tokens
         self.on_wait = None
+        # a decode of several micro-batches over several servers runs them as a pipeline
+        self.pipeline = True
 
     @property
     def fixed_past(self) -> bool:
@@ -94,7 +96,7 @@ class Model:
              tensor_split: Seq[float] | None = None, n_ctx: int = 0,
              n_threads: int | None = None, flash_attn: bool = True, timeout: float = 120.0,
              progress=None, reconnect: float = 0.0, n_ubatch: int = N_UBATCH, n_seq: int = 1,
-             split_mode: str = "layer", row_combine: str = "gather") -> "Model":
+             split_mode: str = "layer", row_combine: str = "gather", pipeline: bool = True) -> "Model":
         """Open `path`, connect to `rpc` servers ("host:port", a list or a comma-separated
         string) and upload the weights (hash first: a server started with -c that has them
         cached is not sent the bytes). `progress(done, total, cached)` is called as
@@ -105,7 +107,10 @@ class Model:
         run at once (llama.cpp's -np: sliding-window layers keep a window for each).
         `split_mode`: "layer" (runs of layers per device) or "row" (every offloaded
         layer cut over all devices by `tensor_split`: ggmlrpc.llm.rowsplit, which
-        says what `row_combine`, "gather" or "reduce", does)."""
+        says what `row_combine`, "gather" or "reduce", does). `pipeline`: with layer
+        split over two or more servers, the micro-batches of a long prompt flow
+        through them at once (server B runs micro-batch i while A runs i + 1); False
+        runs them one after the other (the same logits either way)."""
         if split_mode not in SPLIT_MODES:
             raise ModelError(f"split mode must be one of {', '.join(SPLIT_MODES)}, got {split_mode!r}")
         if split_mode == "row" and reconnect > 0:
@@ -115,6 +120,7 @@ class Model:
         m.n_seq = max(1, n_seq)
         m.reconnect = reconnect
         m.n_ubatch = n_ubatch
+        m.pipeline = pipeline
         try:
             m._load(path, rpc, n_gpu_layers, tensor_split, n_ctx, n_threads, flash_attn,
                     timeout, progress)
@@ -236,13 +242,20 @@ class Model:
                 rows.append((i, t, q.n_past + j))
         last = {i: r for r, (i, _, _) in enumerate(rows)}   # each part's last row
         result: list = [None] * len(parts)
+        batches = []
         for c in range(0, len(rows), self.n_ubatch):
             chunk = rows[c:c + self.n_ubatch]
             out = [r - c for i, r in last.items() if c <= r < c + len(chunk)]
             out = sorted(out) or [len(chunk) - 1]
-            batch = ([parts[i][0].id for i, _, _ in chunk], [t for _, t, _ in chunk],
-                     [p for _, _, p in chunk], out)
-            logits = self._step(batch)
+            batches.append(([parts[i][0].id for i, _, _ in chunk], [t for _, t, _ in chunk],
+                            [p for _, _, p in chunk], out))
+        if self._pipelines(len(batches)):
+            steps = iter(self._run_pipelined(batches))
+        else:
+            steps = (self._step(batch) for batch in batches)
+        for c, logits in zip(range(0, len(rows), self.n_ubatch), steps):
+            chunk = rows[c:c + self.n_ubatch]
+            out = batches[c // self.n_ubatch][3]
             for i, t, _ in chunk:
                 parts[i][0].tokens.append(t)
             for r, lg in zip(out, logits):
@@ -384,37 +397,113 @@ class Model:
         for k, st in enumerate(self.stages):
             if k == 1 and self.rows:
                 x = self.rows.run(key, values, x)
-            be, dev = st.device.backend, st.device.index
-            try:
-                if st.state_span is not None and pos[0] == 0:   # a sequence starts: no state yet
-                    be.memset_tensor(st.state_span, 0)
-                g = self._graph(st, key)
-                values["embd"] = x
-                # inputs, graph and the read of its result leave in one write: one
-                # round trip per device per step
-                with be.corked():
-                    g.write_inputs(be, values)
-                    if hook is not None and isinstance(be, RemoteBackend):
-                        be.waiting, hook = hook, None       # run while the server computes
-                    elif hook is not None and k == len(self.stages) - 1:
-                        hook()
-                        hook = None
-                    # a device holds one graph: rerun it when it is this stage's graph of this shape
-                    held = (id(be), dev)
-                    if self._held.get(held) == (id(st), key):
-                        be.graph_recompute(dev)
-                    else:
-                        be.graph_compute(g.graph.nodes, dev)
-                        self._held[held] = (id(st), key)
-                    x = be.get_tensor(g.out, out=g.result)
-            except ConnectionLost as e:
-                e.backend = be
-                raise
+            answer, hook = self._issue(st, key, values, x, pos[0], hook, k == len(self.stages) - 1)
+            x = answer()
         if len(self.stages) == 1 and self.rows:
             x = self.rows.run(key, values, x)
         self._batches.append(batch)
+        return self._logits(x, len(out))
+
+    def _logits(self, x, n_out: int) -> np.ndarray:
         n_vocab = self.hp.n_vocab
-        return np.frombuffer(x, dtype=np.float32)[-n_vocab * len(out):].reshape(len(out), n_vocab).copy()
+        return np.frombuffer(x, dtype=np.float32)[-n_vocab * n_out:].reshape(n_out, n_vocab).copy()
+
+    def _issue(self, st: Stage, key: tuple, values: dict, x, pos0: int, hook=None, last: bool = False):
+        """Send a stage its inputs, its graph and the read of its result in one write
+        (one round trip per device per step); return a function that waits for the
+        result, and the `hook` if it was not used. The hook runs while a server
+        computes (the first remote stage's), else before the last local graph."""
+        be, dev = st.device.backend, st.device.index
+        try:
+            if st.state_span is not None and pos0 == 0:   # a sequence starts: no state yet
+                be.memset_tensor(st.state_span, 0)
+            g = self._graph(st, key)
+            values["embd"] = x
+            with be.corked():
+                g.write_inputs(be, values)
+                remote = isinstance(be, RemoteBackend)
+                if hook is not None and remote:
+                    be.waiting, hook = hook, None       # run while the server computes
+                elif hook is not None and last:
+                    hook()
+                    hook = None
+                # a device holds one graph: rerun it when it is this stage's graph of this shape
+                held = (id(be), dev)
+                if self._held.get(held) == (id(st), key):
+                    be.graph_recompute(dev)
+                else:
+                    be.graph_compute(g.graph.nodes, dev)
+                    self._held[held] = (id(st), key)
+                if remote:
+                    wait = be.request_tensor(g.out, out=g.result)
+                else:
+                    result = be.get_tensor(g.out, out=g.result)
+                    wait = lambda: result     # noqa: E731
+        except ConnectionLost as e:
+            e.backend = be
+            raise
+
+        def answer():
+            try:
+                return wait()
+            except ConnectionLost as e:
+                e.backend = be
+                raise
+        return answer, hook
+
+    def _pipelines(self, n_batches: int) -> bool:
+        """Whether micro-batches may flow through the stages at once: more than one
+        micro-batch, at least two servers, each server's connection in one stage."""
+        if not self.pipeline or n_batches < 2 or self.rows:
+            return False
+        remote = [st.device.backend for st in self.stages if isinstance(st.device.backend, RemoteBackend)]
+        return len(remote) >= 2 and len({id(be) for be in remote}) == len(remote)
+
+    def _run_pipelined(self, batches: list[tuple]) -> list[np.ndarray]:
+        """The micro-batches of one decode through the stages as a pipeline: at tick t
+        stage k runs micro-batch t - k, so while a server runs micro-batch i the one
+        before it runs i + 1 (each server still sees its micro-batches in order, and
+        the graphs and inputs are those of one step at a time: the same logits).
+        Every request of a tick leaves before any answer is read. A server lost on the
+        way: the unread answers of the others are drained, the cache bookkeeping put
+        back, and the micro-batches run one by one, where a lost server is recovered."""
+        saved = self.kv.save()
+        n, S = len(batches), len(self.stages)
+        prepared = [self.kv.inputs(tok, pos, seqs, out) for seqs, tok, pos, out in batches]
+        xs: list = [None] * n
+        logits: list = [None] * n
+        hook = self.on_wait
+        waiting: list = []
+        try:
+            for t in range(n + S - 1):
+                active = [(c, t - c) for c in range(max(0, t - S + 1), min(n, t + 1))]
+                # the servers' requests first, then the local graphs, then the answers
+                active.sort(key=lambda ck: not isinstance(self.stages[ck[1]].device.backend, RemoteBackend))
+                for c, k in active:
+                    key, values = prepared[c]
+                    answer, hook = self._issue(self.stages[k], key, values, xs[c], batches[c][2][0], hook,
+                                               k == S - 1)
+                    waiting.append((c, k, answer))
+                while waiting:
+                    c, k, answer = waiting.pop(0)
+                    x = bytes(answer())     # the stage's result buffer is reused by its next micro-batch
+                    if k == S - 1:
+                        logits[c] = self._logits(x, len(batches[c][3]))
+                    else:
+                        xs[c] = x
+        except ConnectionLost:
+            for _, _, answer in waiting:
+                try:
+                    answer()
+                except GgmlRpcError:
+                    pass
+            self.kv.restore(saved)
+            return [self._step(batch) for batch in batches]
+        except BaseException:
+            self.kv.restore(saved)
+            raise
+        self._batches.extend(batches)
+        return logits
 
     def generate(self, prompt: str | bytes | Seq[int], n_predict: int = -1, *,
                  temp: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,

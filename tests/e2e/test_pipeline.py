@@ -1,0 +1,123 @@
+"""Pipelined prompts with layer split: the micro-batches of one decode flow through
+the servers at once (server B runs micro-batch i while A runs i + 1). The logits
+are those of the one-after-the-other run, bit for bit (in-process CPU layers
+before the servers too, several sequences in one decode); the host really has
+requests out at two servers at once; a server lost on the way is recovered."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from ggmlrpc.client import RemoteBackend
+from ggmlrpc.llm import synth
+from ggmlrpc.llm.model import Model
+from tests.conftest import Proc, free_port, our_server_argv, start_server
+
+PROMPT_IDS = [(7 * i + 3) % 250 + 2 for i in range(61)]     # 61 tokens: eight micro-batches of 8
+
+
+@pytest.fixture(scope="module")
+def model_path(tmp_path_factory):
+    d = tmp_path_factory.mktemp("pipeline")
+    return synth.write_llama(d / "llama.gguf", synth.LlamaShape(n_layer=4, n_embd=64, n_ff=128, n_head=4,
+                                                                 n_head_kv=2, n_ctx=256), "f32", seed=3)
+
+
+@pytest.fixture
+def servers():
+    srvs = [start_server(), start_server(), start_server()]
+    yield [f"127.0.0.1:{s.port}" for s in srvs]
+    for s in srvs:
+        s.close()
+
+
+def run(path, eps, pipeline: bool, **kw) -> list[np.ndarray]:
+    """The logits of a prefill of PROMPT_IDS in micro-batches of 8, of the greedy
+    token after it, and of a second prefill of 20 tokens after both."""
+    with Model.load(path, rpc=eps, n_ubatch=8, pipeline=pipeline, **kw) as m:
+        assert m._pipelines(2) == (pipeline and len(eps) > 1)
+        q = m.new_sequence()
+        out = [q.prefill(PROMPT_IDS)]
+        out.append(q.eval([int(np.argmax(out[-1]))]))
+        out.append(q.eval(PROMPT_IDS[5:25]))
+        return out
+
+
+@pytest.mark.parametrize("n_servers,kw", [(2, {}), (3, dict(tensor_split=[2, 1, 1])),
+                                          (2, dict(n_gpu_layers=3)), (3, dict(n_gpu_layers=2))],
+                         ids=["2", "3-unequal", "2-cpu-layer", "3-cpu-layers"])
+def test_pipelined_prompt_gives_the_same_logits(model_path, servers, n_servers, kw):
+    eps = servers[:n_servers]
+    one_by_one, pipelined = run(model_path, eps, False, **kw), run(model_path, eps, True, **kw)
+    for a, b in zip(one_by_one, pipelined):
+        assert np.array_equal(a, b)
+
+
+def test_several_sequences_in_one_pipelined_decode(model_path, servers):
+    """Two sequences' prompts in one decode (their tokens cut into the same
+    micro-batches): each sequence's logits as one by one."""
+    got = []
+    for pipeline in (False, True):
+        with Model.load(model_path, rpc=servers[:2], n_ubatch=8, n_seq=2, pipeline=pipeline) as m:
+            a, b = m.new_sequence(), m.new_sequence()
+            la, lb = m.decode([(a, PROMPT_IDS[:29]), (b, PROMPT_IDS[10:])])
+            got.append((la, lb, a.eval([3]), b.eval([4])))
+    for x, y in zip(*got):
+        assert np.array_equal(x, y)
+
+
+def test_requests_are_out_at_two_servers_at_once(model_path, servers, monkeypatch):
+    """What makes the pipeline: while one server's answer is awaited, another server
+    already has its request (one by one, never more than one is out)."""
+    waiting, most = set(), [0]
+    send = RemoteBackend.request_tensor
+
+    def request_tensor(self, tensor, out=None):
+        wait = send(self, tensor, out=out)
+        waiting.add(id(self))
+        most[0] = max(most[0], len(waiting))
+
+        def answer():
+            try:
+                return wait()
+            finally:
+                waiting.discard(id(self))
+        return answer
+
+    monkeypatch.setattr(RemoteBackend, "request_tensor", request_tensor)
+    for pipeline, want in ((False, 1), (True, 2)):
+        most[0] = 0
+        with Model.load(model_path, rpc=servers[:2], n_ubatch=8, pipeline=pipeline) as m:
+            m.eval(PROMPT_IDS)
+            assert most[0] == want, pipeline
+            most[0] = 0
+            m.eval([5])             # one token: one micro-batch, nothing to overlap
+            assert most[0] == 1
+
+
+def test_server_lost_before_a_pipelined_prompt_and_back(model_path, monkeypatch):
+    """The second server is restarted between two prompts: the pipelined decode
+    meets the closed connection, drains the other server's answers, and runs the
+    micro-batches one by one, where the server gets its layers again and the first
+    prompt is replayed: the logits of an uninterrupted run."""
+    ports = [free_port(), free_port()]
+    argvs = [our_server_argv("-p", str(p), "-t", "1") for p in ports]
+    procs = [Proc(a, p) for a, p in zip(argvs, ports)]
+    eps = [f"127.0.0.1:{p}" for p in ports]
+    try:
+        with Model.load(model_path, rpc=eps, n_ubatch=8, reconnect=30) as m:
+            m.eval(PROMPT_IDS)
+            want = m.eval(PROMPT_IDS[3:40])
+            m.reset()
+            m.eval(PROMPT_IDS)
+            procs[1].stop()
+            procs[1] = Proc(argvs[1], ports[1])
+            one_by_one = []
+            step = Model._step
+            monkeypatch.setattr(Model, "_step", lambda self, batch: one_by_one.append(batch) or step(self, batch))
+            got = m.eval(PROMPT_IDS[3:40])
+            assert len(one_by_one) == 5      # the pipeline gave up; its five micro-batches ran one by one
+            assert np.array_equal(got, want)
+    finally:
+        for p in procs:
+            p.stop()
