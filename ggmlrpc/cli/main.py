@@ -24,8 +24,10 @@ MiB = 1024 * 1024
 
 # -- probe -------------------------------------------------------------------
 
-def probe_endpoint(endpoint: str, timeout: float, rounds: int = 5) -> dict:
-    """What a server says about itself, and the best of `rounds` round trips (ms)."""
+def probe_endpoint(endpoint: str, timeout: float, rounds: int = 5, speed: bool = False) -> dict:
+    """What a server says about itself, and the best of `rounds` round trips (ms);
+    with `speed`, each device's speed at a Q8_0 matrix-vector product (GB/s of
+    weights, as -sm auto measures it)."""
     from ..client import RemoteBackend
 
     try:
@@ -47,6 +49,14 @@ def probe_endpoint(endpoint: str, timeout: float, rounds: int = 5) -> dict:
             rb.ping()
             rtts.append((time.perf_counter() - t0) * 1e3)
         info["rtt_ms"] = min(rtts)
+        if speed:
+            from ..ggml import GGMLType
+            from ..llm.autosplit import BENCH_BYTES, measure
+            from ..llm.placement import Device
+            for d in info["devices"]:
+                m = measure(Device(rb, d["index"], endpoint, d["free"]), GGMLType.Q8_0)
+                d["q8_0_matvec_gb_s"] = round(m.bytes_per_ms / 1e6, 2)
+            info["speed_bytes"] = BENCH_BYTES
         return info
     except GgmlRpcError as e:
         raise CliError(f"{endpoint}: connection lost during probe ({e})") from None
@@ -61,6 +71,8 @@ def format_probe(info: dict) -> str:
         max_size = "unlimited" if d["max_size"] >= (1 << 63) else f"{d['max_size'] // MiB} MiB"
         lines.append(f"  device {d['index']}: {d['total'] // MiB} MiB total, {d['free'] // MiB} MiB free, "
                      f"alignment {d['alignment']}, max buffer {max_size}")
+        if "q8_0_matvec_gb_s" in d:
+            lines[-1] += f", Q8_0 mat-vec {d['q8_0_matvec_gb_s']:.2f} GB/s"
     return "\n".join(lines)
 
 
@@ -68,7 +80,7 @@ def cmd_probe(a) -> int:
     status = 0
     for ep in split_endpoints(a.endpoints):
         try:
-            info = probe_endpoint(ep, a.timeout)
+            info = probe_endpoint(ep, a.timeout, speed=a.speed)
         except CliError as e:
             print(f"error: {e}", file=sys.stderr)
             status = 1
@@ -90,6 +102,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("endpoints", help="host:port[,host:port...]")
     p.add_argument("--timeout", type=float, default=5.0, help="seconds to wait for each server (default 5)")
     p.add_argument("--json", action="store_true", help="one JSON object per server")
+    p.add_argument("--speed", action="store_true",
+                   help="also time each device at a Q8_0 matrix-vector product over 64 MiB (what -sm auto measures)")
     p.set_defaults(func=cmd_probe)
     from . import chat, run, serve
     run.add_parsers(sub)

@@ -41,9 +41,10 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="layers to offload to the servers' devices (default: all)")
     p.add_argument("-ts", "--tensor-split", dest="ts", type=_split, default=None,
                    help="fraction of the offloaded layers per device, e.g. 3,1 (default: by free memory)")
-    p.add_argument("-sm", "--split-mode", dest="sm", choices=("layer", "row"), default="layer",
+    p.add_argument("-sm", "--split-mode", dest="sm", choices=("layer", "row", "auto"), default="layer",
                    help="layer: runs of layers per device (default); row: every offloaded layer cut "
-                        "over all devices by -ts shares (heads, feed-forward rows, vocabulary rows)")
+                        "over all devices by -ts shares (heads, feed-forward rows, vocabulary rows); "
+                        "auto: the one predicted faster from the servers' measured round trip and speed")
     p.add_argument("--no-pipeline", dest="pipeline", action="store_false",
                    help="with -sm layer over several servers, run a long prompt's micro-batches one "
                         "after the other (default: as a pipeline, each server working on its own "
@@ -134,6 +135,8 @@ def load_model(a, progress=None):
     if model.cached_bytes:
         print(f"{model.cached_bytes / 2**20:.1f} MiB of weights came from the servers' caches",
               file=sys.stderr)
+    if model.split_reason:
+        print(f"split mode auto: {model.split_mode} ({model.split_reason})", file=sys.stderr)
     return model
 
 

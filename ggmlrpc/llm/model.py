@@ -42,7 +42,8 @@ from .hparams import HParams
 from .kv_cache import KV_PAD, KVCache, SwaCells
 from .placement import (Device, Stage, StageGraph, alloc_stage, assign_layers, device_shares, open_devices,
                         plan_stages, send_weights, stage_graph)
-from .rowsplit import SPLIT_MODES, RowSplit
+from . import autosplit
+from .rowsplit import SPLIT_MODES, RowSplit, refusal as row_refusal
 from .sampling import Sampler
 from .tokenizer import Tokenizer
 
@@ -72,6 +73,7 @@ class Model:
         self.kv: KVCache | None = None
         self.rows: RowSplit | None = None      # -sm row: the offloaded layers, run after stage 0
         self.split_mode, self.row_combine = "layer", "gather"
+        self.split_reason = ""      # -sm auto: why it chose split_mode
         # called once per step when the step's work is out of this thread's hands (the
         # first server awaited, else the last stage computing): host work that can
         # overlap it, such as handing out the previous step's tokens
@@ -105,9 +107,11 @@ class Model:
         (split_mode "row" takes 0 only).
         `n_ubatch`: prompt tokens per graph (llama.cpp's -ub). `n_seq`: the sequences
         run at once (llama.cpp's -np: sliding-window layers keep a window for each).
-        `split_mode`: "layer" (runs of layers per device) or "row" (every offloaded
+        `split_mode`: "layer" (runs of layers per device), "row" (every offloaded
         layer cut over all devices by `tensor_split`: ggmlrpc.llm.rowsplit, which
-        says what `row_combine`, "gather" or "reduce", does). `pipeline`: with layer
+        says what `row_combine`, "gather" or "reduce", does), or "auto" (the one
+        ggmlrpc.llm.autosplit predicts faster from the servers' measured round trips
+        and speeds; `split_mode` then says which, `split_reason` why). `pipeline`: with layer
         split over two or more servers, the micro-batches of a long prompt flow
         through them at once (server B runs micro-batch i while A runs i + 1); False
         runs them one after the other (the same logits either way)."""
@@ -147,11 +151,21 @@ class Model:
         self.n_ubatch = min(self.n_ubatch, self.n_ctx)
         self.kv = KVCache(hp, self.n_ctx, self.n_ubatch, flash_attn, self.n_seq)
         cpu, remote = open_devices(rpc, n_threads, timeout, self.backends)
+        if self.split_mode == "auto":
+            self.split_mode, self.split_reason = self._auto_split(remote, n_gpu_layers, tensor_split)
         if self.split_mode == "row" and remote and n_gpu_layers > 0:
             self._plan_rows(cpu, remote, n_gpu_layers, tensor_split)
         else:
             self.stages = plan_stages(cpu, remote, hp.n_layer, n_gpu_layers, tensor_split)
         self._upload(progress)
+
+    def _auto_split(self, remote: list[Device], n_gpu_layers: int, tensor_split) -> tuple[str, str]:
+        n_layer = self.hp.n_layer
+        shares = device_shares(remote, tensor_split) if remote else []
+        layers = list(range(n_layer - min(max(n_gpu_layers, 0), n_layer), n_layer))
+        why = self.reconnect > 0 and "--reconnect needs -sm layer" or \
+            (layers and row_refusal(self.arch, self.hp, self.file, layers, shares))
+        return autosplit.choose(self.file, n_layer, remote, shares, n_gpu_layers, why or None)
 
     def _plan_rows(self, cpu: Device, remote: list[Device], n_gpu_layers: int, tensor_split) -> None:
         """-sm row: the embeddings and the layers not offloaded on the CPU, every

@@ -48,7 +48,7 @@ from .hparams import HParams
 from .kv_cache import KVCache
 from .placement import Device, Stage, StageGraph, alloc_stage, send_weights, stage_graph
 
-SPLIT_MODES = ("layer", "row")
+SPLIT_MODES = ("layer", "row", "auto")
 COMBINES = ("gather", "reduce")
 
 
@@ -95,34 +95,51 @@ class Shard:
 ROW_ARCHS = ("llama", "qwen2", "qwen3")   # llama's layer, nothing added to it
 
 
+def _cuts(hp: HParams, f: GGUFFile, layers: list[int], shares: Sequence[float], combine: str) -> list[list]:
+    """Each device's KV heads, feed-forward rows, embedding rows and vocabulary rows."""
+    shares = [s for s in shares if s > 0]
+    ff_align = 1 if combine == "gather" else max(blck_size(f.tensors[f"blk.{il}.ffn_down.weight"].type)
+                                                 for il in layers)
+    return [cuts(hp.n_head_kv, shares), cuts(hp.n_ff, shares, ff_align), cuts(hp.n_embd, shares),
+            cuts(hp.n_vocab, shares)]
+
+
+def refusal(arch, hp: HParams, f: GGUFFile, layers: list[int], shares: Sequence[float],
+            combine: str = "gather") -> str | None:
+    """Why these layers of this model cannot be cut over devices of these shares
+    (None: they can)."""
+    if arch.name not in ROW_ARCHS or hp.n_expert or hp.n_swa or any(
+            f"blk.{il}.attn_qkv.weight" in f.tensors for il in layers) or any(
+            name.endswith(".scale") for name in f.tensors):
+        return (f"-sm row does not support architecture {arch.name!r} "
+                f"(llama, qwen2 and qwen3 without experts only); use -sm layer")
+    kept = [s for s in shares if s > 0]
+    for what, cs in zip(("KV heads", "feed-forward rows", "rows", "vocabulary rows"),
+                        _cuts(hp, f, layers, shares, combine)):
+        if any(a >= b for a, b in cs):
+            return (f"-sm row: the {what} cannot be cut over {len(kept)} devices "
+                    f"by -ts {','.join(f'{s:g}' for s in kept)}")
+    return None
+
+
 class RowSplit:
     """The offloaded layers (and the output layer when `output`) cut over `devices`."""
 
     def __init__(self, arch, hp: HParams, f: GGUFFile, kv: KVCache, devices: list[Device],
                  shares: Sequence[float], layers: list[int], output: bool, flash_attn: bool, n_ctx: int,
                  combine: str = "gather", n_ubatch: int = 512):
-        if arch.name not in ROW_ARCHS or hp.n_expert or hp.n_swa or any(
-                f"blk.{il}.attn_qkv.weight" in f.tensors for il in layers) or any(
-                name.endswith(".scale") for name in f.tensors):
-            raise ModelError(f"-sm row does not support architecture {arch.name!r} "
-                             f"(llama, qwen2 and qwen3 without experts only); use -sm layer")
         if combine not in COMBINES:
             raise ModelError(f"row combine must be one of {', '.join(COMBINES)}, got {combine!r}")
+        why = refusal(arch, hp, f, layers, shares, combine)
+        if why:
+            raise ModelError(why)
         self.combine, self.n_ubatch = combine, n_ubatch
         keep = [i for i, s in enumerate(shares) if s > 0]
         devices, shares = [devices[i] for i in keep], [shares[i] for i in keep]
         self.arch, self.hp, self.file, self.kv = arch, hp, f, kv
         self.layers, self.output, self.flash_attn, self.n_ctx = layers, output, flash_attn, n_ctx
         group = hp.n_head // hp.n_head_kv
-        ff_align = 1 if combine == "gather" else max(blck_size(f.tensors[f"blk.{il}.ffn_down.weight"].type)
-                                                     for il in layers)
-        kv_cuts, ff_cuts = cuts(hp.n_head_kv, shares), cuts(hp.n_ff, shares, ff_align)
-        embd_cuts, vocab_cuts = cuts(hp.n_embd, shares), cuts(hp.n_vocab, shares)
-        for what, cs in (("KV heads", kv_cuts), ("feed-forward rows", ff_cuts), ("rows", embd_cuts),
-                         ("vocabulary rows", vocab_cuts)):
-            if any(a >= b for a, b in cs):
-                raise ModelError(f"-sm row: the {what} cannot be cut over {len(devices)} devices "
-                                 f"by -ts {','.join(f'{s:g}' for s in shares)}")
+        kv_cuts, ff_cuts, embd_cuts, vocab_cuts = _cuts(hp, f, layers, shares, combine)
         self.shards = []
         for i, (d, kc, fc, vc) in enumerate(zip(devices, kv_cuts, ff_cuts, vocab_cuts)):
             n_kv = kc[1] - kc[0]

@@ -98,3 +98,18 @@ def test_probe_reference_server(ref_server, capsys):
     assert info["version"] == "7.0.0" and len(info["devices"]) == 1
     d = info["devices"][0]
     assert d["alignment"] == 32 and d["total"] > 0 and d["free"] > 0
+
+
+def test_probe_speed_on_our_server_and_llama_cpps(server, ref_server, capsys):
+    """--speed times a Q8_0 matrix-vector product on each device (what -sm auto
+    measures), through plain v7 commands, so llama.cpp's server is timed too; the
+    measuring buffer is freed after."""
+    free = server.devices[0].memory()[0]
+    for ep in (f"127.0.0.1:{server.port}", ref_server("-t", "1").endpoint):
+        rc, out, err = probe(capsys, ep, "--speed", "--json")
+        assert rc == 0 and err == ""
+        info = json.loads(out)
+        assert info["devices"][0]["q8_0_matvec_gb_s"] > 0 and info["speed_bytes"] == 64 << 20
+        rc, out, _ = probe(capsys, ep, "--speed")
+        assert rc == 0 and "GB/s" in out
+    assert server.devices[0].memory()[0] == free

@@ -112,3 +112,51 @@ def test_row_split_runs_several_sequences(tmp_path, servers):
     one = run(n_gpu_layers=0)
     row = run(rpc=servers, split_mode="row", tensor_split=[1, 1])
     assert max(nmse(a, b) for a, b in zip(row, one)) <= 1e-6
+
+
+def test_auto_split_says_what_it_chose_and_runs_it(tmp_path, servers, capfd):
+    """-sm auto measures the two servers, picks a mode, says which and why, and runs
+    exactly that mode (the logits of an explicit load of it)."""
+    path = synth.write_model(tmp_path / "llama.gguf", "llama", SHAPE, "q8_0", seed=5)
+    with Model.load(path, rpc=servers, split_mode="auto", tensor_split=[1, 1]) as m:
+        chosen, why = m.split_mode, m.split_reason
+        assert chosen in ("layer", "row") and why.startswith("predicted ") and "GB/s" in why
+        got = [m.eval(m.tokenize(PROMPT))]
+    assert np.array_equal(got[0], logits(path, rpc=servers, split_mode=chosen, tensor_split=[1, 1])[0])
+    capfd.readouterr()
+    assert main(["run", "-m", str(path), "--rpc", ",".join(servers), "-sm", "auto", "-p", "hi", "-n", "2"]) == 0
+    assert "split mode auto: " in capfd.readouterr().err
+
+
+def test_auto_split_keeps_layer_where_rows_cannot_be_cut(tmp_path, servers):
+    moe = synth.write_model(tmp_path / "moe.gguf", "qwen3moe", SHAPE, "f32", seed=5)
+    llama = synth.write_model(tmp_path / "llama.gguf", "llama", SHAPE, "f32", seed=5)
+    for path, kw, why in ((moe, dict(rpc=servers), "-sm row does not support architecture 'qwen3moe'"),
+                          (llama, dict(rpc=servers[:1]), "fewer than two servers"),
+                          (llama, dict(rpc=servers, reconnect=5), "--reconnect needs -sm layer"),
+                          (llama, dict(rpc=servers, n_gpu_layers=0), "fewer than two servers")):
+        with Model.load(path, split_mode="auto", **kw) as m:
+            assert (m.split_mode, m.rows) == ("layer", None) and why in m.split_reason, kw
+
+
+def test_auto_split_rule():
+    """The prediction: row pays when a layer's compute outweighs its three combines'
+    round trips, and never across a slow link; layers left on the CPU count in neither."""
+    from ggmlrpc.llm.autosplit import HOST_COMBINE_MS, Measured, predict
+
+    def two(rtt, speed=1e6):
+        return [Measured(None, rtt, speed), Measured(None, rtt, speed)]
+    layers, sizes = [0] * 6 + [1] * 6, [50_000_000] * 12       # 50 MB a layer at 1 GB/s: 50 ms
+    t_layer, t_row = predict(two(0.05), [1, 1], layers, sizes, 0)
+    assert t_layer == pytest.approx(600 + 0.1) and t_row == pytest.approx(300 + 37 * (0.05 + HOST_COMBINE_MS))
+    assert t_row < t_layer
+    small = [100_000] * 12                                      # 0.1 ms a layer: the combines dominate
+    t_layer, t_row = predict(two(1.0), [1, 1], layers, small, 0)
+    assert t_row > t_layer
+    # an unequal pair: row waits for the slower device's share
+    t_layer, t_row = predict([Measured(None, 0.0, 1e6), Measured(None, 0.0, 0.5e6)], [1, 1], layers, sizes, 0)
+    assert t_layer == pytest.approx(300 + 600) and t_row == pytest.approx(600 + 37 * HOST_COMBINE_MS)
+    # two layers on the CPU: ten offloaded layers, 30 combines (the output layer stays on the CPU)
+    cpu = [-1, -1] + [0] * 5 + [1] * 5
+    t_layer, t_row = predict(two(0.0), [1, 1], cpu, sizes, 10_000_000)
+    assert t_layer == pytest.approx(500) and t_row == pytest.approx(250 + 30 * HOST_COMBINE_MS)
