@@ -212,7 +212,8 @@ def cmd_bench(a) -> int:
                             "stddev_ts": statistics.stdev(ts) if len(ts) > 1 else 0.0,
                             "samples_ns": [int(t * 1e9) for t in times]})
         info = {"model": os.path.basename(a.model), "size": sum(t.nbytes for t in model.file.tensors.values()),
-                "backend": "RPC" if a.rpc else "CPU", "ngl": a.ngl if a.rpc else 0, "split_mode": a.sm}
+                "backend": "RPC" if a.rpc else "CPU", "ngl": a.ngl if a.rpc else 0,
+                "split_mode": model.split_mode}      # -sm auto: the mode it chose
     except GgmlRpcError as e:
         raise CliError(f"server lost during the benchmark: {e}") from None
     finally:
@@ -220,12 +221,12 @@ def cmd_bench(a) -> int:
     if a.output == "json":
         print(json.dumps([{**info, **r} for r in results], indent=2))
         return 0
-    sm = ("", "") if a.sm == "layer" else (" sm |", " -- |")    # llama-bench's column when not the default
+    sm = ("", "") if info["split_mode"] == "layer" else (" sm |", " -- |")   # llama-bench's column if not the default
     print(f"| model | size | backend | ngl |{sm[0]} test | t/s |")
     print(f"| ----- | ---: | ------- | --: |{sm[1]} ---: | --: |")
     for r in results:
         print(f"| {info['model']} | {info['size'] / 2**20:.2f} MiB | {info['backend']} | {info['ngl']} "
-              f"|{f' {a.sm} |' if sm[0] else ''} {r['test']} | {r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} |")
+              f"|{f' {info['split_mode']} |' if sm[0] else ''} {r['test']} | {r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} |")
     return 0
 
 
