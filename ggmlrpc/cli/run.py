@@ -224,9 +224,10 @@ def cmd_bench(a) -> int:
     sm = ("", "") if info["split_mode"] == "layer" else (" sm |", " -- |")   # llama-bench's column if not the default
     print(f"| model | size | backend | ngl |{sm[0]} test | t/s |")
     print(f"| ----- | ---: | ------- | --: |{sm[1]} ---: | --: |")
+    mode = f" {info['split_mode']} |" if sm[0] else ""
     for r in results:
         print(f"| {info['model']} | {info['size'] / 2**20:.2f} MiB | {info['backend']} | {info['ngl']} "
-              f"|{f' {info['split_mode']} |' if sm[0] else ''} {r['test']} | {r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} |")
+              f"|{mode} {r['test']} | {r['avg_ts']:.2f} ± {r['stddev_ts']:.2f} |")
     return 0
 
 
