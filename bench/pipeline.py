@@ -1,7 +1,7 @@
 """Prompt speed with -sm layer over two servers: the micro-batches as a pipeline
 (each server on its own micro-batch at once) against one after the other, and
-against llama.cpp's client (llama-bench --rpc -ts 1/1, which runs them one after
-the other over RPC).
+against llama.cpp's client (llama-bench --rpc -ts 1/1, which pipelines too: its
+RPC backend is asynchronous and has events).
 
 Two of our servers, each pinned to its own core (taskset) with -t 1, the generated
 bench model (bench/llama_bench.py: 12 layers, width 1024). Our host runs in this
