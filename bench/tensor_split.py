@@ -90,73 +90,103 @@ def ours(m: Path, mode: str, eps: list[str], tg: int) -> float:
         return tg / (time.perf_counter() - t0)
 
 
-def reference(ref: Path, m: Path, eps: list[str], tg: int, timeout: float) -> float | str:
-    cmd = [str(ref / "llama-bench"), "-m", str(m), "-p", "0", "-n", str(tg), "-r", "2", "-o", "json",
+def llama_bench(ref: Path, m: Path, eps: list[str], test: list[str], key: str, timeout: float) -> float | str:
+    """llama-bench's `key` ("pp"/"tg") tokens/s over `eps` (-ngl 99 -ts 1/1) for the
+    `test` options, or its error's tail."""
+    cmd = [str(ref / "llama-bench"), "-m", str(m), *test, "-r", "2", "-o", "json",
            "-ngl", "99", "--rpc", ",".join(eps), "-ts", "1/1"]
     r = subprocess.run(cmd, capture_output=True, text=True, timeout=timeout)
     if r.returncode:
         return r.stderr.strip()[-300:]
-    return runner.rows(r.stdout)["tg"]
+    return runner.rows(r.stdout)[key]
+
+
+def alternate(names: list[str], rounds: int, rtt: float, run) -> dict[str, list]:
+    """`run(name, endpoints)` for each name in every round, on two fresh pinned servers
+    per round, the order reversed every other round: each name's results."""
+    runs: dict[str, list] = {k: [] for k in names}
+    for i in range(rounds):
+        with pinned_servers(rtt) as eps:
+            for name in names if i % 2 == 0 else names[::-1]:
+                runs[name].append(run(name, eps))
+    return runs
+
+
+def summarize(row: dict, runs: dict[str, list], pairs) -> dict:
+    """Into `row`: each name's median (and an error, if a run failed) and, for each
+    (name, base) of `pairs`, the median of each round's ratio."""
+    for name, vals in runs.items():
+        ok = [v for v in vals if isinstance(v, float)]
+        row[name] = statistics.median(ok) if ok else None
+        if any(isinstance(v, str) for v in vals):
+            row[name + "_error"] = next(v for v in vals if isinstance(v, str))
+    for name, base in pairs:
+        ratios = [a / b for a, b in zip(runs[name], runs[base]) if isinstance(a, float) and isinstance(b, float)]
+        if ratios:
+            row[f"{name}/{base}"] = round(statistics.median(ratios), 3)
+    return row
+
+
+def cases(args):
+    """(reference bin, shape, type, model file, round trip) of each case of `args`:
+    the generated bench model (12 layers, width 1024) in each type, each --rtt-ms."""
+    ref = lb.reference_bin()
+    shape = lb.model_shape(SimpleNamespace(layers=12, embd=1024, ff=2816))
+    for qtype in args.types:
+        m = lb.model(ref, qtype, shape)
+        for rtt in args.rtt_ms:
+            yield ref, shape, qtype, m, rtt
+
+
+def table(results: list[dict], columns: list[tuple[str, str]], what: str, json_path: str | None) -> None:
+    """Print a row per result: type, round trip, then each (key, header) column;
+    write the results as JSON to `json_path` if given."""
+    heads = "".join(f" {h:>{max(8, len(h))}}" for _, h in columns)
+    print(f"\n{'type':6} {'rtt ms':>6}{heads}  ({what}; ratios: medians of each round's)")
+    for r in results:
+        cells = "".join(f" {r[k]:{max(8, len(h))}.2f}" if r.get(k) else " " * max(8, len(h)) + "-"
+                        for k, h in columns)
+        print(f"{r['type']:6} {r['rtt_ms']:6.1f}{cells}")
+    if json_path:
+        Path(json_path).write_text(json.dumps(results, indent=1))
+
+
+def add_round_args(ap: argparse.ArgumentParser, timeout: float = 600) -> None:
+    """The options of a bench that runs rounds on two pinned servers against llama-bench."""
+    ap.add_argument("--types", nargs="+", default=["Q8_0"])
+    ap.add_argument("--rounds", type=int, default=2)
+    ap.add_argument("--rtt-ms", nargs="+", type=float, default=[0.0])
+    ap.add_argument("--no-reference", action="store_true", help="skip llama-bench")
+    ap.add_argument("--timeout", type=float, default=timeout)
+    ap.add_argument("--json", help="also write the results here")
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--types", nargs="+", default=["Q8_0"])
     ap.add_argument("--tg", type=int, default=32)
-    ap.add_argument("--rounds", type=int, default=2)
-    ap.add_argument("--rtt-ms", nargs="+", type=float, default=[0.0])
-    ap.add_argument("--no-reference", action="store_true", help="skip llama-bench")
-    ap.add_argument("--timeout", type=float, default=600)
-    ap.add_argument("--json", help="also write the results here")
+    add_round_args(ap)
     args = ap.parse_args(argv)
-    ref = lb.reference_bin()
-    shape = lb.model_shape(SimpleNamespace(layers=12, embd=1024, ff=2816))
     results = []
-    for qtype in args.types:
-        m = lb.model(ref, qtype, shape)
-        for rtt in args.rtt_ms:
-            runs: dict[str, list] = {k: [] for k in (*MODES, "llama-bench")}
-            for i in range(args.rounds):
-                names = list(runs) if i % 2 == 0 else list(runs)[::-1]
-                with pinned_servers(rtt) as eps:
-                    for name in names:
-                        if name == "llama-bench":
-                            r = None if args.no_reference else reference(ref, m, eps, args.tg, args.timeout)
-                        else:
-                            r = ours(m, name, eps, args.tg)
-                        runs[name].append(r)
-            row = {"type": qtype, "rtt_ms": rtt, "tg": args.tg, "rounds": args.rounds, "runs": runs,
-                   # host round trips per token to each server: one graph per layer split stage;
-                   # three combines per layer + the output layer; two + one
-                   "round_trips_per_token": {"layer": 1, "row": 3 * shape.n_layer + 1,
-                                             "row-reduce": 2 * shape.n_layer + 1},
-                   "host_cpu_ms_per_token": {k: round(statistics.median(v), 2) for k, v in HOST_CPU.items()}}
-            HOST_CPU.clear()
-            for name, vals in runs.items():
-                ok = [v for v in vals if isinstance(v, float)]
-                row[name] = statistics.median(ok) if ok else None
-                if any(isinstance(v, str) for v in vals):
-                    row[name + "_error"] = next(v for v in vals if isinstance(v, str))
-            for name in ("row", "row-reduce"):
-                for base in ("layer", "llama-bench"):
-                    ratios = [a / b for a, b in zip(runs[name], runs[base])
-                              if isinstance(a, float) and isinstance(b, float)]
-                    if ratios:
-                        row[f"{name}/{base}"] = round(statistics.median(ratios), 3)
-            results.append(row)
-            print(json.dumps(row), flush=True)
-    print(f"\n{'type':6} {'rtt ms':>6} {'layer':>7} {'row':>7} {'reduce':>7} {'llama':>7} "
-          f"{'row/layer':>9} {'row/llama':>9} {'reduce/layer':>12}  (generation tokens/s; ratios: medians of each round's)")
-    for r in results:
-        def f(k):
-            return f"{r[k]:7.2f}" if r.get(k) else "      -"
-
-        def q(k, w):
-            return f"{r[k]:{w}.2f}" if r.get(k) else " " * (w - 1) + "-"
-        print(f"{r['type']:6} {r['rtt_ms']:6.1f} {f('layer')} {f('row')} {f('row-reduce')} {f('llama-bench')} "
-              f"{q('row/layer', 9)} {q('row/llama-bench', 9)} {q('row-reduce/layer', 12)}")
-    if args.json:
-        Path(args.json).write_text(json.dumps(results, indent=1))
+    for ref, shape, qtype, m, rtt in cases(args):
+        def run(name, eps):
+            if name != "llama-bench":
+                return ours(m, name, eps, args.tg)
+            return None if args.no_reference else llama_bench(ref, m, eps, ["-p", "0", "-n", str(args.tg)],
+                                                               "tg", args.timeout)
+        runs = alternate([*MODES, "llama-bench"], args.rounds, rtt, run)
+        row = {"type": qtype, "rtt_ms": rtt, "tg": args.tg, "rounds": args.rounds, "runs": runs,
+               # host round trips per token to each server: one graph per layer split stage;
+               # three combines per layer + the output layer; two + one
+               "round_trips_per_token": {"layer": 1, "row": 3 * shape.n_layer + 1,
+                                         "row-reduce": 2 * shape.n_layer + 1},
+               "host_cpu_ms_per_token": {k: round(statistics.median(v), 2) for k, v in HOST_CPU.items()}}
+        HOST_CPU.clear()
+        summarize(row, runs, [(a, b) for a in ("row", "row-reduce") for b in ("layer", "llama-bench")])
+        results.append(row)
+        print(json.dumps(row), flush=True)
+    table(results, [("layer", "layer"), ("row", "row"), ("row-reduce", "reduce"), ("llama-bench", "llama"),
+                    ("row/layer", "row/layer"), ("row/llama-bench", "row/llama"), ("row-reduce/layer", "reduce/layer")],
+          "generation tokens/s", args.json)
     return 0
 
 

@@ -9,18 +9,14 @@ our logits, reported as a warning."""
 from __future__ import annotations
 
 import sys
-import warnings
 from pathlib import Path
 
-import numpy as np
 import pytest
 
 from ggmlrpc.cli.main import main
 from ggmlrpc.llm import synth
 from ggmlrpc.llm.archs import ARCHS
-from ggmlrpc.llm.model import Model
 from tests.conftest import server_procs
-from tests.e2e.test_batch import alone
 from tests.interop.llama_archs import save_models
 from tests.interop.test_runner_vs_llama_completion import N, PROMPT, completion, ours, same_text_or_near_tie
 

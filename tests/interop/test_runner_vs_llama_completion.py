@@ -6,7 +6,6 @@ against llama-completion driving the same servers."""
 from __future__ import annotations
 
 import itertools
-import os
 import subprocess
 import sys
 import warnings
@@ -21,7 +20,6 @@ from ggmlrpc.llm.archs import ARCHS
 from ggmlrpc.llm.model import Model
 from tests.e2e.test_batch import alone
 from tests.interop.backend_ops import tool_env
-from ggmlrpc.llm.sampling import Sampler
 from tests.e2e.test_runner import OTHER_ARCHS, arch_shape
 from tests.e2e.test_serve import rpc  # noqa: F401 (two of our servers, a fixture)
 
