@@ -365,9 +365,12 @@ def stage_weights(arch: "Arch", hp: HParams, st: Stage, tensors: Container[str])
         names += [n for n in ROPE_FACTORS if n in tensors]
     for il in st.layers:
         p = f"blk.{il}."
-        names += [f"{p}{n}.weight" for n in arch.weights(hp)]
+        own = [f"{p}{n}.weight" for n in arch.weights(hp)]
         if arch.layer_weights is not None:
-            names += [p + n for n in arch.layer_weights(hp, il)]
+            own += [p + n for n in arch.layer_weights(hp, il)]
+        if p + "ffn_gate_up_exps.weight" in tensors:   # the experts' gate and up merged into one matrix
+            own = [n for n in own if n not in (p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight")]
+        names += own
         names += [p + n for n in OPTIONAL if p + n in tensors]
     if st.output:
         names.append("output_norm.weight")
