@@ -147,9 +147,9 @@ def layer(c, il: int, x):
     ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
     cur = c.norm(ffn_inp, "ffn_norm", il)
     if il < hp.n_layer_dense_lead:
-        cur = c.ffn(il, cur)
+        cur = c.ffn(il, cur, scales=False)     # llama.cpp passes deepseek2 no FFN scales
     else:
-        cur = c.moe(il, cur, norm_w=hp.expert_weights_norm)     # the shared expert added in it
+        cur = c.moe(il, cur, norm_w=hp.expert_weights_norm, scales=False)     # the shared expert added in it
     return B.add(cur, ffn_inp, name=f"l_out-{il}")
 
 
