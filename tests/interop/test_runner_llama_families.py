@@ -75,7 +75,7 @@ def test_added_architectures_equal_llama_completion(ref_bin, tmp_path, name, wei
     same_as_llama_completion(ref_bin, f"{name} {weights}", model, two_servers, capfdbinary)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral3", "llama4", "deepseek2", "glm4moe", "minimax-m2"])
+@pytest.mark.parametrize("arch", ["llama", "mistral3", "llama4", "deepseek2", "glm4moe", "minimax-m2", "qwen3next"])
 def test_test_llama_archs_models_equal_llama_completion(ref_bin, tmp_path, arch, two_servers, capfdbinary):
     """The models test-llama-archs -o writes (dense and MoE; llama.cpp's `test`
     vocabulary, per-matrix scales, biases and rope factors on every layer)."""
