@@ -29,7 +29,8 @@ EXPERTS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # test-llama-archs' models), one per expert for the stacked experts
 SCALES = tuple(f"{m}.scale" for m in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate",
                                       "ffn_up", "ffn_down", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
-                                      "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
+                                      "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "attn_gate", "ssm_out",
+                                      "ssm_alpha", "ssm_beta"))
 # per-layer tensors the blocks use when a file has them
 OPTIONAL = (*SCALES, "ffn_gate.bias", "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
             "ffn_down_shexp.weight",
