@@ -29,7 +29,8 @@ EXPERTS = ("ffn_gate_inp", "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps")
 # test-llama-archs' models), one per expert for the stacked experts
 SCALES = tuple(f"{m}.scale" for m in ("attn_q", "attn_k", "attn_v", "attn_qkv", "attn_output", "ffn_gate",
                                       "ffn_up", "ffn_down", "ffn_gate_shexp", "ffn_up_shexp", "ffn_down_shexp",
-                                      "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps"))
+                                      "ffn_gate_exps", "ffn_up_exps", "ffn_down_exps", "attn_gate", "ssm_out",
+                                      "ssm_alpha", "ssm_beta"))
 # per-layer tensors the blocks use when a file has them
 OPTIONAL = (*SCALES, "ffn_gate.bias", "ffn_gate_inp_shexp.weight", "ffn_gate_shexp.weight", "ffn_up_shexp.weight",
             "ffn_down_shexp.weight",
@@ -241,7 +242,7 @@ class Ctx:
 
     def moe(self, il: int, cur: Tensor, norm_w: bool = False, oai: bool = False,
             logits: Tensor | None = None, act: int = GGMLGluOp.SWIGLU,
-            sigmoid_shexp: bool = False) -> Tensor:
+            sigmoid_shexp: bool = False, scales: bool = True) -> Tensor:
         """A mixture of experts as llama.cpp builds it: soft-max gate (or a sigmoid
         per expert: hp.expert_gating), the top n_expert_used experts (MUL_MAT_ID;
         chosen after adding the file's selection bias exp_probs_b where it has one)
@@ -250,7 +251,7 @@ class Ctx:
         the file has one: ggml's SIGMOID with `sigmoid_shexp`, else silu(x) / x). `logits`: the router's, computed by the architecture;
         `act`: the experts' gated activation (GeGLU for gemma4), their gate and up
         matrices one fused matrix where the file has it, and a scale per expert on
-        their output where it has one. `oai` (gpt-oss): the chosen logits are soft-maxed among
+        their output where it has one (unless not `scales`: the shared expert's too). `oai` (gpt-oss): the chosen logits are soft-maxed among
         themselves and the experts use the clamped SwiGLU; gate and experts take their
         biases (ADD_ID) where the file has them."""
         hp, w, g = self.hp, self.w, self.g
@@ -258,7 +259,7 @@ class Ctx:
         n_embd, T, k = cur.ne[0], cur.ne[1], hp.n_expert_used
 
         def biased(t: Tensor, name: str, ids: Tensor | None = None) -> Tensor:
-            t = t if ids is None else self.scaled(t, name, il, ids)   # stacked experts: scale, then bias
+            t = t if ids is None or not scales else self.scaled(t, name, il, ids)   # stacked: scale, then bias
             b = w.get(p + name + ".bias")
             if b is None:
                 return t
@@ -308,11 +309,11 @@ class Ctx:
         if p + "ffn_up_shexp.weight" not in w:
             return moe
         if p + "ffn_gate_inp_shexp.weight" not in w:
-            return B.add(moe, self.ffn(il, cur, suffix="_shexp"), name=f"ffn_out-{il}")
+            return B.add(moe, self.ffn(il, cur, suffix="_shexp", scales=scales), name=f"ffn_out-{il}")
         gate_in = B.mul_mat(w[p + "ffn_gate_inp_shexp.weight"], cur, name=f"ffn_shexp_gate_inp-{il}")
         shared_gate = (B.unary(GGMLUnaryOp.SIGMOID, gate_in, name=f"shared_expert_gate_sigmoid-{il}")
                        if sigmoid_shexp else B.div(B.silu(gate_in), gate_in, name=f"ffn_shexp_gate-{il}"))
-        shared = B.mul(self.ffn(il, cur, suffix="_shexp"), shared_gate, name=f"ffn_shexp_out-{il}")
+        shared = B.mul(self.ffn(il, cur, suffix="_shexp", scales=scales), shared_gate, name=f"ffn_shexp_out-{il}")
         return B.add(moe, shared, name=f"ffn_out-{il}")
 
     def sum_experts(self, il: int, experts: Tensor) -> Tensor:
@@ -365,9 +366,12 @@ def stage_weights(arch: "Arch", hp: HParams, st: Stage, tensors: Container[str])
         names += [n for n in ROPE_FACTORS if n in tensors]
     for il in st.layers:
         p = f"blk.{il}."
-        names += [f"{p}{n}.weight" for n in arch.weights(hp)]
+        own = [f"{p}{n}.weight" for n in arch.weights(hp)]
         if arch.layer_weights is not None:
-            names += [p + n for n in arch.layer_weights(hp, il)]
+            own += [p + n for n in arch.layer_weights(hp, il)]
+        if p + "ffn_gate_up_exps.weight" in tensors:   # the experts' gate and up merged into one matrix
+            own = [n for n in own if n not in (p + "ffn_gate_exps.weight", p + "ffn_up_exps.weight")]
+        names += own
         names += [p + n for n in OPTIONAL if p + n in tensors]
     if st.output:
         names.append("output_norm.weight")

@@ -1,5 +1,6 @@
 """The families people run split over machines, llama's kin: llama with
-Mixtral-style experts, mistral3 and llama4. `ggml-rpc-cli run` prints
+Mixtral-style experts, mistral3 and llama4 (and the test-llama-archs models of
+deepseek2, glm4moe, minimax-m2, qwen3next and qwen35moe). `ggml-rpc-cli run` prints
 llama-completion's greedy text on synth's models of them (F32, and Q8_0 and Q4_K_M
 through llama-quantize) and on the models llama.cpp's test-llama-archs writes
 (its `test` vocabulary, per-matrix scales, biases, rope factors), in-process against
@@ -70,7 +71,8 @@ def test_added_architectures_equal_llama_completion(ref_bin, tmp_path, name, wei
     same_as_llama_completion(ref_bin, f"{name} {weights}", model, two_servers, capfdbinary)
 
 
-@pytest.mark.parametrize("arch", ["llama", "mistral3", "llama4"])
+@pytest.mark.parametrize("arch", ["llama", "mistral3", "llama4", "deepseek2", "glm4moe", "minimax-m2", "qwen3next",
+                                  "qwen35moe"])
 def test_test_llama_archs_models_equal_llama_completion(ref_bin, tmp_path, arch, two_servers, capfdbinary):
     """The models test-llama-archs -o writes (dense and MoE; llama.cpp's `test`
     vocabulary, per-matrix scales, biases and rope factors on every layer)."""

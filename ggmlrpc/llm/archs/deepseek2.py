@@ -124,7 +124,7 @@ def attention(c, il: int, cur):
         vt = B.cont(B.transpose(vv), name=f"v_cont-{il}")
         o = B.mul_mat(wv_b, B.mul_mat(vt, kq, name=f"kqv-{il}"), name=f"kqv_mla-{il}")
     o = B.cont(B.permute(o, 0, 2, 1, 3), (hp.head_dim_v_mla * hp.n_head, T), name=f"kqv_out-{il}")
-    return B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
+    return c.scaled(B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}"), "attn_output", il)
 
 
 def decompressed(c, il: int, q, kv, k_pe, nope: int):
@@ -147,9 +147,9 @@ def layer(c, il: int, x):
     ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
     cur = c.norm(ffn_inp, "ffn_norm", il)
     if il < hp.n_layer_dense_lead:
-        cur = c.ffn(il, cur)
+        cur = c.ffn(il, cur, scales=False)     # llama.cpp passes deepseek2 no FFN scales
     else:
-        cur = c.moe(il, cur, norm_w=hp.expert_weights_norm)     # the shared expert added in it
+        cur = c.moe(il, cur, norm_w=hp.expert_weights_norm, scales=False)     # the shared expert added in it
     return B.add(cur, ffn_inp, name=f"l_out-{il}")
 
 

@@ -43,7 +43,8 @@ def layer(c, il: int, x):
     cur, x = c.out_rows(il, cur, x)
     ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
     cur = c.norm(ffn_inp, "post_attention_norm", il, "post_attn_norm")
-    cur = c.ffn(il, cur) if il < c.hp.n_layer_dense_lead else c.moe(il, cur, norm_w=c.hp.expert_weights_norm)
+    cur = (c.ffn(il, cur, scales=False) if il < c.hp.n_layer_dense_lead     # llama.cpp passes glm4moe no FFN scales
+           else c.moe(il, cur, norm_w=c.hp.expert_weights_norm, scales=False))
     return B.add(cur, ffn_inp, name=f"l_out-{il}")
 
 

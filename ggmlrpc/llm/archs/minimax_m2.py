@@ -23,7 +23,7 @@ def layer(c, il: int, x):
     cur = c.attention(il, *c.qkv(il, cur))
     cur, x = c.out_rows(il, cur, x)
     ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
-    cur = c.moe(il, c.norm(ffn_inp, "ffn_norm", il), norm_w=True)
+    cur = c.moe(il, c.norm(ffn_inp, "ffn_norm", il), norm_w=True, scales=False)   # llama.cpp passes no expert scales
     return B.add(cur, ffn_inp, name=f"l_out-{il}")
 
 

@@ -36,9 +36,9 @@ def rope(c, t, il: int, name: str):
 def beta_gate(c, il: int, cur):
     hp, w, T, p = c.hp, c.w, c.T, f"blk.{il}."
     Hv = hp.ssm["n_v_heads"]
-    beta = B.reshape(B.mul_mat(w[p + "ssm_beta.weight"], cur, name=f"beta-{il}"), (1, Hv, T, 1))
+    beta = B.reshape(qwen3next.proj(c, il, "ssm_beta", cur, f"beta-{il}"), (1, Hv, T, 1))
     beta = B.unary(GGMLUnaryOp.SIGMOID, beta, name=f"beta_sigmoid-{il}")
-    alpha = B.reshape(B.mul_mat(w[p + "ssm_alpha.weight"], cur, name=f"alpha-{il}"), (Hv, T, 1))
+    alpha = B.reshape(qwen3next.proj(c, il, "ssm_alpha", cur, f"alpha-{il}"), (Hv, T, 1))
     alpha = B.unary(GGMLUnaryOp.SOFTPLUS, B.add(alpha, w[p + "ssm_dt.bias"]), name=f"a_softplus-{il}")
     gate = B.mul(alpha, w[p + "ssm_a"], name=f"gate-{il}")
     return beta, B.reshape(gate, (1, Hv, T, 1))

@@ -66,14 +66,28 @@ def state(hp, il: int) -> tuple:
     return (((s["d_conv"] - 1) * conv_channels(s), 1), (s["d_state"] * s["d_inner"], 1))
 
 
+def proj(c, il: int, name: str, x, tname: str, scaled: bool = True):
+    """x W, times W's per-matrix scale (unless not `scaled`), plus its bias, where the
+    file has them (llama.cpp's order)."""
+    t = B.mul_mat(c.w[f"blk.{il}.{name}.weight"], x, name=tname)
+    t = c.scaled(t, name, il) if scaled else t
+    b = c.w.get(f"blk.{il}.{name}.bias")
+    return t if b is None else B.add(t, b, name=tname)
+
+
+def linear_scales(c) -> bool:
+    """llama.cpp scales the linear-attention matrices of qwen35moe, not of qwen3next."""
+    return c.arch.name != "qwen3next"
+
+
 def gated_attention(c, il: int, cur, rope=None):
     """`rope(c, t, il, name)`: the rotation (default: the architecture's rope)."""
     hp, w, T = c.hp, c.w, c.T
     rope = rope or (lambda c, t, il, name: c.rope(t, il, name))
     p, hd = f"blk.{il}.", hp.head_dim
-    q_full = B.reshape(B.mul_mat(w[p + "attn_q.weight"], cur, name=f"Qcur_full-{il}"), (2 * hd, hp.n_head, T))
-    k = B.reshape(B.mul_mat(w[p + "attn_k.weight"], cur, name=f"Kcur-{il}"), (hd, hp.n_head_kv, T))
-    v = B.reshape(B.mul_mat(w[p + "attn_v.weight"], cur, name=f"Vcur-{il}"), (hd, hp.n_head_kv, T))
+    q_full = B.reshape(proj(c, il, "attn_q", cur, f"Qcur_full-{il}"), (2 * hd, hp.n_head, T))
+    k = B.reshape(proj(c, il, "attn_k", cur, f"Kcur-{il}"), (hd, hp.n_head_kv, T))
+    v = B.reshape(proj(c, il, "attn_v", cur, f"Vcur-{il}"), (hd, hp.n_head_kv, T))
     es = q_full.nb[0]
     q = B.view(q_full, (hd, hp.n_head, T), q_full.nb, 0, name=f"Qcur_view-{il}")
     gate = B.view(q_full, (hd, hp.n_head, T), q_full.nb, hd * es, name=f"gate-{il}")
@@ -83,7 +97,7 @@ def gated_attention(c, il: int, cur, rope=None):
     cur = c.attention(il, q, k, v, project=False)
     gate = B.unary(GGMLUnaryOp.SIGMOID, B.cont(gate, (hd * hp.n_head, T)), name=f"gate_sigmoid-{il}")
     cur = B.mul(cur, gate, name=f"attn_gated-{il}")
-    return B.mul_mat(w[p + "attn_output.weight"], cur, name=f"attn_output-{il}")
+    return c.scaled(B.mul_mat(w[p + "attn_output.weight"], cur, name=f"attn_output-{il}"), "attn_output", il)
 
 
 def l2_norm(x, eps: float):
@@ -118,9 +132,9 @@ def linear_attention(c, il: int, cur, beta_gate=beta_gate, repeat: bool = True):
     S, Hk, Hv, d_conv = s["d_state"], s["n_k_heads"], s["n_v_heads"], s["d_conv"]
     dv = s["d_inner"] // Hv
     channels = conv_channels(s)
-    qkv = B.mul_mat(w[p + "attn_qkv.weight"], cur, name=f"linear_attn_qkv_mixed-{il}")
+    qkv = proj(c, il, "attn_qkv", cur, f"linear_attn_qkv_mixed-{il}", linear_scales(c))
     qkv = B.reshape(qkv, (qkv.ne[0], T, 1))
-    z = B.mul_mat(w[p + "attn_gate.weight"], cur, name=f"z-{il}")
+    z = proj(c, il, "attn_gate", cur, f"z-{il}", linear_scales(c))
     beta, gate = beta_gate(c, il, cur)
     conv_all, ssm_all = c.st.state[il]
     # the convolution's input: the state's last inputs, then this step's (channels as rows)
@@ -149,7 +163,7 @@ def linear_attention(c, il: int, cur, beta_gate=beta_gate, repeat: bool = True):
     g.expand(B.cpy(new_state, ssm_all))
     normed = c.norm(o, "ssm_norm", il)
     cur = B.mul(normed, B.silu(B.reshape(z, (dv, Hv, T, 1))))
-    cur = B.mul_mat(w[p + "ssm_out.weight"], B.reshape(cur, (dv * Hv, T, 1)), name=f"linear_attn_out-{il}")
+    cur = proj(c, il, "ssm_out", B.reshape(cur, (dv * Hv, T, 1)), f"linear_attn_out-{il}", linear_scales(c))
     return B.reshape(cur, (hp.n_embd, T))
 
 
