@@ -52,7 +52,9 @@ class Ctx:
                  n_ctx: int, key: tuple, align: int):
         self.arch, self.hp, self.w, self.st = arch, hp, st.weights, st
         self.cells, self.flash_attn = cells, flash_attn
-        self.T, self.n_kv, self.n_out, self.n_kv_swa = key
+        self.T, self.n_kv, self.n_out, self.n_kv_swa, rs = key
+        # the sequences of the micro-batch, and (one sequence) its recurrent state slot
+        self.n_seqs, self.rs_slot = rs or (1, 0)
         self.inp = B.Inputs(align)
         self.g = B.Graph()
         self.last = hp.n_layer - 1
@@ -83,6 +85,30 @@ class Ctx:
         self.attn_scale = inp.new(GGMLType.F32, (1, 1, T), "inp_attn_scale") if hp.attn_temp_scale else None
         self.out_ids = (inp.new(GGMLType.I32, (self.n_out,), "out_ids")
                         if self.last in self.st.layers and self.n_out < T else None)
+        # several sequences: the recurrent state slot of each, in the micro-batch's order
+        self.rs_slots = (inp.new(GGMLType.I32, (self.n_seqs,), "rs_slots")
+                         if self.st.state_span is not None and self.rs_slot < 0 else None)
+
+    # -- recurrent state ---------------------------------------------------------
+    def state(self, t: Tensor, ne: tuple, name: str) -> Tensor:
+        """The states of the micro-batch's sequences in state tensor t (a row of one
+        sequence's state per slot), shaped `ne` + (n_seqs,): one sequence's in place,
+        several gathered (llama.cpp gathers them with get_rows too)."""
+        if self.rs_slots is None:
+            t = B.view(t, (t.ne[0],), offset=self.rs_slot * t.nb[1], name=f"{t.name} (slot)")
+        else:
+            t = B.get_rows(t, self.rs_slots, name=f"{t.name} (rows)")
+        return B.reshape(t, (*ne, self.n_seqs), name=name)
+
+    def keep_state(self, new: Tensor, t: Tensor, name: str = "") -> None:
+        """Write the micro-batch's new states (a state per sequence, in order) into
+        their slots of state tensor t."""
+        if self.rs_slots is None:
+            dst = B.view(t, (t.ne[0],), offset=self.rs_slot * t.nb[1], name=f"{t.name} (slot)")
+            self.g.expand(B.cpy(new, dst, name=name))
+        else:
+            rows = B.reshape(B.cont(new) if not B.is_contiguous(new) else new, (t.ne[0], self.n_seqs))
+            self.g.expand(B.set_rows(t, rows, self.rs_slots, name=name))
 
     # -- blocks ----------------------------------------------------------------
     def scaled(self, t: Tensor, name: str, il: int, ids: Tensor | None = None) -> Tensor:

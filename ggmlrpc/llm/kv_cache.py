@@ -4,7 +4,8 @@ sequence and position. Full-attention layers have a cell per context position,
 shared by all sequences; sliding-window layers a ring of cells (Cells with a
 window). Each step's cache inputs: the cells the new tokens take and the masks of
 what they may attend (cells of their own sequence at positions up to their own,
-within the window where there is one)."""
+within the window where there is one). A model with a recurrent state keeps
+one state slot per sequence (RecurrentSlots)."""
 from __future__ import annotations
 
 import numpy as np
@@ -103,15 +104,54 @@ class Cells:
 SwaCells = Cells
 
 
+class RecurrentSlots:
+    """Which of the `n_seq` recurrent state slots each sequence holds (llama.cpp's
+    recurrent memory keeps one state cell per sequence too): a sequence takes the
+    first free slot with its first token, and frees it when it forgets its context.
+    A micro-batch of several sequences gives each the same number of tokens, one
+    sequence after the other (llama.cpp's equal split), so that the recurrent layers
+    see (tokens, sequences); its graph reads and writes the slots it names."""
+
+    def __init__(self, n_seq: int):
+        self.n_seq = n_seq
+        self.of: dict[int, int] = {}      # sequence -> its slot
+
+    def take(self, seqs: np.ndarray, pos: np.ndarray) -> tuple[tuple, list[int], list[int]]:
+        """The key part of a micro-batch (its number of sequences, and the slot when it
+        is one: that graph uses the slot in place), the slot of each of its
+        sequences, and the slots whose sequence starts here (to be zeroed)."""
+        order = list(dict.fromkeys(seqs.tolist()))
+        n_t = len(seqs) // len(order)
+        if n_t * len(order) != len(seqs) or (seqs != np.repeat(order, n_t)).any():
+            raise ValueError("a micro-batch of a recurrent model gives each sequence as many tokens, in turn")
+        for s in order:
+            if s not in self.of:
+                free = sorted(set(range(self.n_seq)) - set(self.of.values()))
+                if not free:
+                    raise ModelError(f"every recurrent state slot is taken ({self.n_seq} sequences at most: "
+                                     "load the model with a larger n_seq, llama.cpp's -np)")
+                self.of[s] = free[0]
+        slots = [self.of[s] for s in order]
+        zero = [slots[k] for k in range(len(order)) if pos[k * n_t] == 0]
+        return (len(order), slots[0] if len(order) == 1 else -1), slots, zero
+
+    def remove(self, s: int, p0: int) -> None:
+        if p0 == 0:
+            self.of.pop(s, None)
+
+
 class KVCache:
     """The cells of every layer (F16 K and V rows of n_embd_kv): full-attention
     layers one per context position, sliding-window layers the window of each of
     `n_seq` sequences plus a micro-batch, rounded up to KV_PAD (llama.cpp's unified
     SWA cache, `swa`). Without flash attention the V cache is transposed
-    (llama.cpp's layout)."""
+    (llama.cpp's layout). `recurrent`: the model keeps a recurrent state, one slot
+    per sequence (`slots`)."""
 
-    def __init__(self, hp: HParams, n_ctx: int, n_ubatch: int, flash_attn: bool, n_seq: int = 1):
+    def __init__(self, hp: HParams, n_ctx: int, n_ubatch: int, flash_attn: bool, n_seq: int = 1,
+                 recurrent: bool = False):
         self.hp, self.n_ctx, self.flash_attn, self.n_seq = hp, n_ctx, flash_attn, n_seq
+        self.slots = RecurrentSlots(n_seq) if recurrent else None
         self.full = Cells(n_ctx)
         swa = min(n_ctx, hp.n_swa * n_seq + n_ubatch)
         self.swa = (Cells(min(n_ctx, -(-swa // KV_PAD) * KV_PAD), hp.n_swa, hp.swa_chunked)
@@ -123,31 +163,40 @@ class KVCache:
         return self.swa.size if self.swa is not None and self.hp.is_swa(il) else self.n_ctx
 
     def largest(self, n_ubatch: int) -> tuple:
-        """The graph key of the largest step: a full micro-batch attending every cell."""
-        return (n_ubatch, self.n_ctx, min(self.n_seq, n_ubatch), self.swa.size if self.swa else 0)
+        """The graph key of the largest step: a full micro-batch attending every cell
+        (of one sequence, where the model has a recurrent state)."""
+        return (n_ubatch, self.n_ctx, min(self.n_seq, n_ubatch), self.swa.size if self.swa else 0,
+                (1, 0) if self.slots else ())
 
     def reset(self) -> None:
         for c in self._all:
             c.reset()
+        if self.slots:
+            self.slots.of.clear()
 
     def remove(self, s: int, p0: int = 0) -> None:
-        """Free sequence s's cells at positions >= p0."""
+        """Free sequence s's cells at positions >= p0 (and its state slot with p0 = 0)."""
         for c in self._all:
             c.remove(s, p0)
+        if self.slots:
+            self.slots.remove(s, p0)
 
     def save(self):
         """What a failed step must put back (a step takes its cells first)."""
-        return [c.save() for c in self._all]
+        return [c.save() for c in self._all], self.slots and dict(self.slots.of)
 
     def restore(self, saved) -> None:
-        for c, s in zip(self._all, saved):
+        cells, slots = saved
+        for c, s in zip(self._all, cells):
             c.restore(s)
+        if self.slots:
+            self.slots.of = slots
 
     def inputs(self, tokens, pos, seqs, out) -> tuple[tuple, dict]:
         """A step's graph key (new tokens, attended cells, output rows, attended
-        sliding-window cells) and input values: positions, cache cells, masks.
-        Token i is sequence seqs[i]'s at position pos[i]; `out`: the rows whose
-        logits come back."""
+        sliding-window cells, RecurrentSlots.take's key part) and input values:
+        positions, cache cells, masks, state slots. Token i is sequence seqs[i]'s at
+        position pos[i]; `out`: the rows whose logits come back."""
         T = len(tokens)
         pos = np.asarray(pos, np.int32)
         seqs = np.asarray(seqs, np.int64)
@@ -169,11 +218,15 @@ class KVCache:
             values["kq_mask" + suffix] = c.mask(pos, n_kv, seqs).astype(mask_type)
             return n_kv
 
+        rs: tuple = ()
+        if self.slots:
+            rs, slots, values["rs_zero"] = self.slots.take(seqs, pos)
+            values["rs_slots"] = np.asarray(slots, np.int32)
         n_kv = cells(self.full)
         n_kv_swa = cells(self.swa, "_swa") if self.swa is not None else 0
         if self.hp.attn_temp_scale:
             values["inp_attn_scale"] = attn_scale(self.hp, pos)
-        return (T, n_kv, len(out), n_kv_swa), values
+        return (T, n_kv, len(out), n_kv_swa, rs), values
 
 
 def attn_scale(hp: HParams, pos: np.ndarray) -> np.ndarray:

@@ -106,7 +106,8 @@ class Model:
         (it gets its layers again and the context is replayed); 0 fails at once
         (split_mode "row" takes 0 only).
         `n_ubatch`: prompt tokens per graph (llama.cpp's -ub). `n_seq`: the sequences
-        run at once (llama.cpp's -np: sliding-window layers keep a window for each).
+        run at once (llama.cpp's -np: sliding-window layers keep a window for each,
+        recurrent layers a state).
         `split_mode`: "layer" (runs of layers per device), "row" (every offloaded
         layer cut over all devices by `tensor_split`: ggmlrpc.llm.rowsplit, which
         says what `row_combine`, "gather" or "reduce", does), or "auto" (the one
@@ -139,9 +140,6 @@ class Model:
         if f.arch not in SUPPORTED_ARCHS:
             raise ModelError(f"architecture {f.arch!r} is not supported (supported: {', '.join(SUPPORTED_ARCHS)})")
         self.arch = ARCHS[f.arch]
-        if self.arch.state and self.n_seq > 1:
-            raise ModelError(f"architecture {f.arch!r} keeps a recurrent state for one sequence only "
-                             f"(got {self.n_seq} parallel sequences)")
         self.tokenizer = Tokenizer.from_gguf(f)
         hp = self.hp = HParams.from_gguf(f, self.tokenizer.n_vocab, self.arch)
         self.flash_attn = flash_attn
@@ -149,7 +147,7 @@ class Model:
         if self.n_ubatch < 1:
             raise ModelError(f"micro-batch size must be at least 1, got {self.n_ubatch}")
         self.n_ubatch = min(self.n_ubatch, self.n_ctx)
-        self.kv = KVCache(hp, self.n_ctx, self.n_ubatch, flash_attn, self.n_seq)
+        self.kv = KVCache(hp, self.n_ctx, self.n_ubatch, flash_attn, self.n_seq, self.arch.state is not None)
         cpu, remote = open_devices(rpc, n_threads, timeout, self.backends)
         if self.split_mode == "auto":
             self.split_mode, self.split_reason = self._auto_split(remote, n_gpu_layers, tensor_split)
@@ -229,16 +227,16 @@ class Model:
         """Another sequence in the KV cache, beside the model's own (sequence 0, the
         one `eval`, `prefill`, `stream`... act on). Its tokens attend only its own
         cells; `Model.decode` runs steps of several sequences in one graph per
-        device. `close()` it to free its cells."""
-        if self.arch.state:
-            raise ModelError(f"architecture {self.arch.name!r} keeps a recurrent state for one sequence only")
+        device. `close()` it to free its cells. A model with a recurrent state holds
+        `n_seq` sequences with a context at a time (a state slot each)."""
         self._next_seq += 1
         return Sequence(self, self._next_seq)
 
     def decode(self, parts: Seq[tuple["Sequence", Seq[int]]]) -> list[np.ndarray]:
         """Run each sequence's new tokens after its context, all in the same steps
-        (one graph per device; micro-batches of n_ubatch tokens): the logits of each
-        part's last token, in order. A sequence may appear once."""
+        (one graph per device; micro-batches of n_ubatch tokens, where a model with a
+        recurrent state gives each sequence of a micro-batch as many tokens): the
+        logits of each part's last token, in order. A sequence may appear once."""
         parts = [(q, list(toks)) for q, toks in parts]
         if len({id(q) for q, _ in parts}) < len(parts):
             raise ValueError("a sequence appears twice in one batch")
@@ -256,27 +254,43 @@ class Model:
                 rows.append((i, t, q.n_past + j))
         last = {i: r for r, (i, _, _) in enumerate(rows)}   # each part's last row
         result: list = [None] * len(parts)
+        chunks = self._equal_split(parts) if self.kv.slots else \
+            [range(c, min(c + self.n_ubatch, len(rows))) for c in range(0, len(rows), self.n_ubatch)]
         batches = []
-        for c in range(0, len(rows), self.n_ubatch):
-            chunk = rows[c:c + self.n_ubatch]
-            out = [r - c for i, r in last.items() if c <= r < c + len(chunk)]
-            out = sorted(out) or [len(chunk) - 1]
-            batches.append(([parts[i][0].id for i, _, _ in chunk], [t for _, t, _ in chunk],
-                            [p for _, _, p in chunk], out))
+        for chunk in chunks:
+            out = [k for k, r in enumerate(chunk) if last[rows[r][0]] == r] or [len(chunk) - 1]
+            batches.append(([parts[rows[r][0]][0].id for r in chunk], [rows[r][1] for r in chunk],
+                            [rows[r][2] for r in chunk], out))
         if self._pipelines(len(batches)):
             steps = iter(self._run_pipelined(batches))
         else:
             steps = (self._step(batch) for batch in batches)
-        for c, logits in zip(range(0, len(rows), self.n_ubatch), steps):
-            chunk = rows[c:c + self.n_ubatch]
-            out = batches[c // self.n_ubatch][3]
-            for i, t, _ in chunk:
-                parts[i][0].tokens.append(t)
-            for r, lg in zip(out, logits):
-                i = chunk[r][0]
-                if last[i] == c + r:
-                    result[i] = lg
+        for chunk, batch, logits in zip(chunks, batches, steps):
+            for r in chunk:
+                parts[rows[r][0]][0].tokens.append(rows[r][1])
+            for k, lg in zip(batch[3], logits):
+                r = chunk[k]
+                if last[rows[r][0]] == r:
+                    result[rows[r][0]] = lg
         return result
+
+    def _equal_split(self, parts: list[tuple]) -> list[list[int]]:
+        """The micro-batches of a model with a recurrent state, as llama.cpp's equal
+        split cuts them: the parts with tokens left (n_ubatch at most), the same
+        number of tokens of each, as many as the shortest has left and the
+        micro-batch holds; each part's tokens one after the other. Rows are
+        numbered as `decode` numbers them (part after part)."""
+        starts = np.cumsum([0] + [len(toks) for _, toks in parts])
+        done = [0] * len(parts)
+        chunks = []
+        while True:
+            live = [i for i, (_, toks) in enumerate(parts) if done[i] < len(toks)][:self.n_ubatch]
+            if not live:
+                return chunks
+            n_t = min(min(len(parts[i][1]) - done[i] for i in live), self.n_ubatch // len(live))
+            chunks.append([int(starts[i]) + done[i] + j for i in live for j in range(n_t)])
+            for i in live:
+                done[i] += n_t
 
     def _forget(self, s: int, p0: int) -> None:
         """Free sequence s's cells from position p0 on, and its tokens there in the
@@ -411,7 +425,7 @@ class Model:
         for k, st in enumerate(self.stages):
             if k == 1 and self.rows:
                 x = self.rows.run(key, values, x)
-            answer, hook = self._issue(st, key, values, x, pos[0], hook, k == len(self.stages) - 1)
+            answer, hook = self._issue(st, key, values, x, hook, k == len(self.stages) - 1)
             x = answer()
         if len(self.stages) == 1 and self.rows:
             x = self.rows.run(key, values, x)
@@ -422,18 +436,19 @@ class Model:
         n_vocab = self.hp.n_vocab
         return np.frombuffer(x, dtype=np.float32)[-n_vocab * n_out:].reshape(n_out, n_vocab).copy()
 
-    def _issue(self, st: Stage, key: tuple, values: dict, x, pos0: int, hook=None, last: bool = False):
+    def _issue(self, st: Stage, key: tuple, values: dict, x, hook=None, last: bool = False):
         """Send a stage its inputs, its graph and the read of its result in one write
         (one round trip per device per step); return a function that waits for the
         result, and the `hook` if it was not used. The hook runs while a server
-        computes (the first remote stage's), else before the last local graph."""
+        computes (the first remote stage's), else before the last local graph. The
+        recurrent state of a sequence that starts here is zeroed first."""
         be, dev = st.device.backend, st.device.index
         try:
-            if st.state_span is not None and pos0 == 0:   # a sequence starts: no state yet
-                be.memset_tensor(st.state_span, 0)
             g = self._graph(st, key)
             values["embd"] = x
             with be.corked():
+                for k in values.get("rs_zero", ()) if st.state_span is not None else ():
+                    be.memset_tensor(st.state_span, 0, k * st.state_slot, st.state_slot)
                 g.write_inputs(be, values)
                 remote = isinstance(be, RemoteBackend)
                 if hook is not None and remote:
@@ -483,20 +498,19 @@ class Model:
         back, and the micro-batches run one by one, where a lost server is recovered."""
         saved = self.kv.save()
         n, S = len(batches), len(self.stages)
-        prepared = [self.kv.inputs(tok, pos, seqs, out) for seqs, tok, pos, out in batches]
         xs: list = [None] * n
         logits: list = [None] * n
         hook = self.on_wait
         waiting: list = []
         try:
+            prepared = [self.kv.inputs(tok, pos, seqs, out) for seqs, tok, pos, out in batches]
             for t in range(n + S - 1):
                 active = [(c, t - c) for c in range(max(0, t - S + 1), min(n, t + 1))]
                 # the servers' requests first, then the local graphs, then the answers
                 active.sort(key=lambda ck: not isinstance(self.stages[ck[1]].device.backend, RemoteBackend))
                 for c, k in active:
                     key, values = prepared[c]
-                    answer, hook = self._issue(self.stages[k], key, values, xs[c], batches[c][2][0], hook,
-                                               k == S - 1)
+                    answer, hook = self._issue(self.stages[k], key, values, xs[c], hook, k == S - 1)
                     waiting.append((c, k, answer))
                 while waiting:
                     c, k, answer = waiting.pop(0)

@@ -71,8 +71,10 @@ class Stage:
     output: bool = False
     weights: dict[str, Tensor] = field(default_factory=dict)
     kv: dict[int, tuple[Tensor, Tensor | None]] = field(default_factory=dict)   # K, V (None: MLA)
-    state: dict[int, tuple[Tensor, ...]] = field(default_factory=dict)   # recurrent layers' state
-    state_span: Tensor | None = None      # all of the stage's recurrent state (zeroed anew)
+    # recurrent layers' state: per layer, (one sequence's state, slot) tensors of F32
+    state: dict[int, tuple[Tensor, ...]] = field(default_factory=dict)
+    state_span: Tensor | None = None      # all of the stage's recurrent state, slot after slot
+    state_slot: int = 0                   # the bytes of one slot (every layer's state of one sequence)
     buffers: list[RemoteBuffer] = field(default_factory=list)
     compute: RemoteBuffer | None = None
     inputs_buf: RemoteBuffer | None = None
@@ -159,7 +161,8 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
                 state: Callable[[int], tuple] | None = None) -> int:
     """One buffer on the stage's device for its weights (`names`), KV cache (rows of
     `n_embd_kv`, default each layer's own) and recurrent state (`state(il)`: the
-    shapes of layer il's F32 state tensors; a layer with some keeps no KV cache);
+    shapes of layer il's F32 state tensors for one sequence; a layer with some keeps
+    no KV cache; one slot of them per sequence of `kv`, each slot's in one span);
     places the tensors in it. Returns the weight bytes to send. On the local CPU the
     weights stay in the file's mapping (`file_buffer`) and only the cache gets a buffer."""
     be, dev = st.device.backend, st.device.index
@@ -176,9 +179,11 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
     attn = [il for il in st.layers if not shapes[il]]
     kv_size = sum(_align(2 * width(il) * kv.cells(il), align)
                   + (n_cache - 1) * _align(2 * v_width(il) * kv.cells(il), align) for il in attn)
-    kv_size += sum(_align(4 * int(np.prod(ne)), align) for il in st.layers for ne in shapes[il])
+    slot = sum(_align(4 * int(np.prod(ne)), align) for il in st.layers for ne in shapes[il])
+    kv_size += slot * kv.n_seq
     st.buffers, st.weights, st.kv, st.state = [], {}, {}, {}
     st.compute = st.inputs_buf = st.state_span = None
+    st.state_slot = slot
     st.graphs.clear()
     if st.mapped:
         whole = file_buffer(be)
@@ -206,15 +211,17 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
              buf.tensor(GGMLType.F16, (n_embd_v, kv.cells(il)), off + k_row, name=f"cache_v_l{il}"))
         off += k_row + (n_cache - 1) * _align(2 * n_embd_v * kv.cells(il), align)
         st.kv[il] = (k, v)
-    state_at = off
+    at = 0      # in a slot
     for il in st.layers:
         ts = []
         for kind, ne in zip("rs", shapes[il]):     # llama.cpp's r (conv) and s (ssm) states
-            ts.append(buf.tensor(GGMLType.F32, ne, off, name=f"cache_{kind}_l{il}"))
-            off += _align(4 * int(np.prod(ne)), align)
+            n = int(np.prod(ne))
+            ts.append(buf.tensor(GGMLType.F32, (n, kv.n_seq), off + at, name=f"cache_{kind}_l{il}",
+                                 nb=(4, slot, slot * kv.n_seq, slot * kv.n_seq)))
+            at += _align(4 * n, align)
         st.state[il] = tuple(ts)
-    if off > state_at:
-        st.state_span = buf.tensor(GGMLType.I8, (off - state_at,), state_at, name="rs")
+    if slot:
+        st.state_span = buf.tensor(GGMLType.I8, (slot * kv.n_seq,), off, name="rs")
     if kv_size:
         be.memset_tensor(buf.tensor(GGMLType.I8, (kv_size,), size, name="kv"), 0)
     return 0 if st.mapped else sum(f.tensors[n].nbytes for n in names)

@@ -199,7 +199,7 @@ class RowSplit:
     def reserve(self, key: tuple) -> None:
         """The compute and input memory of the largest segments each device runs."""
         T, il = key[0], self.layers[0]
-        rows = (T, key[1], T, key[3])
+        rows = (T, key[1], T, key[3], key[4])
         segs = ([(("attn", il), key), (("ffn", il), rows)] if self.combine == "reduce" else
                 [(("heads", il), key), (("mid", il), rows), (("down", il), rows)])
         for sh in self.shards:

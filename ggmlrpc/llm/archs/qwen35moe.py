@@ -34,14 +34,14 @@ def rope(c, t, il: int, name: str):
 
 
 def beta_gate(c, il: int, cur):
-    hp, w, T, p = c.hp, c.w, c.T, f"blk.{il}."
-    Hv = hp.ssm["n_v_heads"]
-    beta = B.reshape(qwen3next.proj(c, il, "ssm_beta", cur, f"beta-{il}"), (1, Hv, T, 1))
+    hp, w, p = c.hp, c.w, f"blk.{il}."
+    Hv, n_t, N = hp.ssm["n_v_heads"], c.T // c.n_seqs, c.n_seqs
+    beta = B.reshape(qwen3next.proj(c, il, "ssm_beta", cur, f"beta-{il}"), (1, Hv, n_t, N))
     beta = B.unary(GGMLUnaryOp.SIGMOID, beta, name=f"beta_sigmoid-{il}")
-    alpha = B.reshape(qwen3next.proj(c, il, "ssm_alpha", cur, f"alpha-{il}"), (Hv, T, 1))
+    alpha = B.reshape(qwen3next.proj(c, il, "ssm_alpha", cur, f"alpha-{il}"), (Hv, n_t, N))
     alpha = B.unary(GGMLUnaryOp.SOFTPLUS, B.add(alpha, w[p + "ssm_dt.bias"]), name=f"a_softplus-{il}")
     gate = B.mul(alpha, w[p + "ssm_a"], name=f"gate-{il}")
-    return beta, B.reshape(gate, (1, Hv, T, 1))
+    return beta, B.reshape(gate, (1, Hv, n_t, N))
 
 
 def write(s) -> None:

@@ -6,8 +6,10 @@ expert behind a sigmoid gate, between an attention norm and a post-attention nor
 
 A delta-net layer keeps, per sequence, its short convolution's last d_conv - 1
 inputs (llama.cpp's r state) and its (S_v, S_v) state per value head (s state),
-both F32 beside the layer (placement's recurrent state); they carry over from step
-to step, and are zeroed when a sequence starts. The delta net is ggml's fused
+both F32 beside the layer (placement's recurrent state, a slot per sequence); they
+carry over from step to step, and are zeroed when a sequence starts. A micro-batch
+of several sequences gives each as many tokens (n_t), so the layer runs on
+(n_t, n_seqs) as llama.cpp's does. The delta net is ggml's fused
 GATED_DELTA_NET (llama.cpp's default on every backend that has it)."""
 from __future__ import annotations
 
@@ -108,7 +110,8 @@ def l2_norm(x, eps: float):
 
 def beta_gate(c, il: int, cur):
     """The delta net's per-head beta (sigmoid) and decay gate (softplus(alpha + dt)
-    times A), (1, n_v_heads, T, 1) each: beta and alpha interleaved per key head in one
+    times A), (1, n_v_heads, n_t, n_seqs) each (n_t tokens of each of the
+    micro-batch's sequences): beta and alpha interleaved per key head in one
     matrix's rows."""
     hp, w, T, p = c.hp, c.w, c.T, f"blk.{il}."
     Hk, Hv = hp.ssm["n_k_heads"], hp.ssm["n_v_heads"]
@@ -120,50 +123,52 @@ def beta_gate(c, il: int, cur):
     alpha = B.cont(a, (Hv, T, 1))
     alpha = B.unary(GGMLUnaryOp.SOFTPLUS, B.add(alpha, w[p + "ssm_dt.bias"]), name=f"a_softplus-{il}")
     gate = B.mul(alpha, w[p + "ssm_a"], name=f"gate-{il}")
-    return B.reshape(beta, (1, Hv, T, 1)), B.reshape(gate, (1, Hv, T, 1))
+    shape = (1, Hv, T // c.n_seqs, c.n_seqs)
+    return B.reshape(beta, shape), B.reshape(gate, shape)
 
 
 def linear_attention(c, il: int, cur, beta_gate=beta_gate, repeat: bool = True):
-    """The gated delta net over the layer's recurrent state (one sequence); `repeat`:
-    the key heads repeated to the value heads' count before it (else the op
-    broadcasts them)."""
-    hp, w, T, g = c.hp, c.w, c.T, c.g
-    p, s = f"blk.{il}.", hp.ssm
+    """The gated delta net over the layer's recurrent state, each sequence of the
+    micro-batch over its own; `repeat`: the key heads repeated to the value heads'
+    count before it (else the op broadcasts them)."""
+    hp, w, T, N = c.hp, c.w, c.T, c.n_seqs
+    p, s, n_t = f"blk.{il}.", hp.ssm, c.T // c.n_seqs
     S, Hk, Hv, d_conv = s["d_state"], s["n_k_heads"], s["n_v_heads"], s["d_conv"]
     dv = s["d_inner"] // Hv
     channels = conv_channels(s)
     qkv = proj(c, il, "attn_qkv", cur, f"linear_attn_qkv_mixed-{il}", linear_scales(c))
-    qkv = B.reshape(qkv, (qkv.ne[0], T, 1))
+    qkv = B.reshape(qkv, (qkv.ne[0], n_t, N))
     z = proj(c, il, "attn_gate", cur, f"z-{il}", linear_scales(c))
     beta, gate = beta_gate(c, il, cur)
     conv_all, ssm_all = c.st.state[il]
     # the convolution's input: the state's last inputs, then this step's (channels as rows)
-    conv_states = B.reshape(conv_all, (d_conv - 1, channels, 1), name=f"conv_states_reshaped-{il}")
+    conv_states = c.state(conv_all, (d_conv - 1, channels), f"conv_states_reshaped-{il}")
     conv_input = B.concat(conv_states, B.transpose(qkv, name=f"qkv_mixed_transposed-{il}"), 0,
                           name=f"conv_input-{il}")
-    last = B.view(conv_input, (d_conv - 1, channels, 1), conv_input.nb, T * conv_input.nb[0],
+    last = B.view(conv_input, (d_conv - 1, channels, N), conv_input.nb, n_t * conv_input.nb[0],
                   name=f"conv_state_last-{il}")
-    g.expand(B.cpy(last, conv_all, name=f"conv_state_update-{il}"))
-    state = B.reshape(ssm_all, (dv, dv, Hv, 1), name=f"state_predelta-{il}")
+    c.keep_state(last, conv_all, f"conv_state_update-{il}")
+    state = c.state(ssm_all, (dv, dv, Hv), f"state_predelta-{il}")
     conv = B.silu(B.ssm_conv(conv_input, w[p + "ssm_conv1d.weight"], name=f"conv_output_raw-{il}"),
                   name=f"conv_output_silu-{il}")
     es, row = conv.nb[0], conv.nb[1]
-    q = B.view(conv, (S, Hk, T, 1), (es, es * S, row, row * T), 0, name=f"q_conv-{il}")
-    k = B.view(conv, (S, Hk, T, 1), (es, es * S, row, row * T), S * Hk * es, name=f"k_conv-{il}")
-    v = B.view(conv, (dv, Hv, T, 1), (es, es * dv, row, row * T), 2 * S * Hk * es, name=f"v_conv-{il}")
+    q = B.view(conv, (S, Hk, n_t, N), (es, es * S, row, row * n_t), 0, name=f"q_conv-{il}")
+    k = B.view(conv, (S, Hk, n_t, N), (es, es * S, row, row * n_t), S * Hk * es, name=f"k_conv-{il}")
+    v = B.view(conv, (dv, Hv, n_t, N), (es, es * dv, row, row * n_t), 2 * S * Hk * es, name=f"v_conv-{il}")
     q, k = l2_norm(q, hp.eps), l2_norm(k, hp.eps)
     if Hk != Hv and repeat:    # each key head serves Hv / Hk value heads, repeated in place
         r = Hv // Hk
-        q, k = (B.reshape(B.repeat(B.reshape(t, (S, 1, Hk, T)), (S, r, Hk, T)), (S, Hv, T, 1)) for t in (q, k))
+        q, k = (B.reshape(B.repeat(B.reshape(t, (S, 1, Hk, T)), (S, r, Hk, T)), (S, Hv, n_t, N))
+                for t in (q, k))
     out = B.gated_delta_net(q, k, v, gate, beta, state, name=f"gdn-{il}")
     f = out.nb[0]
-    o = B.view(out, (dv, Hv, T, 1), (f, f * dv, f * dv * Hv, f * dv * Hv * T), 0, name=f"attn_output-{il}")
-    new_state = B.view(out, (dv, dv, Hv, 1), (f, f * dv, f * dv * dv, f * dv * dv * Hv), f * dv * Hv * T,
+    o = B.view(out, (dv, Hv, n_t, N), (f, f * dv, f * dv * Hv, f * dv * Hv * n_t), 0, name=f"attn_output-{il}")
+    new_state = B.view(out, (dv, dv, Hv, N), (f, f * dv, f * dv * dv, f * dv * dv * Hv), f * dv * Hv * T,
                        name=f"new_state-{il}")
-    g.expand(B.cpy(new_state, ssm_all))
+    c.keep_state(new_state, ssm_all)
     normed = c.norm(o, "ssm_norm", il)
-    cur = B.mul(normed, B.silu(B.reshape(z, (dv, Hv, T, 1))))
-    cur = proj(c, il, "ssm_out", B.reshape(cur, (dv * Hv, T, 1)), f"linear_attn_out-{il}", linear_scales(c))
+    cur = B.mul(normed, B.silu(B.reshape(z, (dv, Hv, n_t, N))))
+    cur = proj(c, il, "ssm_out", B.reshape(cur, (dv * Hv, n_t, N)), f"linear_attn_out-{il}", linear_scales(c))
     return B.reshape(cur, (hp.n_embd, T))
 
 
