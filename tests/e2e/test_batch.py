@@ -2,7 +2,8 @@
 different lengths decoded together, in one graph per device, give each the greedy
 tokens it gets alone; one closed mid-way, or one started mid-way with its prompt
 in the same steps as the others' decodes, leaves the others unchanged; the same
-with sliding-window layers whose ring wraps. A divergence is accepted only at a
+with sliding-window layers whose ring wraps, and with recurrent layers (a state
+slot per sequence). A divergence is accepted only at a
 near-tie, found from the logits (the top two closer than the two runs' logits
 differ) and reported as a warning."""
 from __future__ import annotations
@@ -138,6 +139,22 @@ def test_latent_attention_sequences(tmp_path, servers, model, fa):
     with Model.load(path, rpc=servers, tensor_split=[1, 1], n_seq=4, flash_attn=fa) as m:
         assert all((v is None) == m.hp.is_mla for st in m.stages for _, v in st.kv.values())
         check(m, start=[0, 0, 2, 4], stop={1: 7})
+
+
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe"])
+def test_recurrent_sequences(tmp_path, servers, arch):
+    """Delta-net layers keep a state slot per sequence (beside the layers, on the
+    servers): sequences of different lengths in the same steps, one closed mid-way,
+    two joining late (their prompts cut to the others' token counts, llama.cpp's
+    equal split), in-process and over two servers; micro-batches of 8 tokens cut
+    the prompts that run together."""
+    path = synth.write_model(tmp_path / f"{arch}.gguf", arch, arch_shape(arch, 64), "f32", seed=3)
+    with Model.load(path, n_gpu_layers=0, n_seq=4) as m:
+        check(m, start=[0, 0, 2, 4], stop={1: 7})
+    with Model.load(path, rpc=servers, tensor_split=[1, 1], n_seq=4, n_ubatch=8) as m:
+        assert all(len(t) == 2 and t[0].ne[1] == 4 for st in m.stages for t in st.state.values() if t)
+        check(m, start=[0, 0, 2, 4], stop={1: 7})
+        assert m.kv.slots.of == {}        # every slot freed
 
 
 def test_the_model_s_own_sequence_is_untouched(llama):

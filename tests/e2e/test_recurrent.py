@@ -1,7 +1,7 @@
 """Architectures with a recurrent state beside their layers (qwen3next): the state
 starts from zero with every sequence, carries over from step to step wherever the
-layers run, and cannot go back, so what needs it to (a second sequence, a context
-cut short) is refused with a clear error."""
+layers run, each sequence has its own slot of it, and it cannot go back, so a
+context cut short is refused with a clear error."""
 from __future__ import annotations
 
 import pytest
@@ -51,16 +51,28 @@ def test_state_restarts_and_carries_over(model_path):
         srv.close()
 
 
-def test_one_sequence_only(model_path):
-    with pytest.raises(ModelError, match="one sequence only"):
-        Model.load(model_path, n_gpu_layers=0, n_seq=2)
-    with Model.load(model_path, n_gpu_layers=0) as m:
-        with pytest.raises(ModelError, match="one sequence only"):
-            m.new_sequence()
-        m.eval(m.tokenize(PROMPT))
+def test_a_slot_per_sequence(model_path):
+    """n_seq sequences hold a state slot each; one more is refused until one is
+    closed, and the next takes the freed slot from a zero state (its tokens are the
+    first sequence's). The state cannot go back: truncating into the past is
+    refused as llama.cpp's recurrent memory refuses it (to 0 only), and prefill
+    starts over."""
+    with Model.load(model_path, n_gpu_layers=0, n_seq=2) as m:
+        ids = m.tokenize(PROMPT)
+        first = greedy(m)
+        a, b = m.new_sequence(), m.new_sequence()
+        a.eval(ids)
+        with pytest.raises(ModelError, match="every recurrent state slot is taken"):
+            b.eval(ids)
+        assert b.n_past == 0 and m.kv.slots.of == {0: 0, a.id: 1}
+        a.close()
+        assert [t for t, _ in b.stream(ids, 8, Sampler(temp=0))] == first
         with pytest.raises(ModelError, match="recurrent state cannot drop"):
-            m.truncate(2)
-
+            b.truncate(2)
+        b.truncate(0)
+        assert b.n_past == 0 and b.id not in m.kv.slots.of
+        m.reset()
+        assert m.kv.slots.of == {}
 
 
 def test_missing_delta_net_sizes(tmp_path, capsys, monkeypatch):
