@@ -3,7 +3,8 @@ equals the one the request gets alone, except at a near-tie, found from the top 
 log-probabilities and reported as a warning; a client that hangs up mid-way leaves
 the others' answers unchanged; a request that starts like an earlier one reuses
 its cells (cached_tokens) with the same answer; a full queue answers 503; a
-request over its time limit gets an error and the server goes on."""
+request over its time limit gets an error and the server goes on. Models with a
+recurrent state batch too."""
 from __future__ import annotations
 
 import json
@@ -13,6 +14,8 @@ from concurrent.futures import ThreadPoolExecutor
 import httpx
 import pytest
 
+from ggmlrpc.llm import synth
+from tests.e2e.test_runner import arch_shape
 from tests.e2e.test_serve import Serve, files, rpc  # noqa: F401 (fixtures)
 
 QUESTIONS = ["tell me about the old fisherman",
@@ -146,6 +149,20 @@ def test_a_shared_prefix_is_reused(srv4):
     def of(r):
         return Answer(r["choices"][0]["logprobs"]["content"], r["choices"][0]["message"]["content"])
     same_or_near_tie([("shared prefix", of(fresh), of(r))], NOISE)
+
+
+@pytest.mark.parametrize("arch", ["qwen3next", "qwen35moe"])
+def test_recurrent_model_requests_at_once_answer_as_alone(tmp_path, files, rpc, arch):  # noqa: F811
+    """-np 2 with delta-net layers (a state slot per slot, on the servers): four
+    requests at once (two waiting for a slot) answer as each alone, a client
+    hanging up mid-way included."""
+    model = synth.write_model(tmp_path / f"{arch}.gguf", arch, arch_shape(arch, 64), "f32", seed=3)
+    s = Serve(model, "--rpc", rpc, "-ts", "1,1", "--chat-template-file", str(files["chatml"]), "-np", "2",
+              "-c", "2048")
+    try:
+        at_once_as_alone(s.url)
+    finally:
+        s.stop()
 
 
 def test_a_full_queue_answers_503_and_a_late_request_times_out(files, rpc):  # noqa: F811
