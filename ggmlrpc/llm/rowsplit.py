@@ -199,7 +199,7 @@ class RowSplit:
     def reserve(self, key: tuple) -> None:
         """The compute and input memory of the largest segments each device runs."""
         T, il = key[0], self.layers[0]
-        rows = (T, key[1], T, key[3], key[4])
+        rows = (T, key[1], T, *key[3:])
         segs = ([(("attn", il), key), (("ffn", il), rows)] if self.combine == "reduce" else
                 [(("heads", il), key), (("mid", il), rows), (("down", il), rows)])
         for sh in self.shards:
@@ -296,20 +296,20 @@ class RowSplit:
                 s = _sum(self._combine(("attn", il), key, dict(values, x=x)))
             else:
                 o = _cat(self._combine(("heads", il), key, dict(values, x=x)))
-                h = _cat(self._combine(("mid", il), (T, key[1], n_out if il == last else T, key[3]),
+                h = _cat(self._combine(("mid", il), (T, key[1], n_out if il == last else T, *key[3:]),
                                        {"x": x, "o": o, "out_ids": out_ids}))
                 R = h.shape[0]
-                x = _cat(self._combine(("down", il), (R, key[1], R, key[3]), {"x": h}))
+                x = _cat(self._combine(("down", il), (R, key[1], R, *key[3:]), {"x": h}))
                 continue
             if il == last and n_out < T:
                 s, x = s[out_ids], x[out_ids]
             x = s + x
             R = x.shape[0]
-            x = _sum(self._combine(("ffn", il), (R, key[1], R, key[3]), {"x": x})) + x
+            x = _sum(self._combine(("ffn", il), (R, key[1], R, *key[3:]), {"x": x})) + x
         if not self.output:
             return x
         R = x.shape[0]
-        return _cat(self._combine(("out",), (R, 0, R, 0), {"x": x}))
+        return _cat(self._combine(("out",), (R, 0, R, 0, ()), {"x": x}))
 
     def clear(self) -> None:
         for sh in self.shards:
