@@ -51,6 +51,11 @@ __all__ = ["Model", "Sequence", "HParams", "SwaCells", "KV_PAD", "N_UBATCH", "SU
            "assign_layers", "ModelError"]
 
 N_UBATCH = 512        # prompt tokens per graph (llama.cpp's default micro-batch)
+# A pipelined decode is cut into about PIPE_DEPTH micro-batches per stage (a prompt of
+# one -ub micro-batch would otherwise not flow at all), none under PIPE_MIN_UBATCH
+# tokens: with S stages, k micro-batches take k + S - 1 ticks of 1/k instead of S.
+PIPE_DEPTH = 4
+PIPE_MIN_UBATCH = 64
 
 
 class Model:
@@ -256,9 +261,10 @@ class Model:
                 rows.append((i, t, q.n_past + j))
         last = {i: r for r, (i, _, _) in enumerate(rows)}   # each part's last row
         result: list = [None] * len(parts)
+        ub = self.pipeline_ubatch(len(rows))
         batches = []
-        for c in range(0, len(rows), self.n_ubatch):
-            chunk = rows[c:c + self.n_ubatch]
+        for c in range(0, len(rows), ub):
+            chunk = rows[c:c + ub]
             out = [r - c for i, r in last.items() if c <= r < c + len(chunk)]
             out = sorted(out) or [len(chunk) - 1]
             batches.append(([parts[i][0].id for i, _, _ in chunk], [t for _, t, _ in chunk],
@@ -267,9 +273,9 @@ class Model:
             steps = iter(self._run_pipelined(batches))
         else:
             steps = (self._step(batch) for batch in batches)
-        for c, logits in zip(range(0, len(rows), self.n_ubatch), steps):
-            chunk = rows[c:c + self.n_ubatch]
-            out = batches[c // self.n_ubatch][3]
+        for c, logits in zip(range(0, len(rows), ub), steps):
+            chunk = rows[c:c + ub]
+            out = batches[c // ub][3]
             for i, t, _ in chunk:
                 parts[i][0].tokens.append(t)
             for r, lg in zip(out, logits):
@@ -464,6 +470,17 @@ class Model:
                 e.backend = be
                 raise
         return answer, hook
+
+    def pipeline_ubatch(self, n_tokens: int) -> int:
+        """The micro-batch size of a decode of n_tokens: n_ubatch, or where the decode
+        runs as a pipeline, smaller pieces (about PIPE_DEPTH per stage, at least
+        PIPE_MIN_UBATCH tokens each), so that even a prompt of one -ub micro-batch
+        keeps every server busy. The logits then are those of that micro-batch size
+        (as with -ub: equal within kernel noise, not bit for bit)."""
+        if not self._pipelines(2):
+            return self.n_ubatch
+        want = -(-n_tokens // (PIPE_DEPTH * len(self.stages)))
+        return min(self.n_ubatch, max(want, PIPE_MIN_UBATCH))
 
     def _pipelines(self, n_batches: int) -> bool:
         """Whether micro-batches may flow through the stages at once: more than one

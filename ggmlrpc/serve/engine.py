@@ -232,11 +232,15 @@ class Engine:
     """The model, its chat template, and the worker thread that runs every job."""
 
     def __init__(self, model, names: list[str], template: ChatTemplate, model_path: str = "",
-                 n_slots: int = 1, max_queue: int = 0, timeout: float = 0.0):
+                 n_slots: int = 1, max_queue: int = 0, timeout: float = 0.0, n_batch: int = 2048):
         """`n_slots` requests run at once, each in its own sequence of the KV cache
         (n_ctx / n_slots tokens each); `max_queue` more wait (0: no bound; beyond,
-        503); `timeout`: seconds a request may take from its arrival (0: no limit)."""
+        503); `timeout`: seconds a request may take from its arrival (0: no limit);
+        `n_batch`: prompt tokens a step may take while no slot generates (a long
+        prompt's micro-batches then run in one decode, as a pipeline over the servers;
+        while slots generate, a step takes one micro-batch so that they go on)."""
         self.model = model
+        self.n_batch = n_batch
         self.slots = [Slot(model.seq)] + [Slot(model.new_sequence()) for _ in range(n_slots - 1)]
         self.max_queue, self.timeout = max_queue, timeout
         self.names = names
@@ -399,8 +403,9 @@ class Engine:
     def _work(self) -> None:
         """The slots' loop (llama-server's continuous batching): each step runs one
         token of every generating slot and the next piece of a new prompt, as many
-        tokens as a micro-batch holds, in one Model.decode (one graph per device);
-        a request that ends frees its slot for the next in the queue at once."""
+        tokens as a micro-batch holds (n_batch while no slot generates), in one
+        Model.decode; a request that ends frees its slot for the next in the queue
+        at once."""
         while True:
             free = [s for s in self.slots if s.gen is None]
             self.stats.processing = len(self.slots) - len(free)
@@ -451,7 +456,7 @@ class Engine:
                                                    "unavailable_error")))
         busy = [s for s in self.slots if s.gen is not None]
         parts = [(s, [s.last]) for s in busy if not s.todo]
-        room = self.model.n_ubatch - len(parts)
+        room = (self.model.n_ubatch if parts else self.n_batch) - len(parts)
         for s in busy:
             if s.todo and room > 0:
                 parts.append((s, s.todo[:room]))
@@ -460,6 +465,7 @@ class Engine:
             return
         try:
             logits = self.model.decode([(s.seq, toks) for s, toks in parts])
+            self.stats.n_decode += 1
         except Exception as e:     # never lose the worker: every request of the step fails
             msg = (f"generation failed: {e}" if isinstance(e, (ModelError, GgmlRpcError))
                    else f"internal error: {type(e).__name__}: {e}")
@@ -522,7 +528,6 @@ class Engine:
         st.prompt_seconds += t_prompt - t0
         st.predicted += n_gen
         st.predicted_seconds += t1 - t_prompt
-        st.n_decode += n_gen + (1 if n_eval else 0)
         st.n_tokens_max = max(st.n_tokens_max, len(job.ids) + n_gen)
         b = st.bucket
         b[0] += n_eval

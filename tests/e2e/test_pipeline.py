@@ -121,3 +121,35 @@ def test_server_lost_before_a_pipelined_prompt_and_back(model_path, monkeypatch)
     finally:
         for p in procs:
             p.stop()
+
+
+def test_a_prompt_of_one_micro_batch_is_cut_for_the_pipeline(model_path, servers, monkeypatch):
+    """A prompt that fits one -ub micro-batch still flows: over two servers it is cut
+    into about four pieces per server (none under PIPE_MIN_UBATCH tokens), whose
+    logits are those of that -ub run one by one, bit for bit, and within the noise of
+    a -ub change of the uncut run's; without the pipeline -ub is kept."""
+    from ggmlrpc.llm.model import PIPE_MIN_UBATCH
+    ids = [(5 * i + 1) % 250 + 2 for i in range(4 * PIPE_MIN_UBATCH - 5)]
+    sizes = []
+    step = Model._issue
+
+    def issue(self, st, key, values, x, pos0, hook=None, last=False):
+        if st is self.stages[0]:
+            sizes.append(len(values["inp_tokens"]) if "inp_tokens" in values else None)
+        return step(self, st, key, values, x, pos0, hook, last)
+
+    with Model.load(model_path, rpc=servers[:2], pipeline=False) as m:
+        assert m.pipeline_ubatch(len(ids)) == m.n_ubatch == 256     # n_ctx bounds -ub
+        want = m.eval(ids)
+    with Model.load(model_path, rpc=servers[:2], n_ubatch=PIPE_MIN_UBATCH, pipeline=False) as m:
+        one_by_one = m.eval(ids)
+    monkeypatch.setattr(Model, "_issue", issue)
+    with Model.load(model_path, rpc=servers[:2]) as m:
+        assert m.pipeline_ubatch(len(ids)) == PIPE_MIN_UBATCH
+        assert m.pipeline_ubatch(4000) == 256       # 4000 / 8 > -ub: -ub
+        got = m.eval(ids)
+    assert sizes == [PIPE_MIN_UBATCH] * 3 + [PIPE_MIN_UBATCH - 5]
+    assert np.array_equal(got, one_by_one)
+    # another -ub gives other attention tiles and F16 roundings (5e-7 here), as in llama.cpp
+    nmse = float(np.sum((got - want) ** 2) / np.sum(want ** 2))
+    assert nmse < 1e-5
