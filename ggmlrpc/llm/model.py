@@ -37,6 +37,7 @@ from ..errors import ConnectionLost, GgmlRpcError
 from ..local import LocalBackend
 from .archs import ARCHS, SUPPORTED_ARCHS
 from .blocks import build, stage_weights
+from .flow import Flow
 from .gguf_file import GGUFFile, ModelError
 from .hparams import HParams
 from .kv_cache import KV_PAD, KVCache, SwaCells
@@ -245,20 +246,7 @@ class Model:
         (one graph per device; micro-batches of n_ubatch tokens): the logits of each
         part's last token, in order. A sequence may appear once."""
         parts = [(q, list(toks)) for q, toks in parts]
-        if len({id(q) for q, _ in parts}) < len(parts):
-            raise ValueError("a sequence appears twice in one batch")
-        rows = []       # (part, token, position) of every new token, in order
-        for i, (q, toks) in enumerate(parts):
-            if q.model is not self or q.closed:
-                raise ValueError(f"sequence {q.id} is closed or not this model's")
-            if not toks:
-                raise ValueError("eval needs at least one token")
-            if q.n_past + len(toks) > self.n_ctx:
-                raise ModelError(f"context full: {q.n_past} + {len(toks)} tokens > n_ctx {self.n_ctx}")
-            for j, t in enumerate(toks):
-                if not 0 <= t < self.hp.n_vocab:
-                    raise ValueError(f"token {t} outside the vocabulary")
-                rows.append((i, t, q.n_past + j))
+        rows = self._rows(parts)
         last = {i: r for r, (i, _, _) in enumerate(rows)}   # each part's last row
         result: list = [None] * len(parts)
         ub = self.pipeline_ubatch(len(rows))
@@ -283,6 +271,40 @@ class Model:
                 if last[i] == c + r:
                     result[i] = lg
         return result
+
+    def _rows(self, parts: list[tuple["Sequence", list[int]]]) -> list[tuple[int, int, int]]:
+        """(part, token, position) of every new token of a batch, in order."""
+        if len({id(q) for q, _ in parts}) < len(parts):
+            raise ValueError("a sequence appears twice in one batch")
+        rows = []
+        for i, (q, toks) in enumerate(parts):
+            if q.model is not self or q.closed:
+                raise ValueError(f"sequence {q.id} is closed or not this model's")
+            if not toks:
+                raise ValueError("eval needs at least one token")
+            if q.n_past + len(toks) > self.n_ctx:
+                raise ModelError(f"context full: {q.n_past} + {len(toks)} tokens > n_ctx {self.n_ctx}")
+            for j, t in enumerate(toks):
+                if not 0 <= t < self.hp.n_vocab:
+                    raise ValueError(f"token {t} outside the vocabulary")
+                rows.append((i, t, q.n_past + j))
+        return rows
+
+    def add_to(self, flow: Flow, parts: Seq[tuple["Sequence", Seq[int]]], tag=None):
+        """Queue one micro-batch of `parts` (each sequence's new tokens after its
+        context, n_ubatch tokens at most in all) in `flow`; the tokens join their
+        sequences now (a failed flow is undone by resetting them). The micro-batch's
+        `logits` are then each part's last token's, in order."""
+        parts = [(q, list(toks)) for q, toks in parts]
+        rows = self._rows(parts)
+        if len(rows) > self.n_ubatch:
+            raise ValueError(f"{len(rows)} tokens do not fit one micro-batch of {self.n_ubatch}")
+        out = [int(n) - 1 for n in np.cumsum([len(toks) for _, toks in parts])]
+        mb = flow.add(([parts[i][0].id for i, _, _ in rows], [t for _, t, _ in rows], [p for _, _, p in rows],
+                       out), tag)
+        for q, toks in parts:
+            q.tokens.extend(toks)
+        return mb
 
     def _forget(self, s: int, p0: int) -> None:
         """Free sequence s's cells from position p0 on, and its tokens there in the
@@ -491,50 +513,31 @@ class Model:
         return len(remote) >= 2 and len({id(be) for be in remote}) == len(remote)
 
     def _run_pipelined(self, batches: list[tuple]) -> list[np.ndarray]:
-        """The micro-batches of one decode through the stages as a pipeline: at tick t
-        stage k runs micro-batch t - k, so while a server runs micro-batch i the one
-        before it runs i + 1 (each server still sees its micro-batches in order, and
-        the graphs and inputs are those of one step at a time: the same logits).
-        Every request of a tick leaves before any answer is read. A server lost on the
-        way: the unread answers of the others are drained, the cache bookkeeping put
-        back, and the micro-batches run one by one, where a lost server is recovered."""
-        saved = self.kv.save()
-        n, S = len(batches), len(self.stages)
-        prepared = [self.kv.inputs(tok, pos, seqs, out) for seqs, tok, pos, out in batches]
-        xs: list = [None] * n
-        logits: list = [None] * n
-        hook = self.on_wait
-        waiting: list = []
+        """The micro-batches of one decode through the stages as a pipeline (a Flow):
+        the same graphs and inputs as one by one, so the same logits. A server lost
+        on the way: the unread answers of the others are drained, the cache
+        bookkeeping put back, and the micro-batches run one by one, where a lost
+        server is recovered."""
+        saved, n_run = self.kv.save(), len(self._batches)
+        flow = Flow(self)
         try:
-            for t in range(n + S - 1):
-                active = [(c, t - c) for c in range(max(0, t - S + 1), min(n, t + 1))]
-                # the servers' requests first, then the local graphs, then the answers
-                active.sort(key=lambda ck: not isinstance(self.stages[ck[1]].device.backend, RemoteBackend))
-                for c, k in active:
-                    key, values = prepared[c]
-                    answer, hook = self._issue(self.stages[k], key, values, xs[c], batches[c][2][0], hook,
-                                               k == S - 1)
-                    waiting.append((c, k, answer))
-                while waiting:
-                    c, k, answer = waiting.pop(0)
-                    x = bytes(answer())     # the stage's result buffer is reused by its next micro-batch
-                    if k == S - 1:
-                        logits[c] = self._logits(x, len(batches[c][3]))
-                    else:
-                        xs[c] = x
+            mbs = [flow.add(batch) for batch in batches]
+            while flow:
+                flow.tick()
         except ConnectionLost:
-            for _, _, answer in waiting:
-                try:
-                    answer()
-                except GgmlRpcError:
-                    pass
             self.kv.restore(saved)
+            del self._batches[n_run:]
             return [self._step(batch) for batch in batches]
         except BaseException:
             self.kv.restore(saved)
+            del self._batches[n_run:]
             raise
-        self._batches.extend(batches)
-        return logits
+        return [mb.logits for mb in mbs]
+
+    def flow(self) -> Flow | None:
+        """A Flow of this model's micro-batches, where they can run as a pipeline (a
+        layer split over two or more servers); else None."""
+        return Flow(self) if self._pipelines(2) else None
 
     def generate(self, prompt: str | bytes | Seq[int], n_predict: int = -1, *,
                  temp: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,

@@ -213,6 +213,7 @@ class Slot:
         self.seq = seq
         self.gen: Generation | None = None
         self.used = 0.0          # when it last took a request
+        self.in_flight = False   # a micro-batch of it is in the model's Flow
 
 
 class Stats:
@@ -241,6 +242,8 @@ class Engine:
         while slots generate, a step takes one micro-batch so that they go on)."""
         self.model = model
         self.n_batch = n_batch
+        # several requests over a pipelined layer split go through a Flow (None: one by one)
+        self.flow = model.flow() if n_slots > 1 else None
         self.slots = [Slot(model.seq)] + [Slot(model.new_sequence()) for _ in range(n_slots - 1)]
         self.max_queue, self.timeout = max_queue, timeout
         self.names = names
@@ -447,7 +450,7 @@ class Engine:
     def _step(self) -> None:
         now = time.monotonic()
         for slot in self.slots:
-            if slot.gen is None:
+            if slot.gen is None or slot.in_flight:    # a slot in flight is seen when it lands
                 continue
             if slot.gen.cancelled.is_set():
                 self._end(slot, ("cancelled",))
@@ -455,6 +458,8 @@ class Engine:
                 self._end(slot, ("error", ApiError(f"request timed out after {self.timeout:g} s",
                                                    "unavailable_error")))
         busy = [s for s in self.slots if s.gen is not None]
+        if self.flow is not None and (self.flow or (len(busy) > 1 and any(not s.todo for s in busy))):
+            return self._flow_step(busy)
         parts = [(s, [s.last]) for s in busy if not s.todo]
         room = (self.model.n_ubatch if parts else self.n_batch) - len(parts)
         for s in busy:
@@ -467,23 +472,70 @@ class Engine:
             logits = self.model.decode([(s.seq, toks) for s, toks in parts])
             self.stats.n_decode += 1
         except Exception as e:     # never lose the worker: every request of the step fails
-            msg = (f"generation failed: {e}" if isinstance(e, (ModelError, GgmlRpcError))
-                   else f"internal error: {type(e).__name__}: {e}")
-            for s, _ in parts:
-                s.seq.reset()
-                self._end(s, ("error", ApiError(msg, "server_error")))
-            return
+            return self._failed([s for s, _ in parts], e)
+        if self.flow is None and len(self.slots) > 1:
+            self.flow = self.model.flow()     # a lost server is back
         for (slot, toks), lg in zip(parts, logits):
-            if slot.todo:
-                del slot.todo[:len(toks)]
-                if slot.todo:
-                    continue            # more of the prompt to run
-                slot.t_prompt = time.perf_counter()
+            self._landed(slot, toks, lg)
+
+    def _flow_step(self, busy: list["Slot"]) -> None:
+        """A step with several requests over a pipelined layer split: the requests
+        go in groups, one group per server, each group's micro-batch a stage behind
+        the one before it; a group's next micro-batch (its new tokens, or its next
+        piece of prompt) joins as soon as its last one lands. One tick of the Flow:
+        every server runs one micro-batch."""
+        ready = [s for s in busy if not s.in_flight]
+        if ready and self.flow.starts_now():
+            share = -(-len(busy) // len(self.model.stages))
+            parts, room = [], self.model.n_ubatch
+            for s in sorted(ready, key=lambda s: bool(s.todo))[:share]:     # the generating first
+                toks = s.todo[:room] if s.todo else [s.last]
+                if toks:
+                    parts.append((s, toks))
+                    room -= len(toks)
             try:
-                self._token(slot, lg)
-            except Exception as e:     # never lose the worker
-                slot.seq.reset()
-                self._end(slot, ("error", ApiError(f"internal error: {type(e).__name__}: {e}", "server_error")))
+                self.model.add_to(self.flow, [(s.seq, toks) for s, toks in parts], parts)
+            except Exception as e:
+                return self._failed([s for s, _ in parts], e)
+            for s, _ in parts:
+                s.in_flight = True
+        try:
+            landed = self.flow.tick()
+        except Exception as e:     # every request in flight fails
+            dropped = [s for mb in self.flow.clear() for s, _ in mb.tag]
+            for s in dropped:
+                s.in_flight = False
+            self.flow = None       # one by one from now: that is where a lost server comes back
+            return self._failed(dropped, e)
+        self.stats.n_decode += len(landed)
+        for mb in landed:
+            for (slot, toks), lg in zip(mb.tag, mb.logits):
+                slot.in_flight = False
+                if slot.gen.cancelled.is_set():
+                    self._end(slot, ("cancelled",))
+                else:
+                    self._landed(slot, toks, lg)
+
+    def _failed(self, slots: list["Slot"], e: Exception) -> None:
+        msg = (f"generation failed: {e}" if isinstance(e, (ModelError, GgmlRpcError))
+               else f"internal error: {type(e).__name__}: {e}")
+        for s in slots:
+            s.seq.reset()
+            self._end(s, ("error", ApiError(msg, "server_error")))
+
+    def _landed(self, slot: "Slot", toks: list[int], logits: np.ndarray) -> None:
+        """A slot's tokens ran: the next piece of its prompt waits, or its next token
+        is sampled from `logits`."""
+        if slot.todo:
+            del slot.todo[:len(toks)]
+            if slot.todo:
+                return            # more of the prompt to run
+            slot.t_prompt = time.perf_counter()
+        try:
+            self._token(slot, logits)
+        except Exception as e:     # never lose the worker
+            slot.seq.reset()
+            self._end(slot, ("error", ApiError(f"internal error: {type(e).__name__}: {e}", "server_error")))
 
     def _token(self, slot: "Slot", logits: np.ndarray) -> None:
         """Sample the slot's next token from `logits`, send its text, end the request

@@ -153,3 +153,68 @@ def test_a_prompt_of_one_micro_batch_is_cut_for_the_pipeline(model_path, servers
     # another -ub gives other attention tiles and F16 roundings (5e-7 here), as in llama.cpp
     nmse = float(np.sum((got - want) ** 2) / np.sum(want ** 2))
     assert nmse < 1e-5
+
+
+def greedy_pair(m: Model, flow: bool, n: int = 6, after_prompts=None) -> list[np.ndarray]:
+    """Two sequences' prompts, then n greedy tokens of each, taking turns: through a
+    Flow (each sequence's next token goes in as soon as its last one lands, one
+    micro-batch a stage behind the other's) or by one decode each."""
+    a, b = m.new_sequence(), m.new_sequence()
+    la, lb = m.decode([(a, PROMPT_IDS[:29]), (b, PROMPT_IDS[10:])])
+    out, nxt = [la, lb], {a: la, b: lb}
+    if after_prompts:
+        after_prompts()
+    if not flow:
+        for _ in range(n):
+            for q in (a, b):
+                nxt[q] = m.decode([(q, [int(np.argmax(nxt[q]))])])[0]
+                out.append(nxt[q])
+        return out
+    f = m.flow()
+    assert f is not None
+    todo = {a: n, b: n}
+    for q in (a, b):
+        m.add_to(f, [(q, [int(np.argmax(nxt[q]))])], q)
+        todo[q] -= 1
+        if q is a:
+            assert f.tick() == []       # a's micro-batch goes on to the second server
+    while f:
+        for mb in f.tick():
+            q = mb.tag
+            nxt[q] = mb.logits[0]
+            out.append(nxt[q])
+            if todo[q]:
+                m.add_to(f, [(q, [int(np.argmax(nxt[q]))])], q)
+                todo[q] -= 1
+    return out
+
+
+def test_a_flow_of_two_sequences_keeps_both_servers_busy(model_path, servers, monkeypatch):
+    """serve's way with several requests: while one sequence's token is on the second
+    server the other's runs on the first. The logits are those of the same
+    micro-batches one by one, bit for bit, and two requests are out at once."""
+    with Model.load(model_path, rpc=servers[:2], n_ubatch=8, n_seq=2, pipeline=False) as m:
+        assert m.flow() is None
+        want = greedy_pair(m, False)
+    waiting, most = set(), [0]
+    send = RemoteBackend.request_tensor
+
+    def request_tensor(self, tensor, out=None):
+        wait = send(self, tensor, out=out)
+        waiting.add(id(self))
+        most[0] = max(most[0], len(waiting))
+
+        def answer():
+            try:
+                return wait()
+            finally:
+                waiting.discard(id(self))
+        return answer
+
+    monkeypatch.setattr(RemoteBackend, "request_tensor", request_tensor)
+    with Model.load(model_path, rpc=servers[:2], n_ubatch=8, n_seq=2) as m:
+        got = greedy_pair(m, True, after_prompts=lambda: most.__setitem__(0, 0))
+    assert len(got) == len(want) == 14
+    for x, y in zip(want, got):
+        assert np.array_equal(x, y)
+    assert most[0] == 2
