@@ -66,9 +66,9 @@ def test_several_sequences_in_one_pipelined_decode(model_path, servers):
         assert np.array_equal(x, y)
 
 
-def test_requests_are_out_at_two_servers_at_once(model_path, servers, monkeypatch):
-    """What makes the pipeline: while one server's answer is awaited, another server
-    already has its request (one by one, never more than one is out)."""
+def requests_out(monkeypatch) -> list[int]:
+    """[the most servers that had a request out at once], kept up to date (set it to
+    0 to start over)."""
     waiting, most = set(), [0]
     send = RemoteBackend.request_tensor
 
@@ -85,6 +85,13 @@ def test_requests_are_out_at_two_servers_at_once(model_path, servers, monkeypatc
         return answer
 
     monkeypatch.setattr(RemoteBackend, "request_tensor", request_tensor)
+    return most
+
+
+def test_requests_are_out_at_two_servers_at_once(model_path, servers, monkeypatch):
+    """What makes the pipeline: while one server's answer is awaited, another server
+    already has its request (one by one, never more than one is out)."""
+    most = requests_out(monkeypatch)
     for pipeline, want in ((False, 1), (True, 2)):
         most[0] = 0
         with Model.load(model_path, rpc=servers[:2], n_ubatch=8, pipeline=pipeline) as m:
@@ -196,22 +203,7 @@ def test_a_flow_of_two_sequences_keeps_both_servers_busy(model_path, servers, mo
     with Model.load(model_path, rpc=servers[:2], n_ubatch=8, n_seq=2, pipeline=False) as m:
         assert m.flow() is None
         want = greedy_pair(m, False)
-    waiting, most = set(), [0]
-    send = RemoteBackend.request_tensor
-
-    def request_tensor(self, tensor, out=None):
-        wait = send(self, tensor, out=out)
-        waiting.add(id(self))
-        most[0] = max(most[0], len(waiting))
-
-        def answer():
-            try:
-                return wait()
-            finally:
-                waiting.discard(id(self))
-        return answer
-
-    monkeypatch.setattr(RemoteBackend, "request_tensor", request_tensor)
+    most = requests_out(monkeypatch)
     with Model.load(model_path, rpc=servers[:2], n_ubatch=8, n_seq=2) as m:
         got = greedy_pair(m, True, after_prompts=lambda: most.__setitem__(0, 0))
     assert len(got) == len(want) == 14
