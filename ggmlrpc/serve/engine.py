@@ -494,7 +494,8 @@ class Engine:
                     parts.append((s, toks))
                     room -= len(toks)
             try:
-                self.model.add_to(self.flow, [(s.seq, toks) for s, toks in parts], parts)
+                if parts:
+                    self.model.add_to(self.flow, [(s.seq, toks) for s, toks in parts], parts)
             except Exception as e:
                 return self._failed([s for s, _ in parts], e)
             for s, _ in parts:
