@@ -228,6 +228,42 @@ def test_decode_matmul_levels_give_each_row_its_dot(seed, wtype):
                 np.testing.assert_array_equal(got.view(np.uint32), want.ravel().view(np.uint32))
 
 
+@pytest.mark.parametrize("wtype", [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_K, T.Q6_K])
+def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
+    """Small batches (2 to 7 activation columns) take four weight rows against up to
+    four columns of one src1 batch at a time (ggmlrpc_vec_dot_4xn) at both SIMD kernel
+    levels (AVX2, and AVX-512 VNNI where this CPU has it): with 2, 3, 5 and 7 columns
+    in two src1 batches, weight rows not a multiple of four (a short last quad), in
+    chunks shared by threads or one share each, an infinite activation (Q8_0 -128s,
+    the sign trick's wrap-around): every output is the one vec_dot of its row."""
+    from ggmlrpc._native import quants
+    from tests.ops.test_quants import random_blocks
+    rng = np.random.default_rng(seed)
+    K, B = 512, 2
+    act = quants.vec_dot_type(int(wtype))
+    top = quants.simd()
+    levels = sorted({1, top})
+    for M in (150, 30):   # 150: chunks of 16 rows handed out (the last of 6); 30: a share per thread
+        if wtype in (T.Q4_K, T.Q6_K):
+            wq = random_blocks(rng, int(wtype), K * M)
+        else:
+            wq = np.concatenate([quants.quantize(int(wtype), r)
+                                 for r in rng.standard_normal((M, K)).astype(np.float32)])
+        rb = len(wq) // M
+        for N in (2, 3, 5, 7):
+            x = rng.standard_normal((B, N, K)).astype(np.float32)
+            if wtype not in (T.Q4_K, T.Q6_K):
+                x[1, N - 1, 40] = np.inf
+            want = np.array([[[quants.vec_dot(int(wtype), wq[i * rb:(i + 1) * rb].tobytes(),
+                                              quants.quantize(act, x[b, j]).tobytes()) for i in range(M)]
+                              for j in range(N)] for b in range(B)], np.float32)
+            for level in levels:
+                for n_threads in (1, 2):
+                    got = _matmul_runs(wtype, wq, x, M, n_threads, level, level)[0]
+                    np.testing.assert_array_equal(got.view(np.uint32), want.ravel().view(np.uint32),
+                                                  err_msg=f"M={M} N={N} level={level} threads={n_threads}")
+
+
 @pytest.mark.parametrize("wtype", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS])
 def test_prompt_k_quant_panels_match_the_one_row_path(seed, wtype):
     """K-quant products with 8+ activation rows take runs of eight rows at once (K

@@ -143,6 +143,35 @@ static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
 
 /* ---- phase 1 strategies ---------------------------------------------------- */
 
+/* outputs [ib, ie) x columns [b0, b1) of a quantized type by its 4xn kernel (small
+ * batches): four weight rows against up to four columns of one src1 batch at a
+ * time, the columns of a row quad one group after another while its weights are
+ * in cache; a short last quad repeats its first row (outputs not written) */
+static void mm_4xn(const gr_job *job, const mm_ctx *cx, ggmlrpc_vec_dot_4xn_fn tile, int64_t ib, int64_t ie,
+                   int64_t b0, int64_t b1) {
+    const gr_tensor *s0 = cx->s0, *d = cx->d;
+    const int64_t N = cx->N, ne12 = cx->ne12;
+    for (int64_t i01 = ib; i01 < ie; i01 += 4) {
+        const int rows = ie - i01 < 4 ? (int)(ie - i01) : 4;
+        for (int64_t c = b0; c < b1;) {
+            const int64_t i11 = c % N, i12 = (c / N) % ne12, i13 = c / (N * ne12);
+            const int64_t left = (b1 < c - i11 + N ? b1 : c - i11 + N) - c;   /* in this batch */
+            const int nc = left < 4 ? (int)left : 4;
+            const char *w = s0->data + (i12 / cx->r2) * s0->nb[2] + (i13 / cx->r3) * s0->nb[3];
+            const void *wr[4], *act[4];
+            for (int r = 0; r < 4; r++) wr[r] = w + (i01 + (r < rows ? r : 0)) * s0->nb[1];
+            for (int j = 0; j < nc; j++) act[j] = mm_act(job, cx, c + j);
+            float v[16];
+            tile(cx->K, v, wr, act, nc);
+            for (int j = 0; j < nc; j++) {
+                float *out = (float *)(d->data + (i11 + j) * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
+                for (int r = 0; r < rows; r++) out[i01 + r] = v[4 * j + r];
+            }
+            c += nc;
+        }
+    }
+}
+
 /* outputs [a0, a1) x columns [b0, b1), one dot product each (vec_dot's order, or
  * the GEMM's for F32/F16 with dot32/dot16 set so); a weight row against four
  * converted columns of one batch at a time where the type has such a kernel */
@@ -158,11 +187,19 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
     /* four weight rows at a time, where qdot is the type's vec_dot (not a GEMM order) */
     const ggmlrpc_vec_dot_rows4_fn qrows4 = !qdots && qdot && qdot == ggmlrpc_get_vec_dot((uint32_t)s0->type)
                                                 ? ggmlrpc_get_vec_dot_rows4((uint32_t)s0->type) : NULL;
+    /* 2+ columns, where qdot is the type's vec_dot */
+    const ggmlrpc_vec_dot_4xn_fn tile = b1 - b0 >= 2 && qdot && qdot == ggmlrpc_get_vec_dot((uint32_t)s0->type)
+                                            ? ggmlrpc_get_vec_dot_4xn((uint32_t)s0->type) : NULL;
     const int64_t BLK = 16;
     /* the bytes of one weight row, fetched ahead of use on a block's first column */
     const size_t wrow = ggmlrpc_row_size((uint32_t)s0->type, K);
     for (int64_t ib = a0; ib < a1; ib += BLK) {
         const int64_t ie = ib + BLK < a1 ? ib + BLK : a1;
+        if (tile) {
+            if (gr_canceled(job)) return;
+            mm_4xn(job, cx, tile, ib, ie, b0, b1);
+            continue;
+        }
         int64_t c = b0;
         for (; qdot4 && c + 4 <= b1; c += 4) {
             if (((c - b0) & 63) == 0 && gr_canceled(job)) return;

@@ -85,6 +85,8 @@ ggmlrpc_vec_dot_rows4_fn ggmlrpc_get_vec_dot_rows4(uint32_t weight_type) {
     return gr_arch(weight_type).vec_dot_rows4;
 }
 
+ggmlrpc_vec_dot_4xn_fn ggmlrpc_get_vec_dot_4xn(uint32_t weight_type) { return gr_arch(weight_type).vec_dot_4xn; }
+
 ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type) { return gr_arch(weight_type).panel_dot; }
 
 ggmlrpc_cpanel_dot_fn ggmlrpc_get_cpanel_dot(uint32_t weight_type) { return gr_arch(weight_type).cpanel_dot; }

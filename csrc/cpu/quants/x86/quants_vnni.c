@@ -12,8 +12,6 @@
 
 #if GR_X86
 
-#define GR_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
-
 /* signed x signed int8, 64 lanes -> 16 int32 lanes of 4-product sums, as the AVX2
  * kernels' sign trick (gr_dot_i8) gives them (|x| unsigned times y with x's sign, the
  * wrap-around of -(-128) included) */
@@ -127,6 +125,65 @@ GR_VNNI void vec_dot_rows4_q5_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const 
                                           const void *vy /* (n/32,) q8_0 */) {
     gr_rows4_q0(n, s, vx, vy, sizeof(block_q5_0), 2);
 }
+
+/* Four weight rows against NC activation rows (small batches): each weight block
+ * loaded and unpacked once for the NC columns, every output on its own eight lanes
+ * with gr_rows4_q0's steps (so vec_dot's) */
+GR_VNNI static inline __attribute__((always_inline)) void gr_4xn_q0(int64_t n, float *s /* (4 * NC,) */,
+                                                                    const void *const vx[4], const void *const vy[4],
+                                                                    size_t bs, int kind, int NC) {
+    const uint8_t *x0 = vx[0], *x1 = vx[1], *x2 = vx[2], *x3 = vx[3];
+    const block_q8_0 *y[4] = {vy[0], vy[NC > 1], vy[NC > 2 ? 2 : 0], vy[NC > 3 ? 3 : 0]};
+    const __m512i lo = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i hi = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 a01[4], a23[4];
+    for (int c = 0; c < NC; c++) a01[c] = a23[c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        const size_t o = (size_t)i * bs;
+        gr_prefetch_ahead(x0 + o);
+        gr_prefetch_ahead(x1 + o);
+        gr_prefetch_ahead(x2 + o);
+        gr_prefetch_ahead(x3 + o);
+        __m128i h = _mm_cvtsi32_si128(gr_f16_at(x0 + o));
+        h = _mm_insert_epi16(h, gr_f16_at(x1 + o), 1);
+        h = _mm_insert_epi16(h, gr_f16_at(x2 + o), 2);
+        h = _mm_insert_epi16(h, gr_f16_at(x3 + o), 3);
+        const __m512 dx = _mm512_castps128_ps512(_mm_cvtph_ps(h));
+        const __m512 dx01 = _mm512_permutexvar_ps(lo, dx), dx23 = _mm512_permutexvar_ps(hi, dx);
+#define GR_4XN_PAIR(a, b) (kind == 1 ? gr_pair_q4(a + o + 2, b + o + 2) \
+                           : kind == 2 ? gr_pair_q5(a + o + 2, b + o + 2) : gr_pair32(a + o + 2, b + o + 2))
+        const __m512i q01 = GR_4XN_PAIR(x0, x1), q23 = GR_4XN_PAIR(x2, x3);
+#undef GR_4XN_PAIR
+        /* gr_dot_i8_x2 with the weights' part done once */
+        const __mmask64 m01 = _mm512_movepi8_mask(q01), m23 = _mm512_movepi8_mask(q23);
+        const __m512i u01 = _mm512_abs_epi8(q01), u23 = _mm512_abs_epi8(q23);
+        for (int c = 0; c < NC; c++) {
+            const __m512 dy = _mm512_set1_ps(_cvtsh_ss(y[c][i].d));
+            const __m512i qy = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y[c][i].qs));
+            const __m512i p01 = _mm512_dpbusd_epi32(zero, u01, _mm512_mask_sub_epi8(qy, m01, zero, qy));
+            const __m512i p23 = _mm512_dpbusd_epi32(zero, u23, _mm512_mask_sub_epi8(qy, m23, zero, qy));
+            a01[c] = _mm512_fmadd_ps(_mm512_mul_ps(dx01, dy), _mm512_cvtepi32_ps(p01), a01[c]);
+            a23[c] = _mm512_fmadd_ps(_mm512_mul_ps(dx23, dy), _mm512_cvtepi32_ps(p23), a23[c]);
+        }
+    }
+    for (int c = 0; c < NC; c++) gr_finish4(s + 4 * c, a01[c], a23[c]);
+}
+
+/* one instance per column count, the count a constant in each */
+#define GR_4XN_Q0(name, block, kind)                                                                      \
+    GR_VNNI void name(int64_t n, float *s, const void *const vx[4], const void *const vy[4], int ncols) { \
+        switch (ncols) {                                                                                  \
+        case 1: gr_4xn_q0(n, s, vx, vy, sizeof(block), kind, 1); break;                                   \
+        case 2: gr_4xn_q0(n, s, vx, vy, sizeof(block), kind, 2); break;                                   \
+        case 3: gr_4xn_q0(n, s, vx, vy, sizeof(block), kind, 3); break;                                   \
+        default: gr_4xn_q0(n, s, vx, vy, sizeof(block), kind, 4); break;                                  \
+        }                                                                                                 \
+    }
+GR_4XN_Q0(vec_dot_4xn_q8_0_q8_0_vnni, block_q8_0, 0)
+GR_4XN_Q0(vec_dot_4xn_q4_0_q8_0_vnni, block_q4_0, 1)
+GR_4XN_Q0(vec_dot_4xn_q5_0_q8_0_vnni, block_q5_0, 2)
+#undef GR_4XN_Q0
 
 /* Column panels (quants.h, GR_CPANEL_*): one weight row against sixteen columns per
  * register, the register of partial lane m holding that lane for the sixteen

@@ -628,6 +628,145 @@ GR_AVX2 void vec_dot_rows4_q6_K_q8_K_avx2(int64_t n, float *s /* (4,) */, const 
     for (int r = 0; r < 4; r++) s[r] = gr_hsum_ps8(acc[r]);
 }
 
+/* Small batches (ggmlrpc_vec_dot_4xn): four weight rows one after another, each
+ * against NC activation rows, its blocks unpacked once for the NC and fetched ahead;
+ * every output with its own accumulators and the steps of the type's vec_dot. The
+ * bodies are built twice: for AVX2, and for AVX-512 CPUs (32 registers). */
+
+/* Q8_0 (kind 0) and Q4_0 (kind 1): an f16 scale, then the codes */
+GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q0(int64_t n, float *s /* (NC,) stride 4 */,
+                                                                    const uint8_t *x, const void *const yv[4], int NC,
+                                                                    size_t bs, int kind) {
+    const block_q8_0 *y[4] = {yv[0], yv[1], yv[2], yv[3]};
+    __m256 acc[4];
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK; i++, x += bs) {
+        gr_prefetch_ahead(x);
+        gr_fp16_t h;
+        memcpy(&h, x, sizeof h);
+        const float dx = GR_F16(h);
+        const __m256i qx = kind == 1 ? _mm256_sub_epi8(gr_nibbles32(x + 2), _mm256_set1_epi8(8))
+                                     : _mm256_loadu_si256((const __m256i *)(x + 2));
+        for (int c = 0; c < NC; c++) {
+            const __m256 d = _mm256_set1_ps(dx * GR_F16(y[c][i].d));
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)y[c][i].qs);
+            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; c++) s[4 * c] = gr_hsum_ps8(acc[c]);
+}
+
+/* Q4_K as vec_dot_q4_K_q8_K_avx2 (gr_q4K_block's steps, sub-block by sub-block) */
+GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q4K(int64_t n, float *s, const block_q4_K *x,
+                                                                     const void *const yv[4], int NC) {
+    const block_q8_K *y[4] = {yv[0], yv[1], yv[2], yv[3]};
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[4];
+    __m128 acc_m[4];
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps(), acc_m[c] = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        gr_prefetch_block_ahead(&x[i], sizeof(block_q4_K));
+        const __m256i ms = gr_q4K_scales_mins(x[i].scales);
+        const __m128i mn = _mm256_extracti128_si256(ms, 1);
+        const __m256i sc = _mm256_permute2x128_si256(ms, ms, 0x00);
+        __m256i sumi[4];
+        for (int c = 0; c < NC; c++) sumi[c] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
+            const __m256i lo = _mm256_and_si256(bits, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            const __m256i sl = _mm256_shuffle_epi8(sc, GR_BCAST16(2 * j)), sh = _mm256_shuffle_epi8(sc, GR_BCAST16(2 * j + 1));
+            for (int c = 0; c < NC; c++) {
+                const int8_t *q8 = y[c][i].qs + 64 * j;
+                const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q8));
+                const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(sl, pl));
+                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(sh, ph));
+            }
+        }
+        const float xd = _cvtsh_ss(x[i].d), xdmin = _cvtsh_ss(x[i].dmin);
+        for (int c = 0; c < NC; c++) {
+            const float d = y[c][i].d * xd, dmin = -y[c][i].d * xdmin;
+            const __m128i mins = _mm_madd_epi16(mn, gr_q8K_pair_sums(&y[c][i]));
+            acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m[c]);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; c++) s[4 * c] = gr_q4K_finish(acc[c], acc_m[c]);
+}
+
+/* Q6_K as vec_dot_q6_K_q8_K_avx2 (gr_q6K_block's steps) */
+GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q6K(int64_t n, float *s, const block_q6_K *x,
+                                                                     const void *const yv[4], int NC) {
+    const block_q8_K *y[4] = {yv[0], yv[1], yv[2], yv[3]};
+    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
+    __m256 acc[4];
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        gr_prefetch_block_ahead(&x[i], sizeof(block_q6_K));
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        __m256i sumi[4];
+        for (int c = 0; c < NC; c++) sumi[c] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
+            const __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                                  : _mm256_permute2x128_si256(sc16, sc16, 0x00);
+            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+            const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+            __m256i q[4];
+            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
+            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m15),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
+            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m15),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
+            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
+                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
+            for (int k = 0; k < 4; k++) {
+                const __m256i pick = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_set1_epi16((short)(((4 * k + 1) << 8) | (4 * k)))),
+                    _mm_set1_epi16((short)(((4 * k + 3) << 8) | (4 * k + 2))), 1);
+                const __m256i sk = _mm256_shuffle_epi8(sch, pick);
+                for (int c = 0; c < NC; c++) {
+                    const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[c][i].qs + 128 * h + 32 * k));
+                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(sk, _mm256_maddubs_epi16(q[k], q8)));
+                }
+            }
+        }
+        const float xd = _cvtsh_ss(x[i].d);
+        for (int c = 0; c < NC; c++) {
+            const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[c][i].bsums);
+            const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
+            const float d = y[c][i].d * xd;
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[c], bias)), acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; c++) s[4 * c] = gr_hsum_ps8(acc[c]);
+}
+
+/* kernel `name` for `target`: the four rows through ONE(n, s + r, row r, columns, NC,
+ * the arguments after ONE), one instance per column count (unused columns point at
+ * the first) */
+#define GR_4XN(target, name, ONE, ...)                                                                   \
+    target void name(int64_t n, float *s, const void *const vx[4], const void *const vy[4], int ncols) { \
+        const void *y[4] = {vy[0], vy[ncols > 1], vy[ncols > 2 ? 2 : 0], vy[ncols > 3 ? 3 : 0]};         \
+        for (int r = 0; r < 4; r++) {                                                                    \
+            switch (ncols) {                                                                             \
+            case 1: ONE(n, s + r, vx[r], y, 1 __VA_ARGS__); break;                                       \
+            case 2: ONE(n, s + r, vx[r], y, 2 __VA_ARGS__); break;                                       \
+            case 3: ONE(n, s + r, vx[r], y, 3 __VA_ARGS__); break;                                       \
+            default: ONE(n, s + r, vx[r], y, 4 __VA_ARGS__); break;                                      \
+            }                                                                                            \
+        }                                                                                                \
+    }
+GR_4XN(GR_AVX2, vec_dot_4xn_q8_0_q8_0_avx2, gr_1xn_q0, , sizeof(block_q8_0), 0)
+GR_4XN(GR_AVX2, vec_dot_4xn_q4_0_q8_0_avx2, gr_1xn_q0, , sizeof(block_q4_0), 1)
+GR_4XN(GR_AVX2, vec_dot_4xn_q4_K_q8_K_avx2, gr_1xn_q4K, )
+GR_4XN(GR_AVX2, vec_dot_4xn_q6_K_q8_K_avx2, gr_1xn_q6K, )
+GR_4XN(GR_VNNI, vec_dot_4xn_q4_K_q8_K_vnni, gr_1xn_q4K, )
+GR_4XN(GR_VNNI, vec_dot_4xn_q6_K_q8_K_vnni, gr_1xn_q6K, )
+#undef GR_4XN
+
 /* unsigned codes x signed q8 -> 8 int32 lanes as float */
 GR_AVX2 static inline __m256 gr_dot_u8_ps(__m256i qx, __m256i qy) {
     const __m256i p16 = _mm256_maddubs_epi16(qx, qy);
@@ -947,6 +1086,7 @@ static const gr_arch_kernels gr_avx2[GR_NTYPES] = {
                      .vec_dot = vec_dot_f16_f16_avx2},
     [GR_TYPE_BF16] = {.to_float = gr_bf16_to_f32_row_avx2, .vec_dot = vec_dot_bf16_bf16_avx2},
     [GR_TYPE_Q4_0] = {.vec_dot = vec_dot_q4_0_q8_0_avx2, .vec_dot_x4 = vec_dot_x4_q4_0_q8_0_avx2,
+                      .vec_dot_4xn = vec_dot_4xn_q4_0_q8_0_avx2,
                       .vec_dot_sums = vec_dot_q4_0_q8_0_sums_avx2, .act_sums = q4_0_act_sums_avx2,
                       .panel_dot = panel_dot_q4_0_avx2},
     [GR_TYPE_Q4_1] = {.vec_dot = vec_dot_q4_1_q8_1_avx2, .panel_dot = panel_dot_q4_1_avx2},
@@ -954,14 +1094,17 @@ static const gr_arch_kernels gr_avx2[GR_NTYPES] = {
     [GR_TYPE_Q5_1] = {.vec_dot = vec_dot_q5_1_q8_1_avx2, .panel_dot = panel_dot_q5_1_avx2},
     [GR_TYPE_Q8_0] = {.from_float = quantize_row_q8_0_avx2, .vec_dot = vec_dot_q8_0_q8_0_avx2,
                       .vec_dot_x4 = vec_dot_x4_q8_0_q8_0_avx2, .vec_dot_rows4 = vec_dot_rows4_q8_0_q8_0_avx2,
+                      .vec_dot_4xn = vec_dot_4xn_q8_0_q8_0_avx2,
                       .panel_dot = panel_dot_q8_0_avx2},
     [GR_TYPE_Q8_1] = {.from_float = quantize_row_q8_1_avx2},
     [GR_TYPE_Q8_K] = {.from_float = quantize_row_q8_K_avx2},
     [GR_TYPE_Q2_K] = {.vec_dot = vec_dot_q2_K_q8_K_avx2},
     [GR_TYPE_Q3_K] = {.vec_dot = vec_dot_q3_K_q8_K_avx2},
-    [GR_TYPE_Q4_K] = {.vec_dot = vec_dot_q4_K_q8_K_avx2, .vec_dot_rows4 = vec_dot_rows4_q4_K_q8_K_avx2},
+    [GR_TYPE_Q4_K] = {.vec_dot = vec_dot_q4_K_q8_K_avx2, .vec_dot_rows4 = vec_dot_rows4_q4_K_q8_K_avx2,
+                      .vec_dot_4xn = vec_dot_4xn_q4_K_q8_K_avx2},
     [GR_TYPE_Q5_K] = {.vec_dot = vec_dot_q5_K_q8_K_avx2},
-    [GR_TYPE_Q6_K] = {.vec_dot = vec_dot_q6_K_q8_K_avx2, .vec_dot_rows4 = vec_dot_rows4_q6_K_q8_K_avx2},
+    [GR_TYPE_Q6_K] = {.vec_dot = vec_dot_q6_K_q8_K_avx2, .vec_dot_rows4 = vec_dot_rows4_q6_K_q8_K_avx2,
+                      .vec_dot_4xn = vec_dot_4xn_q6_K_q8_K_avx2},
     [GR_TYPE_IQ4_NL] = {.vec_dot = vec_dot_iq4_nl_q8_0_avx2, .vec_dot_gemm = vec_dot_iq4_nl_q8_0_seq_avx2,
                         .panel_dot = panel_dot_iq4_nl_avx2},
     [GR_TYPE_IQ4_XS] = {.vec_dot = vec_dot_iq4_xs_q8_K_avx2},
@@ -971,16 +1114,26 @@ static const gr_arch_kernels gr_avx2[GR_NTYPES] = {
 void gr_arch_kernels_of(uint32_t type, int level, gr_arch_kernels *k) {
     *k = type < GR_NTYPES ? gr_avx2[type] : (gr_arch_kernels){0};
     if (level < 2) return;
-    /* level 2: the AVX-512 VNNI decode rows and column panels (quants_vnni.c) */
+    /* level 2: the AVX-512 VNNI decode rows, small batches and column panels
+     * (quants_vnni.c), the K-quants' small batches built for 32 registers */
     switch (type) {
     case GR_TYPE_Q8_0:
         k->vec_dot_rows4 = vec_dot_rows4_q8_0_q8_0_vnni, k->cpanel_dot = gr_cpanel_dot_q8_0_vnni;
+        k->vec_dot_4xn = vec_dot_4xn_q8_0_q8_0_vnni;
         break;
     case GR_TYPE_Q4_0:
         k->vec_dot_rows4 = vec_dot_rows4_q4_0_q8_0_vnni, k->cpanel_dot = gr_cpanel_dot_q4_0_vnni;
+        k->vec_dot_4xn = vec_dot_4xn_q4_0_q8_0_vnni;
         break;
     case GR_TYPE_Q5_0:
         k->vec_dot_rows4 = vec_dot_rows4_q5_0_q8_0_vnni, k->cpanel_dot = gr_cpanel_dot_q5_0_vnni;
+        k->vec_dot_4xn = vec_dot_4xn_q5_0_q8_0_vnni;
+        break;
+    case GR_TYPE_Q4_K:
+        k->vec_dot_4xn = vec_dot_4xn_q4_K_q8_K_vnni;
+        break;
+    case GR_TYPE_Q6_K:
+        k->vec_dot_4xn = vec_dot_4xn_q6_K_q8_K_vnni;
         break;
     case GR_TYPE_IQ4_NL:
         /* its levels plus 128, as Q8_0's codes; summed as tinyBLAS sums it (the one
