@@ -264,6 +264,49 @@ def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
                                                   err_msg=f"M={M} N={N} level={level} threads={n_threads}")
 
 
+@pytest.mark.parametrize("wtype", [T.Q8_0, T.Q4_0, T.Q4_K, T.Q6_K])
+def test_small_batch_experts_give_each_row_its_dot(seed, wtype):
+    """MUL_MAT_ID of a small batch: experts routed 7, 5 and 2 rows take the same
+    four-rows-by-four-columns kernels (expert runs of 30 weight rows: chunks of 16
+    and 14, a short last quad), at both SIMD kernel levels and 1 or 2 threads: every
+    output is the one vec_dot of its row."""
+    from ggmlrpc._native import executor as native
+    from ggmlrpc._native import quants
+    from tests.ops.test_quants import random_blocks
+    rng = np.random.default_rng(seed)
+    K, M, n_as, T_ = 512, 30, 3, 7
+    ids = np.array([[0, 1]] * 5 + [[0, 2]] * 2, np.int32)   # (T, n_used): experts 0, 1, 2 get 7, 5, 2 rows
+    if wtype in (T.Q4_K, T.Q6_K):
+        wq = random_blocks(rng, int(wtype), K * M * n_as)
+    else:
+        wq = np.concatenate([quants.quantize(int(wtype), r)
+                             for r in rng.standard_normal((n_as * M, K)).astype(np.float32)])
+    rb = len(wq) // (M * n_as)
+    x = rng.standard_normal((T_, 1, K)).astype(np.float32)
+    act = quants.vec_dot_type(int(wtype))
+    want = np.array([[[quants.vec_dot(int(wtype), wq[(a * M + i) * rb:(a * M + i + 1) * rb].tobytes(),
+                                      quants.quantize(act, x[t, 0]).tobytes()) for i in range(M)]
+                      for a in ids[t]] for t in range(T_)], np.float32)
+    b = Builder(4 << 20)
+    wt = b.tensor(wtype, (K, M, n_as), data=wq)
+    xt = b.tensor(T.F32, (K, 1, T_), data=x)
+    st = b.tensor(T.I32, (2, T_), data=ids)
+    out = b.tensor(T.F32, (M, 2, T_), Op.MUL_MAT_ID, (wt, xt, st))
+    before, qbefore = native.simd_level(), quants.simd()
+    try:
+        for level in sorted({1, qbefore}):
+            quants.simd(level)
+            for n_threads in (1, 2):
+                ex = CpuExecutor(n_threads)
+                b.buf.mem.fill(b.placement[out.id].offset, M * 2 * T_ * 4, 0)
+                ex.run(ex.compile(b.graph()))
+                np.testing.assert_array_equal(b.read(out).view(np.uint32), want.ravel().view(np.uint32),
+                                              err_msg=f"level={level} threads={n_threads}")
+    finally:
+        native.set_simd(bool(before))
+        quants.simd(qbefore)
+
+
 @pytest.mark.parametrize("wtype", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS])
 def test_prompt_k_quant_panels_match_the_one_row_path(seed, wtype):
     """K-quant products with 8+ activation rows take runs of eight rows at once (K
