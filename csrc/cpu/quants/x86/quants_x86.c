@@ -631,7 +631,8 @@ GR_AVX2 void vec_dot_rows4_q6_K_q8_K_avx2(int64_t n, float *s /* (4,) */, const 
 /* Small batches (ggmlrpc_vec_dot_4xn): four weight rows one after another, each
  * against NC activation rows, its blocks unpacked once for the NC and fetched ahead;
  * every output with its own accumulators and the steps of the type's vec_dot. The
- * bodies are built twice: for AVX2, and for AVX-512 CPUs (32 registers). */
+ * bodies are built twice: for AVX2, and for AVX-512 VNNI CPUs (32 registers; VPDPWSSD in the
+ * K-quants). */
 
 /* Q8_0 (kind 0) and Q4_0 (kind 1): an f16 scale, then the codes */
 GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q0(int64_t n, float *s /* (NC,) stride 4 */,
@@ -656,9 +657,22 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q0(int64_t n, f
     for (int c = 0; c < NC; c++) s[4 * c] = gr_hsum_ps8(acc[c]);
 }
 
+/* acc + the pair sums of a * b (PMADDWD, then PADDD; one VPDPWSSD on AVX-512 VNNI:
+ * the same int32 lanes, wrap-around included) */
+typedef __m256i (*gr_madd_acc_fn)(__m256i acc, __m256i a, __m256i b);
+
+GR_AVX2 static inline __m256i gr_madd_acc_avx2(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+}
+
+GR_VNNI static inline __m256i gr_madd_acc_vnni(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_dpwssd_epi32(acc, a, b);
+}
+
 /* Q4_K as vec_dot_q4_K_q8_K_avx2 (gr_q4K_block's steps, sub-block by sub-block) */
 GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q4K(int64_t n, float *s, const block_q4_K *x,
-                                                                     const void *const yv[4], int NC) {
+                                                                     const void *const yv[4], int NC,
+                                                                     gr_madd_acc_fn madd_acc) {
     const block_q8_K *y[4] = {yv[0], yv[1], yv[2], yv[3]};
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[4];
@@ -680,8 +694,7 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q4K(int64_t n, 
                 const int8_t *q8 = y[c][i].qs + 64 * j;
                 const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q8));
                 const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
-                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(sl, pl));
-                sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(sh, ph));
+                sumi[c] = madd_acc(madd_acc(sumi[c], sl, pl), sh, ph);
             }
         }
         const float xd = _cvtsh_ss(x[i].d), xdmin = _cvtsh_ss(x[i].dmin);
@@ -697,7 +710,8 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q4K(int64_t n, 
 
 /* Q6_K as vec_dot_q6_K_q8_K_avx2 (gr_q6K_block's steps) */
 GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q6K(int64_t n, float *s, const block_q6_K *x,
-                                                                     const void *const yv[4], int NC) {
+                                                                     const void *const yv[4], int NC,
+                                                                     gr_madd_acc_fn madd_acc) {
     const block_q8_K *y[4] = {yv[0], yv[1], yv[2], yv[3]};
     const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
     __m256 acc[4];
@@ -729,7 +743,7 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q6K(int64_t n, 
                 const __m256i sk = _mm256_shuffle_epi8(sch, pick);
                 for (int c = 0; c < NC; c++) {
                     const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[c][i].qs + 128 * h + 32 * k));
-                    sumi[c] = _mm256_add_epi32(sumi[c], _mm256_madd_epi16(sk, _mm256_maddubs_epi16(q[k], q8)));
+                    sumi[c] = madd_acc(sumi[c], sk, _mm256_maddubs_epi16(q[k], q8));
                 }
             }
         }
@@ -761,10 +775,10 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q6K(int64_t n, 
     }
 GR_4XN(GR_AVX2, vec_dot_4xn_q8_0_q8_0_avx2, gr_1xn_q0, , sizeof(block_q8_0), 0)
 GR_4XN(GR_AVX2, vec_dot_4xn_q4_0_q8_0_avx2, gr_1xn_q0, , sizeof(block_q4_0), 1)
-GR_4XN(GR_AVX2, vec_dot_4xn_q4_K_q8_K_avx2, gr_1xn_q4K, )
-GR_4XN(GR_AVX2, vec_dot_4xn_q6_K_q8_K_avx2, gr_1xn_q6K, )
-GR_4XN(GR_VNNI, vec_dot_4xn_q4_K_q8_K_vnni, gr_1xn_q4K, )
-GR_4XN(GR_VNNI, vec_dot_4xn_q6_K_q8_K_vnni, gr_1xn_q6K, )
+GR_4XN(GR_AVX2, vec_dot_4xn_q4_K_q8_K_avx2, gr_1xn_q4K, , gr_madd_acc_avx2)
+GR_4XN(GR_AVX2, vec_dot_4xn_q6_K_q8_K_avx2, gr_1xn_q6K, , gr_madd_acc_avx2)
+GR_4XN(GR_VNNI, vec_dot_4xn_q4_K_q8_K_vnni, gr_1xn_q4K, , gr_madd_acc_vnni)
+GR_4XN(GR_VNNI, vec_dot_4xn_q6_K_q8_K_vnni, gr_1xn_q6K, , gr_madd_acc_vnni)
 #undef GR_4XN
 
 /* unsigned codes x signed q8 -> 8 int32 lanes as float */
