@@ -230,38 +230,41 @@ def test_decode_matmul_levels_give_each_row_its_dot(seed, wtype):
 
 @pytest.mark.parametrize("wtype", [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_K, T.Q6_K])
 def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
-    """Small batches (2 to 7 activation columns) take four weight rows against up to
-    four columns of one src1 batch at a time (ggmlrpc_vec_dot_4xn) at both SIMD kernel
-    levels (AVX2, and AVX-512 VNNI where this CPU has it): with 2, 3, 5 and 7 columns
-    in two src1 batches, weight rows not a multiple of four (a short last quad), in
-    chunks shared by threads or one share each, an infinite activation (Q8_0 -128s,
-    the sign trick's wrap-around): every output is the one vec_dot of its row."""
+    """Small batches (2 to 7 activation columns; Q8_0/Q4_0/Q5_0 up to 11 on AVX-512
+    VNNI, instead of column panels) take four weight rows against up to four columns
+    of one src1 batch at a time (ggmlrpc_vec_dot_4xn) at both SIMD kernel levels
+    (AVX2, and AVX-512 VNNI where this CPU has it), plans made at one level and run
+    at the other: with 2, 3, 5, 7 (and 9, 11) columns in two src1 batches, weight rows
+    not a multiple of four (a short last quad), in chunks shared by threads or one
+    share each, an infinite activation (Q8_0 -128s, the sign trick's wrap-around):
+    every output is the one vec_dot of its row."""
     from ggmlrpc._native import quants
     from tests.ops.test_quants import random_blocks
     rng = np.random.default_rng(seed)
     K, B = 512, 2
     act = quants.vec_dot_type(int(wtype))
     top = quants.simd()
-    levels = sorted({1, top})
+    runs = sorted({(1, 1), (top, top), (1, top), (top, 1)})   # (level at plan, at run)
+    kquant = wtype in (T.Q4_K, T.Q6_K)   # from 8 columns in ggml's tiled order
     for M in (150, 30):   # 150: chunks of 16 rows handed out (the last of 6); 30: a share per thread
-        if wtype in (T.Q4_K, T.Q6_K):
+        if kquant:
             wq = random_blocks(rng, int(wtype), K * M)
         else:
             wq = np.concatenate([quants.quantize(int(wtype), r)
                                  for r in rng.standard_normal((M, K)).astype(np.float32)])
         rb = len(wq) // M
-        for N in (2, 3, 5, 7):
+        for N in (2, 3, 5, 7) if kquant else (2, 3, 5, 7, 9, 11):
             x = rng.standard_normal((B, N, K)).astype(np.float32)
-            if wtype not in (T.Q4_K, T.Q6_K):
+            if not kquant:
                 x[1, N - 1, 40] = np.inf
             want = np.array([[[quants.vec_dot(int(wtype), wq[i * rb:(i + 1) * rb].tobytes(),
                                               quants.quantize(act, x[b, j]).tobytes()) for i in range(M)]
                               for j in range(N)] for b in range(B)], np.float32)
-            for level in levels:
+            for plan, run in runs:
                 for n_threads in (1, 2):
-                    got = _matmul_runs(wtype, wq, x, M, n_threads, level, level)[0]
+                    got = _matmul_runs(wtype, wq, x, M, n_threads, plan, run)[0]
                     np.testing.assert_array_equal(got.view(np.uint32), want.ravel().view(np.uint32),
-                                                  err_msg=f"M={M} N={N} level={level} threads={n_threads}")
+                                                  err_msg=f"M={M} N={N} levels={plan, run} threads={n_threads}")
 
 
 @pytest.mark.parametrize("wtype", [T.Q8_0, T.Q4_0, T.Q4_K, T.Q6_K])

@@ -536,6 +536,6 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     else if (order == GR_MM_TILED) mm_tiled(job, &cx, a0, a1, b0, b1);
     else if (order == GR_MM_GEMM && (s0->type == GR_TYPE_F32 || s0->type == GR_TYPE_F16)) mm_gemm_tiles(job, &cx, a0, a1, b0, b1);
     else if (pb) mm_panel_gemm(job, &cx, pb);
-    else if (cx.nr1 < 8 && cx.nr0 >= 4 * job->nth * CH) mm_matvec(job, &cx, CH);
+    else if (cx.nr1 < GR_MM_SMALL_BATCH && cx.nr0 >= 4 * job->nth * CH) mm_matvec(job, &cx, CH);
     else mm_rows_share(job, &cx, a0, a1, b0, b1);
 }
