@@ -144,8 +144,8 @@ static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
 /* ---- phase 1 strategies ---------------------------------------------------- */
 
 /* outputs [ib, ie) x columns [b0, b1) of a quantized type by its 4xn kernel (small
- * batches): four weight rows against up to four columns of one src1 batch at a
- * time, the columns of a row quad one group after another while its weights are
+ * batches): four weight rows against up to GGMLRPC_4XN_COLS columns of one src1
+ * batch at a time, the columns of a row quad one group after another while its weights are
  * in cache; a short last quad repeats its first row (outputs not written) */
 static void mm_4xn(const gr_job *job, const mm_ctx *cx, ggmlrpc_vec_dot_4xn_fn tile, int64_t ib, int64_t ie,
                    int64_t b0, int64_t b1) {
@@ -156,12 +156,12 @@ static void mm_4xn(const gr_job *job, const mm_ctx *cx, ggmlrpc_vec_dot_4xn_fn t
         for (int64_t c = b0; c < b1;) {
             const int64_t i11 = c % N, i12 = (c / N) % ne12, i13 = c / (N * ne12);
             const int64_t left = (b1 < c - i11 + N ? b1 : c - i11 + N) - c;   /* in this batch */
-            const int nc = left < 4 ? (int)left : 4;
+            const int nc = left < GGMLRPC_4XN_COLS ? (int)left : GGMLRPC_4XN_COLS;
             const char *w = s0->data + (i12 / cx->r2) * s0->nb[2] + (i13 / cx->r3) * s0->nb[3];
-            const void *wr[4], *act[4];
+            const void *wr[4], *act[GGMLRPC_4XN_COLS];
             for (int r = 0; r < 4; r++) wr[r] = w + (i01 + (r < rows ? r : 0)) * s0->nb[1];
             for (int j = 0; j < nc; j++) act[j] = mm_act(job, cx, c + j);
-            float v[16];
+            float v[4 * GGMLRPC_4XN_COLS];
             tile(cx->K, v, wr, act, nc);
             for (int j = 0; j < nc; j++) {
                 float *out = (float *)(d->data + (i11 + j) * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);

@@ -76,18 +76,18 @@ static void mmid_vec_dot(const gr_job *job, const mmid_ctx *c, int64_t a, int64_
     const int64_t k_end = c->starts[a] + c->counts[a];
     const char *wa = c->w->data + a * c->w->nb[2];
     int64_t i01 = ib;
-    /* two routed rows or more: four weight rows against up to four of them at a time
+    /* two routed rows or more: four weight rows against up to GGMLRPC_4XN_COLS of them at a time
      * (a short last quad repeats its first row, outputs not written) */
     const ggmlrpc_vec_dot_4xn_fn tile = c->counts[a] >= 2 ? ggmlrpc_get_vec_dot_4xn((uint32_t)c->w->type) : NULL;
     for (; tile && i01 < ie; i01 += 4) {
         const int rows = ie - i01 < 4 ? (int)(ie - i01) : 4;
         const void *wr[4];
         for (int r = 0; r < 4; r++) wr[r] = wa + (i01 + (r < rows ? r : 0)) * c->w->nb[1];
-        for (int64_t k = c->starts[a]; k < k_end; k += 4) {
-            const int nc = k_end - k < 4 ? (int)(k_end - k) : 4;
-            const void *act[4];
+        for (int64_t k = c->starts[a]; k < k_end; k += GGMLRPC_4XN_COLS) {
+            const int nc = k_end - k < GGMLRPC_4XN_COLS ? (int)(k_end - k) : GGMLRPC_4XN_COLS;
+            const void *act[GGMLRPC_4XN_COLS];
             for (int j = 0; j < nc; j++) act[j] = mmid_act(job, c, c->pairs[k + j]);
-            float v[16];
+            float v[4 * GGMLRPC_4XN_COLS];
             tile(c->K, v, wr, act, nc);
             for (int j = 0; j < nc; j++)
                 for (int r = 0; r < rows; r++) mmid_out(c, c->pairs[k + j])[i01 + r] = v[4 * j + r];

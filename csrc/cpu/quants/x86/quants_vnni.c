@@ -126,18 +126,19 @@ GR_VNNI void vec_dot_rows4_q5_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const 
     gr_rows4_q0(n, s, vx, vy, sizeof(block_q5_0), 2);
 }
 
-/* Four weight rows against NC activation rows (small batches): each weight block
+/* Four weight rows against NC (up to 8) activation rows (small batches): each weight block
  * loaded and unpacked once for the NC columns, every output on its own eight lanes
  * with gr_rows4_q0's steps (so vec_dot's) */
 GR_VNNI static inline __attribute__((always_inline)) void gr_4xn_q0(int64_t n, float *s /* (4 * NC,) */,
-                                                                    const void *const vx[4], const void *const vy[4],
+                                                                    const void *const vx[4], const void *const vy[8],
                                                                     size_t bs, int kind, int NC) {
     const uint8_t *x0 = vx[0], *x1 = vx[1], *x2 = vx[2], *x3 = vx[3];
-    const block_q8_0 *y[4] = {vy[0], vy[NC > 1], vy[NC > 2 ? 2 : 0], vy[NC > 3 ? 3 : 0]};
+    const block_q8_0 *y[8];
+    for (int c = 0; c < 8; c++) y[c] = vy[c < NC ? c : 0];
     const __m512i lo = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
     const __m512i hi = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     const __m512i zero = _mm512_setzero_si512();
-    __m512 a01[4], a23[4];
+    __m512 a01[8], a23[8];
     for (int c = 0; c < NC; c++) a01[c] = a23[c] = _mm512_setzero_ps();
     for (int64_t i = 0; i < n / GR_QK; i++) {
         const size_t o = (size_t)i * bs;
@@ -171,19 +172,22 @@ GR_VNNI static inline __attribute__((always_inline)) void gr_4xn_q0(int64_t n, f
 }
 
 /* one instance per column count, the count a constant in each */
+#define GR_4XN_CASE(NC) \
+    case NC: gr_4xn_q0(n, s, vx, vy, bs, kd, NC); break;
 #define GR_4XN_Q0(name, block, kind)                                                                      \
-    GR_VNNI void name(int64_t n, float *s, const void *const vx[4], const void *const vy[4], int ncols) { \
+    GR_VNNI void name(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols) { \
+        const size_t bs = sizeof(block);                                                                  \
+        const int kd = kind;                                                                              \
         switch (ncols) {                                                                                  \
-        case 1: gr_4xn_q0(n, s, vx, vy, sizeof(block), kind, 1); break;                                   \
-        case 2: gr_4xn_q0(n, s, vx, vy, sizeof(block), kind, 2); break;                                   \
-        case 3: gr_4xn_q0(n, s, vx, vy, sizeof(block), kind, 3); break;                                   \
-        default: gr_4xn_q0(n, s, vx, vy, sizeof(block), kind, 4); break;                                  \
+        GR_4XN_CASE(1) GR_4XN_CASE(2) GR_4XN_CASE(3) GR_4XN_CASE(4)                                       \
+        GR_4XN_CASE(5) GR_4XN_CASE(6) GR_4XN_CASE(7) GR_4XN_CASE(8)                                       \
         }                                                                                                 \
     }
 GR_4XN_Q0(vec_dot_4xn_q8_0_q8_0_vnni, block_q8_0, 0)
 GR_4XN_Q0(vec_dot_4xn_q4_0_q8_0_vnni, block_q4_0, 1)
 GR_4XN_Q0(vec_dot_4xn_q5_0_q8_0_vnni, block_q5_0, 2)
 #undef GR_4XN_Q0
+#undef GR_4XN_CASE
 
 /* Column panels (quants.h, GR_CPANEL_*): one weight row against sixteen columns per
  * register, the register of partial lane m holding that lane for the sixteen

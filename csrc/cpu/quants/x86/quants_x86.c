@@ -636,10 +636,10 @@ GR_AVX2 void vec_dot_rows4_q6_K_q8_K_avx2(int64_t n, float *s /* (4,) */, const 
 
 /* Q8_0 (kind 0) and Q4_0 (kind 1): an f16 scale, then the codes */
 GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q0(int64_t n, float *s /* (NC,) stride 4 */,
-                                                                    const uint8_t *x, const void *const yv[4], int NC,
+                                                                    const uint8_t *x, const void *const yv[8], int NC,
                                                                     size_t bs, int kind) {
-    const block_q8_0 *y[4] = {yv[0], yv[1], yv[2], yv[3]};
-    __m256 acc[4];
+    const block_q8_0 *y[8] = {yv[0], yv[1], yv[2], yv[3], yv[4], yv[5], yv[6], yv[7]};
+    __m256 acc[8];
     for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / GR_QK; i++, x += bs) {
         gr_prefetch_ahead(x);
@@ -671,19 +671,19 @@ GR_VNNI static inline __m256i gr_madd_acc_vnni(__m256i acc, __m256i a, __m256i b
 
 /* Q4_K as vec_dot_q4_K_q8_K_avx2 (gr_q4K_block's steps, sub-block by sub-block) */
 GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q4K(int64_t n, float *s, const block_q4_K *x,
-                                                                     const void *const yv[4], int NC,
+                                                                     const void *const yv[8], int NC,
                                                                      gr_madd_acc_fn madd_acc) {
-    const block_q8_K *y[4] = {yv[0], yv[1], yv[2], yv[3]};
+    const block_q8_K *y[8] = {yv[0], yv[1], yv[2], yv[3], yv[4], yv[5], yv[6], yv[7]};
     const __m256i m4 = _mm256_set1_epi8(0x0f);
-    __m256 acc[4];
-    __m128 acc_m[4];
+    __m256 acc[8];
+    __m128 acc_m[8];
     for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps(), acc_m[c] = _mm_setzero_ps();
     for (int64_t i = 0; i < n / GR_QK_K; i++) {
         gr_prefetch_block_ahead(&x[i], sizeof(block_q4_K));
         const __m256i ms = gr_q4K_scales_mins(x[i].scales);
         const __m128i mn = _mm256_extracti128_si256(ms, 1);
         const __m256i sc = _mm256_permute2x128_si256(ms, ms, 0x00);
-        __m256i sumi[4];
+        __m256i sumi[8];
         for (int c = 0; c < NC; c++) sumi[c] = _mm256_setzero_si256();
         for (int j = 0; j < 4; j++) {
             const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
@@ -710,16 +710,16 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q4K(int64_t n, 
 
 /* Q6_K as vec_dot_q6_K_q8_K_avx2 (gr_q6K_block's steps) */
 GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q6K(int64_t n, float *s, const block_q6_K *x,
-                                                                     const void *const yv[4], int NC,
+                                                                     const void *const yv[8], int NC,
                                                                      gr_madd_acc_fn madd_acc) {
-    const block_q8_K *y[4] = {yv[0], yv[1], yv[2], yv[3]};
+    const block_q8_K *y[8] = {yv[0], yv[1], yv[2], yv[3], yv[4], yv[5], yv[6], yv[7]};
     const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
-    __m256 acc[4];
+    __m256 acc[8];
     for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / GR_QK_K; i++) {
         gr_prefetch_block_ahead(&x[i], sizeof(block_q6_K));
         const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
-        __m256i sumi[4];
+        __m256i sumi[8];
         for (int c = 0; c < NC; c++) sumi[c] = _mm256_setzero_si256();
         for (int h = 0; h < 2; h++) {
             const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
@@ -759,26 +759,35 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q6K(int64_t n, 
 }
 
 /* kernel `name` for `target`: the four rows through ONE(n, s + r, row r, columns, NC,
- * the arguments after ONE), one instance per column count (unused columns point at
- * the first) */
-#define GR_4XN(target, name, ONE, ...)                                                                   \
-    target void name(int64_t n, float *s, const void *const vx[4], const void *const vy[4], int ncols) { \
-        const void *y[4] = {vy[0], vy[ncols > 1], vy[ncols > 2 ? 2 : 0], vy[ncols > 3 ? 3 : 0]};         \
+ * the arguments after ONE), one instance per column count up to MAXC (more columns:
+ * MAXC at a time); unused column pointers point at the first column */
+#define GR_4XN_CASE(NC, MAXC, ONE, ...) \
+    case NC: if (NC <= MAXC) ONE(n, s + r, vx[r], y, NC __VA_ARGS__); break;
+#define GR_4XN(target, name, MAXC, ONE, ...)                                                             \
+    target void name(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols) { \
+        if (ncols > MAXC) {                                                                              \
+            name(n, s, vx, vy, MAXC);                                                                    \
+            name(n, s + 4 * MAXC, vx, vy + MAXC, ncols - MAXC);                                          \
+            return;                                                                                      \
+        }                                                                                                \
+        const void *y[8];                                                                                \
+        for (int j = 0; j < 8; j++) y[j] = vy[j < ncols ? j : 0];                                        \
         for (int r = 0; r < 4; r++) {                                                                    \
             switch (ncols) {                                                                             \
-            case 1: ONE(n, s + r, vx[r], y, 1 __VA_ARGS__); break;                                       \
-            case 2: ONE(n, s + r, vx[r], y, 2 __VA_ARGS__); break;                                       \
-            case 3: ONE(n, s + r, vx[r], y, 3 __VA_ARGS__); break;                                       \
-            default: ONE(n, s + r, vx[r], y, 4 __VA_ARGS__); break;                                      \
+            GR_4XN_CASE(1, MAXC, ONE, __VA_ARGS__) GR_4XN_CASE(2, MAXC, ONE, __VA_ARGS__)                \
+            GR_4XN_CASE(3, MAXC, ONE, __VA_ARGS__) GR_4XN_CASE(4, MAXC, ONE, __VA_ARGS__)                \
+            GR_4XN_CASE(5, MAXC, ONE, __VA_ARGS__) GR_4XN_CASE(6, MAXC, ONE, __VA_ARGS__)                \
+            GR_4XN_CASE(7, MAXC, ONE, __VA_ARGS__) GR_4XN_CASE(8, MAXC, ONE, __VA_ARGS__)                \
             }                                                                                            \
         }                                                                                                \
     }
-GR_4XN(GR_AVX2, vec_dot_4xn_q8_0_q8_0_avx2, gr_1xn_q0, , sizeof(block_q8_0), 0)
-GR_4XN(GR_AVX2, vec_dot_4xn_q4_0_q8_0_avx2, gr_1xn_q0, , sizeof(block_q4_0), 1)
-GR_4XN(GR_AVX2, vec_dot_4xn_q4_K_q8_K_avx2, gr_1xn_q4K, , gr_madd_acc_avx2)
-GR_4XN(GR_AVX2, vec_dot_4xn_q6_K_q8_K_avx2, gr_1xn_q6K, , gr_madd_acc_avx2)
-GR_4XN(GR_VNNI, vec_dot_4xn_q4_K_q8_K_vnni, gr_1xn_q4K, , gr_madd_acc_vnni)
-GR_4XN(GR_VNNI, vec_dot_4xn_q6_K_q8_K_vnni, gr_1xn_q6K, , gr_madd_acc_vnni)
+GR_4XN(GR_AVX2, vec_dot_4xn_q8_0_q8_0_avx2, 4, gr_1xn_q0, , sizeof(block_q8_0), 0)
+GR_4XN(GR_AVX2, vec_dot_4xn_q4_0_q8_0_avx2, 4, gr_1xn_q0, , sizeof(block_q4_0), 1)
+GR_4XN(GR_AVX2, vec_dot_4xn_q4_K_q8_K_avx2, 4, gr_1xn_q4K, , gr_madd_acc_avx2)
+GR_4XN(GR_AVX2, vec_dot_4xn_q6_K_q8_K_avx2, 4, gr_1xn_q6K, , gr_madd_acc_avx2)
+GR_4XN(GR_VNNI, vec_dot_4xn_q4_K_q8_K_vnni, 8, gr_1xn_q4K, , gr_madd_acc_vnni)
+GR_4XN(GR_VNNI, vec_dot_4xn_q6_K_q8_K_vnni, 8, gr_1xn_q6K, , gr_madd_acc_vnni)
+#undef GR_4XN_CASE
 #undef GR_4XN
 
 /* unsigned codes x signed q8 -> 8 int32 lanes as float */
