@@ -19,8 +19,11 @@
  * column panels (ggmlrpc_cpanel_*: sixteen columns a register, two weight rows at
  * a time).
  * Decode-sized products take four weight rows at a time against a column
- * (ggmlrpc_get_vec_dot_rows4), fetching the weights ahead of use. Weight rows go
- * to threads in chunks handed out one at a time.
+ * (ggmlrpc_get_vec_dot_rows4), fetching the weights ahead of use; small batches (2
+ * to 7 columns, and Q8_0/Q4_0/Q5_0 up to GR_MM_SMALL_BATCH - 1 on AVX-512 VNNI) four
+ * weight rows against up to eight columns (ggmlrpc_get_vec_dot_4xn), each weight
+ * block unpacked once for them. Weight rows go to threads in chunks handed out one
+ * at a time.
  */
 #include <math.h>
 #include <stdint.h>
@@ -173,8 +176,9 @@ static void mm_4xn(const gr_job *job, const mm_ctx *cx, ggmlrpc_vec_dot_4xn_fn t
 }
 
 /* outputs [a0, a1) x columns [b0, b1), one dot product each (vec_dot's order, or
- * the GEMM's for F32/F16 with dot32/dot16 set so); a weight row against four
- * converted columns of one batch at a time where the type has such a kernel */
+ * the GEMM's for F32/F16 with dot32/dot16 set so); with 2+ columns by the type's
+ * 4xn kernel where it has one, else a weight row against four converted columns of
+ * one batch at a time where the type has such a kernel */
 static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
     const gr_tensor *s0 = cx->s0, *s1 = cx->s1, *d = cx->d;
     const size_t row_size = cx->row_size;
