@@ -557,12 +557,27 @@ GR_AVX2 void vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/25
     *s = gr_hsum_ps8(acc) + acc_m;
 }
 
+/* Q6_K: the 128 codes 0..63 of half a block, 32 per vector (low nibbles of ql[0..31],
+ * of ql[32..63], then their high nibbles, each with two bits of qh) */
+GR_AVX2 static inline __attribute__((always_inline)) void gr_q6K_codes(const uint8_t *ql /* (64,) */,
+                                                                       const uint8_t *qh /* (32,) */, __m256i q[4]) {
+    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m15),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m15),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
+}
+
 /* Q6_K: the unsigned codes 0..63 go through PMADDUBSW; the bias of 32 comes
  * off at the end as 32 * sum(scale * bsum). One block's int32 lanes: */
 GR_AVX2 static inline __attribute__((always_inline)) __m256i
 gr_q6K_block(const block_q6_K *x, const block_q8_K *y, __m256i bsums) {
-    const __m256i m3 = _mm256_set1_epi8(3);
-    const __m256i m15 = _mm256_set1_epi8(15);
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
     const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
     const uint8_t *ql = x->ql;
@@ -573,17 +588,8 @@ gr_q6K_block(const block_q6_K *x, const block_q8_K *y, __m256i bsums) {
         /* this half's eight scales in both 128-bit lanes; pair k is picked with a shuffle */
         const __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
                               : _mm256_permute2x128_si256(sc16, sc16, 0x00);
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-        const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
         __m256i q[4];
-        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
-        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m15),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
-        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m15),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
-        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
+        gr_q6K_codes(ql, qh, q);
         for (int k = 0; k < 4; k++) {
             const __m256i p16 = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(q8 + 32 * k)));
             const __m256i pick = _mm256_inserti128_si256(
@@ -713,7 +719,6 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q6K(int64_t n, 
                                                                      const void *const yv[8], int NC,
                                                                      gr_madd_acc_fn madd_acc) {
     const block_q8_K *y[8] = {yv[0], yv[1], yv[2], yv[3], yv[4], yv[5], yv[6], yv[7]};
-    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
     __m256 acc[8];
     for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
     for (int64_t i = 0; i < n / GR_QK_K; i++) {
@@ -725,17 +730,8 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q6K(int64_t n, 
             const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
             const __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
                                   : _mm256_permute2x128_si256(sc16, sc16, 0x00);
-            const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-            const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-            const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
             __m256i q[4];
-            q[0] = _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
-            q[1] = _mm256_or_si256(_mm256_and_si256(l1, m15),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
-            q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m15),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
-            q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
-                                   _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
+            gr_q6K_codes(ql, qh, q);
             for (int k = 0; k < 4; k++) {
                 const __m256i pick = _mm256_inserti128_si256(
                     _mm256_castsi128_si256(_mm_set1_epi16((short)(((4 * k + 1) << 8) | (4 * k)))),
@@ -765,9 +761,11 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q6K(int64_t n, 
     case NC: if (NC <= MAXC) ONE(n, s + r, vx[r], y, NC __VA_ARGS__); break;
 #define GR_4XN(target, name, MAXC, ONE, ...)                                                             \
     target void name(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols) { \
-        if (ncols > MAXC) {                                                                              \
+        if (MAXC < GGMLRPC_4XN_COLS && ncols > MAXC) {                                                  \
             name(n, s, vx, vy, MAXC);                                                                    \
-            name(n, s + 4 * MAXC, vx, vy + MAXC, ncols - MAXC);                                          \
+            const void *rest[GGMLRPC_4XN_COLS];                                                          \
+            for (int j = 0; j < GGMLRPC_4XN_COLS; j++) rest[j] = vy[j + MAXC < ncols ? j + MAXC : 0];    \
+            name(n, s + 4 * MAXC, vx, rest, ncols - MAXC);                                               \
             return;                                                                                      \
         }                                                                                                \
         const void *y[8];                                                                                \
