@@ -228,7 +228,7 @@ def test_decode_matmul_levels_give_each_row_its_dot(seed, wtype):
                 np.testing.assert_array_equal(got.view(np.uint32), want.ravel().view(np.uint32))
 
 
-@pytest.mark.parametrize("wtype", [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_K, T.Q6_K])
+@pytest.mark.parametrize("wtype", [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K])
 def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
     """Small batches (2 to 7 activation columns; Q8_0/Q4_0/Q5_0 up to 11 on AVX-512
     VNNI, instead of column panels) take four weight rows against up to four columns
@@ -245,7 +245,7 @@ def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
     act = quants.vec_dot_type(int(wtype))
     top = quants.simd()
     runs = sorted({(1, 1), (top, top), (1, top), (top, 1)})   # (level at plan, at run)
-    kquant = wtype in (T.Q4_K, T.Q6_K)   # from 8 columns in ggml's tiled order
+    kquant = wtype in (T.Q4_K, T.Q5_K, T.Q6_K)   # from 8 columns in ggml's tiled order
     for M in (150, 30):   # 150: chunks of 16 rows handed out (the last of 6); 30: a share per thread
         if kquant:
             wq = random_blocks(rng, int(wtype), K * M)
@@ -267,7 +267,7 @@ def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
                                                   err_msg=f"M={M} N={N} levels={plan, run} threads={n_threads}")
 
 
-@pytest.mark.parametrize("wtype", [T.Q8_0, T.Q4_0, T.Q4_K, T.Q6_K])
+@pytest.mark.parametrize("wtype", [T.Q8_0, T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K])
 def test_small_batch_experts_give_each_row_its_dot(seed, wtype):
     """MUL_MAT_ID of a small batch: experts routed 7, 5 and 2 rows take the same
     four-rows-by-four-columns kernels (expert runs of 30 weight rows: chunks of 16
@@ -279,7 +279,7 @@ def test_small_batch_experts_give_each_row_its_dot(seed, wtype):
     rng = np.random.default_rng(seed)
     K, M, n_as, T_ = 512, 30, 3, 7
     ids = np.array([[0, 1]] * 5 + [[0, 2]] * 2, np.int32)   # (T, n_used): experts 0, 1, 2 get 7, 5, 2 rows
-    if wtype in (T.Q4_K, T.Q6_K):
+    if wtype in (T.Q4_K, T.Q5_K, T.Q6_K):
         wq = random_blocks(rng, int(wtype), K * M * n_as)
     else:
         wq = np.concatenate([quants.quantize(int(wtype), r)

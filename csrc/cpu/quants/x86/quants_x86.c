@@ -754,6 +754,46 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q6K(int64_t n, 
     for (int c = 0; c < NC; c++) s[4 * c] = gr_hsum_ps8(acc[c]);
 }
 
+/* Q5_K as vec_dot_q5_K_q8_K_avx2 */
+GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q5K(int64_t n, float *s, const block_q5_K *x,
+                                                                     const void *const yv[8], int NC,
+                                                                     gr_madd_acc_fn madd_acc) {
+    const block_q8_K *y[8] = {yv[0], yv[1], yv[2], yv[3], yv[4], yv[5], yv[6], yv[7]};
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    __m256 acc[8];
+    float acc_m[8];
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps(), acc_m[c] = 0.0f;
+    uint8_t sc[8], mn[8];
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        gr_prefetch_block_ahead(&x[i], sizeof(block_q5_K));
+        gr_k4_scales(x[i].scales, sc, mn);
+        const float xd = _cvtsh_ss(x[i].d), xdmin = _cvtsh_ss(x[i].dmin);
+        for (int c = 0; c < NC; c++)   /* fused, as vec_dot_q5_K_q8_K_avx2's */
+            acc_m[c] = fmaf(-y[c][i].d * xdmin, (float)gr_k4_minsum(mn, y[c][i].bsums), acc_m[c]);
+        const __m256i hbits = _mm256_loadu_si256((const __m256i *)x[i].qh);
+        __m256i sumi[8];
+        for (int c = 0; c < NC; c++) sumi[c] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
+            const __m256i hl = _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one);
+            const __m256i hh = _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(bits, m4), _mm256_slli_epi16(hl, 4));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
+                                               _mm256_slli_epi16(hh, 4));
+            const __m256i sl = _mm256_set1_epi16(sc[2 * j]), sh = _mm256_set1_epi16(sc[2 * j + 1]);
+            for (int c = 0; c < NC; c++) {
+                const int8_t *q8 = y[c][i].qs + 64 * j;
+                const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q8));
+                const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
+                sumi[c] = madd_acc(madd_acc(sumi[c], sl, pl), sh, ph);
+            }
+        }
+        for (int c = 0; c < NC; c++)
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(y[c][i].d * xd), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+    }
+    for (int c = 0; c < NC; c++) s[4 * c] = gr_hsum_ps8(acc[c]) + acc_m[c];
+}
+
 /* kernel `name` for `target`: the four rows through ONE(n, s + r, row r, columns, NC,
  * the arguments after ONE), one instance per column count up to MAXC (more columns:
  * MAXC at a time); unused column pointers point at the first column */
@@ -785,6 +825,8 @@ GR_4XN(GR_AVX2, vec_dot_4xn_q4_K_q8_K_avx2, 4, gr_1xn_q4K, , gr_madd_acc_avx2)
 GR_4XN(GR_AVX2, vec_dot_4xn_q6_K_q8_K_avx2, 4, gr_1xn_q6K, , gr_madd_acc_avx2)
 GR_4XN(GR_VNNI, vec_dot_4xn_q4_K_q8_K_vnni, 8, gr_1xn_q4K, , gr_madd_acc_vnni)
 GR_4XN(GR_VNNI, vec_dot_4xn_q6_K_q8_K_vnni, 8, gr_1xn_q6K, , gr_madd_acc_vnni)
+GR_4XN(GR_AVX2, vec_dot_4xn_q5_K_q8_K_avx2, 4, gr_1xn_q5K, , gr_madd_acc_avx2)
+GR_4XN(GR_VNNI, vec_dot_4xn_q5_K_q8_K_vnni, 8, gr_1xn_q5K, , gr_madd_acc_vnni)
 #undef GR_4XN_CASE
 #undef GR_4XN
 
@@ -1123,7 +1165,7 @@ static const gr_arch_kernels gr_avx2[GR_NTYPES] = {
     [GR_TYPE_Q3_K] = {.vec_dot = vec_dot_q3_K_q8_K_avx2},
     [GR_TYPE_Q4_K] = {.vec_dot = vec_dot_q4_K_q8_K_avx2, .vec_dot_rows4 = vec_dot_rows4_q4_K_q8_K_avx2,
                       .vec_dot_4xn = vec_dot_4xn_q4_K_q8_K_avx2},
-    [GR_TYPE_Q5_K] = {.vec_dot = vec_dot_q5_K_q8_K_avx2},
+    [GR_TYPE_Q5_K] = {.vec_dot = vec_dot_q5_K_q8_K_avx2, .vec_dot_4xn = vec_dot_4xn_q5_K_q8_K_avx2},
     [GR_TYPE_Q6_K] = {.vec_dot = vec_dot_q6_K_q8_K_avx2, .vec_dot_rows4 = vec_dot_rows4_q6_K_q8_K_avx2,
                       .vec_dot_4xn = vec_dot_4xn_q6_K_q8_K_avx2},
     [GR_TYPE_IQ4_NL] = {.vec_dot = vec_dot_iq4_nl_q8_0_avx2, .vec_dot_gemm = vec_dot_iq4_nl_q8_0_seq_avx2,
@@ -1155,6 +1197,9 @@ void gr_arch_kernels_of(uint32_t type, int level, gr_arch_kernels *k) {
         break;
     case GR_TYPE_Q6_K:
         k->vec_dot_4xn = vec_dot_4xn_q6_K_q8_K_vnni;
+        break;
+    case GR_TYPE_Q5_K:
+        k->vec_dot_4xn = vec_dot_4xn_q5_K_q8_K_vnni;
         break;
     case GR_TYPE_IQ4_NL:
         /* its levels plus 128, as Q8_0's codes; summed as tinyBLAS sums it (the one

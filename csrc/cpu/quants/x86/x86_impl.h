@@ -106,6 +106,8 @@ GR_AVX2 void vec_dot_4xn_q4_0_q8_0_avx2(int64_t n, float *s, const void *const v
 GR_AVX2 void vec_dot_4xn_q4_K_q8_K_avx2(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
 GR_AVX2 void vec_dot_4xn_q6_K_q8_K_avx2(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
 GR_VNNI void vec_dot_4xn_q4_K_q8_K_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
+GR_AVX2 void vec_dot_4xn_q5_K_q8_K_avx2(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
+GR_VNNI void vec_dot_4xn_q5_K_q8_K_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
 GR_VNNI void vec_dot_4xn_q6_K_q8_K_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
 void vec_dot_4xn_q8_0_q8_0_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
 void vec_dot_4xn_q4_0_q8_0_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
