@@ -231,10 +231,11 @@ def test_decode_matmul_levels_give_each_row_its_dot(seed, wtype):
 @pytest.mark.parametrize("wtype", [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K])
 def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
     """Small batches (2 to 7 activation columns; Q8_0/Q4_0/Q5_0 up to 11 on AVX-512
-    VNNI, instead of column panels) take four weight rows against up to four columns
-    of one src1 batch at a time (ggmlrpc_vec_dot_4xn) at both SIMD kernel levels
+    VNNI, instead of column panels; one column where the type has no rows4 kernel,
+    Q5_K) take four weight rows against up to eight columns of one src1 batch at a
+    time (ggmlrpc_vec_dot_4xn) at both SIMD kernel levels
     (AVX2, and AVX-512 VNNI where this CPU has it), plans made at one level and run
-    at the other: with 2, 3, 5, 7 (and 9, 11) columns in two src1 batches, weight rows
+    at the other: with 1, 2, 3, 5, 7 (and 9, 11) columns in two src1 batches, weight rows
     not a multiple of four (a short last quad), in chunks shared by threads or one
     share each, an infinite activation (Q8_0 -128s, the sign trick's wrap-around):
     every output is the one vec_dot of its row."""
@@ -253,7 +254,7 @@ def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
             wq = np.concatenate([quants.quantize(int(wtype), r)
                                  for r in rng.standard_normal((M, K)).astype(np.float32)])
         rb = len(wq) // M
-        for N in (2, 3, 5, 7) if kquant else (2, 3, 5, 7, 9, 11):
+        for N in (1, 2, 3, 5, 7) if kquant else (1, 2, 3, 5, 7, 9, 11):
             x = rng.standard_normal((B, N, K)).astype(np.float32)
             if not kquant:
                 x[1, N - 1, 40] = np.inf
@@ -269,16 +270,17 @@ def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
 
 @pytest.mark.parametrize("wtype", [T.Q8_0, T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K])
 def test_small_batch_experts_give_each_row_its_dot(seed, wtype):
-    """MUL_MAT_ID of a small batch: experts routed 7, 5 and 2 rows take the same
-    four-rows-by-four-columns kernels (expert runs of 30 weight rows: chunks of 16
-    and 14, a short last quad), at both SIMD kernel levels and 1 or 2 threads: every
-    output is the one vec_dot of its row."""
+    """MUL_MAT_ID of a small batch: experts routed 7, 6 and 2 rows take the same
+    small-batch kernels (expert runs of 30 weight rows: chunks of 16 and 14, a short
+    last quad), and an expert with one row too where the type has no rows4 kernel, at
+    both SIMD kernel levels and 1 or 2 threads: every output is the one vec_dot of
+    its row."""
     from ggmlrpc._native import executor as native
     from ggmlrpc._native import quants
     from tests.ops.test_quants import random_blocks
     rng = np.random.default_rng(seed)
-    K, M, n_as, T_ = 512, 30, 3, 7
-    ids = np.array([[0, 1]] * 5 + [[0, 2]] * 2, np.int32)   # (T, n_used): experts 0, 1, 2 get 7, 5, 2 rows
+    K, M, n_as, T_ = 512, 30, 4, 8
+    ids = np.array([[0, 1]] * 5 + [[0, 2]] * 2 + [[1, 3]], np.int32)   # (T, n_used): 7, 6, 2 and 1 rows
     if wtype in (T.Q4_K, T.Q5_K, T.Q6_K):
         wq = random_blocks(rng, int(wtype), K * M * n_as)
     else:
