@@ -231,14 +231,13 @@ def test_decode_matmul_levels_give_each_row_its_dot(seed, wtype):
 @pytest.mark.parametrize("wtype", [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K])
 def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
     """Small batches (2 to 7 activation columns; Q8_0/Q4_0/Q5_0 up to 11 on AVX-512
-    VNNI, instead of column panels; one column where the type has no rows4 kernel,
-    Q5_K) take four weight rows against up to eight columns of one src1 batch at a
-    time (ggmlrpc_vec_dot_4xn) at both SIMD kernel levels
-    (AVX2, and AVX-512 VNNI where this CPU has it), plans made at one level and run
-    at the other: with 1, 2, 3, 5, 7 (and 9, 11) columns in two src1 batches, weight rows
-    not a multiple of four (a short last quad), in chunks shared by threads or one
-    share each, an infinite activation (Q8_0 -128s, the sign trick's wrap-around):
-    every output is the one vec_dot of its row."""
+    VNNI, instead of column panels) take four weight rows against up to eight columns
+    of one src1 batch at a time (ggmlrpc_vec_dot_4xn) at both SIMD kernel levels
+    (AVX2, and AVX-512 VNNI where this CPU has it), plans made at one level and run at
+    the other: with 2, 3, 5, 7 (and 9, 11) columns, and one beside them, in two src1
+    batches, weight rows not a multiple of four (a short last quad), in chunks shared
+    by threads or one share each, an infinite activation (Q8_0 -128s, the sign
+    trick's wrap-around): every output is the one vec_dot of its row."""
     from ggmlrpc._native import quants
     from tests.ops.test_quants import random_blocks
     rng = np.random.default_rng(seed)
@@ -272,9 +271,8 @@ def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
 def test_small_batch_experts_give_each_row_its_dot(seed, wtype):
     """MUL_MAT_ID of a small batch: experts routed 7, 6 and 2 rows take the same
     small-batch kernels (expert runs of 30 weight rows: chunks of 16 and 14, a short
-    last quad), and an expert with one row too where the type has no rows4 kernel, at
-    both SIMD kernel levels and 1 or 2 threads: every output is the one vec_dot of
-    its row."""
+    last quad), beside an expert with one row, at both SIMD kernel levels and 1 or 2
+    threads: every output is the one vec_dot of its row."""
     from ggmlrpc._native import executor as native
     from ggmlrpc._native import quants
     from tests.ops.test_quants import random_blocks
