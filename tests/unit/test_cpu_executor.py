@@ -234,7 +234,8 @@ def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
     VNNI, instead of column panels) take four weight rows against up to eight columns
     of one src1 batch at a time (ggmlrpc_vec_dot_4xn) at both SIMD kernel levels
     (AVX2, and AVX-512 VNNI where this CPU has it), plans made at one level and run at
-    the other: with 2, 3, 5, 7 (and 9, 11) columns, and one beside them, in two src1
+    the other: with 2, 3, 5, 7 (and 9, 11) columns, and one (where the type has no
+    rows4 kernel, Q5_K, the 4xn kernel takes it too), in two src1
     batches, weight rows not a multiple of four (a short last quad), in chunks shared
     by threads or one share each, an infinite activation (Q8_0 -128s, the sign
     trick's wrap-around): every output is the one vec_dot of its row."""
@@ -271,8 +272,8 @@ def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
 def test_small_batch_experts_give_each_row_its_dot(seed, wtype):
     """MUL_MAT_ID of a small batch: experts routed 7, 6 and 2 rows take the same
     small-batch kernels (expert runs of 30 weight rows: chunks of 16 and 14, a short
-    last quad), beside an expert with one row, at both SIMD kernel levels and 1 or 2
-    threads: every output is the one vec_dot of its row."""
+    last quad), and an expert with one row (Q5_K: the 4xn kernel too), at both SIMD
+    kernel levels and 1 or 2 threads: every output is the one vec_dot of its row."""
     from ggmlrpc._native import executor as native
     from ggmlrpc._native import quants
     from tests.ops.test_quants import random_blocks

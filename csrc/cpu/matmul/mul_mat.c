@@ -191,8 +191,10 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
     /* four weight rows at a time, where qdot is the type's vec_dot (not a GEMM order) */
     const ggmlrpc_vec_dot_rows4_fn qrows4 = !qdots && qdot && qdot == ggmlrpc_get_vec_dot((uint32_t)s0->type)
                                                 ? ggmlrpc_get_vec_dot_rows4((uint32_t)s0->type) : NULL;
-    /* 2+ columns, where qdot is the type's vec_dot */
-    const ggmlrpc_vec_dot_4xn_fn tile = b1 - b0 >= 2 && qdot && qdot == ggmlrpc_get_vec_dot((uint32_t)s0->type)
+    /* where qdot is the type's vec_dot: for 2+ columns, or for one where the type
+     * has no rows4 kernel (nor Q4_0's lane sums) */
+    const ggmlrpc_vec_dot_4xn_fn tile = (b1 - b0 >= 2 || (!qrows4 && !qdots)) && qdot &&
+                                                qdot == ggmlrpc_get_vec_dot((uint32_t)s0->type)
                                             ? ggmlrpc_get_vec_dot_4xn((uint32_t)s0->type) : NULL;
     const int64_t BLK = 16;
     /* the bytes of one weight row, fetched ahead of use on a block's first column */

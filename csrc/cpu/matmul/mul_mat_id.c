@@ -76,9 +76,12 @@ static void mmid_vec_dot(const gr_job *job, const mmid_ctx *c, int64_t a, int64_
     const int64_t k_end = c->starts[a] + c->counts[a];
     const char *wa = c->w->data + a * c->w->nb[2];
     int64_t i01 = ib;
-    /* two routed rows or more: four weight rows against up to GGMLRPC_4XN_COLS of them at a time
-     * (a short last quad repeats its first row, outputs not written) */
-    const ggmlrpc_vec_dot_4xn_fn tile = c->counts[a] >= 2 ? ggmlrpc_get_vec_dot_4xn((uint32_t)c->w->type) : NULL;
+    /* two routed rows or more (or one, where the type has no rows4 kernel): four weight
+     * rows against up to GGMLRPC_4XN_COLS of them at a time (a short last quad repeats
+     * its first row, outputs not written) */
+    const uint32_t wt = (uint32_t)c->w->type;
+    const ggmlrpc_vec_dot_4xn_fn tile =
+        c->counts[a] >= 2 || !ggmlrpc_get_vec_dot_rows4(wt) ? ggmlrpc_get_vec_dot_4xn(wt) : NULL;
     for (; tile && i01 < ie; i01 += 4) {
         const int rows = ie - i01 < 4 ? (int)(ie - i01) : 4;
         const void *wr[4];
