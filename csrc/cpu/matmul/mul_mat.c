@@ -176,9 +176,8 @@ static void mm_4xn(const gr_job *job, const mm_ctx *cx, ggmlrpc_vec_dot_4xn_fn t
 }
 
 /* outputs [a0, a1) x columns [b0, b1), one dot product each (vec_dot's order, or
- * the GEMM's for F32/F16 with dot32/dot16 set so); with 2+ columns by the type's
- * 4xn kernel where it has one, else a weight row against four converted columns of
- * one batch at a time where the type has such a kernel */
+ * the GEMM's for F32/F16 with dot32/dot16 set so); by the type's 4xn kernel where it
+ * has one (2+ columns, or one without a rows4 kernel) */
 static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
     const gr_tensor *s0 = cx->s0, *s1 = cx->s1, *d = cx->d;
     const size_t row_size = cx->row_size;
@@ -187,7 +186,6 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
     const ggmlrpc_vec_dot_fn qdot = cx->qdot;
     const int32_t *sums = mm_sums(job, &cx->L);
     const ggmlrpc_vec_dot_sums_fn qdots = sums ? ggmlrpc_get_vec_dot_q4_0_sums() : NULL;
-    const ggmlrpc_vec_dot_x4_fn qdot4 = conv && b1 - b0 >= 4 ? ggmlrpc_get_vec_dot_x4((uint32_t)s0->type) : NULL;
     /* four weight rows at a time, where qdot is the type's vec_dot (not a GEMM order) */
     const ggmlrpc_vec_dot_rows4_fn qrows4 = !qdots && qdot && qdot == ggmlrpc_get_vec_dot((uint32_t)s0->type)
                                                 ? ggmlrpc_get_vec_dot_rows4((uint32_t)s0->type) : NULL;
@@ -206,25 +204,7 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
             mm_4xn(job, cx, tile, ib, ie, b0, b1);
             continue;
         }
-        int64_t c = b0;
-        for (; qdot4 && c + 4 <= b1; c += 4) {
-            if (((c - b0) & 63) == 0 && gr_canceled(job)) return;
-            if (c / N != (c + 3) / N) break;   /* a batch boundary: the rest one by one */
-            const int64_t i11 = c % N, i12 = (c / N) % ne12, i13 = c / (N * ne12);
-            const void *act[4];
-            float *out[4];
-            for (int j = 0; j < 4; j++) {
-                act[j] = job->wdata + (size_t)(c + j) * row_size;
-                out[j] = (float *)(d->data + (i11 + j) * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
-            }
-            const char *w = s0->data + (i12 / r2) * s0->nb[2] + (i13 / r3) * s0->nb[3];
-            for (int64_t i01 = ib; i01 < ie; i01++) {
-                float v[4];
-                qdot4(K, v, w + i01 * s0->nb[1], act);
-                for (int j = 0; j < 4; j++) out[j][i01] = v[j];
-            }
-        }
-        for (; c < b1; c++) {
+        for (int64_t c = b0; c < b1; c++) {
             if (((c - b0) & 63) == 0 && gr_canceled(job)) return;
             const int64_t i11 = c % N;
             const int64_t i12 = (c / N) % ne12;

@@ -147,11 +147,6 @@ typedef void (*ggmlrpc_vec_dot_fn)(int64_t n, float *s, const void *w_row, const
 ggmlrpc_to_float_fn ggmlrpc_get_to_float(uint32_t type);
 ggmlrpc_from_float_fn ggmlrpc_get_from_float(uint32_t type);
 ggmlrpc_vec_dot_fn ggmlrpc_get_vec_dot(uint32_t weight_type);
-/* s[j] = dot(w_row, act_rows[j]) for j < 4, each bit-equal to the vec_dot
- * kernel's result (one weight row unpacked once for four activation rows).
- * NULL where there is no such kernel (only Q4_0 and Q8_0 with AVX2 so far). */
-typedef void (*ggmlrpc_vec_dot_x4_fn)(int64_t n, float *s, const void *w_row, const void *const act_rows[4]);
-ggmlrpc_vec_dot_x4_fn ggmlrpc_get_vec_dot_x4(uint32_t weight_type);
 /* Four weight rows against one activation row (decode), each output summed as the
  * type's vec_dot sums it; NULL where there is none. */
 typedef void (*ggmlrpc_vec_dot_rows4_fn)(int64_t n, float *s, const void *const w_rows[4], const void *act_row);

@@ -271,7 +271,6 @@ typedef struct {
     ggmlrpc_from_float_fn from_float;
     ggmlrpc_vec_dot_fn vec_dot;
     ggmlrpc_vec_dot_fn vec_dot_gemm;   /* the prompt order where it differs, else NULL */
-    ggmlrpc_vec_dot_x4_fn vec_dot_x4;
     ggmlrpc_vec_dot_rows4_fn vec_dot_rows4;
     ggmlrpc_vec_dot_4xn_fn vec_dot_4xn;
     ggmlrpc_vec_dot_sums_fn vec_dot_sums;

@@ -263,43 +263,6 @@ GR_AVX2 void vec_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32
     *s = gr_hsum_ps8(acc);
 }
 
-/* One weight row against four activation rows: every output is summed exactly
- * as vec_dot_q4_0_q8_0_avx2 / vec_dot_q8_0_q8_0_avx2 sum it (own accumulator,
- * same steps), the weight block is loaded and unpacked once for the four. */
-GR_AVX2 void vec_dot_x4_q4_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q4_0 */,
-                                              const void *const vy[4] /* (n/32,) q8_0 each */) {
-    const block_q4_0 *x = vx;
-    const block_q8_0 *y[4] = {vy[0], vy[1], vy[2], vy[3]};
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t i = 0; i < n / GR_QK; i++) {
-        const float dx = GR_F16(x[i].d);
-        const __m256i qx = _mm256_sub_epi8(gr_nibbles32(x[i].qs), _mm256_set1_epi8(8));
-        for (int j = 0; j < 4; j++) {
-            const __m256 d = _mm256_set1_ps(dx * GR_F16(y[j][i].d));
-            const __m256i qy = _mm256_loadu_si256((const __m256i *)y[j][i].qs);
-            acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[j]);
-        }
-    }
-    for (int j = 0; j < 4; j++) s[j] = gr_hsum_ps8(acc[j]);
-}
-
-GR_AVX2 void vec_dot_x4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q8_0 */,
-                                              const void *const vy[4] /* (n/32,) q8_0 each */) {
-    const block_q8_0 *x = vx;
-    const block_q8_0 *y[4] = {vy[0], vy[1], vy[2], vy[3]};
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t i = 0; i < n / GR_QK; i++) {
-        const float dx = GR_F16(x[i].d);
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        for (int j = 0; j < 4; j++) {
-            const __m256 d = _mm256_set1_ps(dx * GR_F16(y[j][i].d));
-            const __m256i qy = _mm256_loadu_si256((const __m256i *)y[j][i].qs);
-            acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[j]);
-        }
-    }
-    for (int j = 0; j < 4; j++) s[j] = gr_hsum_ps8(acc[j]);
-}
-
 /* Q4_0 x Q8_0 with the offset moved out of the inner loop: per lane,
  * sum((x - 8) * y) = sum(x * y) - 8 * sum(y), x in 0..15 unsigned, so PMADDUBSW
  * takes the nibbles as they are (no sign juggling) and 8 * sum(y) per lane is
@@ -1148,16 +1111,14 @@ static const gr_arch_kernels gr_avx2[GR_NTYPES] = {
     [GR_TYPE_F16] = {.to_float = gr_f16_to_f32_row_f16c, .from_float = gr_f32_to_f16_row_f16c,
                      .vec_dot = vec_dot_f16_f16_avx2},
     [GR_TYPE_BF16] = {.to_float = gr_bf16_to_f32_row_avx2, .vec_dot = vec_dot_bf16_bf16_avx2},
-    [GR_TYPE_Q4_0] = {.vec_dot = vec_dot_q4_0_q8_0_avx2, .vec_dot_x4 = vec_dot_x4_q4_0_q8_0_avx2,
-                      .vec_dot_4xn = vec_dot_4xn_q4_0_q8_0_avx2,
+    [GR_TYPE_Q4_0] = {.vec_dot = vec_dot_q4_0_q8_0_avx2, .vec_dot_4xn = vec_dot_4xn_q4_0_q8_0_avx2,
                       .vec_dot_sums = vec_dot_q4_0_q8_0_sums_avx2, .act_sums = q4_0_act_sums_avx2,
                       .panel_dot = panel_dot_q4_0_avx2},
     [GR_TYPE_Q4_1] = {.vec_dot = vec_dot_q4_1_q8_1_avx2, .panel_dot = panel_dot_q4_1_avx2},
     [GR_TYPE_Q5_0] = {.vec_dot = vec_dot_q5_0_q8_0_avx2, .panel_dot = panel_dot_q5_0_avx2},
     [GR_TYPE_Q5_1] = {.vec_dot = vec_dot_q5_1_q8_1_avx2, .panel_dot = panel_dot_q5_1_avx2},
     [GR_TYPE_Q8_0] = {.from_float = quantize_row_q8_0_avx2, .vec_dot = vec_dot_q8_0_q8_0_avx2,
-                      .vec_dot_x4 = vec_dot_x4_q8_0_q8_0_avx2, .vec_dot_rows4 = vec_dot_rows4_q8_0_q8_0_avx2,
-                      .vec_dot_4xn = vec_dot_4xn_q8_0_q8_0_avx2,
+                      .vec_dot_rows4 = vec_dot_rows4_q8_0_q8_0_avx2, .vec_dot_4xn = vec_dot_4xn_q8_0_q8_0_avx2,
                       .panel_dot = panel_dot_q8_0_avx2},
     [GR_TYPE_Q8_1] = {.from_float = quantize_row_q8_1_avx2},
     [GR_TYPE_Q8_K] = {.from_float = quantize_row_q8_K_avx2},
