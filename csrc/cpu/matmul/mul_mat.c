@@ -148,8 +148,9 @@ static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
 
 /* outputs [ib, ie) x columns [b0, b1) of a quantized type by its 4xn kernel (small
  * batches): four weight rows against up to GGMLRPC_4XN_COLS columns of one src1
- * batch at a time, the columns of a row quad one group after another while its weights are
- * in cache; a short last quad repeats its first row (outputs not written) */
+ * batch at a time, the column groups of a row quad one after another while its
+ * weights are in cache; a short last quad repeats its first row (outputs not
+ * written) */
 static void mm_4xn(const gr_job *job, const mm_ctx *cx, ggmlrpc_vec_dot_4xn_fn tile, int64_t ib, int64_t ie,
                    int64_t b0, int64_t b1) {
     const gr_tensor *s0 = cx->s0, *d = cx->d;
