@@ -235,10 +235,10 @@ def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
     of one src1 batch at a time (ggmlrpc_vec_dot_4xn) at both SIMD kernel levels
     (AVX2, and AVX-512 VNNI where this CPU has it), plans made at one level and run at
     the other: with 2, 3, 5, 7 (and 9, 11) columns, and one (where the type has no
-    rows4 kernel, Q5_K, the 4xn kernel takes it too), in two src1
-    batches, weight rows not a multiple of four (a short last quad), in chunks shared
-    by threads or one share each, an infinite activation (Q8_0 -128s, the sign
-    trick's wrap-around): every output is the one vec_dot of its row."""
+    rows4 kernel, Q5_K, the 4xn kernel takes it too), in two src1 batches, weight
+    rows not a multiple of four (a short last quad), in chunks shared by threads or
+    one share each, an infinite activation (Q8_0 -128s, the sign trick's
+    wrap-around): every output is the one vec_dot of its row."""
     from ggmlrpc._native import quants
     from tests.ops.test_quants import random_blocks
     rng = np.random.default_rng(seed)
@@ -274,7 +274,6 @@ def test_small_batch_experts_give_each_row_its_dot(seed, wtype):
     small-batch kernels (expert runs of 30 weight rows: chunks of 16 and 14, a short
     last quad), and an expert with one row (Q5_K: the 4xn kernel too), at both SIMD
     kernel levels and 1 or 2 threads: every output is the one vec_dot of its row."""
-    from ggmlrpc._native import executor as native
     from ggmlrpc._native import quants
     from tests.ops.test_quants import random_blocks
     rng = np.random.default_rng(seed)
@@ -296,9 +295,9 @@ def test_small_batch_experts_give_each_row_its_dot(seed, wtype):
     xt = b.tensor(T.F32, (K, 1, T_), data=x)
     st = b.tensor(T.I32, (2, T_), data=ids)
     out = b.tensor(T.F32, (M, 2, T_), Op.MUL_MAT_ID, (wt, xt, st))
-    before, qbefore = native.simd_level(), quants.simd()
+    top = quants.simd()
     try:
-        for level in sorted({1, qbefore}):
+        for level in sorted({1, top}):
             quants.simd(level)
             for n_threads in (1, 2):
                 ex = CpuExecutor(n_threads)
@@ -307,8 +306,7 @@ def test_small_batch_experts_give_each_row_its_dot(seed, wtype):
                 np.testing.assert_array_equal(b.read(out).view(np.uint32), want.ravel().view(np.uint32),
                                               err_msg=f"level={level} threads={n_threads}")
     finally:
-        native.set_simd(bool(before))
-        quants.simd(qbefore)
+        quants.simd(top)
 
 
 @pytest.mark.parametrize("wtype", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS])
