@@ -138,7 +138,7 @@ def percentiles(lat: list[float]) -> dict:
             "max_ms": round(lat[-1], 3) if lat else None}
 
 
-def bystander(port: int, seconds: float, timeout: float, graphs: bool) -> dict:
+def bystander(port: int, seconds: float, timeout: float, graphs: bool, pace: float = 0.0) -> dict:
     lat, glat, timed_out = [], [], 0
     b = Bystander(port)
     b.raw.sock.settimeout(timeout)
@@ -160,6 +160,8 @@ def bystander(port: int, seconds: float, timeout: float, graphs: bool) -> dict:
             except (socket.timeout, TimeoutError, ConnectionError, GgmlRpcError):
                 timed_out += 1
                 break     # the stream is out of step now; the rest of the phase is lost
+            if pace:
+                time.sleep(pace)
     finally:
         b.close()
         if g is not None:
@@ -194,7 +196,7 @@ def run_peer(argv: list[str], args, prompt) -> dict:
                 load.start()
                 time.sleep(1.0 if phase != "prompt" else 5.0)   # the load's graph is running
             try:
-                out[phase] = bystander(port, seconds, timeout, graphs=not args.no_graph)
+                out[phase] = bystander(port, seconds, timeout, graphs=not args.no_graph, pace=args.pace_ms / 1e3)
             except OSError as e:
                 out[phase] = {"error": str(e)}
             stop.set()
@@ -220,6 +222,9 @@ def main(argv=None) -> int:
     ap.add_argument("--prompt", type=int, default=2048,
                     help="tokens of the prompt phase's llama-bench run (0: no prompt phase)")
     ap.add_argument("--no-graph", action="store_true", help="GET+SET only, no small graph")
+    ap.add_argument("--pace-ms", type=float, default=0.0,
+                    help="pause between the bystander's rounds (default 0: back to back; on a 2-core host "
+                         "its own process then takes a core's share from the long graph)")
     ap.add_argument("--json", help="also write the JSON here")
     args = ap.parse_args(argv)
 

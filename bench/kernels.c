@@ -3,10 +3,11 @@
  * server, a network or another process in the way. Not a comparison with ggml
  * (llama_bench.py is); see bench/README.md.
  *
- *   decode: weights of ~150 MB (far past the caches) times one activation row, rows
- *           split between 1 or 2 threads: the kernel the executor takes for a
- *           column (four weight rows at a time where the level has it), in GB/s
- *           of weights read, best of 20 passes;
+ *   decode: weights of ~150 MB (far past the caches) times 1, 2 or 4 activation
+ *           rows, rows split between 1 or 2 threads: the kernel the executor takes
+ *           for a column (four weight rows at a time where the level has it) or a
+ *           small batch (ggmlrpc_vec_dot_4xn), in GB/s of weights read, best of 20
+ *           passes;
  *   prompt: a 1024 x 2816 weight matrix times 64 columns on one thread: level 1's
  *           eight-column panels against level 2's sixteen-column ones, in CPU
  *           cycles per output block (one output's 32 products) at a nominal 2.6 GHz.
@@ -69,7 +70,8 @@ typedef struct {
     const char *w;
     size_t row_bytes;
     int64_t r0, r1;
-    const void *act;
+    const void *const *act;   /* ncols activation rows */
+    int ncols;
     float *out;
 } decode_part;
 
@@ -77,14 +79,37 @@ static void *decode_rows(void *arg) {
     const decode_part *p = arg;
     const ggmlrpc_vec_dot_fn one = ggmlrpc_get_vec_dot(p->type);
     const ggmlrpc_vec_dot_rows4_fn four = ggmlrpc_get_vec_dot_rows4(p->type);
+    const ggmlrpc_vec_dot_4xn_fn tile = p->ncols > 1 ? ggmlrpc_get_vec_dot_4xn(p->type) : NULL;
     int64_t r = p->r0;
-    for (; four && r + 4 <= p->r1; r += 4) {
+    for (; (four || tile) && r + 4 <= p->r1; r += 4) {
         const void *w[4] = {p->w + r * p->row_bytes, p->w + (r + 1) * p->row_bytes, p->w + (r + 2) * p->row_bytes,
                             p->w + (r + 3) * p->row_bytes};
-        four(K, p->out + r, w, p->act);
+        float v[16];
+        if (tile) tile(K, v, w, p->act, p->ncols), p->out[r] = v[0];
+        else for (int j = 0; j < p->ncols; j++) four(K, p->out + r, w, p->act[j]);
     }
-    for (; r < p->r1; r++) one(K, p->out + r, p->w + r * p->row_bytes, p->act);
+    for (; r < p->r1; r++)
+        for (int j = 0; j < p->ncols; j++) one(K, p->out + r, p->w + r * p->row_bytes, p->act[j]);
     return NULL;
+}
+
+/* best of 20 passes of the rows split between nth threads, in seconds */
+static double decode_best(const decode_part *job, int nth, int64_t rows) {
+    double best = 1e9;
+    for (int pass = 0; pass < 20; pass++) {
+        pthread_t th[2];
+        decode_part parts[2];
+        const double t0 = now();
+        for (int i = 0; i < nth; i++) {
+            parts[i] = *job;
+            parts[i].r0 = rows * i / nth, parts[i].r1 = rows * (i + 1) / nth;
+            pthread_create(&th[i], NULL, decode_rows, &parts[i]);
+        }
+        for (int i = 0; i < nth; i++) pthread_join(th[i], NULL);
+        const double e = now() - t0;
+        if (e < best) best = e;
+    }
+    return best;
 }
 
 static void bench_decode(uint32_t type, const char *name, int level) {
@@ -93,27 +118,17 @@ static void bench_decode(uint32_t type, const char *name, int level) {
     block_of(type, &bb, &be, &at);
     const int64_t rows = (int64_t)((150u << 20) / ((size_t)(K / be) * bb));
     char *w = random_weights(type, rows, &rb);
-    char act[K * 2];
-    random_activation((uint32_t)ggmlrpc_vec_dot_type(type), act);
+    static char acts[4][K * 2];
+    const void *act[4];
+    for (int j = 0; j < 4; j++) random_activation((uint32_t)ggmlrpc_vec_dot_type(type), acts[j]), act[j] = acts[j];
     float *out = malloc((size_t)rows * sizeof(float));
-    printf("decode %-5s level %d:", name, level);
-    for (int nth = 1; nth <= 2; nth++) {
-        double best = 1e9;
-        for (int pass = 0; pass < 20; pass++) {
-            pthread_t th[2];
-            decode_part parts[2];
-            const double t0 = now();
-            for (int i = 0; i < nth; i++) {
-                parts[i] = (decode_part){type, w, rb, rows * i / nth, rows * (i + 1) / nth, act, out};
-                pthread_create(&th[i], NULL, decode_rows, &parts[i]);
-            }
-            for (int i = 0; i < nth; i++) pthread_join(th[i], NULL);
-            const double e = now() - t0;
-            if (e < best) best = e;
-        }
-        printf("  %d thread%s %5.1f GB/s", nth, nth > 1 ? "s" : " ", (double)rows * (double)rb / best / 1e9);
+    for (int ncols = 1; ncols <= 4; ncols *= 2) {
+        printf("decode %-5s x%d level %d:", name, ncols, level);
+        const decode_part job = {type, w, rb, 0, rows, act, ncols, out};
+        for (int nth = 1; nth <= 2; nth++)
+            printf("  %d thread%s %5.1f GB/s", nth, nth > 1 ? "s" : " ", (double)rows * (double)rb / decode_best(&job, nth, rows) / 1e9);
+        printf("\n");
     }
-    printf("\n");
     free(out);
     free(w);
 }

@@ -36,6 +36,8 @@ def cmd_serve(a) -> int:
         raise CliError(f"invalid --max-queue {a.max_queue}")
     if a.request_timeout < 0:
         raise CliError(f"invalid --request-timeout {a.request_timeout:g}")
+    if a.batch < 1:
+        raise CliError(f"invalid -b {a.batch}")
     keys = list(a.api_key or [])
     if a.api_key_file:
         try:
@@ -55,7 +57,7 @@ def cmd_serve(a) -> int:
         model.close()
         raise CliError(str(e)) from None
     engine = Engine(model, default_names(a.model, a.alias), template, a.model, n_slots, a.max_queue,
-                    a.request_timeout)
+                    a.request_timeout, a.batch)
     app = create_app(engine, keys)
     print(f"serving {engine.names[0]} on http://{host}:{a.port} (n_ctx {model.n_ctx}, "
           f"{n_slots} slot{'s' if n_slots > 1 else ''} of {engine.n_ctx} tokens)", file=sys.stderr, flush=True)
@@ -80,6 +82,9 @@ def add_parsers(sub) -> None:
     p.add_argument("--port", type=int, default=8080, help="port to listen on (default 8080)")
     p.add_argument("-np", "--parallel", type=int, default=-1,
                    help="slots: requests run at once, each with n_ctx / N tokens of context (default 1)")
+    p.add_argument("-b", "--batch-size", dest="batch", type=int, default=2048,
+                   help="prompt tokens one step may take while no slot is generating (default 2048; "
+                        "with slots generating, a step takes one micro-batch, -ub)")
     p.add_argument("--max-queue", type=int, default=0,
                    help="requests that may wait for a slot (default 0: no bound); beyond, 503")
     p.add_argument("--request-timeout", type=float, default=0.0,

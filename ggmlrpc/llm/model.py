@@ -37,6 +37,7 @@ from ..errors import ConnectionLost, GgmlRpcError
 from ..local import LocalBackend
 from .archs import ARCHS, SUPPORTED_ARCHS
 from .blocks import build, stage_weights
+from .flow import Flow
 from .gguf_file import GGUFFile, ModelError
 from .hparams import HParams
 from .kv_cache import KV_PAD, KVCache, SwaCells
@@ -51,6 +52,11 @@ __all__ = ["Model", "Sequence", "HParams", "SwaCells", "KV_PAD", "N_UBATCH", "SU
            "assign_layers", "ModelError"]
 
 N_UBATCH = 512        # prompt tokens per graph (llama.cpp's default micro-batch)
+# A pipelined decode is cut into about PIPE_DEPTH micro-batches per stage (a prompt of
+# one -ub micro-batch would otherwise not flow at all), none under PIPE_MIN_UBATCH
+# tokens: with S stages, k micro-batches take k + S - 1 ticks of 1/k instead of S.
+PIPE_DEPTH = 4
+PIPE_MIN_UBATCH = 64
 
 
 class Model:
@@ -238,24 +244,12 @@ class Model:
         recurrent state gives each sequence of a micro-batch as many tokens): the
         logits of each part's last token, in order. A sequence may appear once."""
         parts = [(q, list(toks)) for q, toks in parts]
-        if len({id(q) for q, _ in parts}) < len(parts):
-            raise ValueError("a sequence appears twice in one batch")
-        rows = []       # (part, token, position) of every new token, in order
-        for i, (q, toks) in enumerate(parts):
-            if q.model is not self or q.closed:
-                raise ValueError(f"sequence {q.id} is closed or not this model's")
-            if not toks:
-                raise ValueError("eval needs at least one token")
-            if q.n_past + len(toks) > self.n_ctx:
-                raise ModelError(f"context full: {q.n_past} + {len(toks)} tokens > n_ctx {self.n_ctx}")
-            for j, t in enumerate(toks):
-                if not 0 <= t < self.hp.n_vocab:
-                    raise ValueError(f"token {t} outside the vocabulary")
-                rows.append((i, t, q.n_past + j))
+        rows = self._rows(parts)
         last = {i: r for r, (i, _, _) in enumerate(rows)}   # each part's last row
         result: list = [None] * len(parts)
-        chunks = self._equal_split(parts) if self.kv.slots else \
-            [range(c, min(c + self.n_ubatch, len(rows))) for c in range(0, len(rows), self.n_ubatch)]
+        ub = self.pipeline_ubatch(len(rows))
+        chunks = self._equal_split(parts, ub) if self.kv.slots else \
+            [range(c, min(c + ub, len(rows))) for c in range(0, len(rows), ub)]
         batches = []
         for chunk in chunks:
             out = [k for k, r in enumerate(chunk) if last[rows[r][0]] == r] or [len(chunk) - 1]
@@ -274,7 +268,41 @@ class Model:
                     result[rows[r][0]] = lg
         return result
 
-    def _equal_split(self, parts: list[tuple]) -> list[list[int]]:
+    def _rows(self, parts: list[tuple["Sequence", list[int]]]) -> list[tuple[int, int, int]]:
+        """(part, token, position) of every new token of a batch, in order."""
+        if len({id(q) for q, _ in parts}) < len(parts):
+            raise ValueError("a sequence appears twice in one batch")
+        rows = []
+        for i, (q, toks) in enumerate(parts):
+            if q.model is not self or q.closed:
+                raise ValueError(f"sequence {q.id} is closed or not this model's")
+            if not toks:
+                raise ValueError("eval needs at least one token")
+            if q.n_past + len(toks) > self.n_ctx:
+                raise ModelError(f"context full: {q.n_past} + {len(toks)} tokens > n_ctx {self.n_ctx}")
+            for j, t in enumerate(toks):
+                if not 0 <= t < self.hp.n_vocab:
+                    raise ValueError(f"token {t} outside the vocabulary")
+                rows.append((i, t, q.n_past + j))
+        return rows
+
+    def add_to(self, flow: Flow, parts: Seq[tuple["Sequence", Seq[int]]], tag=None):
+        """Queue one micro-batch of `parts` (each sequence's new tokens after its
+        context, n_ubatch tokens at most in all) in `flow`; the tokens join their
+        sequences now (a failed flow is undone by resetting them). The micro-batch's
+        `logits` are then each part's last token's, in order."""
+        parts = [(q, list(toks)) for q, toks in parts]
+        rows = self._rows(parts)
+        if len(rows) > self.n_ubatch:
+            raise ValueError(f"{len(rows)} tokens do not fit one micro-batch of {self.n_ubatch}")
+        out = [int(n) - 1 for n in np.cumsum([len(toks) for _, toks in parts])]
+        mb = flow.add(([parts[i][0].id for i, _, _ in rows], [t for _, t, _ in rows], [p for _, _, p in rows],
+                       out), tag)
+        for q, toks in parts:
+            q.tokens.extend(toks)
+        return mb
+
+    def _equal_split(self, parts: list[tuple], n_ubatch: int) -> list[list[int]]:
         """The micro-batches of a model with a recurrent state, as llama.cpp's equal
         split cuts them: the parts with tokens left (n_ubatch at most), the same
         number of tokens of each, as many as the shortest has left and the
@@ -284,10 +312,10 @@ class Model:
         done = [0] * len(parts)
         chunks = []
         while True:
-            live = [i for i, (_, toks) in enumerate(parts) if done[i] < len(toks)][:self.n_ubatch]
+            live = [i for i, (_, toks) in enumerate(parts) if done[i] < len(toks)][:n_ubatch]
             if not live:
                 return chunks
-            n_t = min(min(len(parts[i][1]) - done[i] for i in live), self.n_ubatch // len(live))
+            n_t = min(min(len(parts[i][1]) - done[i] for i in live), n_ubatch // len(live))
             chunks.append([int(starts[i]) + done[i] + j for i in live for j in range(n_t)])
             for i in live:
                 done[i] += n_t
@@ -480,6 +508,17 @@ class Model:
                 raise
         return answer, hook
 
+    def pipeline_ubatch(self, n_tokens: int) -> int:
+        """The micro-batch size of a decode of n_tokens: n_ubatch, or where the decode
+        runs as a pipeline, smaller pieces (about PIPE_DEPTH per stage, at least
+        PIPE_MIN_UBATCH tokens each), so that even a prompt of one -ub micro-batch
+        keeps every server busy. The logits then are those of that micro-batch size
+        (as with -ub: equal within kernel noise, not bit for bit)."""
+        if not self._pipelines(2):
+            return self.n_ubatch
+        want = -(-n_tokens // (PIPE_DEPTH * len(self.stages)))
+        return min(self.n_ubatch, max(want, PIPE_MIN_UBATCH))
+
     def _pipelines(self, n_batches: int) -> bool:
         """Whether micro-batches may flow through the stages at once: more than one
         micro-batch, at least two servers, each server's connection in one stage."""
@@ -489,49 +528,33 @@ class Model:
         return len(remote) >= 2 and len({id(be) for be in remote}) == len(remote)
 
     def _run_pipelined(self, batches: list[tuple]) -> list[np.ndarray]:
-        """The micro-batches of one decode through the stages as a pipeline: at tick t
-        stage k runs micro-batch t - k, so while a server runs micro-batch i the one
-        before it runs i + 1 (each server still sees its micro-batches in order, and
-        the graphs and inputs are those of one step at a time: the same logits).
-        Every request of a tick leaves before any answer is read. A server lost on the
-        way: the unread answers of the others are drained, the cache bookkeeping put
-        back, and the micro-batches run one by one, where a lost server is recovered."""
-        saved = self.kv.save()
-        n, S = len(batches), len(self.stages)
-        xs: list = [None] * n
-        logits: list = [None] * n
-        hook = self.on_wait
-        waiting: list = []
+        """The micro-batches of one decode through the stages as a pipeline (a Flow):
+        the same graphs and inputs as one by one, so the same logits. A server lost
+        on the way: the unread answers of the others are drained, the cache
+        bookkeeping put back, and the micro-batches run one by one, where a lost
+        server is recovered."""
+        saved, n_run = self.kv.save(), len(self._batches)
+        flow = Flow(self)
         try:
-            prepared = [self.kv.inputs(tok, pos, seqs, out) for seqs, tok, pos, out in batches]
-            for t in range(n + S - 1):
-                active = [(c, t - c) for c in range(max(0, t - S + 1), min(n, t + 1))]
-                # the servers' requests first, then the local graphs, then the answers
-                active.sort(key=lambda ck: not isinstance(self.stages[ck[1]].device.backend, RemoteBackend))
-                for c, k in active:
-                    key, values = prepared[c]
-                    answer, hook = self._issue(self.stages[k], key, values, xs[c], hook, k == S - 1)
-                    waiting.append((c, k, answer))
-                while waiting:
-                    c, k, answer = waiting.pop(0)
-                    x = bytes(answer())     # the stage's result buffer is reused by its next micro-batch
-                    if k == S - 1:
-                        logits[c] = self._logits(x, len(batches[c][3]))
-                    else:
-                        xs[c] = x
+            mbs = [flow.add(batch) for batch in batches]
+            while flow:
+                flow.tick()
         except ConnectionLost:
-            for _, _, answer in waiting:
-                try:
-                    answer()
-                except GgmlRpcError:
-                    pass
             self.kv.restore(saved)
+            del self._batches[n_run:]
             return [self._step(batch) for batch in batches]
         except BaseException:
             self.kv.restore(saved)
+            del self._batches[n_run:]
             raise
-        self._batches.extend(batches)
-        return logits
+        return [mb.logits for mb in mbs]
+
+    def flow(self) -> Flow | None:
+        """A Flow of this model's micro-batches, where they can run as a pipeline (a
+        layer split over two or more servers); else None. Not for a model with a
+        recurrent state yet (its micro-batches give each sequence as many tokens,
+        which `decode` cuts and `add_to` does not)."""
+        return Flow(self) if self._pipelines(2) and not self.kv.slots else None
 
     def generate(self, prompt: str | bytes | Seq[int], n_predict: int = -1, *,
                  temp: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,

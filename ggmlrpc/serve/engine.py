@@ -213,6 +213,7 @@ class Slot:
         self.seq = seq
         self.gen: Generation | None = None
         self.used = 0.0          # when it last took a request
+        self.in_flight = False   # a micro-batch of it is in the model's Flow
 
 
 class Stats:
@@ -232,11 +233,17 @@ class Engine:
     """The model, its chat template, and the worker thread that runs every job."""
 
     def __init__(self, model, names: list[str], template: ChatTemplate, model_path: str = "",
-                 n_slots: int = 1, max_queue: int = 0, timeout: float = 0.0):
+                 n_slots: int = 1, max_queue: int = 0, timeout: float = 0.0, n_batch: int = 2048):
         """`n_slots` requests run at once, each in its own sequence of the KV cache
         (n_ctx / n_slots tokens each); `max_queue` more wait (0: no bound; beyond,
-        503); `timeout`: seconds a request may take from its arrival (0: no limit)."""
+        503); `timeout`: seconds a request may take from its arrival (0: no limit);
+        `n_batch`: prompt tokens a step may take while no slot generates (a long
+        prompt's micro-batches then run in one decode, as a pipeline over the servers;
+        while slots generate, a step takes one micro-batch so that they go on)."""
         self.model = model
+        self.n_batch = n_batch
+        # several requests over a pipelined layer split go through a Flow (None: one by one)
+        self.flow = model.flow() if n_slots > 1 else None
         self.slots = [Slot(model.seq)] + [Slot(model.new_sequence()) for _ in range(n_slots - 1)]
         self.max_queue, self.timeout = max_queue, timeout
         self.names = names
@@ -399,8 +406,9 @@ class Engine:
     def _work(self) -> None:
         """The slots' loop (llama-server's continuous batching): each step runs one
         token of every generating slot and the next piece of a new prompt, as many
-        tokens as a micro-batch holds, in one Model.decode (one graph per device);
-        a request that ends frees its slot for the next in the queue at once."""
+        tokens as a micro-batch holds (n_batch while no slot generates), in one
+        Model.decode; a request that ends frees its slot for the next in the queue
+        at once."""
         while True:
             free = [s for s in self.slots if s.gen is None]
             self.stats.processing = len(self.slots) - len(free)
@@ -442,7 +450,7 @@ class Engine:
     def _step(self) -> None:
         now = time.monotonic()
         for slot in self.slots:
-            if slot.gen is None:
+            if slot.gen is None or slot.in_flight:    # a slot in flight is seen when it lands
                 continue
             if slot.gen.cancelled.is_set():
                 self._end(slot, ("cancelled",))
@@ -450,8 +458,10 @@ class Engine:
                 self._end(slot, ("error", ApiError(f"request timed out after {self.timeout:g} s",
                                                    "unavailable_error")))
         busy = [s for s in self.slots if s.gen is not None]
+        if self.flow is not None and (self.flow or (len(busy) > 1 and any(not s.todo for s in busy))):
+            return self._flow_step(busy)
         parts = [(s, [s.last]) for s in busy if not s.todo]
-        room = self.model.n_ubatch - len(parts)
+        room = (self.model.n_ubatch if parts else self.n_batch) - len(parts)
         for s in busy:
             if s.todo and room > 0:
                 parts.append((s, s.todo[:room]))
@@ -460,24 +470,73 @@ class Engine:
             return
         try:
             logits = self.model.decode([(s.seq, toks) for s, toks in parts])
+            self.stats.n_decode += 1
         except Exception as e:     # never lose the worker: every request of the step fails
-            msg = (f"generation failed: {e}" if isinstance(e, (ModelError, GgmlRpcError))
-                   else f"internal error: {type(e).__name__}: {e}")
-            for s, _ in parts:
-                s.seq.reset()
-                self._end(s, ("error", ApiError(msg, "server_error")))
-            return
+            return self._failed([s for s, _ in parts], e)
+        if self.flow is None and len(self.slots) > 1:
+            self.flow = self.model.flow()     # a lost server is back
         for (slot, toks), lg in zip(parts, logits):
-            if slot.todo:
-                del slot.todo[:len(toks)]
-                if slot.todo:
-                    continue            # more of the prompt to run
-                slot.t_prompt = time.perf_counter()
+            self._landed(slot, toks, lg)
+
+    def _flow_step(self, busy: list["Slot"]) -> None:
+        """A step with several requests over a pipelined layer split: the requests
+        go in groups, one group per server, each group's micro-batch a stage behind
+        the one before it; a group's next micro-batch (its new tokens, or its next
+        piece of prompt) joins as soon as its last one lands. One tick of the Flow:
+        every server runs one micro-batch."""
+        ready = [s for s in busy if not s.in_flight]
+        if ready and self.flow.starts_now():
+            share = -(-len(busy) // len(self.model.stages))
+            parts, room = [], self.model.n_ubatch
+            for s in sorted(ready, key=lambda s: bool(s.todo))[:share]:     # the generating first
+                toks = s.todo[:room] if s.todo else [s.last]
+                if toks:
+                    parts.append((s, toks))
+                    room -= len(toks)
             try:
-                self._token(slot, lg)
-            except Exception as e:     # never lose the worker
-                slot.seq.reset()
-                self._end(slot, ("error", ApiError(f"internal error: {type(e).__name__}: {e}", "server_error")))
+                if parts:
+                    self.model.add_to(self.flow, [(s.seq, toks) for s, toks in parts], parts)
+            except Exception as e:
+                return self._failed([s for s, _ in parts], e)
+            for s, _ in parts:
+                s.in_flight = True
+        try:
+            landed = self.flow.tick()
+        except Exception as e:     # every request in flight fails
+            dropped = [s for mb in self.flow.clear() for s, _ in mb.tag]
+            for s in dropped:
+                s.in_flight = False
+            self.flow = None       # one by one from now: that is where a lost server comes back
+            return self._failed(dropped, e)
+        self.stats.n_decode += len(landed)
+        for mb in landed:
+            for (slot, toks), lg in zip(mb.tag, mb.logits):
+                slot.in_flight = False
+                if slot.gen.cancelled.is_set():
+                    self._end(slot, ("cancelled",))
+                else:
+                    self._landed(slot, toks, lg)
+
+    def _failed(self, slots: list["Slot"], e: Exception) -> None:
+        msg = (f"generation failed: {e}" if isinstance(e, (ModelError, GgmlRpcError))
+               else f"internal error: {type(e).__name__}: {e}")
+        for s in slots:
+            s.seq.reset()
+            self._end(s, ("error", ApiError(msg, "server_error")))
+
+    def _landed(self, slot: "Slot", toks: list[int], logits: np.ndarray) -> None:
+        """A slot's tokens ran: the next piece of its prompt waits, or its next token
+        is sampled from `logits`."""
+        if slot.todo:
+            del slot.todo[:len(toks)]
+            if slot.todo:
+                return            # more of the prompt to run
+            slot.t_prompt = time.perf_counter()
+        try:
+            self._token(slot, logits)
+        except Exception as e:     # never lose the worker
+            slot.seq.reset()
+            self._end(slot, ("error", ApiError(f"internal error: {type(e).__name__}: {e}", "server_error")))
 
     def _token(self, slot: "Slot", logits: np.ndarray) -> None:
         """Sample the slot's next token from `logits`, send its text, end the request
@@ -522,7 +581,6 @@ class Engine:
         st.prompt_seconds += t_prompt - t0
         st.predicted += n_gen
         st.predicted_seconds += t1 - t_prompt
-        st.n_decode += n_gen + (1 if n_eval else 0)
         st.n_tokens_max = max(st.n_tokens_max, len(job.ids) + n_gen)
         b = st.bucket
         b[0] += n_eval

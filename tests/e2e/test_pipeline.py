@@ -66,9 +66,9 @@ def test_several_sequences_in_one_pipelined_decode(model_path, servers):
         assert np.array_equal(x, y)
 
 
-def test_requests_are_out_at_two_servers_at_once(model_path, servers, monkeypatch):
-    """What makes the pipeline: while one server's answer is awaited, another server
-    already has its request (one by one, never more than one is out)."""
+def requests_out(monkeypatch) -> list[int]:
+    """[the most servers that had a request out at once], kept up to date (set it to
+    0 to start over)."""
     waiting, most = set(), [0]
     send = RemoteBackend.request_tensor
 
@@ -85,6 +85,13 @@ def test_requests_are_out_at_two_servers_at_once(model_path, servers, monkeypatc
         return answer
 
     monkeypatch.setattr(RemoteBackend, "request_tensor", request_tensor)
+    return most
+
+
+def test_requests_are_out_at_two_servers_at_once(model_path, servers, monkeypatch):
+    """What makes the pipeline: while one server's answer is awaited, another server
+    already has its request (one by one, never more than one is out)."""
+    most = requests_out(monkeypatch)
     for pipeline, want in ((False, 1), (True, 2)):
         most[0] = 0
         with Model.load(model_path, rpc=servers[:2], n_ubatch=8, pipeline=pipeline) as m:
@@ -121,3 +128,85 @@ def test_server_lost_before_a_pipelined_prompt_and_back(model_path, monkeypatch)
     finally:
         for p in procs:
             p.stop()
+
+
+def test_a_prompt_of_one_micro_batch_is_cut_for_the_pipeline(model_path, servers, monkeypatch):
+    """A prompt that fits one -ub micro-batch still flows: over two servers it is cut
+    into about four pieces per server (none under PIPE_MIN_UBATCH tokens), whose
+    logits are those of that -ub run one by one, bit for bit, and within the noise of
+    a -ub change of the uncut run's; without the pipeline -ub is kept."""
+    from ggmlrpc.llm.model import PIPE_MIN_UBATCH
+    ids = [(5 * i + 1) % 250 + 2 for i in range(4 * PIPE_MIN_UBATCH - 5)]
+    sizes = []
+    step = Model._issue
+
+    def issue(self, st, key, values, x, pos0, hook=None, last=False):
+        if st is self.stages[0]:
+            sizes.append(len(values["inp_tokens"]) if "inp_tokens" in values else None)
+        return step(self, st, key, values, x, pos0, hook, last)
+
+    with Model.load(model_path, rpc=servers[:2], pipeline=False) as m:
+        assert m.pipeline_ubatch(len(ids)) == m.n_ubatch == 256     # n_ctx bounds -ub
+        want = m.eval(ids)
+    with Model.load(model_path, rpc=servers[:2], n_ubatch=PIPE_MIN_UBATCH, pipeline=False) as m:
+        one_by_one = m.eval(ids)
+    monkeypatch.setattr(Model, "_issue", issue)
+    with Model.load(model_path, rpc=servers[:2]) as m:
+        assert m.pipeline_ubatch(len(ids)) == PIPE_MIN_UBATCH
+        assert m.pipeline_ubatch(4000) == 256       # 4000 / 8 > -ub: -ub
+        got = m.eval(ids)
+    assert sizes == [PIPE_MIN_UBATCH] * 3 + [PIPE_MIN_UBATCH - 5]
+    assert np.array_equal(got, one_by_one)
+    # another -ub gives other attention tiles and F16 roundings (5e-7 here), as in llama.cpp
+    nmse = float(np.sum((got - want) ** 2) / np.sum(want ** 2))
+    assert nmse < 1e-5
+
+
+def greedy_pair(m: Model, flow: bool, n: int = 6, after_prompts=None) -> list[np.ndarray]:
+    """Two sequences' prompts, then n greedy tokens of each, taking turns: through a
+    Flow (each sequence's next token goes in as soon as its last one lands, one
+    micro-batch a stage behind the other's) or by one decode each."""
+    a, b = m.new_sequence(), m.new_sequence()
+    la, lb = m.decode([(a, PROMPT_IDS[:29]), (b, PROMPT_IDS[10:])])
+    out, nxt = [la, lb], {a: la, b: lb}
+    if after_prompts:
+        after_prompts()
+    if not flow:
+        for _ in range(n):
+            for q in (a, b):
+                nxt[q] = m.decode([(q, [int(np.argmax(nxt[q]))])])[0]
+                out.append(nxt[q])
+        return out
+    f = m.flow()
+    assert f is not None
+    todo = {a: n, b: n}
+    for q in (a, b):
+        m.add_to(f, [(q, [int(np.argmax(nxt[q]))])], q)
+        todo[q] -= 1
+        if q is a:
+            assert f.tick() == []       # a's micro-batch goes on to the second server
+    while f:
+        for mb in f.tick():
+            q = mb.tag
+            nxt[q] = mb.logits[0]
+            out.append(nxt[q])
+            if todo[q]:
+                m.add_to(f, [(q, [int(np.argmax(nxt[q]))])], q)
+                todo[q] -= 1
+    return out
+
+
+def test_a_flow_of_two_sequences_keeps_both_servers_busy(model_path, servers, monkeypatch):
+    """serve's way with several requests: while one sequence's token is on the second
+    server the other's runs on the first. The logits are those of the same
+    micro-batches one by one, bit for bit, and two requests are out at once."""
+    with Model.load(model_path, rpc=servers[:2], n_ubatch=8, n_seq=2, pipeline=False) as m:
+        assert m.flow() is None
+        want = greedy_pair(m, False)
+    most = requests_out(monkeypatch)
+    with Model.load(model_path, rpc=servers[:2], n_ubatch=8, n_seq=2) as m:
+        got = greedy_pair(m, True, after_prompts=lambda: most.__setitem__(0, 0))
+    assert len(got) == len(want) == 14
+    for x, y in zip(want, got):
+        assert np.array_equal(x, y)
+    assert most[0] == 2

@@ -221,6 +221,28 @@ def test_other_routes(srv):
     assert srv.metrics()["llamacpp:tokens_predicted_total"] == before + 5
 
 
+def test_a_prompt_longer_than_a_micro_batch_takes_one_decode_while_none_generates(files, rpc):
+    """With no slot generating, a step takes up to -b prompt tokens (default 2048):
+    the prompt's -ub micro-batches go to the servers in one decode (as a pipeline)
+    instead of one step each; `llamacpp:n_decode_total` counts the steps. Either way
+    the answer is the same."""
+    texts = []
+    for batch in (None, 16):
+        args = ["--rpc", rpc, "-ts", "1,1", "-ub", "16"] + (["-b", str(batch)] if batch else [])
+        s = Serve(files["model"], *args)
+        try:
+            m0 = s.metrics()["llamacpp:n_decode_total"]
+            r = s.post("/v1/completions", {"prompt": PROMPT * 4, "max_tokens": 3, "temperature": 0}).json()
+            n_prompt = r["usage"]["prompt_tokens"]
+            assert n_prompt > 2 * 16
+            prompt_steps = 1 if batch is None else -(-n_prompt // 16)
+            assert s.metrics()["llamacpp:n_decode_total"] - m0 == prompt_steps + 2
+            texts.append(r["choices"][0]["text"])
+        finally:
+            s.stop()
+    assert texts[0] == texts[1]
+
+
 LONG = " ".join(["the old fisherman"] * 200)
 BAD = [
     ("malformed JSON", "/v1/chat/completions", b'{"messages": [', 400),

@@ -7,6 +7,7 @@ from __future__ import annotations
 import pytest
 
 from ggmlrpc.llm import synth
+from ggmlrpc.llm.model import PIPE_MIN_UBATCH
 from tests.e2e.test_serve import CHATML, Serve, rpc  # noqa: F401  (rpc: fixture)
 from tests.e2e.test_serve_batch import NOISE, QUESTIONS, at_once_as_alone, same_or_near_tie
 
@@ -26,8 +27,10 @@ def files(tmp_path_factory, ref_bin):
 
 @pytest.mark.parametrize("kind", ["f32", "q8_0"])
 def test_four_at_once_through_both(files, rpc, ref_llama_server, kind):  # noqa: F811
+    # -ub 64: the micro-batches our host cuts a prompt into to pipeline it over two
+    # servers (PIPE_MIN_UBATCH), so that llama-server runs the same graphs
     common = ["-c", "4096", "-ngl", "99", "--rpc", rpc, "--chat-template-file", str(files["template"]),
-              "--jinja", "-np", "4"]
+              "--jinja", "-np", "4", "-ub", str(PIPE_MIN_UBATCH)]
     ours = Serve(files[kind], *common, "-ts", "1,1")
     try:
         ref = ref_llama_server(files[kind], *common, "-ts", "1/1", "-t", "1", "--no-repack")

@@ -228,6 +228,87 @@ def test_decode_matmul_levels_give_each_row_its_dot(seed, wtype):
                 np.testing.assert_array_equal(got.view(np.uint32), want.ravel().view(np.uint32))
 
 
+@pytest.mark.parametrize("wtype", [T.Q8_0, T.Q4_0, T.Q5_0, T.Q4_K, T.Q5_K, T.Q6_K])
+def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
+    """Small batches (2 to 7 activation columns; Q8_0/Q4_0/Q5_0 up to 11 on AVX-512
+    VNNI, instead of column panels) take four weight rows against up to eight columns
+    of one src1 batch at a time (ggmlrpc_vec_dot_4xn) at both SIMD kernel levels
+    (AVX2, and AVX-512 VNNI where this CPU has it), plans made at one level and run at
+    the other: with 2, 3, 5, 7 (and 9, 11) columns, and one (where the type has no
+    rows4 kernel, Q5_K, the 4xn kernel takes it too), in two src1 batches, weight
+    rows not a multiple of four (a short last quad), in chunks shared by threads or
+    one share each, an infinite activation (Q8_0 -128s, the sign trick's
+    wrap-around): every output is the one vec_dot of its row."""
+    from ggmlrpc._native import quants
+    from tests.ops.test_quants import random_blocks
+    rng = np.random.default_rng(seed)
+    K, B = 512, 2
+    act = quants.vec_dot_type(int(wtype))
+    top = quants.simd()
+    runs = sorted({(1, 1), (top, top), (1, top), (top, 1)})   # (level at plan, at run)
+    kquant = wtype in (T.Q4_K, T.Q5_K, T.Q6_K)   # from 8 columns in ggml's tiled order
+    for M in (150, 30):   # 150: chunks of 16 rows handed out (the last of 6); 30: a share per thread
+        if kquant:
+            wq = random_blocks(rng, int(wtype), K * M)
+        else:
+            wq = np.concatenate([quants.quantize(int(wtype), r)
+                                 for r in rng.standard_normal((M, K)).astype(np.float32)])
+        rb = len(wq) // M
+        for N in (1, 2, 3, 5, 7) if kquant else (1, 2, 3, 5, 7, 9, 11):
+            x = rng.standard_normal((B, N, K)).astype(np.float32)
+            if not kquant:
+                x[1, N - 1, 40] = np.inf
+            want = np.array([[[quants.vec_dot(int(wtype), wq[i * rb:(i + 1) * rb].tobytes(),
+                                              quants.quantize(act, x[b, j]).tobytes()) for i in range(M)]
+                              for j in range(N)] for b in range(B)], np.float32)
+            for plan, run in runs:
+                for n_threads in (1, 2):
+                    got = _matmul_runs(wtype, wq, x, M, n_threads, plan, run)[0]
+                    np.testing.assert_array_equal(got.view(np.uint32), want.ravel().view(np.uint32),
+                                                  err_msg=f"M={M} N={N} levels={plan, run} threads={n_threads}")
+
+
+@pytest.mark.parametrize("wtype", [T.Q8_0, T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K])
+def test_small_batch_experts_give_each_row_its_dot(seed, wtype):
+    """MUL_MAT_ID of a small batch: experts routed 7, 6 and 2 rows take the same
+    small-batch kernels (expert runs of 30 weight rows: chunks of 16 and 14, a short
+    last quad), and an expert with one row (Q5_K: the 4xn kernel too), at both SIMD
+    kernel levels and 1 or 2 threads: every output is the one vec_dot of its row."""
+    from ggmlrpc._native import quants
+    from tests.ops.test_quants import random_blocks
+    rng = np.random.default_rng(seed)
+    K, M, n_as, T_ = 512, 30, 4, 8
+    ids = np.array([[0, 1]] * 5 + [[0, 2]] * 2 + [[1, 3]], np.int32)   # (T, n_used): 7, 6, 2 and 1 rows
+    if wtype in (T.Q4_K, T.Q5_K, T.Q6_K):
+        wq = random_blocks(rng, int(wtype), K * M * n_as)
+    else:
+        wq = np.concatenate([quants.quantize(int(wtype), r)
+                             for r in rng.standard_normal((n_as * M, K)).astype(np.float32)])
+    rb = len(wq) // (M * n_as)
+    x = rng.standard_normal((T_, 1, K)).astype(np.float32)
+    act = quants.vec_dot_type(int(wtype))
+    want = np.array([[[quants.vec_dot(int(wtype), wq[(a * M + i) * rb:(a * M + i + 1) * rb].tobytes(),
+                                      quants.quantize(act, x[t, 0]).tobytes()) for i in range(M)]
+                      for a in ids[t]] for t in range(T_)], np.float32)
+    b = Builder(4 << 20)
+    wt = b.tensor(wtype, (K, M, n_as), data=wq)
+    xt = b.tensor(T.F32, (K, 1, T_), data=x)
+    st = b.tensor(T.I32, (2, T_), data=ids)
+    out = b.tensor(T.F32, (M, 2, T_), Op.MUL_MAT_ID, (wt, xt, st))
+    top = quants.simd()
+    try:
+        for level in sorted({1, top}):
+            quants.simd(level)
+            for n_threads in (1, 2):
+                ex = CpuExecutor(n_threads)
+                b.buf.mem.fill(b.placement[out.id].offset, M * 2 * T_ * 4, 0)
+                ex.run(ex.compile(b.graph()))
+                np.testing.assert_array_equal(b.read(out).view(np.uint32), want.ravel().view(np.uint32),
+                                              err_msg=f"level={level} threads={n_threads}")
+    finally:
+        quants.simd(top)
+
+
 @pytest.mark.parametrize("wtype", [T.Q2_K, T.Q3_K, T.Q4_K, T.Q5_K, T.Q6_K, T.IQ4_XS])
 def test_prompt_k_quant_panels_match_the_one_row_path(seed, wtype):
     """K-quant products with 8+ activation rows take runs of eight rows at once (K

@@ -55,6 +55,12 @@ void gr_wpanel_decode(int32_t type, int64_t nb, const void *w0, size_t row_strid
 void gr_wpanel_gemm(int32_t type, int64_t nb, const void *panel, const void *act0, size_t act_stride,
                     int64_t ncols, float *out0, size_t out_stride, int rows);
 
+/* Q8_0/Q4_0/Q5_0 products of fewer columns than this take the 4xn kernels
+ * (ggmlrpc_vec_dot_4xn) on AVX-512 VNNI CPUs, not column panels: faster there
+ * (4096 x 11264 Q8_0, 8 columns, one thread: about 12 ms against 16 to 19 ms; the
+ * panels cost the same from 8 to 16 columns). */
+#define GR_MM_SMALL_BATCH 12
+
 /* Weight rows per chunk a thread decodes into K-panel layout (MUL_MAT) or takes of
  * an expert's run (MUL_MAT_ID). */
 #define GR_MM_CHUNK_ROWS 16

@@ -19,8 +19,11 @@
  * column panels (ggmlrpc_cpanel_*: sixteen columns a register, two weight rows at
  * a time).
  * Decode-sized products take four weight rows at a time against a column
- * (ggmlrpc_get_vec_dot_rows4), fetching the weights ahead of use. Weight rows go
- * to threads in chunks handed out one at a time.
+ * (ggmlrpc_get_vec_dot_rows4), fetching the weights ahead of use; small batches (2
+ * to 7 columns, and Q8_0/Q4_0/Q5_0 up to GR_MM_SMALL_BATCH - 1 on AVX-512 VNNI) four
+ * weight rows against up to eight columns (ggmlrpc_get_vec_dot_4xn), each weight
+ * block unpacked once for them. Weight rows go to threads in chunks handed out one
+ * at a time.
  */
 #include <math.h>
 #include <stdint.h>
@@ -143,9 +146,39 @@ static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
 
 /* ---- phase 1 strategies ---------------------------------------------------- */
 
+/* outputs [ib, ie) x columns [b0, b1) of a quantized type by its 4xn kernel (small
+ * batches): four weight rows against up to GGMLRPC_4XN_COLS columns of one src1
+ * batch at a time, the column groups of a row quad one after another while its
+ * weights are in cache; a short last quad repeats its first row (outputs not
+ * written) */
+static void mm_4xn(const gr_job *job, const mm_ctx *cx, ggmlrpc_vec_dot_4xn_fn tile, int64_t ib, int64_t ie,
+                   int64_t b0, int64_t b1) {
+    const gr_tensor *s0 = cx->s0, *d = cx->d;
+    const int64_t N = cx->N, ne12 = cx->ne12;
+    for (int64_t i01 = ib; i01 < ie; i01 += 4) {
+        const int rows = ie - i01 < 4 ? (int)(ie - i01) : 4;
+        for (int64_t c = b0; c < b1;) {
+            const int64_t i11 = c % N, i12 = (c / N) % ne12, i13 = c / (N * ne12);
+            const int64_t left = (b1 < c - i11 + N ? b1 : c - i11 + N) - c;   /* in this batch */
+            const int nc = left < GGMLRPC_4XN_COLS ? (int)left : GGMLRPC_4XN_COLS;
+            const char *w = s0->data + (i12 / cx->r2) * s0->nb[2] + (i13 / cx->r3) * s0->nb[3];
+            const void *wr[4], *act[GGMLRPC_4XN_COLS];
+            for (int r = 0; r < 4; r++) wr[r] = w + (i01 + (r < rows ? r : 0)) * s0->nb[1];
+            for (int j = 0; j < nc; j++) act[j] = mm_act(job, cx, c + j);
+            float v[4 * GGMLRPC_4XN_COLS];
+            tile(cx->K, v, wr, act, nc);
+            for (int j = 0; j < nc; j++) {
+                float *out = (float *)(d->data + (i11 + j) * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
+                for (int r = 0; r < rows; r++) out[i01 + r] = v[4 * j + r];
+            }
+            c += nc;
+        }
+    }
+}
+
 /* outputs [a0, a1) x columns [b0, b1), one dot product each (vec_dot's order, or
- * the GEMM's for F32/F16 with dot32/dot16 set so); a weight row against four
- * converted columns of one batch at a time where the type has such a kernel */
+ * the GEMM's for F32/F16 with dot32/dot16 set so); by the type's 4xn kernel where it
+ * has one (2+ columns, or one without a rows4 kernel) */
 static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64_t b0, int64_t b1) {
     const gr_tensor *s0 = cx->s0, *s1 = cx->s1, *d = cx->d;
     const size_t row_size = cx->row_size;
@@ -154,34 +187,25 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
     const ggmlrpc_vec_dot_fn qdot = cx->qdot;
     const int32_t *sums = mm_sums(job, &cx->L);
     const ggmlrpc_vec_dot_sums_fn qdots = sums ? ggmlrpc_get_vec_dot_q4_0_sums() : NULL;
-    const ggmlrpc_vec_dot_x4_fn qdot4 = conv && b1 - b0 >= 4 ? ggmlrpc_get_vec_dot_x4((uint32_t)s0->type) : NULL;
     /* four weight rows at a time, where qdot is the type's vec_dot (not a GEMM order) */
     const ggmlrpc_vec_dot_rows4_fn qrows4 = !qdots && qdot && qdot == ggmlrpc_get_vec_dot((uint32_t)s0->type)
                                                 ? ggmlrpc_get_vec_dot_rows4((uint32_t)s0->type) : NULL;
+    /* where qdot is the type's vec_dot: for 2+ columns, or for one where the type
+     * has no rows4 kernel (nor Q4_0's lane sums) */
+    const ggmlrpc_vec_dot_4xn_fn tile = (b1 - b0 >= 2 || (!qrows4 && !qdots)) && qdot &&
+                                                qdot == ggmlrpc_get_vec_dot((uint32_t)s0->type)
+                                            ? ggmlrpc_get_vec_dot_4xn((uint32_t)s0->type) : NULL;
     const int64_t BLK = 16;
     /* the bytes of one weight row, fetched ahead of use on a block's first column */
     const size_t wrow = ggmlrpc_row_size((uint32_t)s0->type, K);
     for (int64_t ib = a0; ib < a1; ib += BLK) {
         const int64_t ie = ib + BLK < a1 ? ib + BLK : a1;
-        int64_t c = b0;
-        for (; qdot4 && c + 4 <= b1; c += 4) {
-            if (((c - b0) & 63) == 0 && gr_canceled(job)) return;
-            if (c / N != (c + 3) / N) break;   /* a batch boundary: the rest one by one */
-            const int64_t i11 = c % N, i12 = (c / N) % ne12, i13 = c / (N * ne12);
-            const void *act[4];
-            float *out[4];
-            for (int j = 0; j < 4; j++) {
-                act[j] = job->wdata + (size_t)(c + j) * row_size;
-                out[j] = (float *)(d->data + (i11 + j) * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
-            }
-            const char *w = s0->data + (i12 / r2) * s0->nb[2] + (i13 / r3) * s0->nb[3];
-            for (int64_t i01 = ib; i01 < ie; i01++) {
-                float v[4];
-                qdot4(K, v, w + i01 * s0->nb[1], act);
-                for (int j = 0; j < 4; j++) out[j][i01] = v[j];
-            }
+        if (tile) {
+            if (gr_canceled(job)) return;
+            mm_4xn(job, cx, tile, ib, ie, b0, b1);
+            continue;
         }
-        for (; c < b1; c++) {
+        for (int64_t c = b0; c < b1; c++) {
             if (((c - b0) & 63) == 0 && gr_canceled(job)) return;
             const int64_t i11 = c % N;
             const int64_t i12 = (c / N) % ne12;
@@ -499,6 +523,6 @@ void gr_k_mul_mat(gr_job *job, int phase) {
     else if (order == GR_MM_TILED) mm_tiled(job, &cx, a0, a1, b0, b1);
     else if (order == GR_MM_GEMM && (s0->type == GR_TYPE_F32 || s0->type == GR_TYPE_F16)) mm_gemm_tiles(job, &cx, a0, a1, b0, b1);
     else if (pb) mm_panel_gemm(job, &cx, pb);
-    else if (cx.nr1 < 8 && cx.nr0 >= 4 * job->nth * CH) mm_matvec(job, &cx, CH);
+    else if (cx.nr1 < GR_MM_SMALL_BATCH && cx.nr0 >= 4 * job->nth * CH) mm_matvec(job, &cx, CH);
     else mm_rows_share(job, &cx, a0, a1, b0, b1);
 }

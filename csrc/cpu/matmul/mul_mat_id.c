@@ -69,13 +69,32 @@ static void mmid_route(const gr_tensor *ids, int64_t n_as, int64_t *counts, int6
 
 /* ---- phase 1 strategies, per chunk [ib, ie) of expert a's weight rows -------- */
 
-/* ggml's vec_dot order: one product per output, four routed rows at a time where
- * the type has such a kernel */
-static void mmid_vec_dot(const gr_job *job, const mmid_ctx *c, int64_t a, int64_t ib, int64_t ie,
-                         ggmlrpc_vec_dot_x4_fn qdot4) {
+/* ggml's vec_dot order: one product per output, by the type's small-batch (4xn) or
+ * four-row (rows4) kernel where it has one */
+static void mmid_vec_dot(const gr_job *job, const mmid_ctx *c, int64_t a, int64_t ib, int64_t ie) {
     const int64_t k_end = c->starts[a] + c->counts[a];
     const char *wa = c->w->data + a * c->w->nb[2];
     int64_t i01 = ib;
+    /* two routed rows or more (or one, where the type has no rows4 kernel): four weight
+     * rows against up to GGMLRPC_4XN_COLS of them at a time (a short last quad repeats
+     * its first row, outputs not written) */
+    const uint32_t wt = (uint32_t)c->w->type;
+    const ggmlrpc_vec_dot_4xn_fn tile =
+        c->counts[a] >= 2 || !ggmlrpc_get_vec_dot_rows4(wt) ? ggmlrpc_get_vec_dot_4xn(wt) : NULL;
+    for (; tile && i01 < ie; i01 += 4) {
+        const int rows = ie - i01 < 4 ? (int)(ie - i01) : 4;
+        const void *wr[4];
+        for (int r = 0; r < 4; r++) wr[r] = wa + (i01 + (r < rows ? r : 0)) * c->w->nb[1];
+        for (int64_t k = c->starts[a]; k < k_end; k += GGMLRPC_4XN_COLS) {
+            const int nc = k_end - k < GGMLRPC_4XN_COLS ? (int)(k_end - k) : GGMLRPC_4XN_COLS;
+            const void *act[GGMLRPC_4XN_COLS];
+            for (int j = 0; j < nc; j++) act[j] = mmid_act(job, c, c->pairs[k + j]);
+            float v[4 * GGMLRPC_4XN_COLS];
+            tile(c->K, v, wr, act, nc);
+            for (int j = 0; j < nc; j++)
+                for (int r = 0; r < rows; r++) mmid_out(c, c->pairs[k + j])[i01 + r] = v[4 * j + r];
+        }
+    }
     /* an expert with fewer than four routed rows (decode): four of its weight rows at
      * a time against each, the weights fetched ahead of use */
     const ggmlrpc_vec_dot_rows4_fn qrows4 = c->counts[a] < 4 ? ggmlrpc_get_vec_dot_rows4((uint32_t)c->w->type) : NULL;
@@ -89,15 +108,7 @@ static void mmid_vec_dot(const gr_job *job, const mmid_ctx *c, int64_t a, int64_
     for (; i01 < ie; i01++) {
         const char *wr = wa + i01 * c->w->nb[1];
         gr_prefetch_block_ahead(wr, wrow);
-        int64_t k = c->starts[a];
-        for (; qdot4 && k + 4 <= k_end; k += 4) {
-            const void *act[4] = { mmid_act(job, c, c->pairs[k]), mmid_act(job, c, c->pairs[k + 1]),
-                                   mmid_act(job, c, c->pairs[k + 2]), mmid_act(job, c, c->pairs[k + 3]) };
-            float v[4];
-            qdot4(c->K, v, wr, act);
-            for (int j = 0; j < 4; j++) mmid_out(c, c->pairs[k + j])[i01] = v[j];
-        }
-        for (; k < k_end; k++) c->qdot(c->K, &mmid_out(c, c->pairs[k])[i01], wr, mmid_act(job, c, c->pairs[k]));
+        for (int64_t k = c->starts[a]; k < k_end; k++) c->qdot(c->K, &mmid_out(c, c->pairs[k])[i01], wr, mmid_act(job, c, c->pairs[k]));
     }
 }
 
@@ -145,7 +156,6 @@ static void mmid_quant_experts(gr_job *job, const mmid_ctx *c, const gr_mm_scrat
     char *mem = tiled_type ? job->wdata + L->threads + (size_t)job->ith * L->per_thread : NULL;
     /* K-panel kernel on the routed rows where they are, if the plan made room */
     const int kp = tiled_type && L->kpanel && gr_mm_scratch_has(job->node, L->threads + (size_t)job->nth * L->per_thread);
-    const ggmlrpc_vec_dot_x4_fn qdot4 = c->conv ? ggmlrpc_get_vec_dot_x4((uint32_t)c->w->type) : NULL;
     const int64_t nch = (c->M + MMID_CH - 1) / MMID_CH;
     int64_t total = 0;
     for (int64_t a = 0; a < c->n_as; a++) total += c->counts[a] > 0 ? nch : 0;
@@ -156,7 +166,7 @@ static void mmid_quant_experts(gr_job *job, const mmid_ctx *c, const gr_mm_scrat
             a++;
         }
         const int64_t ib = (it - before) * MMID_CH, ie = ib + MMID_CH < c->M ? ib + MMID_CH : c->M;
-        if (!(tiled_type && c->counts[a] >= 8)) mmid_vec_dot(job, c, a, ib, ie, qdot4);
+        if (!(tiled_type && c->counts[a] >= 8)) mmid_vec_dot(job, c, a, ib, ie);
         else if (kp) mmid_kpanel(job, c, a, ib, ie, mem + L->krows);
         else mmid_tiled(job, c, a, ib, ie, mem);
     }

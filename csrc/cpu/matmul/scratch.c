@@ -33,6 +33,9 @@ static size_t panel_kind(const gr_node *n) {
     /* panels sum in one accumulator: vec_dot's order for Q4_0/Q8_0, only the
      * GEMM order for IQ4_NL */
     if (n->iparams[1] != (n->src[0].type == GR_TYPE_IQ4_NL ? GR_MM_Q0_GEMM : GR_MM_VEC_DOT)) return 0;
+    /* small batches on AVX-512 VNNI: the 4xn kernels, with no panels */
+    const uint32_t t = (uint32_t)n->src[0].type;
+    if (n->src[1].ne[1] < GR_MM_SMALL_BATCH && ggmlrpc_cpanel_available(t) && ggmlrpc_get_vec_dot_4xn(t)) return 0;
     return ggmlrpc_panel_bytes((uint32_t)n->src[0].type);
 }
 

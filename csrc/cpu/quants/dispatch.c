@@ -78,12 +78,12 @@ int ggmlrpc_q4_0_act_sums(const void *act_blocks, int32_t *sums, int64_t nb) {
 
 ggmlrpc_vec_dot_sums_fn ggmlrpc_get_vec_dot_q4_0_sums(void) { return gr_arch(GR_TYPE_Q4_0).vec_dot_sums; }
 
-ggmlrpc_vec_dot_x4_fn ggmlrpc_get_vec_dot_x4(uint32_t weight_type) { return gr_arch(weight_type).vec_dot_x4; }
-
 /* only beside the very vec_dot whose order they repeat: the architecture's */
 ggmlrpc_vec_dot_rows4_fn ggmlrpc_get_vec_dot_rows4(uint32_t weight_type) {
     return gr_arch(weight_type).vec_dot_rows4;
 }
+
+ggmlrpc_vec_dot_4xn_fn ggmlrpc_get_vec_dot_4xn(uint32_t weight_type) { return gr_arch(weight_type).vec_dot_4xn; }
 
 ggmlrpc_panel_dot_fn ggmlrpc_get_panel_dot(uint32_t weight_type) { return gr_arch(weight_type).panel_dot; }
 

@@ -147,15 +147,19 @@ typedef void (*ggmlrpc_vec_dot_fn)(int64_t n, float *s, const void *w_row, const
 ggmlrpc_to_float_fn ggmlrpc_get_to_float(uint32_t type);
 ggmlrpc_from_float_fn ggmlrpc_get_from_float(uint32_t type);
 ggmlrpc_vec_dot_fn ggmlrpc_get_vec_dot(uint32_t weight_type);
-/* s[j] = dot(w_row, act_rows[j]) for j < 4, each bit-equal to the vec_dot
- * kernel's result (one weight row unpacked once for four activation rows).
- * NULL where there is no such kernel (only Q4_0 and Q8_0 with AVX2 so far). */
-typedef void (*ggmlrpc_vec_dot_x4_fn)(int64_t n, float *s, const void *w_row, const void *const act_rows[4]);
-ggmlrpc_vec_dot_x4_fn ggmlrpc_get_vec_dot_x4(uint32_t weight_type);
 /* Four weight rows against one activation row (decode), each output summed as the
  * type's vec_dot sums it; NULL where there is none. */
 typedef void (*ggmlrpc_vec_dot_rows4_fn)(int64_t n, float *s, const void *const w_rows[4], const void *act_row);
 ggmlrpc_vec_dot_rows4_fn ggmlrpc_get_vec_dot_rows4(uint32_t weight_type);
+/* Four weight rows against ncols (1 to 8) activation rows (small batches):
+ * s[4 * j + r] = dot(w_rows[r], act_rows[j]), each output summed as the type's
+ * vec_dot sums it, every weight block loaded and unpacked once for the columns (or
+ * for four of them at a time, where the kernel's registers hold no more); NULL
+ * where there is none. */
+#define GGMLRPC_4XN_COLS 8
+typedef void (*ggmlrpc_vec_dot_4xn_fn)(int64_t n, float *s, const void *const w_rows[4],
+                                       const void *const act_rows[GGMLRPC_4XN_COLS], int ncols);
+ggmlrpc_vec_dot_4xn_fn ggmlrpc_get_vec_dot_4xn(uint32_t weight_type);
 /* Q4_0 weights against a Q8_0 activation row whose per-block lane sums
  * (8 int32 per block, ggmlrpc_q4_0_act_sums) were computed once: bit-equal to
  * the Q4_0 vec_dot, fewer steps per weight block. NULL / -1 without AVX2. */

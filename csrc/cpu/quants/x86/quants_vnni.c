@@ -1,5 +1,6 @@
 /* AVX-512 VNNI versions of the decode kernels (four weight rows against one
- * activation row) for Q8_0, Q4_0 and Q5_0: two rows per 512-bit register, each half
+ * activation row, or up to eight: small batches) for Q8_0, Q4_0 and Q5_0: two rows
+ * per 512-bit register, each half
  * doing exactly what vec_dot_*_q8_0_avx2 does for its row (same int32 lanes, same
  * scale products, same float steps, same final sum), so every output is bit-equal
  * to the one-row kernel's and to ggml's. Picked at run time (dispatch.c, through
@@ -12,8 +13,6 @@
 
 #if GR_X86
 
-#define GR_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
-
 /* signed x signed int8, 64 lanes -> 16 int32 lanes of 4-product sums, as the AVX2
  * kernels' sign trick (gr_dot_i8) gives them (|x| unsigned times y with x's sign, the
  * wrap-around of -(-128) included) */
@@ -21,20 +20,6 @@ GR_VNNI static inline __m512i gr_dot_i8_x2(__m512i x, __m512i y) {
     const __m512i zero = _mm512_setzero_si512();
     const __m512i sy = _mm512_mask_sub_epi8(y, _mm512_movepi8_mask(x), zero, y);
     return _mm512_dpbusd_epi32(zero, _mm512_abs_epi8(x), sy);
-}
-
-/* the four rows' scale products dx[r] * dy, rows 0 and 1 (r01) and 2 and 3 (r23)
- * each spread over the eight lanes of its half */
-GR_VNNI static inline void gr_scales4(gr_fp16_t d0, gr_fp16_t d1, gr_fp16_t d2, gr_fp16_t d3, gr_fp16_t dy,
-                                      __m512 *r01, __m512 *r23) {
-    __m128i h = _mm_cvtsi32_si128(d0);
-    h = _mm_insert_epi16(h, d1, 1);
-    h = _mm_insert_epi16(h, d2, 2);
-    h = _mm_insert_epi16(h, d3, 3);
-    const __m128i hy = _mm_set1_epi16((short)dy);
-    const __m512 d = _mm512_castps128_ps512(_mm_mul_ps(_mm_cvtph_ps(h), _mm_cvtph_ps(hy)));
-    *r01 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), d);
-    *r23 = _mm512_permutexvar_ps(_mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), d);
 }
 
 /* 32 bytes of row a in the low half, of row b in the high half */
@@ -86,47 +71,84 @@ GR_VNNI static inline gr_fp16_t gr_f16_at(const uint8_t *p) {
     return h;
 }
 
-/* the three block types are an f16 scale followed by the codes: bs bytes a block;
- * kind 0 Q8_0, 1 Q4_0, 2 Q5_0 */
-GR_VNNI static inline __attribute__((always_inline)) void gr_rows4_q0(int64_t n, float *s /* (4,) */,
-                                                                      const void *const vx[4], const void *vy,
-                                                                      size_t bs, int kind) {
+/* Four weight rows against NC (up to 8) activation rows: each weight block loaded and
+ * unpacked once for the NC columns, every output on its own eight lanes with the
+ * steps of vec_dot_*_q8_0_avx2 for its row and column. The three block types are an
+ * f16 scale followed by the codes: bs bytes a block; kind 0 Q8_0, 1 Q4_0, 2 Q5_0 */
+GR_VNNI static inline __attribute__((always_inline)) void gr_4xn_q0(int64_t n, float *s /* (4 * NC,) */,
+                                                                    const void *const vx[4], const void *const vy[8],
+                                                                    size_t bs, int kind, int NC) {
     const uint8_t *x0 = vx[0], *x1 = vx[1], *x2 = vx[2], *x3 = vx[3];
-    const block_q8_0 *y = vy;
-    __m512 a01 = _mm512_setzero_ps(), a23 = _mm512_setzero_ps();
+    const block_q8_0 *y[8];
+    for (int c = 0; c < 8; c++) y[c] = vy[c < NC ? c : 0];
+    const __m512i lo = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+    const __m512i hi = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
+    const __m512i zero = _mm512_setzero_si512();
+    __m512 a01[8], a23[8];
+    for (int c = 0; c < NC; c++) a01[c] = a23[c] = _mm512_setzero_ps();
     for (int64_t i = 0; i < n / GR_QK; i++) {
         const size_t o = (size_t)i * bs;
         gr_prefetch_ahead(x0 + o);
         gr_prefetch_ahead(x1 + o);
         gr_prefetch_ahead(x2 + o);
         gr_prefetch_ahead(x3 + o);
-        __m512 d01, d23;
-        gr_scales4(gr_f16_at(x0 + o), gr_f16_at(x1 + o), gr_f16_at(x2 + o), gr_f16_at(x3 + o), y[i].d, &d01, &d23);
-        const __m512i qy = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y[i].qs));
-#define GR_ROWS4_PAIR(a, b) (kind == 1 ? gr_pair_q4(a + o + 2, b + o + 2) \
-                             : kind == 2 ? gr_pair_q5(a + o + 2, b + o + 2) : gr_pair32(a + o + 2, b + o + 2))
-        const __m512i q01 = GR_ROWS4_PAIR(x0, x1), q23 = GR_ROWS4_PAIR(x2, x3);
-#undef GR_ROWS4_PAIR
-        a01 = _mm512_fmadd_ps(d01, _mm512_cvtepi32_ps(gr_dot_i8_x2(q01, qy)), a01);
-        a23 = _mm512_fmadd_ps(d23, _mm512_cvtepi32_ps(gr_dot_i8_x2(q23, qy)), a23);
+        __m128i h = _mm_cvtsi32_si128(gr_f16_at(x0 + o));
+        h = _mm_insert_epi16(h, gr_f16_at(x1 + o), 1);
+        h = _mm_insert_epi16(h, gr_f16_at(x2 + o), 2);
+        h = _mm_insert_epi16(h, gr_f16_at(x3 + o), 3);
+        const __m512 dx = _mm512_castps128_ps512(_mm_cvtph_ps(h));
+        const __m512 dx01 = _mm512_permutexvar_ps(lo, dx), dx23 = _mm512_permutexvar_ps(hi, dx);
+#define GR_4XN_PAIR(a, b) (kind == 1 ? gr_pair_q4(a + o + 2, b + o + 2) \
+                           : kind == 2 ? gr_pair_q5(a + o + 2, b + o + 2) : gr_pair32(a + o + 2, b + o + 2))
+        const __m512i q01 = GR_4XN_PAIR(x0, x1), q23 = GR_4XN_PAIR(x2, x3);
+#undef GR_4XN_PAIR
+        /* gr_dot_i8_x2 with the weights' part done once */
+        const __mmask64 m01 = _mm512_movepi8_mask(q01), m23 = _mm512_movepi8_mask(q23);
+        const __m512i u01 = _mm512_abs_epi8(q01), u23 = _mm512_abs_epi8(q23);
+        for (int c = 0; c < NC; c++) {
+            const __m512 dy = _mm512_set1_ps(_cvtsh_ss(y[c][i].d));
+            const __m512i qy = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y[c][i].qs));
+            const __m512i p01 = _mm512_dpbusd_epi32(zero, u01, _mm512_mask_sub_epi8(qy, m01, zero, qy));
+            const __m512i p23 = _mm512_dpbusd_epi32(zero, u23, _mm512_mask_sub_epi8(qy, m23, zero, qy));
+            a01[c] = _mm512_fmadd_ps(_mm512_mul_ps(dx01, dy), _mm512_cvtepi32_ps(p01), a01[c]);
+            a23[c] = _mm512_fmadd_ps(_mm512_mul_ps(dx23, dy), _mm512_cvtepi32_ps(p23), a23[c]);
+        }
     }
-    gr_finish4(s, a01, a23);
+    for (int c = 0; c < NC; c++) gr_finish4(s + 4 * c, a01[c], a23[c]);
 }
 
 GR_VNNI void vec_dot_rows4_q8_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4],
                                           const void *vy /* (n/32,) q8_0 */) {
-    gr_rows4_q0(n, s, vx, vy, sizeof(block_q8_0), 0);
+    gr_4xn_q0(n, s, vx, (const void *const[8]){vy}, sizeof(block_q8_0), 0, 1);
 }
 
 GR_VNNI void vec_dot_rows4_q4_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4],
                                           const void *vy /* (n/32,) q8_0 */) {
-    gr_rows4_q0(n, s, vx, vy, sizeof(block_q4_0), 1);
+    gr_4xn_q0(n, s, vx, (const void *const[8]){vy}, sizeof(block_q4_0), 1, 1);
 }
 
 GR_VNNI void vec_dot_rows4_q5_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4],
                                           const void *vy /* (n/32,) q8_0 */) {
-    gr_rows4_q0(n, s, vx, vy, sizeof(block_q5_0), 2);
+    gr_4xn_q0(n, s, vx, (const void *const[8]){vy}, sizeof(block_q5_0), 2, 1);
 }
+
+/* one instance per column count, the count a constant in each */
+#define GR_4XN_CASE(NC) \
+    case NC: gr_4xn_q0(n, s, vx, vy, bs, kd, NC); break;
+#define GR_4XN_Q0(name, block, kind)                                                                      \
+    GR_VNNI void name(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols) { \
+        const size_t bs = sizeof(block);                                                                  \
+        const int kd = kind;                                                                              \
+        switch (ncols) {                                                                                  \
+        GR_4XN_CASE(1) GR_4XN_CASE(2) GR_4XN_CASE(3) GR_4XN_CASE(4)                                       \
+        GR_4XN_CASE(5) GR_4XN_CASE(6) GR_4XN_CASE(7) GR_4XN_CASE(8)                                       \
+        }                                                                                                 \
+    }
+GR_4XN_Q0(vec_dot_4xn_q8_0_q8_0_vnni, block_q8_0, 0)
+GR_4XN_Q0(vec_dot_4xn_q4_0_q8_0_vnni, block_q4_0, 1)
+GR_4XN_Q0(vec_dot_4xn_q5_0_q8_0_vnni, block_q5_0, 2)
+#undef GR_4XN_Q0
+#undef GR_4XN_CASE
 
 /* Column panels (quants.h, GR_CPANEL_*): one weight row against sixteen columns per
  * register, the register of partial lane m holding that lane for the sixteen

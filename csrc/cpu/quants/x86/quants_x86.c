@@ -263,43 +263,6 @@ GR_AVX2 void vec_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32
     *s = gr_hsum_ps8(acc);
 }
 
-/* One weight row against four activation rows: every output is summed exactly
- * as vec_dot_q4_0_q8_0_avx2 / vec_dot_q8_0_q8_0_avx2 sum it (own accumulator,
- * same steps), the weight block is loaded and unpacked once for the four. */
-GR_AVX2 void vec_dot_x4_q4_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q4_0 */,
-                                              const void *const vy[4] /* (n/32,) q8_0 each */) {
-    const block_q4_0 *x = vx;
-    const block_q8_0 *y[4] = {vy[0], vy[1], vy[2], vy[3]};
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t i = 0; i < n / GR_QK; i++) {
-        const float dx = GR_F16(x[i].d);
-        const __m256i qx = _mm256_sub_epi8(gr_nibbles32(x[i].qs), _mm256_set1_epi8(8));
-        for (int j = 0; j < 4; j++) {
-            const __m256 d = _mm256_set1_ps(dx * GR_F16(y[j][i].d));
-            const __m256i qy = _mm256_loadu_si256((const __m256i *)y[j][i].qs);
-            acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[j]);
-        }
-    }
-    for (int j = 0; j < 4; j++) s[j] = gr_hsum_ps8(acc[j]);
-}
-
-GR_AVX2 void vec_dot_x4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q8_0 */,
-                                              const void *const vy[4] /* (n/32,) q8_0 each */) {
-    const block_q8_0 *x = vx;
-    const block_q8_0 *y[4] = {vy[0], vy[1], vy[2], vy[3]};
-    __m256 acc[4] = {_mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps(), _mm256_setzero_ps()};
-    for (int64_t i = 0; i < n / GR_QK; i++) {
-        const float dx = GR_F16(x[i].d);
-        const __m256i qx = _mm256_loadu_si256((const __m256i *)x[i].qs);
-        for (int j = 0; j < 4; j++) {
-            const __m256 d = _mm256_set1_ps(dx * GR_F16(y[j][i].d));
-            const __m256i qy = _mm256_loadu_si256((const __m256i *)y[j][i].qs);
-            acc[j] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[j]);
-        }
-    }
-    for (int j = 0; j < 4; j++) s[j] = gr_hsum_ps8(acc[j]);
-}
-
 /* Q4_0 x Q8_0 with the offset moved out of the inner loop: per lane,
  * sum((x - 8) * y) = sum(x * y) - 8 * sum(y), x in 0..15 unsigned, so PMADDUBSW
  * takes the nibbles as they are (no sign juggling) and 8 * sum(y) per lane is
@@ -557,12 +520,27 @@ GR_AVX2 void vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/25
     *s = gr_hsum_ps8(acc) + acc_m;
 }
 
+/* Q6_K: the 128 codes 0..63 of half a block, 32 per vector (low nibbles of ql[0..31],
+ * of ql[32..63], then their high nibbles, each with two bits of qh) */
+GR_AVX2 static inline __attribute__((always_inline)) void gr_q6K_codes(const uint8_t *ql /* (64,) */,
+                                                                       const uint8_t *qh /* (32,) */, __m256i q[4]) {
+    const __m256i m3 = _mm256_set1_epi8(3), m15 = _mm256_set1_epi8(15);
+    const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
+    const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
+    const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
+    q[0] = _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
+    q[1] = _mm256_or_si256(_mm256_and_si256(l1, m15),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
+    q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m15),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
+    q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
+                           _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
+}
+
 /* Q6_K: the unsigned codes 0..63 go through PMADDUBSW; the bias of 32 comes
  * off at the end as 32 * sum(scale * bsum). One block's int32 lanes: */
 GR_AVX2 static inline __attribute__((always_inline)) __m256i
 gr_q6K_block(const block_q6_K *x, const block_q8_K *y, __m256i bsums) {
-    const __m256i m3 = _mm256_set1_epi8(3);
-    const __m256i m15 = _mm256_set1_epi8(15);
     const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x->scales));
     const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
     const uint8_t *ql = x->ql;
@@ -573,17 +551,8 @@ gr_q6K_block(const block_q6_K *x, const block_q8_K *y, __m256i bsums) {
         /* this half's eight scales in both 128-bit lanes; pair k is picked with a shuffle */
         const __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
                               : _mm256_permute2x128_si256(sc16, sc16, 0x00);
-        const __m256i l0 = _mm256_loadu_si256((const __m256i *)ql);
-        const __m256i l1 = _mm256_loadu_si256((const __m256i *)(ql + 32));
-        const __m256i hb = _mm256_loadu_si256((const __m256i *)qh);
         __m256i q[4];
-        q[0] = _mm256_or_si256(_mm256_and_si256(l0, m15), _mm256_slli_epi16(_mm256_and_si256(hb, m3), 4));
-        q[1] = _mm256_or_si256(_mm256_and_si256(l1, m15),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 2), m3), 4));
-        q[2] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l0, 4), m15),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 4), m3), 4));
-        q[3] = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(l1, 4), m15),
-                               _mm256_slli_epi16(_mm256_and_si256(_mm256_srli_epi16(hb, 6), m3), 4));
+        gr_q6K_codes(ql, qh, q);
         for (int k = 0; k < 4; k++) {
             const __m256i p16 = _mm256_maddubs_epi16(q[k], _mm256_loadu_si256((const __m256i *)(q8 + 32 * k)));
             const __m256i pick = _mm256_inserti128_si256(
@@ -627,6 +596,202 @@ GR_AVX2 void vec_dot_rows4_q6_K_q8_K_avx2(int64_t n, float *s /* (4,) */, const 
     }
     for (int r = 0; r < 4; r++) s[r] = gr_hsum_ps8(acc[r]);
 }
+
+/* Small batches (ggmlrpc_vec_dot_4xn): four weight rows one after another, each
+ * against NC activation rows, its blocks unpacked once for the NC and fetched ahead;
+ * every output with its own accumulators and the steps of the type's vec_dot. The
+ * bodies are built twice: for AVX2, and for AVX-512 VNNI CPUs (32 registers; VPDPWSSD in the
+ * K-quants). */
+
+/* Q8_0 (kind 0) and Q4_0 (kind 1): an f16 scale, then the codes */
+GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q0(int64_t n, float *s /* (NC,) stride 4 */,
+                                                                    const uint8_t *x, const void *const yv[8], int NC,
+                                                                    size_t bs, int kind) {
+    const block_q8_0 *y[8] = {yv[0], yv[1], yv[2], yv[3], yv[4], yv[5], yv[6], yv[7]};
+    __m256 acc[8];
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK; i++, x += bs) {
+        gr_prefetch_ahead(x);
+        gr_fp16_t h;
+        memcpy(&h, x, sizeof h);
+        const float dx = GR_F16(h);
+        const __m256i qx = kind == 1 ? _mm256_sub_epi8(gr_nibbles32(x + 2), _mm256_set1_epi8(8))
+                                     : _mm256_loadu_si256((const __m256i *)(x + 2));
+        for (int c = 0; c < NC; c++) {
+            const __m256 d = _mm256_set1_ps(dx * GR_F16(y[c][i].d));
+            const __m256i qy = _mm256_loadu_si256((const __m256i *)y[c][i].qs);
+            acc[c] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; c++) s[4 * c] = gr_hsum_ps8(acc[c]);
+}
+
+/* acc + the pair sums of a * b (PMADDWD, then PADDD; one VPDPWSSD on AVX-512 VNNI:
+ * the same int32 lanes, wrap-around included) */
+typedef __m256i (*gr_madd_acc_fn)(__m256i acc, __m256i a, __m256i b);
+
+GR_AVX2 static inline __m256i gr_madd_acc_avx2(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_add_epi32(acc, _mm256_madd_epi16(a, b));
+}
+
+GR_VNNI static inline __m256i gr_madd_acc_vnni(__m256i acc, __m256i a, __m256i b) {
+    return _mm256_dpwssd_epi32(acc, a, b);
+}
+
+/* Q4_K as vec_dot_q4_K_q8_K_avx2 (gr_q4K_block's steps, sub-block by sub-block) */
+GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q4K(int64_t n, float *s, const block_q4_K *x,
+                                                                     const void *const yv[8], int NC,
+                                                                     gr_madd_acc_fn madd_acc) {
+    const block_q8_K *y[8] = {yv[0], yv[1], yv[2], yv[3], yv[4], yv[5], yv[6], yv[7]};
+    const __m256i m4 = _mm256_set1_epi8(0x0f);
+    __m256 acc[8];
+    __m128 acc_m[8];
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps(), acc_m[c] = _mm_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        gr_prefetch_block_ahead(&x[i], sizeof(block_q4_K));
+        const __m256i ms = gr_q4K_scales_mins(x[i].scales);
+        const __m128i mn = _mm256_extracti128_si256(ms, 1);
+        const __m256i sc = _mm256_permute2x128_si256(ms, ms, 0x00);
+        __m256i sumi[8];
+        for (int c = 0; c < NC; c++) sumi[c] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
+            const __m256i lo = _mm256_and_si256(bits, m4);
+            const __m256i hi = _mm256_and_si256(_mm256_srli_epi16(bits, 4), m4);
+            const __m256i sl = _mm256_shuffle_epi8(sc, GR_BCAST16(2 * j)), sh = _mm256_shuffle_epi8(sc, GR_BCAST16(2 * j + 1));
+            for (int c = 0; c < NC; c++) {
+                const int8_t *q8 = y[c][i].qs + 64 * j;
+                const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q8));
+                const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
+                sumi[c] = madd_acc(madd_acc(sumi[c], sl, pl), sh, ph);
+            }
+        }
+        const float xd = _cvtsh_ss(x[i].d), xdmin = _cvtsh_ss(x[i].dmin);
+        for (int c = 0; c < NC; c++) {
+            const float d = y[c][i].d * xd, dmin = -y[c][i].d * xdmin;
+            const __m128i mins = _mm_madd_epi16(mn, gr_q8K_pair_sums(&y[c][i]));
+            acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m[c]);
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; c++) s[4 * c] = gr_q4K_finish(acc[c], acc_m[c]);
+}
+
+/* Q6_K as vec_dot_q6_K_q8_K_avx2 (gr_q6K_block's steps) */
+GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q6K(int64_t n, float *s, const block_q6_K *x,
+                                                                     const void *const yv[8], int NC,
+                                                                     gr_madd_acc_fn madd_acc) {
+    const block_q8_K *y[8] = {yv[0], yv[1], yv[2], yv[3], yv[4], yv[5], yv[6], yv[7]};
+    __m256 acc[8];
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        gr_prefetch_block_ahead(&x[i], sizeof(block_q6_K));
+        const __m256i sc16 = _mm256_cvtepi8_epi16(_mm_loadu_si128((const __m128i *)x[i].scales));
+        __m256i sumi[8];
+        for (int c = 0; c < NC; c++) sumi[c] = _mm256_setzero_si256();
+        for (int h = 0; h < 2; h++) {
+            const uint8_t *ql = x[i].ql + 64 * h, *qh = x[i].qh + 32 * h;
+            const __m256i sch = h ? _mm256_permute2x128_si256(sc16, sc16, 0x11)
+                                  : _mm256_permute2x128_si256(sc16, sc16, 0x00);
+            __m256i q[4];
+            gr_q6K_codes(ql, qh, q);
+            for (int k = 0; k < 4; k++) {
+                const __m256i pick = _mm256_inserti128_si256(
+                    _mm256_castsi128_si256(_mm_set1_epi16((short)(((4 * k + 1) << 8) | (4 * k)))),
+                    _mm_set1_epi16((short)(((4 * k + 3) << 8) | (4 * k + 2))), 1);
+                const __m256i sk = _mm256_shuffle_epi8(sch, pick);
+                for (int c = 0; c < NC; c++) {
+                    const __m256i q8 = _mm256_loadu_si256((const __m256i *)(y[c][i].qs + 128 * h + 32 * k));
+                    sumi[c] = madd_acc(sumi[c], sk, _mm256_maddubs_epi16(q[k], q8));
+                }
+            }
+        }
+        const float xd = _cvtsh_ss(x[i].d);
+        for (int c = 0; c < NC; c++) {
+            const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[c][i].bsums);
+            const __m256i bias = _mm256_slli_epi32(_mm256_madd_epi16(bsums, sc16), 5);
+            const float d = y[c][i].d * xd;
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(_mm256_sub_epi32(sumi[c], bias)), acc[c]);
+        }
+    }
+    for (int c = 0; c < NC; c++) s[4 * c] = gr_hsum_ps8(acc[c]);
+}
+
+/* Q5_K as vec_dot_q5_K_q8_K_avx2 */
+GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q5K(int64_t n, float *s, const block_q5_K *x,
+                                                                     const void *const yv[8], int NC,
+                                                                     gr_madd_acc_fn madd_acc) {
+    const block_q8_K *y[8] = {yv[0], yv[1], yv[2], yv[3], yv[4], yv[5], yv[6], yv[7]};
+    const __m256i m4 = _mm256_set1_epi8(0x0f), one = _mm256_set1_epi8(1);
+    __m256 acc[8];
+    float acc_m[8];
+    for (int c = 0; c < NC; c++) acc[c] = _mm256_setzero_ps(), acc_m[c] = 0.0f;
+    uint8_t sc[8], mn[8];
+    for (int64_t i = 0; i < n / GR_QK_K; i++) {
+        gr_prefetch_block_ahead(&x[i], sizeof(block_q5_K));
+        gr_k4_scales(x[i].scales, sc, mn);
+        const float xd = _cvtsh_ss(x[i].d), xdmin = _cvtsh_ss(x[i].dmin);
+        for (int c = 0; c < NC; c++)   /* fused, as vec_dot_q5_K_q8_K_avx2's */
+            acc_m[c] = fmaf(-y[c][i].d * xdmin, (float)gr_k4_minsum(mn, y[c][i].bsums), acc_m[c]);
+        const __m256i hbits = _mm256_loadu_si256((const __m256i *)x[i].qh);
+        __m256i sumi[8];
+        for (int c = 0; c < NC; c++) sumi[c] = _mm256_setzero_si256();
+        for (int j = 0; j < 4; j++) {
+            const __m256i bits = _mm256_loadu_si256((const __m256i *)(x[i].qs + 32 * j));
+            const __m256i hl = _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j), one);
+            const __m256i hh = _mm256_and_si256(_mm256_srli_epi16(hbits, 2 * j + 1), one);
+            const __m256i lo = _mm256_or_si256(_mm256_and_si256(bits, m4), _mm256_slli_epi16(hl, 4));
+            const __m256i hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16(bits, 4), m4),
+                                               _mm256_slli_epi16(hh, 4));
+            const __m256i sl = _mm256_set1_epi16(sc[2 * j]), sh = _mm256_set1_epi16(sc[2 * j + 1]);
+            for (int c = 0; c < NC; c++) {
+                const int8_t *q8 = y[c][i].qs + 64 * j;
+                const __m256i pl = _mm256_maddubs_epi16(lo, _mm256_loadu_si256((const __m256i *)q8));
+                const __m256i ph = _mm256_maddubs_epi16(hi, _mm256_loadu_si256((const __m256i *)(q8 + 32)));
+                sumi[c] = madd_acc(madd_acc(sumi[c], sl, pl), sh, ph);
+            }
+        }
+        for (int c = 0; c < NC; c++)
+            acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(y[c][i].d * xd), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
+    }
+    for (int c = 0; c < NC; c++) s[4 * c] = gr_hsum_ps8(acc[c]) + acc_m[c];
+}
+
+/* kernel `name` for `target`: the four rows through ONE(n, s + r, row r, columns, NC,
+ * the arguments after ONE), one instance per column count up to MAXC (more columns:
+ * MAXC at a time); unused column pointers point at the first column */
+#define GR_4XN_CASE(NC, MAXC, ONE, ...) \
+    case NC: if (NC <= MAXC) ONE(n, s + r, vx[r], y, NC __VA_ARGS__); break;
+#define GR_4XN(target, name, MAXC, ONE, ...)                                                             \
+    target void name(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols) { \
+        if (MAXC < GGMLRPC_4XN_COLS && ncols > MAXC) {                                                  \
+            name(n, s, vx, vy, MAXC);                                                                    \
+            const void *rest[GGMLRPC_4XN_COLS];                                                          \
+            for (int j = 0; j < GGMLRPC_4XN_COLS; j++) rest[j] = vy[j + MAXC < ncols ? j + MAXC : 0];    \
+            name(n, s + 4 * MAXC, vx, rest, ncols - MAXC);                                               \
+            return;                                                                                      \
+        }                                                                                                \
+        const void *y[8];                                                                                \
+        for (int j = 0; j < 8; j++) y[j] = vy[j < ncols ? j : 0];                                        \
+        for (int r = 0; r < 4; r++) {                                                                    \
+            switch (ncols) {                                                                             \
+            GR_4XN_CASE(1, MAXC, ONE, __VA_ARGS__) GR_4XN_CASE(2, MAXC, ONE, __VA_ARGS__)                \
+            GR_4XN_CASE(3, MAXC, ONE, __VA_ARGS__) GR_4XN_CASE(4, MAXC, ONE, __VA_ARGS__)                \
+            GR_4XN_CASE(5, MAXC, ONE, __VA_ARGS__) GR_4XN_CASE(6, MAXC, ONE, __VA_ARGS__)                \
+            GR_4XN_CASE(7, MAXC, ONE, __VA_ARGS__) GR_4XN_CASE(8, MAXC, ONE, __VA_ARGS__)                \
+            }                                                                                            \
+        }                                                                                                \
+    }
+GR_4XN(GR_AVX2, vec_dot_4xn_q8_0_q8_0_avx2, 4, gr_1xn_q0, , sizeof(block_q8_0), 0)
+GR_4XN(GR_AVX2, vec_dot_4xn_q4_0_q8_0_avx2, 4, gr_1xn_q0, , sizeof(block_q4_0), 1)
+GR_4XN(GR_AVX2, vec_dot_4xn_q4_K_q8_K_avx2, 4, gr_1xn_q4K, , gr_madd_acc_avx2)
+GR_4XN(GR_AVX2, vec_dot_4xn_q6_K_q8_K_avx2, 4, gr_1xn_q6K, , gr_madd_acc_avx2)
+GR_4XN(GR_VNNI, vec_dot_4xn_q4_K_q8_K_vnni, 8, gr_1xn_q4K, , gr_madd_acc_vnni)
+GR_4XN(GR_VNNI, vec_dot_4xn_q6_K_q8_K_vnni, 8, gr_1xn_q6K, , gr_madd_acc_vnni)
+GR_4XN(GR_AVX2, vec_dot_4xn_q5_K_q8_K_avx2, 4, gr_1xn_q5K, , gr_madd_acc_avx2)
+GR_4XN(GR_VNNI, vec_dot_4xn_q5_K_q8_K_vnni, 8, gr_1xn_q5K, , gr_madd_acc_vnni)
+#undef GR_4XN_CASE
+#undef GR_4XN
 
 /* unsigned codes x signed q8 -> 8 int32 lanes as float */
 GR_AVX2 static inline __m256 gr_dot_u8_ps(__m256i qx, __m256i qy) {
@@ -946,22 +1111,24 @@ static const gr_arch_kernels gr_avx2[GR_NTYPES] = {
     [GR_TYPE_F16] = {.to_float = gr_f16_to_f32_row_f16c, .from_float = gr_f32_to_f16_row_f16c,
                      .vec_dot = vec_dot_f16_f16_avx2},
     [GR_TYPE_BF16] = {.to_float = gr_bf16_to_f32_row_avx2, .vec_dot = vec_dot_bf16_bf16_avx2},
-    [GR_TYPE_Q4_0] = {.vec_dot = vec_dot_q4_0_q8_0_avx2, .vec_dot_x4 = vec_dot_x4_q4_0_q8_0_avx2,
+    [GR_TYPE_Q4_0] = {.vec_dot = vec_dot_q4_0_q8_0_avx2, .vec_dot_4xn = vec_dot_4xn_q4_0_q8_0_avx2,
                       .vec_dot_sums = vec_dot_q4_0_q8_0_sums_avx2, .act_sums = q4_0_act_sums_avx2,
                       .panel_dot = panel_dot_q4_0_avx2},
     [GR_TYPE_Q4_1] = {.vec_dot = vec_dot_q4_1_q8_1_avx2, .panel_dot = panel_dot_q4_1_avx2},
     [GR_TYPE_Q5_0] = {.vec_dot = vec_dot_q5_0_q8_0_avx2, .panel_dot = panel_dot_q5_0_avx2},
     [GR_TYPE_Q5_1] = {.vec_dot = vec_dot_q5_1_q8_1_avx2, .panel_dot = panel_dot_q5_1_avx2},
     [GR_TYPE_Q8_0] = {.from_float = quantize_row_q8_0_avx2, .vec_dot = vec_dot_q8_0_q8_0_avx2,
-                      .vec_dot_x4 = vec_dot_x4_q8_0_q8_0_avx2, .vec_dot_rows4 = vec_dot_rows4_q8_0_q8_0_avx2,
+                      .vec_dot_rows4 = vec_dot_rows4_q8_0_q8_0_avx2, .vec_dot_4xn = vec_dot_4xn_q8_0_q8_0_avx2,
                       .panel_dot = panel_dot_q8_0_avx2},
     [GR_TYPE_Q8_1] = {.from_float = quantize_row_q8_1_avx2},
     [GR_TYPE_Q8_K] = {.from_float = quantize_row_q8_K_avx2},
     [GR_TYPE_Q2_K] = {.vec_dot = vec_dot_q2_K_q8_K_avx2},
     [GR_TYPE_Q3_K] = {.vec_dot = vec_dot_q3_K_q8_K_avx2},
-    [GR_TYPE_Q4_K] = {.vec_dot = vec_dot_q4_K_q8_K_avx2, .vec_dot_rows4 = vec_dot_rows4_q4_K_q8_K_avx2},
-    [GR_TYPE_Q5_K] = {.vec_dot = vec_dot_q5_K_q8_K_avx2},
-    [GR_TYPE_Q6_K] = {.vec_dot = vec_dot_q6_K_q8_K_avx2, .vec_dot_rows4 = vec_dot_rows4_q6_K_q8_K_avx2},
+    [GR_TYPE_Q4_K] = {.vec_dot = vec_dot_q4_K_q8_K_avx2, .vec_dot_rows4 = vec_dot_rows4_q4_K_q8_K_avx2,
+                      .vec_dot_4xn = vec_dot_4xn_q4_K_q8_K_avx2},
+    [GR_TYPE_Q5_K] = {.vec_dot = vec_dot_q5_K_q8_K_avx2, .vec_dot_4xn = vec_dot_4xn_q5_K_q8_K_avx2},
+    [GR_TYPE_Q6_K] = {.vec_dot = vec_dot_q6_K_q8_K_avx2, .vec_dot_rows4 = vec_dot_rows4_q6_K_q8_K_avx2,
+                      .vec_dot_4xn = vec_dot_4xn_q6_K_q8_K_avx2},
     [GR_TYPE_IQ4_NL] = {.vec_dot = vec_dot_iq4_nl_q8_0_avx2, .vec_dot_gemm = vec_dot_iq4_nl_q8_0_seq_avx2,
                         .panel_dot = panel_dot_iq4_nl_avx2},
     [GR_TYPE_IQ4_XS] = {.vec_dot = vec_dot_iq4_xs_q8_K_avx2},
@@ -971,16 +1138,29 @@ static const gr_arch_kernels gr_avx2[GR_NTYPES] = {
 void gr_arch_kernels_of(uint32_t type, int level, gr_arch_kernels *k) {
     *k = type < GR_NTYPES ? gr_avx2[type] : (gr_arch_kernels){0};
     if (level < 2) return;
-    /* level 2: the AVX-512 VNNI decode rows and column panels (quants_vnni.c) */
+    /* level 2: the AVX-512 VNNI decode rows, small batches and column panels
+     * (quants_vnni.c), the K-quants' small batches built for 32 registers */
     switch (type) {
     case GR_TYPE_Q8_0:
         k->vec_dot_rows4 = vec_dot_rows4_q8_0_q8_0_vnni, k->cpanel_dot = gr_cpanel_dot_q8_0_vnni;
+        k->vec_dot_4xn = vec_dot_4xn_q8_0_q8_0_vnni;
         break;
     case GR_TYPE_Q4_0:
         k->vec_dot_rows4 = vec_dot_rows4_q4_0_q8_0_vnni, k->cpanel_dot = gr_cpanel_dot_q4_0_vnni;
+        k->vec_dot_4xn = vec_dot_4xn_q4_0_q8_0_vnni;
         break;
     case GR_TYPE_Q5_0:
         k->vec_dot_rows4 = vec_dot_rows4_q5_0_q8_0_vnni, k->cpanel_dot = gr_cpanel_dot_q5_0_vnni;
+        k->vec_dot_4xn = vec_dot_4xn_q5_0_q8_0_vnni;
+        break;
+    case GR_TYPE_Q4_K:
+        k->vec_dot_4xn = vec_dot_4xn_q4_K_q8_K_vnni;
+        break;
+    case GR_TYPE_Q6_K:
+        k->vec_dot_4xn = vec_dot_4xn_q6_K_q8_K_vnni;
+        break;
+    case GR_TYPE_Q5_K:
+        k->vec_dot_4xn = vec_dot_4xn_q5_K_q8_K_vnni;
         break;
     case GR_TYPE_IQ4_NL:
         /* its levels plus 128, as Q8_0's codes; summed as tinyBLAS sums it (the one

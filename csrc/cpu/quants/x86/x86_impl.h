@@ -12,6 +12,10 @@
 
 #if GR_X86
 
+/* the AVX-512 VNNI kernels' target (quants_vnni.c, and the 32-register builds of
+ * AVX2 kernels in quants_x86.c) */
+#define GR_VNNI __attribute__((target("avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")))
+
 /* the eight int32 lanes' sum (exact: any order) */
 GR_AVX2 static inline int32_t gr_hsum_epi32x8(__m256i v) {
     __m128i r = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256(v, 1));
@@ -96,7 +100,17 @@ GR_AVX2 void vec_dot_q5_1_q8_1_avx2(int64_t n, float *s, const void *vx /* (n/32
 GR_AVX2 void vec_dot_q5_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q5_K */, const void *vy /* (n/256,) q8_K */);
 GR_AVX2 void vec_dot_q6_K_q8_K_avx2(int64_t n, float *s, const void *vx /* (n/256,) q6_K */, const void *vy /* (n/256,) q8_K */);
 GR_AVX2 void vec_dot_q8_0_q8_0_avx2(int64_t n, float *s, const void *vx /* (n/32,) q8_0 */, const void *vy /* (n/32,) q8_0 */);
-GR_AVX2 void vec_dot_x4_q4_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q4_0 */, const void *const vy[4] /* (n/32,) q8_0 each */);
+GR_AVX2 void vec_dot_4xn_q8_0_q8_0_avx2(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
+GR_AVX2 void vec_dot_4xn_q4_0_q8_0_avx2(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
+GR_AVX2 void vec_dot_4xn_q4_K_q8_K_avx2(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
+GR_AVX2 void vec_dot_4xn_q6_K_q8_K_avx2(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
+GR_VNNI void vec_dot_4xn_q4_K_q8_K_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
+GR_AVX2 void vec_dot_4xn_q5_K_q8_K_avx2(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
+GR_VNNI void vec_dot_4xn_q5_K_q8_K_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
+GR_VNNI void vec_dot_4xn_q6_K_q8_K_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
+void vec_dot_4xn_q8_0_q8_0_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
+void vec_dot_4xn_q4_0_q8_0_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
+void vec_dot_4xn_q5_0_q8_0_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
 void vec_dot_rows4_q8_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
 void gr_cpanel_decode_vnni(uint32_t type, const void *w_row, int64_t nb, void *row);
 void gr_cpanel_dot_q8_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s);
@@ -104,7 +118,6 @@ void gr_cpanel_dot_q4_0_vnni(int64_t nb, const void *row_a, const void *row_b, c
 void gr_cpanel_dot_q5_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s);
 void vec_dot_rows4_q5_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
 void vec_dot_rows4_q4_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
-GR_AVX2 void vec_dot_x4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const void *vx /* (n/32,) q8_0 */, const void *const vy[4] /* (n/32,) q8_0 each */);
 #endif
 
 #endif
