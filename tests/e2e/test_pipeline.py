@@ -140,10 +140,10 @@ def test_a_prompt_of_one_micro_batch_is_cut_for_the_pipeline(model_path, servers
     sizes = []
     step = Model._issue
 
-    def issue(self, st, key, values, x, pos0, hook=None, last=False):
+    def issue(self, st, key, values, x, hook=None, last=False):
         if st is self.stages[0]:
             sizes.append(len(values["inp_tokens"]) if "inp_tokens" in values else None)
-        return step(self, st, key, values, x, pos0, hook, last)
+        return step(self, st, key, values, x, hook, last)
 
     with Model.load(model_path, rpc=servers[:2], pipeline=False) as m:
         assert m.pipeline_ubatch(len(ids)) == m.n_ubatch == 256     # n_ctx bounds -ub
