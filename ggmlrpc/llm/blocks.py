@@ -95,17 +95,23 @@ class Ctx:
         sequence's state per slot), shaped `ne` + (n_seqs,): one sequence's in place,
         several gathered (llama.cpp gathers them with get_rows too)."""
         if self.rs_slots is None:
-            t = B.view(t, (t.ne[0],), offset=self.rs_slot * t.nb[1], name=f"{t.name} (slot)")
+            t = self._slot(t)
         else:
             t = B.get_rows(t, self.rs_slots, name=f"{t.name} (rows)")
         return B.reshape(t, (*ne, self.n_seqs), name=name)
+
+    def _slot(self, t: Tensor) -> Tensor:
+        """The micro-batch's one sequence's row of state tensor t, as a tensor of its
+        own in t's buffer (no view node: the graph of one sequence is the graph of
+        a state for one)."""
+        buf = t.buffer
+        return buf.tensor(t.type, (t.ne[0],), t.data - buf.base + self.rs_slot * t.nb[1], name=t.name)
 
     def keep_state(self, new: Tensor, t: Tensor, name: str = "") -> None:
         """Write the micro-batch's new states (a state per sequence, in order) into
         their slots of state tensor t."""
         if self.rs_slots is None:
-            dst = B.view(t, (t.ne[0],), offset=self.rs_slot * t.nb[1], name=f"{t.name} (slot)")
-            self.g.expand(B.cpy(new, dst, name=name))
+            self.g.expand(B.cpy(new, self._slot(t), name=name))
         else:
             rows = B.reshape(B.cont(new) if not B.is_contiguous(new) else new, (t.ne[0], self.n_seqs))
             self.g.expand(B.set_rows(t, rows, self.rs_slots, name=name))

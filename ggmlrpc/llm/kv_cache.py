@@ -120,9 +120,9 @@ class RecurrentSlots:
         """The key part of a micro-batch (its number of sequences, and the slot when it
         is one: that graph uses the slot in place), the slot of each of its
         sequences, and the slots whose sequence starts here (to be zeroed)."""
-        order = list(dict.fromkeys(seqs.tolist()))
+        order = [int(seqs[0])] if seqs[0] == seqs[-1] else list(dict.fromkeys(seqs.tolist()))
         n_t = len(seqs) // len(order)
-        if n_t * len(order) != len(seqs) or (seqs != np.repeat(order, n_t)).any():
+        if n_t * len(order) != len(seqs) or len(seqs) > 1 and (seqs != np.repeat(order, n_t)).any():
             raise ValueError("a micro-batch of a recurrent model gives each sequence as many tokens, in turn")
         for s in order:
             if s not in self.of:

@@ -248,7 +248,7 @@ class Model:
         last = {i: r for r, (i, _, _) in enumerate(rows)}   # each part's last row
         result: list = [None] * len(parts)
         ub = self.pipeline_ubatch(len(rows))
-        chunks = self._equal_split(parts, ub) if self.kv.slots else \
+        chunks = self._equal_split(parts, ub) if self.kv.slots and len(parts) > 1 else \
             [range(c, min(c + ub, len(rows))) for c in range(0, len(rows), ub)]
         batches = []
         for chunk in chunks:
