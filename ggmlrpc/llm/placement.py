@@ -260,7 +260,7 @@ def stage_graph(st: Stage, key: tuple, build: Callable[[Stage, tuple, int], Stag
             if new is None:
                 raise ModelError(f"{st.device.name}: cannot allocate {size >> 20} MiB of compute memory")
             setattr(st, attr, new)
+    g.place_inputs(st.inputs_buf)     # first: views of the inputs take their addresses
     alloc.place(st.compute)
-    g.place_inputs(st.inputs_buf)
     st.graphs[key] = g
     return g

@@ -237,7 +237,7 @@ def test_sliding_window_cache_wraps_like_llama(ref_bin, tmp_path, arch, capfdbin
 
 # the families people split over machines (issue 22), each in F32 and quantized by
 # llama-quantize (synth's model names); 256 wide, so that Q4_K_M quantizes every matrix
-SPLIT_FAMILIES = ["glm4moe", "minimax-m2", "gemma4", "gemma4-moe"]
+SPLIT_FAMILIES = ["glm4moe", "minimax-m2", "gemma4", "gemma4-moe", "gemma4-e2b"]
 FAMILY_WEIGHTS = ("F32", "Q8_0", "Q4_K_M")
 
 
