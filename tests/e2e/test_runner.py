@@ -20,15 +20,17 @@ from ggmlrpc.llm.gguf_file import ModelError
 from ggmlrpc.llm.model import Model, assign_layers
 from tests.conftest import Proc, free_port, our_server_argv, start_server
 
-# every architecture but llama, which the tests below cover in more ways
-OTHER_ARCHS = [a for a in ARCHS if a != "llama"]
+# every architecture but llama, which the tests below cover in more ways (and gemma4's
+# E2B: per-layer embeddings and layers reading an earlier layer's cache)
+OTHER_ARCHS = [a for a in ARCHS if a != "llama"] + ["gemma4-e2b"]
 
 
 def arch_shape(arch: str, n_embd: int) -> synth.ModelShape:
     """Two layers, or what the architecture's test_shape says (gemma3: seven, six
-    sliding-window layers and one global, rope bases 1e4/1e6)."""
+    sliding-window layers and one global, rope bases 1e4/1e6); `arch`: an
+    architecture or one of synth's model names."""
     return synth.ModelShape(**{"n_layer": 2, "n_embd": n_embd, "n_ff": 2 * n_embd, "n_head": 4, "n_head_kv": 2,
-                               **ARCHS[arch].test_shape})
+                               **ARCHS[synth.ARCHS[arch][0] if arch in synth.ARCHS else arch].test_shape})
 
 
 PROMPT = "the old fisherman lived in a small village by the sea"

@@ -67,6 +67,8 @@ def per_layer_inputs(c, x) -> dict:
     il * n_embd_per_layer on."""
     hp, w, T = c.hp, c.w, c.T
     n, f32 = hp.n_embd_per_layer, np.float32
+    if not n:
+        return {}
     rows = B.reshape(B.get_rows(w["per_layer_token_embd.weight"], c.tokens), (n, hp.n_layer, T))
     rows = B.scale(rows, float(np.sqrt(f32(n))), name="inp_per_layer_selected")
     proj = B.scale(B.mul_mat(w["per_layer_model_proj.weight"], x), float(f32(1) / np.sqrt(f32(hp.n_embd))))
