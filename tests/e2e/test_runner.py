@@ -78,6 +78,23 @@ def test_other_architectures_same_tokens_everywhere(tmp_path, servers, arch):
     assert greedy(path, rpc=[f"127.0.0.1:{s.port}" for s in servers], n_gpu_layers=1)[0] == local
 
 
+def test_shared_kv_layers_keep_no_cache(tmp_path, servers):
+    """gemma4 E2B: layer 2 keeps no cache; it reads layer 0's (the last earlier
+    sliding-window one): in-process that very tensor, split over two servers the
+    second server's one copy of it (the only cache there), with the tokens of
+    in-process decoding."""
+    path = synth.write_model(tmp_path / "e2b.gguf", "gemma4-e2b", arch_shape("gemma4-e2b", 64))
+    eps = [f"127.0.0.1:{s.port}" for s in servers]
+    local, _ = greedy(path, n_gpu_layers=0)
+    for kw, caches in ((dict(n_gpu_layers=0), [[0, 1]]), (dict(rpc=eps, tensor_split=[1, 1]), [[], [0, 1], [0]])):
+        with Model.load(path, **kw) as m:
+            assert [m.hp.kv_layer(il) for il in range(3)] == [0, 1, 0]
+            assert [sorted({int(k.name.rsplit("l", 1)[1]) for k, _ in st.kv.values()}) for st in m.stages] == caches
+            for st in m.stages:
+                assert all(st.kv[il] is st.kv[m.hp.kv_layer(il)] for il in st.layers)
+        assert greedy(path, **kw)[0] == local
+
+
 def test_assign_layers():
     assert assign_layers(4, 99, []) == [-1] * 4
     assert assign_layers(4, 99, [1.0, 1.0]) == [0, 0, 1, 1]
