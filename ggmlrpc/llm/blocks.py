@@ -61,7 +61,9 @@ class Ctx:
         # what the layers read beside the residual stream (per-layer embeddings, the K/V
         # rows of a cache that layers on later stages read), (rows, T) each
         self.side: dict[str, Tensor] = {}
-        self.kv_read_later = {hp.kv_layer(il) for il in range(st.layers[-1] + 1 if st.layers else 0, hp.n_layer)}
+        end = st.layers[-1] + 1 if st.layers else 0
+        self.kv_read_later = {hp.kv_layer(il) for il in range(end, hp.n_layer)}
+        self.tokens: Tensor | None = None   # the token ids, on the embeddings' stage
         for name in ("rope_freqs.weight", "rope_factors_long.weight" if n_ctx > self.n_ctx_orig
                      else "rope_factors_short.weight"):
             self.factors = self.factors or self.w.get(name)
