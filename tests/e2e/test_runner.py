@@ -78,21 +78,26 @@ def test_other_architectures_same_tokens_everywhere(tmp_path, servers, arch):
     assert greedy(path, rpc=[f"127.0.0.1:{s.port}" for s in servers], n_gpu_layers=1)[0] == local
 
 
-def test_shared_kv_layers_keep_no_cache(tmp_path, servers):
-    """gemma4 E2B: layer 2 keeps no cache; it reads layer 0's (the last earlier
-    sliding-window one): in-process that very tensor, split over two servers the
-    second server's one copy of it (the only cache there), with the tokens of
-    in-process decoding."""
-    path = synth.write_model(tmp_path / "e2b.gguf", "gemma4-e2b", arch_shape("gemma4-e2b", 64))
+@pytest.mark.parametrize("n_layer,kw,caches", [
+    (3, dict(n_gpu_layers=0), [[0, 1]]),
+    (3, dict(tensor_split=[1, 1]), [[], [0, 1], [0]]),
+    # layer 2's rows pass through the first server's stage on to the second's
+    (7, dict(n_gpu_layers=4, tensor_split=[1, 1]), [[0, 1, 2], [2, 3], [2, 3], []]),
+], ids=["in-process", "two-servers", "cpu-and-two-servers"])
+def test_shared_kv_layers_keep_no_cache(tmp_path, servers, n_layer, kw, caches):
+    """gemma4 E2B: the last third of the layers keep no cache; each reads the last
+    earlier cache of its kind (3 layers: layer 2 reads layer 0's): on its own stage
+    that very tensor, on a later one the one copy that stage keeps, written from the
+    rows the earlier stages pass on. Same tokens as in-process."""
+    shape = synth.ModelShape(**{**vars(arch_shape("gemma4-e2b", 64)), "n_layer": n_layer})
+    path = synth.write_model(tmp_path / "e2b.gguf", "gemma4-e2b", shape)
     eps = [f"127.0.0.1:{s.port}" for s in servers]
-    local, _ = greedy(path, n_gpu_layers=0)
-    for kw, caches in ((dict(n_gpu_layers=0), [[0, 1]]), (dict(rpc=eps, tensor_split=[1, 1]), [[], [0, 1], [0]])):
-        with Model.load(path, **kw) as m:
-            assert [m.hp.kv_layer(il) for il in range(3)] == [0, 1, 0]
-            assert [sorted({int(k.name.rsplit("l", 1)[1]) for k, _ in st.kv.values()}) for st in m.stages] == caches
-            for st in m.stages:
-                assert all(st.kv[il] is st.kv[m.hp.kv_layer(il)] for il in st.layers)
-        assert greedy(path, **kw)[0] == local
+    kw = dict(kw, rpc=eps) if "tensor_split" in kw else kw
+    with Model.load(path, **kw) as m:
+        assert [sorted({int(k.name.rsplit("l", 1)[1]) for k, _ in st.kv.values()}) for st in m.stages] == caches
+        for st in m.stages:
+            assert all(st.kv[il] is st.kv[m.hp.kv_layer(il)] for il in st.layers)
+    assert greedy(path, **kw)[0] == greedy(path, n_gpu_layers=0)[0]
 
 
 def test_assign_layers():
