@@ -60,6 +60,12 @@ class Ctx:
         self.last = hp.n_layer - 1
         self.n_ctx_orig = hp.n_ctx_orig or hp.n_ctx_train
         self.factors = None     # LongRoPE: the long set once the context exceeds the original one
+        # what the layers read beside the residual stream (per-layer embeddings, the K/V
+        # rows of a cache that layers on later stages read), (rows, T) each
+        self.side: dict[str, Tensor] = {}
+        end = st.layers[-1] + 1 if st.layers else 0
+        self.kv_read_later = {hp.kv_layer(il) for il in range(end, hp.n_layer)}
+        self.tokens: Tensor | None = None   # the token ids, on the embeddings' stage
         for name in ("rope_freqs.weight", "rope_factors_long.weight" if n_ctx > self.n_ctx_orig
                      else "rope_factors_short.weight"):
             self.factors = self.factors or self.w.get(name)
@@ -193,33 +199,50 @@ class Ctx:
         query and not the scores (then attention's kq_scale is 1)."""
         return B.scale(q, 1.0 / math.sqrt(dim or self.hp.head_dim), name=f"Qcur_scaled-{il}")
 
-    def attention(self, il: int, q: Tensor, k: Tensor, v: Tensor, kq_scale: float | None = None,
+    def store(self, il: int, k: Tensor, v: Tensor) -> None:
+        """The K and V rows of the batch's tokens, (n_embd_kv, T) and (n_embd_v, T),
+        written to layer il's cache cells (V transposed without flash attention),
+        before the attention that reads them."""
+        k_idx, v_idx, _ = self.attn_in_swa if self.hp.is_swa(il) else self.attn_in
+        cache_k, cache_v = self.st.kv[il]
+        self.g.expand(B.set_rows(cache_k, k, k_idx))
+        if self.flash_attn:
+            self.g.expand(B.set_rows(cache_v, v, v_idx))
+            return
+        v = v if B.is_contiguous(v) else B.cont(v)
+        flat = B.reshape(cache_v, (1, v.ne[0] * self.cells(il)))
+        self.g.expand(B.set_rows(flat, B.reshape(v, (1, v.ne[0] * v.ne[1])), v_idx))
+
+    def attention(self, il: int, q: Tensor, k: Tensor | None, v: Tensor | None, kq_scale: float | None = None,
                   project: bool = True) -> Tensor:
-        """k and v written to the layer's cache cells, q attending the cells
+        """k and v written to the layer's cache cells (none from a layer that reuses an
+        earlier layer's cache: hp.kv_layer), q attending the cells
         (flash attention, or soft-max over the transposed V cache; the file's sink
         logits and the soft-capping of the scores where there are), then the output
         projection (+ bias) when `project`."""
-        hp, w, T, g = self.hp, self.w, self.T, self.g
-        p, hd, n_head, n_head_kv = f"blk.{il}.", hp.head_dim_of(il), q.ne[1], hp.n_head_kv_of(il)
+        hp, w, T = self.hp, self.w, self.T
+        src = hp.kv_layer(il)       # a layer reusing an earlier one's cache writes none
+        p, hd, n_head, n_head_kv = f"blk.{il}.", hp.head_dim_of(il), q.ne[1], hp.n_head_kv_of(src)
         hv = hp.head_dim_v or hd        # a value head
-        n_embd_kv, n_embd_v = hd * n_head_kv, hv * n_head_kv
+        n_embd_v = hv * n_head_kv
         swa = hp.is_swa(il)
-        k_idx, v_idx, mask = self.attn_in_swa if swa else self.attn_in
+        mask = (self.attn_in_swa if swa else self.attn_in)[2]
         n_kv = self.n_kv_swa if swa else self.n_kv
         n_cells = self.cells(il)
         kq_scale = 1.0 / math.sqrt(hd) if kq_scale is None else kq_scale
         cache_k, cache_v = self.st.kv[il]
-        # rows of n_embd_kv, one per token, however the heads lie in memory
-        k2 = B.view(k, (n_embd_kv, T), (k.nb[0], k.nb[2]))
-        v2 = B.view(v, (n_embd_v, T), (v.nb[0], v.nb[2]))
-        # the cache writes run before the attention that reads the cache
-        g.expand(B.set_rows(cache_k, k2, k_idx))
+        if src == il:
+            # rows of n_embd_kv, one per token, however the heads lie in memory
+            k2 = B.view(k, (hd * n_head_kv, T), (k.nb[0], k.nb[2]))
+            v2 = B.view(v, (n_embd_v, T), (v.nb[0], v.nb[2]))
+            self.store(il, k2, v2)
+            if il in self.kv_read_later:     # later layers on other stages read these rows
+                self.side[f"k{il}"], self.side[f"v{il}"] = k2, v2
         row = 2 * hd   # F16 cache rows
         kv_nb = (2, row, row * n_head_kv, row * n_head_kv * n_kv)
         kk = B.permute(B.view(cache_k, (hd, n_head_kv, n_kv, 1), kv_nb), 0, 2, 1, 3)
         qq = B.permute(q, 0, 2, 1, 3)
         if self.flash_attn:
-            g.expand(B.set_rows(cache_v, v2, v_idx))
             vv = B.permute(B.view(cache_v, (hv, n_head_kv, n_kv, 1),
                                   (2, 2 * hv, 2 * n_embd_v, 2 * n_embd_v * n_kv)), 0, 2, 1, 3)
             o = B.flash_attn_ext(qq, kk, vv, mask, kq_scale, logit_softcap=hp.attn_softcap,
@@ -227,9 +250,6 @@ class Ctx:
             o = B.reshape(o, (hv * n_head, T), name=f"kqv_out-{il}")
         else:
             # V transposed: element (cell, channel) at channel * n_ctx + cell
-            flat = B.reshape(cache_v, (1, n_embd_v * n_cells))
-            v2 = v2 if B.is_contiguous(v2) else B.cont(v2)
-            g.expand(B.set_rows(flat, B.reshape(v2, (1, T * n_embd_v)), v_idx))
             vt = B.view(cache_v, (n_kv, n_head_kv, hv, 1),
                         (2, 2 * n_cells * hv, 2 * n_cells, 2 * n_cells * n_embd_v))
             kq = B.mul_mat(kk, qq, name=f"kq-{il}", prec_f32=True)
@@ -389,11 +409,24 @@ class Ctx:
         return x
 
 
+def side_rows(hp: HParams, b: int) -> list[tuple[str, int]]:
+    """What crosses the boundary before layer b beside the residual stream, (name,
+    rows per token): the per-layer embeddings while layers remain, and the K and V
+    rows of each earlier layer whose cache layers from b on read (the stage of those
+    keeps its own copy of that cache, written from these rows)."""
+    out = [("ple", hp.n_embd_per_layer * hp.n_layer)] if hp.n_embd_per_layer and b < hp.n_layer else []
+    for s in sorted({hp.kv_layer(il) for il in range(b, hp.n_layer)}):
+        if s < b:
+            out += [(f"k{s}", hp.n_embd_kv_of(s)), (f"v{s}", hp.n_embd_v_of(s))]
+    return out
+
+
 def stage_weights(arch: "Arch", hp: HParams, st: Stage, tensors: Container[str]) -> list[str]:
     """The tensors `build` reads for stage `st`, in upload order (`tensors`: the file's)."""
     names = []
     if st.embed:
         names.append("token_embd.weight")
+        names += [n for n in arch.input_weights if n in tensors]
     if st.layers:
         names += [n for n in ROPE_FACTORS if n in tensors]
     for il in st.layers:
@@ -424,17 +457,33 @@ def build(arch: "Arch", hp: HParams, st: Stage, cells: Callable[[int], int], fla
     c = Ctx(arch, hp, st, cells, flash_attn, n_ctx, key, align)
     w, inp, T = c.w, c.inp, c.T
     if st.embed:
-        x = B.get_rows(w["token_embd.weight"], inp.new(GGMLType.I32, (T,), "inp_tokens"), name="inp_embd")
+        c.tokens = inp.new(GGMLType.I32, (T,), "inp_tokens")
+        x = B.get_rows(w["token_embd.weight"], c.tokens, name="inp_embd")
         if arch.scale_embd:
             x = B.scale(x, math.sqrt(hp.n_embd), name="inp_scaled")
+        if arch.inputs is not None:
+            c.side.update(arch.inputs(c, x))
     else:
         rows = T if st.layers else c.n_out
-        x = inp.new(GGMLType.F32, (hp.n_embd, rows), "embd")
+        side = side_rows(hp, st.layers[0]) if st.layers else []
+        x = inp.new(GGMLType.F32, (hp.n_embd + sum(n for _, n in side), rows), "embd")
+        at = hp.n_embd
+        for name, n in side:    # each a view of its rows of the previous stage's result
+            c.side[name] = B.view(x, (n, rows), (4, x.nb[1]), 4 * at)
+            at += n
+        if side:
+            x = B.cont(B.view(x, (hp.n_embd, rows), (4, x.nb[1])), name="embd_residual")
     if st.layers:
         c.layer_inputs()
+        # the copies of earlier stages' caches that this stage's layers read
+        for s in sorted({hp.kv_layer(il) for il in st.layers} - set(st.layers)):
+            c.store(s, c.side[f"k{s}"], c.side[f"v{s}"])
     for il in st.layers:
         x = arch.layer(c, il, x)
     if st.output:
         x = c.output(x)
+    else:   # the rows the next stage reads beside the residual stream
+        for name, _ in side_rows(hp, st.layers[-1] + 1 if st.layers else 0):
+            x = B.concat(x, c.side[name], 0)
     c.g.expand(x, output=True)
     return StageGraph(key, c.g, {t.name: t for t in inp.tensors}, x, inp)

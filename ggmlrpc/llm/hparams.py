@@ -68,6 +68,11 @@ class HParams:
     head_dim_swa: int = 0
     n_rot_swa: int = 0
     n_head_kv_arr: tuple[int, ...] = ()
+    # gemma4 E2B/E4B: a per-layer embedding of n_embd_per_layer values beside the
+    # residual stream; only the first n_layer_kv layers keep a KV cache (0: all), the
+    # later ones attend the cache of the last earlier layer of their kind
+    n_embd_per_layer: int = 0
+    n_layer_kv: int = 0
     ssm: dict | None = None        # a recurrent architecture's sizes (its module's hparams)
 
     @property
@@ -108,6 +113,13 @@ class HParams:
         """Layer il's V row: as its K row, unless value heads have their own size."""
         return self.head_dim_v * self.n_head_kv_of(il) if self.head_dim_v else self.n_embd_kv_of(il)
 
+    def kv_layer(self, il: int) -> int:
+        """The layer whose KV cache layer il attends: its own, or (past the first
+        n_layer_kv) the last of those of its kind (llama.cpp's layer reuse)."""
+        if not self.n_layer_kv or il < self.n_layer_kv:
+            return il
+        return self.n_layer_kv - (2 if self.is_swa(il) else 1)
+
     def v_width(self, swa: bool) -> int:
         """The V row of the sliding-window layers (`swa`) or of the others."""
         return self.n_embd_v if self.head_dim_v else self.kv_width(swa)
@@ -137,6 +149,7 @@ class HParams:
         kv = key("attention.head_count_kv", n_head)     # one count, or one per layer
         n_head_kv = tuple(int(x) for x in kv) if isinstance(kv, list) else (int(kv),)
         head_dim = int(key("attention.key_length", n_embd // n_head))
+        ff = key("feed_forward_length")     # one width, or one per layer (the blocks read the matrices')
         scale = f.get(f"{a}.rope.scaling.factor") or f.get(f"{a}.rope.scale_linear")
         kind = str(f.get(f"{a}.rope.scaling.type", "linear"))
         if kind == "none":
@@ -144,7 +157,7 @@ class HParams:
         return cls(n_vocab=n_vocab, n_ctx_train=int(key("context_length")), n_embd=n_embd,
                    # the NextN/MTP layers a file may carry after the others are not run
                    n_layer=int(key("block_count")) - int(key("nextn_predict_layers", 0)),
-                   n_ff=int(key("feed_forward_length")),
+                   n_ff=int(max(ff) if isinstance(ff, list) else ff),
                    n_head=n_head, n_head_kv=n_head_kv[0], n_head_kv_arr=n_head_kv if len(n_head_kv) > 1 else (),
                    head_dim=head_dim, n_rot=int(key("rope.dimension_count", head_dim)),
                    eps=float(f.get(f"{a}.attention.layer_norm_rms_epsilon")

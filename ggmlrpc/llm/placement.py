@@ -176,7 +176,9 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
     st.mapped = st.device.local
     size = 0 if st.mapped else sum(_align(f.tensors[n].nbytes, align) for n in names)
     shapes = {il: state(il) if state else () for il in st.layers}
-    attn = [il for il in st.layers if not shapes[il]]
+    # a layer that reuses an earlier layer's cache (hp.kv_layer) has none of its own: it
+    # reads that layer's, here or the copy of it a later stage keeps
+    attn = sorted({kv.hp.kv_layer(il) for il in st.layers if not shapes[il]})
     kv_size = sum(_align(2 * width(il) * kv.cells(il), align)
                   + (n_cache - 1) * _align(2 * v_width(il) * kv.cells(il), align) for il in attn)
     slot = sum(_align(4 * int(np.prod(ne)), align) for il in st.layers for ne in shapes[il])
@@ -211,6 +213,9 @@ def alloc_stage(st: Stage, f: GGUFFile, names: list[str], kv: KVCache,
              buf.tensor(GGMLType.F16, (n_embd_v, kv.cells(il)), off + k_row, name=f"cache_v_l{il}"))
         off += k_row + (n_cache - 1) * _align(2 * n_embd_v * kv.cells(il), align)
         st.kv[il] = (k, v)
+    for il in st.layers:
+        if not shapes[il]:
+            st.kv[il] = st.kv[kv.hp.kv_layer(il)]
     at = 0      # in a slot
     for il in st.layers:
         ts = []
@@ -262,7 +267,7 @@ def stage_graph(st: Stage, key: tuple, build: Callable[[Stage, tuple, int], Stag
             if new is None:
                 raise ModelError(f"{st.device.name}: cannot allocate {size >> 20} MiB of compute memory")
             setattr(st, attr, new)
+    g.place_inputs(st.inputs_buf)     # first: views of the inputs take their addresses
     alloc.place(st.compute)
-    g.place_inputs(st.inputs_buf)
     st.graphs[key] = g
     return g

@@ -120,7 +120,7 @@ def test_sequences_together_local_without_flash_attention(llama):
         check(m, start=[0, 1, 2, 0], stop={0: 9})
 
 
-@pytest.mark.parametrize("arch", ["gemma2", "gemma3"])
+@pytest.mark.parametrize("arch", ["gemma2", "gemma3", "gemma4-e2b"])
 def test_sliding_window_sequences(tmp_path, servers, arch):
     """A window of 8 and a ring of 256 cells (micro-batch 32): the ring wraps while
     four sequences share it."""

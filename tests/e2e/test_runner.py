@@ -20,15 +20,17 @@ from ggmlrpc.llm.gguf_file import ModelError
 from ggmlrpc.llm.model import Model, assign_layers
 from tests.conftest import Proc, free_port, our_server_argv, start_server
 
-# every architecture but llama, which the tests below cover in more ways
-OTHER_ARCHS = [a for a in ARCHS if a != "llama"]
+# every architecture but llama, which the tests below cover in more ways (and gemma4's
+# E2B: per-layer embeddings and layers reading an earlier layer's cache)
+OTHER_ARCHS = [a for a in ARCHS if a != "llama"] + ["gemma4-e2b"]
 
 
 def arch_shape(arch: str, n_embd: int) -> synth.ModelShape:
     """Two layers, or what the architecture's test_shape says (gemma3: seven, six
-    sliding-window layers and one global, rope bases 1e4/1e6)."""
+    sliding-window layers and one global, rope bases 1e4/1e6); `arch`: an
+    architecture or one of synth's model names."""
     return synth.ModelShape(**{"n_layer": 2, "n_embd": n_embd, "n_ff": 2 * n_embd, "n_head": 4, "n_head_kv": 2,
-                               **ARCHS[arch].test_shape})
+                               **ARCHS[synth.ARCHS[arch][0] if arch in synth.ARCHS else arch].test_shape})
 
 
 PROMPT = "the old fisherman lived in a small village by the sea"
@@ -74,6 +76,28 @@ def test_other_architectures_same_tokens_everywhere(tmp_path, servers, arch):
     local, _ = greedy(path, n_gpu_layers=0)
     assert len(local) == 12
     assert greedy(path, rpc=[f"127.0.0.1:{s.port}" for s in servers], n_gpu_layers=1)[0] == local
+
+
+@pytest.mark.parametrize("n_layer,kw,caches", [
+    (3, dict(n_gpu_layers=0), [[0, 1]]),
+    (3, dict(tensor_split=[1, 1]), [[], [0, 1], [0]]),
+    # layer 2's rows pass through the first server's stage on to the second's
+    (7, dict(n_gpu_layers=4, tensor_split=[1, 1]), [[0, 1, 2], [2, 3], [2, 3], []]),
+], ids=["in-process", "two-servers", "cpu-and-two-servers"])
+def test_shared_kv_layers_keep_no_cache(tmp_path, servers, n_layer, kw, caches):
+    """gemma4 E2B: the last third of the layers keep no cache; each reads the last
+    earlier cache of its kind (3 layers: layer 2 reads layer 0's): on its own stage
+    that very tensor, on a later one the one copy that stage keeps, written from the
+    rows the earlier stages pass on. Same tokens as in-process."""
+    shape = synth.ModelShape(**{**vars(arch_shape("gemma4-e2b", 64)), "n_layer": n_layer})
+    path = synth.write_model(tmp_path / "e2b.gguf", "gemma4-e2b", shape)
+    eps = [f"127.0.0.1:{s.port}" for s in servers]
+    kw = dict(kw, rpc=eps) if "tensor_split" in kw else kw
+    with Model.load(path, **kw) as m:
+        assert [sorted({int(k.name.rsplit("l", 1)[1]) for k, _ in st.kv.values()}) for st in m.stages] == caches
+        for st in m.stages:
+            assert all(st.kv[il] is st.kv[m.hp.kv_layer(il)] for il in st.layers)
+    assert greedy(path, **kw)[0] == greedy(path, n_gpu_layers=0)[0]
 
 
 def test_assign_layers():

@@ -112,7 +112,7 @@ CASES: list[Case] = (
         ("qwen2moe", ("F32", "Q8_0", "Q4_0", "Q4_K_M", "Q2_K", "MXFP4_MOE")),
         ("gpt-oss", ("MXFP4_MOE", "Q8_0", "Q4_K_M", "Q5_0")),
         ("glm4moe", ("Q8_0", "Q4_K_M")), ("minimax-m2", ("Q4_K_M", "Q8_0")), ("gemma4", ("Q4_K_M", "Q8_0")),
-        ("gemma4-moe", ("Q8_0", "Q4_K_M")),
+        ("gemma4-moe", ("Q8_0", "Q4_K_M")), ("gemma4-e2b", ("Q4_K_M", "Q8_0", "F32")),
         ("deepseek2", ("Q8_0", "Q4_K_M")), ("deepseek2-v3", ("Q4_K_M", "Q8_0", "F32")),
     ) for i, w in enumerate(weights) for fa in [(FA_ON, FA_OFF)[i % 2]]]
     # quantized KV caches (SET_ROWS into Q8_0/Q4_0, flash attention over them), with
@@ -128,7 +128,7 @@ CASES: list[Case] = (
     + [Case(arch, w, FA_ON, pair) for arch, w in (("llama", "Q8_0"), ("gemma2", "F16"),
                                                   ("qwen2moe", "Q4_0"), ("gpt-oss", "MXFP4_MOE"),
                                                   ("qwen3next", "Q4_K_M"), ("qwen35moe", "Q8_0"),
-                                                  ("deepseek2-v3", "Q4_K_M"))
+                                                  ("deepseek2-v3", "Q4_K_M"), ("gemma4-e2b", "Q8_0"))
        for pair in ("ours+ours", "ours+ref")]
 )
 

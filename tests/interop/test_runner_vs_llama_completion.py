@@ -221,7 +221,7 @@ def test_rope_scaling_from_the_file(ref_bin, tmp_path, scaling, factor, server_p
         assert same_text(mine, completion(ref_bin, model, ["-ngl", "0", "-t", "2"], expect=mine)), args
 
 
-@pytest.mark.parametrize("arch", [a.name for a in ARCHS.values() if a.swa_pattern] + ["gemma4"])
+@pytest.mark.parametrize("arch", [a.name for a in ARCHS.values() if a.swa_pattern] + ["gemma4", "gemma4-e2b"])
 def test_sliding_window_cache_wraps_like_llama(ref_bin, tmp_path, arch, capfdbinary):
     """Sliding-window layers keep n_swa + a micro-batch cells (rounded up to 256):
     with -ub 16 and a window of 8 that is 256 cells, which 300 new tokens wrap
@@ -237,7 +237,7 @@ def test_sliding_window_cache_wraps_like_llama(ref_bin, tmp_path, arch, capfdbin
 
 # the families people split over machines (issue 22), each in F32 and quantized by
 # llama-quantize (synth's model names); 256 wide, so that Q4_K_M quantizes every matrix
-SPLIT_FAMILIES = ["glm4moe", "minimax-m2", "gemma4", "gemma4-moe"]
+SPLIT_FAMILIES = ["glm4moe", "minimax-m2", "gemma4", "gemma4-moe", "gemma4-e2b"]
 FAMILY_WEIGHTS = ("F32", "Q8_0", "Q4_K_M")
 
 

@@ -47,14 +47,17 @@ def test_synth_model_loads_and_runs(tmp_path, model):
 
 
 @pytest.mark.parametrize("arch,keys,what", [
-    ("gemma4", {"attention.shared_kv_layers": 2}, "shared_kv_layers"),
-    ("gemma4", {"embedding_length_per_layer_input": 256}, "per_layer_input"),
+    ("gemma4", {"attention.sliding_window_pattern": [True, False, True], "block_count": 3,
+                "attention.shared_kv_layers": 2}, "leave no cache"),
+    ("gemma4", {"attention.sliding_window_pattern": [True, True, False], "block_count": 3,
+                "attention.shared_kv_layers": 1}, "other attention kind"),
     ("gemma4", {}, "sliding_window_pattern"),
     ("glm4moe", {"expert_gating_func": 4}, "gating function 4"),
     ("minimax-m2", {}, "gating function 0"),
 ])
 def test_what_an_architecture_cannot_run_is_one_model_error(arch, keys, what):
-    """Metadata the graph has no code for (gemma4's E2B/E4B features, a gating function
+    """Metadata the graph has no code for (gemma4 layers reusing a cache that is not
+    there or of the other kind, a gating function
     other than soft-max or sigmoid) is refused by the architecture's hparams."""
     with pytest.raises(ModelError, match=what):
         archs.ARCHS[arch].hparams(lambda name, default: keys.get(name, default))

@@ -36,6 +36,11 @@ class Arch:
     # a recurrent state beside the layers: (HParams, il) -> the shapes of layer il's F32
     # state tensors for one sequence (none: the layer keeps only its KV cache)
     state: Callable | None = None
+    # values the layers read beside the residual stream, computed on the embeddings'
+    # stage: (blocks.Ctx, x) -> {name: (rows, n_tokens) F32} (gemma4's per-layer
+    # embeddings), from the file's `input_weights` where it has them
+    inputs: Callable | None = None
+    input_weights: tuple[str, ...] = ()
 
 
 def _discover() -> dict[str, Arch]:
