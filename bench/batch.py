@@ -46,7 +46,8 @@ def start(who: str, ref: Path, m: Path, eps: list[str], np_: int, args):
     common = ["-m", str(m), "--rpc", ",".join(eps), "-ngl", "99", "-c", str(args.ctx),
               "--port", str(port), "-t", str(args.threads), "-np", str(np_)]
     if who == "ours":
-        argv = [sys.executable, "-P", "-m", "ggmlrpc.cli.main", "serve", *common, "-ts", "1,1"]
+        argv = [sys.executable, "-P", "-m", "ggmlrpc.cli.main", "serve", *common, "-ts", "1,1",
+                *args.ours_args.split()]
     else:
         argv = [str(ref / "llama-server"), *common, "-ts", "1/1", "--no-repack"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
@@ -160,6 +161,7 @@ def main(argv=None) -> int:
     ap.add_argument("--ff", type=int, default=2816)
     ap.add_argument("--pause", type=float, default=0.5, help="seconds of quiet between measurements")
     ap.add_argument("--rounds", type=int, default=3, help="turns of each server (figures: medians)")
+    ap.add_argument("--ours-args", default="", help="more options of our serve, e.g. --no-pipeline")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)
     ref = lb.reference_bin()
