@@ -255,7 +255,7 @@ class Model:
             out = [k for k, r in enumerate(chunk) if last[rows[r][0]] == r] or [len(chunk) - 1]
             batches.append(([parts[rows[r][0]][0].id for r in chunk], [rows[r][1] for r in chunk],
                             [rows[r][2] for r in chunk], out))
-        if self._pipelines(len(batches)):
+        if len(batches) > 1 and self._pipelines():
             steps = iter(self._run_pipelined(batches))
         else:
             steps = (self._step(batch) for batch in batches)
@@ -514,15 +514,15 @@ class Model:
         PIPE_MIN_UBATCH tokens each), so that even a prompt of one -ub micro-batch
         keeps every server busy. The logits then are those of that micro-batch size
         (as with -ub: equal within kernel noise, not bit for bit)."""
-        if not self._pipelines(2):
+        if n_tokens <= PIPE_MIN_UBATCH or not self._pipelines():    # one micro-batch either way
             return self.n_ubatch
         want = -(-n_tokens // (PIPE_DEPTH * len(self.stages)))
         return min(self.n_ubatch, max(want, PIPE_MIN_UBATCH))
 
-    def _pipelines(self, n_batches: int) -> bool:
-        """Whether micro-batches may flow through the stages at once: more than one
-        micro-batch, at least two servers, each server's connection in one stage."""
-        if not self.pipeline or n_batches < 2 or self.rows:
+    def _pipelines(self) -> bool:
+        """Whether micro-batches may flow through the stages at once: at least two
+        servers, each server's connection in one stage."""
+        if not self.pipeline or self.rows:
             return False
         remote = [st.device.backend for st in self.stages if isinstance(st.device.backend, RemoteBackend)]
         return len(remote) >= 2 and len({id(be) for be in remote}) == len(remote)
@@ -539,13 +539,11 @@ class Model:
             mbs = [flow.add(batch) for batch in batches]
             while flow:
                 flow.tick()
-        except ConnectionLost:
+        except BaseException as e:
             self.kv.restore(saved)
             del self._batches[n_run:]
-            return [self._step(batch) for batch in batches]
-        except BaseException:
-            self.kv.restore(saved)
-            del self._batches[n_run:]
+            if isinstance(e, ConnectionLost):
+                return [self._step(batch) for batch in batches]
             raise
         return [mb.logits for mb in mbs]
 
@@ -554,7 +552,7 @@ class Model:
         layer split over two or more servers); else None. Not for a model with a
         recurrent state yet (its micro-batches give each sequence as many tokens,
         which `decode` cuts and `add_to` does not)."""
-        return Flow(self) if self._pipelines(2) and not self.kv.slots else None
+        return Flow(self) if self._pipelines() and not self.kv.slots else None
 
     def generate(self, prompt: str | bytes | Seq[int], n_predict: int = -1, *,
                  temp: float = 0.8, top_k: int = 40, top_p: float = 0.95, min_p: float = 0.05,

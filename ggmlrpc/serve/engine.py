@@ -244,6 +244,7 @@ class Engine:
         self.n_batch = n_batch
         # several requests over a pipelined layer split go through a Flow (None: one by one)
         self.flow = model.flow() if n_slots > 1 else None
+        self.pipelined = self.flow is not None
         self.slots = [Slot(model.seq)] + [Slot(model.new_sequence()) for _ in range(n_slots - 1)]
         self.max_queue, self.timeout = max_queue, timeout
         self.names = names
@@ -473,7 +474,7 @@ class Engine:
             self.stats.n_decode += 1
         except Exception as e:     # never lose the worker: every request of the step fails
             return self._failed([s for s, _ in parts], e)
-        if self.flow is None and len(self.slots) > 1:
+        if self.flow is None and self.pipelined:
             self.flow = self.model.flow()     # a lost server is back
         for (slot, toks), lg in zip(parts, logits):
             self._landed(slot, toks, lg)

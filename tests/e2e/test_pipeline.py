@@ -35,7 +35,7 @@ def run(path, eps, pipeline: bool, **kw) -> list[np.ndarray]:
     """The logits of a prefill of PROMPT_IDS in micro-batches of 8, of the greedy
     token after it, and of a second prefill of 20 tokens after both."""
     with Model.load(path, rpc=eps, n_ubatch=8, pipeline=pipeline, **kw) as m:
-        assert m._pipelines(2) == (pipeline and len(eps) > 1)
+        assert m._pipelines() == (pipeline and len(eps) > 1)
         q = m.new_sequence()
         out = [q.prefill(PROMPT_IDS)]
         out.append(q.eval([int(np.argmax(out[-1]))]))
