@@ -22,6 +22,7 @@ from typing import Iterable, Sequence
 import numpy as np
 
 from . import ggml, protocol
+from . import peers as _peers
 from .errors import ConnectionLost, ProtocolError, ServerClosed, VersionMismatch
 from .ggml import GGMLOp, GGMLType, TensorFlag
 from .protocol import Cmd, RpcTensor
@@ -144,6 +145,10 @@ def tensor_array(tensor: Tensor, raw) -> np.ndarray:
     return np.frombuffer(raw, dtype=_DTYPES[tensor.type]).reshape(tensor.ne[:n_dims][::-1])
 
 
+def _cmd_name(cmd: int) -> str:
+    return Cmd(cmd).name if cmd < protocol.CMD_COUNT else _peers.COMMAND_NAMES.get(cmd, f"command {cmd}")
+
+
 def _closed_by_server(e: ConnectionLost) -> bool:
     """An orderly close, or a reset: a server that closes with our next request still
     unread in its socket makes the kernel answer RST (ECONNRESET, then EPIPE)."""
@@ -187,7 +192,8 @@ class RemoteBackend:
     Thread-safe: one command at a time, like llama.cpp's one worker per connection.
     """
 
-    def __init__(self, endpoint: str, timeout: float | None = 60.0, connect: bool = True):
+    def __init__(self, endpoint: str, timeout: float | None = 60.0, connect: bool = True,
+                 peers: bool = False):
         host, _, port = endpoint.rpartition(":")
         if not host or not port.isdigit():
             raise ValueError(f"endpoint must be host:port, got {endpoint!r}")
@@ -197,6 +203,7 @@ class RemoteBackend:
         self.conn: Conn | None = None
         self.version: tuple[int, int, int] | None = None
         self.server_caps = bytes(protocol.CONN_CAPS_SIZE)
+        self.want_peers = peers              # ask for the peer extension in HELLO (ggmlrpc.peers)
         self._lock = threading.RLock()
         self._corked: list | None = None     # queued frames of unanswered commands
         self.writes = 0                      # socket writes so far (tests count them)
@@ -216,7 +223,7 @@ class RemoteBackend:
             except OSError as e:
                 raise ConnectionLost(f"cannot connect to {self.endpoint}: {e}") from e
             self.conn = Conn(sock, self.timeout)
-            caps = local_caps(sock)
+            caps = _peers.PEER_CAPS if self.want_peers else local_caps(sock)
             rsp = self._call(Cmd.HELLO, caps)
             major, minor, patch = rsp[0], rsp[1], rsp[2]
             self.version = (major, minor, patch)
@@ -227,6 +234,22 @@ class RemoteBackend:
                                       f"this client v{protocol.PROTO_MAJOR}.{protocol.PROTO_MINOR}.x")
 
     reconnect = connect
+
+    @property
+    def peers(self) -> bool:
+        """The server speaks the peer extension on this connection (ggmlrpc.peers)."""
+        return self.want_peers and self.server_caps == _peers.PEER_CAPS
+
+    def request_peer_group(self, token: int, rank: int, endpoints: list[str]):
+        """Send PEER_GROUP (ggmlrpc.peers) and return a function that reads its answer
+        (True: the server linked to every other rank): ask every server, then wait."""
+        with self._lock:
+            self._send(_peers.CMD_PEER_GROUP, _peers.group_request(token, rank, endpoints))
+
+        def answer() -> bool:
+            with self._lock:
+                return bytes(self._recv_rsp(_peers.CMD_PEER_GROUP, 1)) == b"\1"
+        return answer
 
     def close(self) -> None:
         with self._lock:
@@ -261,7 +284,7 @@ class RemoteBackend:
         try:
             self._write(parts)
         except ConnectionLost as e:
-            self._lost(e, f"before {Cmd(cmd).name}")
+            self._lost(e, f"before {_cmd_name(cmd)}")
             raise
 
     def _write(self, parts) -> None:
@@ -325,13 +348,13 @@ class RemoteBackend:
         try:
             (n,) = protocol.SIZE.unpack(self.conn.recv_exact(8))
             if n != want:
-                raise ProtocolError(f"{Cmd(cmd).name}: response of {n} bytes (expected {want})")
+                raise ProtocolError(f"{_cmd_name(cmd)}: response of {n} bytes (expected {want})")
             if into is not None:
                 self.conn.recv_into(into)
                 return into
             return self.conn.recv_exact(n)
         except ConnectionLost as e:
-            self._lost(e, f"after {Cmd(cmd).name} (it rejects bad requests so)")
+            self._lost(e, f"after {_cmd_name(cmd)} (it rejects bad requests so)")
             raise
         except ProtocolError:
             self.close()

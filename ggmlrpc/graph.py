@@ -23,6 +23,7 @@ import numpy as np
 
 from . import ggml
 from .errors import ProtocolError, ValidationError
+from .peers import OP_GATHER
 from .protocol import (MAX_SRC, TENSOR_SIZE, RpcTensor, encode_graph, graph_layout,
                        graph_tensors)
 
@@ -260,7 +261,10 @@ def graph_from_payload(session, payload) -> FlatGraph:
     del order, sid, first
     keep = np.sort(urow)                      # the rows that count, in list order
     op = rows["op"][keep]
-    r = first_bad(op >= ggml.OP_COUNT, keep)
+    bad_op = op >= ggml.OP_COUNT
+    if getattr(session, "group", None) is not None:   # the peer extension's op (ggmlrpc.peers)
+        bad_op &= op != OP_GATHER
+    r = first_bad(bad_op, keep)
     if r is not None:
         raise ValidationError(f"tensor {name(r)!r}: invalid op {int(rows['op'][r])}")
     r = first_bad(np.isin(op, _FORBIDDEN), keep)

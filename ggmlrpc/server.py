@@ -17,7 +17,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from . import protocol
+from . import peers, protocol
 from .compute.work import DEFAULT_PER_BYTE
 from .cache import TensorCache, cache_directory  # noqa: F401 (cache_directory: public here too)
 from .graph_watch import GraphWatch
@@ -45,6 +45,8 @@ class Limits:
                                           # limit less 1/CLIENT_RESERVE of it
     max_graph_work: int | None = DEFAULT_PER_BYTE  # a graph's work per byte of the buffers it
                                           # uses (ggmlrpc.compute.work); None: no limit
+    peers: bool = False                   # clients may link this server to other ggmlrpc
+                                          # servers (ggmlrpc.peers, for -sm row)
 
 
 MEM_MARGIN = 10  # percent of a device's free memory at start kept out of the default limit
@@ -147,6 +149,7 @@ class Server:
         self._spare_fd: int | None = None  # released to refuse a connection when fds run out
         self._throttle = _Throttle()
         self.graph_watch = GraphWatch(self._closing)
+        self.peer_groups = peers.Registry()
 
     # -- lifecycle ---------------------------------------------------------
     def bind(self) -> None:

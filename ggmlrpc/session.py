@@ -17,7 +17,7 @@ import struct
 from time import perf_counter_ns
 from typing import TYPE_CHECKING
 
-from . import protocol
+from . import peers, protocol
 from .buffers import BufferTable, ServerBuffer
 from .errors import ConnectionLost, GgmlRpcError, ProtocolError, RpcTimeout, ValidationError
 from .compute.cpu import cancel_token
@@ -93,6 +93,8 @@ class Session:
         self.held = [0] * len(self.devices)  # bytes of buffers and plan scratch per device, in the ledgers
         self._noted: set[str] = set()
         self.announced: list[int] = []   # hashes answered "not cached", whose upload may be kept
+        self.peer_ok = False             # negotiated the peer extension (ggmlrpc.peers)
+        self.group: peers.Group | None = None   # the peer group this host connection made
         try:
             self.address, port = sock.getpeername()[:2]
             self.peer = "%s:%d" % (self.address, port)
@@ -148,6 +150,9 @@ class Session:
                 e = e.__cause__ or e.__context__
 
     def release(self) -> None:
+        if self.group is not None:
+            self.group.close()
+            self.server.peer_groups.remove(self.group)
         self.forget_graphs()
         for b in list(self.buffers.values()):
             self.drop(b)
@@ -227,7 +232,8 @@ class Session:
             raise ProtocolError(f"HELLO of {size} bytes (expected {CONN_CAPS_SIZE}): "
                                 f"the client needs protocol v{protocol.PROTO_MAJOR}.x")
         client_caps = bytes(self.conn.recv_exact(CONN_CAPS_SIZE))
-        caps = local_caps(self.conn.sock)
+        self.peer_ok = client_caps == peers.PEER_CAPS and self.limits.peers
+        caps = peers.PEER_CAPS if self.peer_ok else local_caps(self.conn.sock)
         if self.debug:
             self.server.dbg("[hello] version: %d.%d.%d", protocol.PROTO_MAJOR, protocol.PROTO_MINOR,
                             protocol.PROTO_PATCH)
@@ -284,6 +290,8 @@ class Session:
         """Run one command; self.request holds the payload of a fixed-size request,
         which the transport reads only when `size` is the command's size."""
         if cmd >= CMD_COUNT:
+            if self.peer_ok and cmd in _PEER_HANDLERS:
+                return _PEER_HANDLERS[cmd](self, size)
             raise ProtocolError(f"unknown command {cmd}")
         want = _FIXED_SIZE[cmd]
         if want is not None and self.request is None:
@@ -531,7 +539,9 @@ class Session:
             else:
                 graph = graph_from_payload(self, payload)
                 try:
-                    plan = self.devices[device].executor().compile(graph, self.limits.max_graph_work)
+                    plan = self.devices[device].executor().compile(
+                        graph, self.limits.max_graph_work,
+                        **({"host_ops": {peers.OP_GATHER: self.gather_op}} if self.group else {}))
                 finally:
                     graph.release()
                 n_nodes = graph.n_nodes
@@ -545,6 +555,47 @@ class Session:
         with self.server.graph_watch.computing(self) as cancel:
             self.devices[device].executor().run(stored.plan, cancel)
         self.stats.graph(device, "compute", stored.n_nodes, perf_counter_ns() - t0)
+
+    # -- the peer extension (ggmlrpc.peers) -----------------------------------
+    def cmd_peer_group(self, size):
+        if size > peers.GROUP_MAX:
+            raise ProtocolError(f"PEER_GROUP payload of {size} bytes")
+        if self.group is not None:
+            raise ValidationError("a second PEER_GROUP on one connection")
+        token, rank, endpoints = peers.parse_group(bytes(self.conn.recv_exact(size)))
+        g = peers.Group(token, rank, len(endpoints))
+        ok = self.server.peer_groups.add(g)
+        if ok:
+            self.group = g
+            try:
+                for r in range(rank + 1, g.n):
+                    g.attach(r, peers.link_to(g, r, endpoints[r]))
+                ok = g.wait_links(peers.LINK_TIMEOUT)
+                if not ok:
+                    log.error("peer group %016x: rank %d had %d of its %d links after %gs", token, rank,
+                              len(g.links), g.n - 1, peers.LINK_TIMEOUT)
+            except (OSError, GgmlRpcError) as e:
+                log.error("peer group %016x: rank %d cannot link to rank %d: %s", token, rank, r, e)
+                ok = False
+            if not ok:
+                g.close()
+        self.reply(bytes([ok]))
+
+    def cmd_peer_link(self, size):
+        if size != peers.LINK_SIZE:
+            raise ProtocolError(f"PEER_LINK payload of {size} bytes")
+        token, rank = peers.parse_link(bytes(self.conn.recv_exact(size)))
+        g = self.server.peer_groups.find(token, peers.LINK_TIMEOUT)
+        self.conn.timeout = peers.EXCHANGE_TIMEOUT
+        if g is None or rank >= g.rank or not g.attach(rank, self.conn):
+            self.reply(b"\0")
+            raise ValidationError(f"PEER_LINK to an unknown group or rank {rank}")
+        self.reply(b"\1")
+        g.closed.wait()     # the group reads and writes this connection from now on
+        raise ConnectionLost("peer link closed")
+
+    def gather_op(self, node, dst, srcs):
+        return peers.gather_hook(self.group, node, dst, srcs)
 
     def debug_graph(self, device: int, n_nodes: int, n_tensors: int) -> None:
         self.server.dbg("[graph_compute] device: %d, n_nodes: %d, n_tensors: %d", device, n_nodes, n_tensors)
@@ -616,3 +667,5 @@ _HANDLERS = {
 assert len(_HANDLERS) == CMD_COUNT
 _HANDLER_LIST = [_HANDLERS[c] for c in range(CMD_COUNT)]
 _FIXED_SIZE = [REQUEST_SIZE[c] for c in range(CMD_COUNT)]  # None: variable size
+
+_PEER_HANDLERS = {peers.CMD_PEER_GROUP: Session.cmd_peer_group, peers.CMD_PEER_LINK: Session.cmd_peer_link}

@@ -53,6 +53,8 @@ def usage(prog: str) -> str:
             "      --max-graph-work N           refuse a graph whose estimated work is over N units per byte of\n"
             "                                   the buffers it uses (a unit: about one multiply-add of a matrix\n"
             f"                                   product); 0: no limit (default: {Limits.max_graph_work})\n"
+            "      --peers                      let clients link this server to other ggmlrpc servers they name,\n"
+            "                                   which then swap -sm row results directly (off by default)\n"
             "      --metrics [HOST:]PORT        serve Prometheus metrics at http://HOST:PORT/metrics\n"
             "                                   (default: off; HOST defaults to 127.0.0.1)\n"
             "  SIZE: bytes, or a number with K, M, G or T (powers of 1024)\n")
@@ -181,6 +183,8 @@ def parse(argv: list[str], prog: str) -> Params:
             p.limits.mem_limit = parse_size(value())
         elif arg == "--client-mem-limit":   # 0: a connection may hold all of --mem-limit
             p.limits.client_mem_limit = parse_size(value()) or UNLIMITED
+        elif arg == "--peers":
+            p.limits.peers = True
         elif arg == "--max-graph-work":
             v = value()
             p.limits.max_graph_work = None if v.strip() == "0" else positive_int(arg, v)

@@ -86,6 +86,7 @@ class Model:
         self.on_wait = None
         # a decode of several micro-batches over several servers runs them as a pipeline
         self.pipeline = True
+        self.peers = True                      # -sm row: linked servers swap pieces themselves
 
     @property
     def fixed_past(self) -> bool:
@@ -104,7 +105,8 @@ class Model:
              tensor_split: Seq[float] | None = None, n_ctx: int = 0,
              n_threads: int | None = None, flash_attn: bool = True, timeout: float = 120.0,
              progress=None, reconnect: float = 0.0, n_ubatch: int = N_UBATCH, n_seq: int = 1,
-             split_mode: str = "layer", row_combine: str = "gather", pipeline: bool = True) -> "Model":
+             split_mode: str = "layer", row_combine: str = "gather", pipeline: bool = True,
+             peers: bool = True) -> "Model":
         """Open `path`, connect to `rpc` servers ("host:port", a list or a comma-separated
         string) and upload the weights (hash first: a server started with -c that has them
         cached is not sent the bytes). `progress(done, total, cached)` is called as
@@ -121,7 +123,10 @@ class Model:
         and speeds; `split_mode` then says which, `split_reason` why). `pipeline`: with layer
         split over two or more servers, the micro-batches of a long prompt flow
         through them at once (server B runs micro-batch i while A runs i + 1); False
-        runs them one after the other (the same logits either way)."""
+        runs them one after the other (the same logits either way). `peers`: with
+        split_mode "row" over ggmlrpc servers started with --peers, one per device,
+        the servers swap their pieces of each layer themselves (ggmlrpc.peers) and a
+        token is one graph per server; False (or other servers) combines on the host."""
         if split_mode not in SPLIT_MODES:
             raise ModelError(f"split mode must be one of {', '.join(SPLIT_MODES)}, got {split_mode!r}")
         if split_mode == "row" and reconnect > 0:
@@ -132,6 +137,7 @@ class Model:
         m.reconnect = reconnect
         m.n_ubatch = n_ubatch
         m.pipeline = pipeline
+        m.peers = peers
         try:
             m._load(path, rpc, n_gpu_layers, tensor_split, n_ctx, n_threads, flash_attn,
                     timeout, progress)
@@ -154,7 +160,8 @@ class Model:
             raise ModelError(f"micro-batch size must be at least 1, got {self.n_ubatch}")
         self.n_ubatch = min(self.n_ubatch, self.n_ctx)
         self.kv = KVCache(hp, self.n_ctx, self.n_ubatch, flash_attn, self.n_seq, self.arch.state is not None)
-        cpu, remote = open_devices(rpc, n_threads, timeout, self.backends)
+        cpu, remote = open_devices(rpc, n_threads, timeout, self.backends,
+                                   peers=self.peers and self.split_mode != "layer")
         if self.split_mode == "auto":
             self.split_mode, self.split_reason = self._auto_split(remote, n_gpu_layers, tensor_split)
         if self.split_mode == "row" and remote and n_gpu_layers > 0:
@@ -200,6 +207,8 @@ class Model:
             send_weights(st, self.file, sent)
         if self.rows:
             self.rows.send(sent)
+            if self.peers:
+                self.rows.link()
             self.rows.reserve(self.kv.largest(self.n_ubatch))
         # reserve the compute and input memory of the largest graph each stage runs
         for st in self.stages:

@@ -109,9 +109,10 @@ def assign_layers(n_layer: int, n_gpu_layers: int, split: Sequence[float]) -> li
 
 
 def open_devices(rpc: Sequence[str] | str | None, n_threads: int | None, timeout: float,
-                 backends: list) -> tuple[Device, list[Device]]:
+                 backends: list, peers: bool = False) -> tuple[Device, list[Device]]:
     """The local CPU and every device of the `rpc` servers ("host:port", a list or a
-    comma-separated string); each backend goes into `backends` as it opens."""
+    comma-separated string); each backend goes into `backends` as it opens. `peers`:
+    ask each server for the peer extension (ggmlrpc.peers)."""
     cpu = LocalBackend(n_threads)
     backends.append(cpu)
     cpu_dev = Device(cpu, 0, "CPU", cpu.get_device_memory(0)[0])
@@ -119,7 +120,7 @@ def open_devices(rpc: Sequence[str] | str | None, n_threads: int | None, timeout
     if isinstance(rpc, str):
         rpc = [e for e in rpc.split(",") if e]
     for ep in rpc or []:
-        rb = RemoteBackend(ep, timeout=timeout)
+        rb = RemoteBackend(ep, timeout=timeout, peers=peers)
         backends.append(rb)
         for d in range(rb.device_count()):
             remote.append(Device(rb, d, f"RPC{len(remote)}[{ep}]", rb.get_device_memory(d)[0]))

@@ -34,12 +34,15 @@ segment twice in a row."""
 from __future__ import annotations
 
 import dataclasses
+import logging
+import secrets
 from types import SimpleNamespace
 from typing import Sequence
 
 import numpy as np
 
 from .. import builder as B
+from .. import peers
 from ..client import serialize_graph
 from ..ggml import GGMLType, blck_size, type_size
 from .blocks import Ctx, stage_weights
@@ -47,6 +50,8 @@ from .gguf_file import GGUFFile, ModelError, TensorInfo
 from .hparams import HParams
 from .kv_cache import KVCache
 from .placement import Device, Stage, StageGraph, alloc_stage, send_weights, stage_graph
+
+log = logging.getLogger("ggmlrpc.llm")
 
 SPLIT_MODES = ("layer", "row", "auto")
 COMBINES = ("gather", "reduce")
@@ -134,6 +139,7 @@ class RowSplit:
         if why:
             raise ModelError(why)
         self.combine, self.n_ubatch = combine, n_ubatch
+        self.linked = False      # the servers swap the pieces themselves (ggmlrpc.peers)
         keep = [i for i, s in enumerate(shares) if s > 0]
         devices, shares = [devices[i] for i in keep], [shares[i] for i in keep]
         self.arch, self.hp, self.file, self.kv = arch, hp, f, kv
@@ -196,14 +202,34 @@ class RowSplit:
             send_weights(sh.stage, SimpleNamespace(tensors=sh.tensors), sent)
             sh.tensors = {}        # the slices cut by columns were copies
 
+    def link(self) -> bool:
+        """When every device is a server of its own that speaks the peer extension
+        (ggmlrpc.peers: ggmlrpc servers started with --peers): make them one group, so
+        that a token is one graph per server whose pieces meet on the servers.
+        Returns whether they are linked; the host combines them otherwise."""
+        bes = [sh.stage.device.backend for sh in self.shards]
+        if self.combine != "gather" or len({id(b) for b in bes}) != len(bes) or \
+                not all(getattr(b, "peers", False) for b in bes) or len(bes) > peers.MAX_RANKS:
+            return False
+        token, eps = secrets.randbits(64), [b.endpoint for b in bes]
+        answers = [b.request_peer_group(token, r, eps) for r, b in enumerate(bes)]
+        self.linked = all([a() for a in answers])
+        if not self.linked:
+            log.warning("-sm row: the servers could not link to each other (their logs say why); "
+                        "the host combines their results instead")
+        return self.linked
+
     def reserve(self, key: tuple) -> None:
         """The compute and input memory of the largest segments each device runs."""
         T, il = key[0], self.layers[0]
         rows = (T, key[1], T, *key[3:])
         segs = ([(("attn", il), key), (("ffn", il), rows)] if self.combine == "reduce" else
                 [(("heads", il), key), (("mid", il), rows), (("down", il), rows)])
+        segs += [(("out",), rows)] * self.output
+        if self.linked:
+            segs = [(("token",), key)]
         for sh in self.shards:
-            for seg, k in segs + [(("out",), rows)] * self.output:
+            for seg, k in segs:
                 self._graph(sh, seg, k)
             sh.stage.graphs.clear()
 
@@ -212,11 +238,55 @@ class RowSplit:
         st = sh.stage
         g = st.graphs.get((seg, key))
         if g is None:
-            g = stage_graph(st, (seg, key), lambda st, _, align: self._build(sh, seg, key, align), {})
+            g = stage_graph(st, (seg, key), lambda st, _, align: (
+                self._build_token(sh, key, align) if seg == ("token",) else self._build(sh, seg, key, align)), {})
             g.wire = serialize_graph(st.device.index, g.graph.nodes)
             if sh.held and sh.held not in st.graphs:
                 sh.held = None        # the buffers grew: the device's graph is gone
         return g
+
+    def _build_token(self, sh: Shard, key: tuple, align: int) -> StageGraph:
+        """Linked servers: a whole token in one graph, as "gather" cuts it, the host's
+        combines replaced by OP_GATHER nodes (ggmlrpc.peers): after each layer's heads,
+        its feed-forward rows and its output rows. Every server ends with the whole
+        residual; with the output layer, each its vocabulary rows of the logits."""
+        c = Ctx(self.arch, sh.hp, sh.stage, self.kv.cells, self.flash_attn, self.n_ctx, key, align)
+        hp, w, rank = self.hp, sh.stage.weights, self.shards.index(sh)
+        group = hp.n_head // hp.n_head_kv
+
+        def gather(t, n, cut, name):
+            bounds = [a for a, _ in cut] + [cut[-1][1]]
+            if t.ne[2] > 1:      # (head_dim, heads, tokens)
+                t = B.reshape(t, (t.ne[0] * t.ne[1], t.ne[2]))
+            return B._node(peers.OP_GATHER, GGMLType.F32, (n, t.ne[1]), t,
+                           params=peers.gather_params(rank, bounds), name=name)
+
+        heads = [tuple(h * group * hp.head_dim for h in s.kv_heads) for s in self.shards]
+        x = c.inp.new(GGMLType.F32, (hp.n_embd, key[0]), "x")
+        c.layer_inputs()
+        for il in self.layers:
+            p = f"blk.{il}."
+            o = c.attention(il, *c.qkv(il, c.norm(x, "attn_norm", il)), project=False)
+            o = gather(o, hp.head_dim * hp.n_head, heads, f"heads-{il}")
+            cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
+            if p + "attn_output.bias" in w:
+                cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")
+            if il == hp.n_layer - 1 and c.out_ids is not None:
+                cur, x = B.get_rows(cur, c.out_ids), B.get_rows(x, c.out_ids)
+            ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
+            cur = c.norm(ffn_inp, "ffn_norm", il)
+            h = B.swiglu_split(B.mul_mat(w[p + "ffn_gate.weight"], cur, name=f"ffn_gate-{il}"),
+                               B.mul_mat(w[p + "ffn_up.weight"], cur, name=f"ffn_up-{il}"), name=f"ffn_glu-{il}")
+            h = gather(h, hp.n_ff, [s.ff for s in self.shards], f"ffn_h-{il}")
+            y = B.mul_mat(w[p + "ffn_down.weight"], h, name=f"ffn_out-{il}")
+            if p + "ffn_down.bias" in w:
+                y = B.add(y, w[p + "ffn_down.bias"], name=f"ffn_out-{il}")
+            e0, e1 = sh.embd
+            y = B.add(y, B.view(ffn_inp, (e1 - e0, ffn_inp.ne[1]), (4, 4 * hp.n_embd), 4 * e0), name=f"l_out-{il}")
+            x = gather(y, hp.n_embd, [s.embd for s in self.shards], f"l_out-{il}")
+        y = c.output(x) if self.output else x
+        c.g.expand(y, output=True)
+        return StageGraph(key, c.g, {t.name: t for t in c.inp.tensors}, y, c.inp)
 
     def _build(self, sh: Shard, seg: tuple, key: tuple, align: int) -> StageGraph:
         """One segment: attention of layer il, or its feed-forward (each up to the
@@ -289,6 +359,8 @@ class RowSplit:
         layer is elsewhere."""
         T, n_out = key[0], key[2]
         x = np.frombuffer(x, np.float32).reshape(T, self.hp.n_embd)
+        if self.linked:
+            return self._run_linked(key, values, x)
         last = self.hp.n_layer - 1
         out_ids = values["out_ids"]
         for il in self.layers:
@@ -310,6 +382,24 @@ class RowSplit:
             return x
         R = x.shape[0]
         return _cat(self._combine(("out",), (R, 0, R, 0, ()), {"x": x}))
+
+    def _run_linked(self, key: tuple, values: dict, x: np.ndarray) -> np.ndarray:
+        """One graph per server; the logits' rows from each (or the residual from the first)."""
+        seg, answers = ("token",), []
+        for i, sh in enumerate(self.shards):
+            be, dev = sh.stage.device.backend, sh.stage.device.index
+            g = self._graph(sh, seg, key)
+            with be.corked():
+                g.write_inputs(be, dict(self._own(sh, values), x=x))
+                if sh.held == (seg, key):
+                    be.graph_recompute(dev)
+                else:
+                    be.graph_compute_serialized(g.wire)
+                    sh.held = (seg, key)
+                if self.output or i == 0:
+                    answers.append((g.out.ne, be.request_tensor(g.out, out=g.result)))
+        parts = [np.frombuffer(read(), np.float32).reshape(ne[1], ne[0]) for ne, read in answers]
+        return _cat(parts) if self.output else parts[0].copy()
 
     def clear(self) -> None:
         for sh in self.shards:
