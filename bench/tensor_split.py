@@ -43,21 +43,23 @@ lb, runner = _load("llama_bench"), _load("runner")
 
 from ggmlrpc.llm.model import Model  # noqa: E402
 
-MODES = {"layer": dict(split_mode="layer"), "row": dict(split_mode="row"),
-         "row-reduce": dict(split_mode="row", row_combine="reduce")}
+MODES = {"layer": dict(split_mode="layer"), "row": dict(split_mode="row", peers=False),
+         "row-reduce": dict(split_mode="row", row_combine="reduce"),
+         "row-peers": dict(split_mode="row")}
 
 
 @contextlib.contextmanager
 def pinned_servers(rtt_ms: float):
-    """Two fresh servers of ours, server i on core i with one thread, each behind a
-    delaying proxy when rtt_ms is set; yields their endpoints."""
+    """Two fresh servers of ours (with --peers), server i on core i with one thread,
+    each behind a delaying proxy when rtt_ms is set (their links to each other go
+    through it too); yields their endpoints."""
     procs, proxies, eps = [], [], []
     try:
         for core in range(2):
             port = lb.free_port()
             procs.append(subprocess.Popen(["taskset", "-c", str(core % os.cpu_count()),
                                            *runner.ours("ggml-rpc-server", "ggmlrpc.cli.server"),
-                                           "-p", str(port), "-t", "1"],
+                                           "-p", str(port), "-t", "1", "--peers"],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             lb.wait_listening(port, procs[-1])
             if rtt_ms:
@@ -81,6 +83,8 @@ def ours(m: Path, mode: str, eps: list[str], tg: int) -> float:
     """Generation tokens/s of our host: tg evals of one token after a prompt of 8
     (and its CPU time per token into HOST_CPU)."""
     with Model.load(m, rpc=eps, tensor_split=[1, 1], n_ctx=256, **MODES[mode]) as model:
+        if mode == "row-peers" and not model.rows.linked:
+            raise RuntimeError("the servers did not link")
         model.eval(list(range(1, 9)))
         model.eval([1])                     # warm-up: the decode graphs built and sent once
         t0, c0 = time.perf_counter(), time.process_time()
@@ -178,14 +182,15 @@ def main(argv=None) -> int:
                # host round trips per token to each server: one graph per layer split stage;
                # three combines per layer + the output layer; two + one
                "round_trips_per_token": {"layer": 1, "row": 3 * shape.n_layer + 1,
-                                         "row-reduce": 2 * shape.n_layer + 1},
+                                         "row-reduce": 2 * shape.n_layer + 1, "row-peers": 1},
                "host_cpu_ms_per_token": {k: round(statistics.median(v), 2) for k, v in HOST_CPU.items()}}
         HOST_CPU.clear()
-        summarize(row, runs, [(a, b) for a in ("row", "row-reduce") for b in ("layer", "llama-bench")])
+        summarize(row, runs, [(a, b) for a in ("row", "row-reduce", "row-peers") for b in ("layer", "llama-bench")])
         results.append(row)
         print(json.dumps(row), flush=True)
-    table(results, [("layer", "layer"), ("row", "row"), ("row-reduce", "reduce"), ("llama-bench", "llama"),
-                    ("row/layer", "row/layer"), ("row/llama-bench", "row/llama"), ("row-reduce/layer", "reduce/layer")],
+    table(results, [("layer", "layer"), ("row", "row"), ("row-reduce", "reduce"), ("row-peers", "peers"),
+                    ("llama-bench", "llama"), ("row/layer", "row/layer"), ("row-reduce/layer", "reduce/layer"),
+                    ("row-peers/layer", "peers/layer"), ("row-peers/llama-bench", "peers/llama")],
           "generation tokens/s", args.json)
     return 0
 

@@ -30,26 +30,24 @@ Commands (ids past v7's; only on a connection that negotiated the extension):
 The op. A graph node whose op is OP_GATHER (0x70000001, past ggml's ops) gathers
 the ranks' pieces of an F32 tensor: its src[0] is this rank's piece, dst the whole
 (contiguous F32), op_params | n i32 | rank i32 | bound i32[n + 1] | cut along
-dim 0: rank r owns rows [bound[r], bound[r+1]) of every column. The executor stops
-at the node, copies its own piece into place, sends it to every other rank and
-receives theirs: | tag u32 | rank u32 | nbytes u64 | data |, the tag counting the
-group's exchanges, so that two ranks that disagree on the graph fail at once
-instead of mixing pieces. Any error (a lost link, a wrong header, no answer in
-EXCHANGE_TIMEOUT) ends the group: each of its links closes, every rank's graph
-fails, and the host sees its connections close.
+dim 0: rank r owns rows [bound[r], bound[r+1]) of every column. The executor's
+PEER_GATHER kernel (csrc/cpu/ops/peers.c) copies its own piece into place, sends it
+to every other rank and receives theirs, both ways at once without blocking:
+| tag u32 | rank u32 | nbytes u64 | data |, the tag counting the group's exchanges,
+so that two ranks that disagree on the graph fail at once instead of mixing
+pieces. Any error (a lost link, a wrong header, EXCHANGE_TIMEOUT without a byte)
+ends the group: each of its links closes, every rank's graph fails, and the host
+sees its connections close.
 """
 from __future__ import annotations
 
-import ctypes
 import logging
 import socket
 import struct
 import threading
 
-import numpy as np
-
 from . import protocol
-from .errors import ConnectionLost, ProtocolError, RpcTimeout, ValidationError
+from .errors import ProtocolError, ValidationError
 from .transport import Conn
 
 log = logging.getLogger("ggmlrpc.peers")
@@ -65,10 +63,9 @@ MAX_RANKS = 14                 # op_params: n, rank and n + 1 bounds in 16 int32
 ENDPOINT = 64                  # bytes of one endpoint in PEER_GROUP
 LINK_TIMEOUT = 10.0            # seconds to connect, and to wait for the other ranks' links
 EXCHANGE_TIMEOUT = 30.0        # seconds one exchange may wait for a piece
-BIG = 1 << 16                  # pieces over this size go out from a second thread
+SPIN_US = 50                   # an exchange polls this long before it sleeps in poll()
 _GROUP = struct.Struct("<QII")
 _LINK = struct.Struct("<QI")
-_PIECE = struct.Struct("<IIQ")
 
 
 def group_request(token: int, rank: int, endpoints: list[str]) -> bytes:
@@ -86,7 +83,7 @@ class Group:
     def __init__(self, token: int, rank: int, n: int):
         self.token, self.rank, self.n = token, rank, n
         self.links: dict[int, Conn] = {}
-        self.tag = 0
+        self.native = None       # executor.PeerLinks once every link is up
         self.closed = threading.Event()
         self._cv = threading.Condition()
 
@@ -99,76 +96,27 @@ class Group:
             return True
 
     def wait_links(self, timeout: float) -> bool:
+        """Wait for every link; then the exchanges can start."""
+        from ._native import executor
         with self._cv:
-            return self._cv.wait_for(lambda: len(self.links) == self.n - 1 or self.closed.is_set(), timeout) \
-                and not self.closed.is_set()
+            if not self._cv.wait_for(lambda: len(self.links) == self.n - 1 or self.closed.is_set(), timeout) \
+                    or self.closed.is_set():
+                return False
+            fds = [self.links[r].fd if r != self.rank else -1 for r in range(self.n)]
+            self.native = executor.PeerLinks(self.rank, fds, int(EXCHANGE_TIMEOUT * 1000), SPIN_US)
+            return True
 
     def close(self) -> None:
         with self._cv:
             if self.closed.is_set():
                 return
             self.closed.set()
+            if self.native is not None:
+                self.native.fail()
             links, self.links = list(self.links.values()), {}
             self._cv.notify_all()
         for c in links:
             c.close()
-
-    # -- one exchange -------------------------------------------------------------
-    def gather(self, dst: np.ndarray, mine: np.ndarray, bounds: list[int]) -> None:
-        """dst (columns x rows): this rank's rows from `mine`, the others' from their links."""
-        if self.closed.is_set():
-            raise ConnectionLost("the peer group has ended")
-        a, b = bounds[self.rank], bounds[self.rank + 1]
-        dst[:, a:b] = mine
-        tag, self.tag = self.tag, self.tag + 1
-        data = mine.tobytes() if not mine.flags.c_contiguous else memoryview(mine).cast("B")
-        head = _PIECE.pack(tag, self.rank, len(data))
-        try:
-            links = [(r, self.links[r]) for r in range(self.n) if r != self.rank]
-            senders = []
-            for r, c in links:
-                if len(data) > BIG:
-                    t = threading.Thread(target=self._send, args=(c, head, data), daemon=True)
-                    t.start()
-                    senders.append(t)
-                else:
-                    c.send(head, data)
-            for r, c in links:
-                lo, hi = bounds[r], bounds[r + 1]
-                want = (hi - lo) * dst.shape[0] * 4
-                t, who, n = _PIECE.unpack(c.recv_exact(_PIECE.size))
-                if (t, who, n) != (tag, r, want):
-                    raise ProtocolError(f"peer rank {r} sent piece {t} of rank {who} ({n} bytes), "
-                                        f"expected piece {tag} of {want} bytes: the ranks' graphs differ")
-                piece = np.empty((dst.shape[0], hi - lo), np.float32)
-                c.recv_into(piece)
-                dst[:, lo:hi] = piece
-            for t in senders:
-                t.join()
-            if any(t.failed for t in senders):
-                raise ConnectionLost("a peer link failed while sending")
-        except (OSError, ConnectionLost, ProtocolError, RpcTimeout) as e:
-            self.close()
-            raise ConnectionLost(f"peer exchange failed: {e}") from None
-        except BaseException:
-            self.close()
-            raise
-
-    @staticmethod
-    def _send(c: Conn, head: bytes, data) -> None:
-        try:
-            c.send(head, data)
-        except Exception:
-            threading.current_thread().failed = True
-        else:
-            threading.current_thread().failed = False
-
-
-def host_array(addr: int, ne: tuple, nb: tuple) -> np.ndarray:
-    """A 2-D F32 tensor in host memory as an array of ne[1] rows of ne[0]."""
-    rows = ne[1]
-    buf = (ctypes.c_char * (nb[1] * (rows - 1) + 4 * ne[0])).from_address(addr)
-    return np.ndarray((rows, ne[0]), np.float32, buf, 0, (nb[1], 4))
 
 
 class Registry:
@@ -242,30 +190,33 @@ def parse_link(payload: bytes) -> tuple[int, int]:
     return _LINK.unpack(payload)
 
 
-def gather_hook(group: Group, node, dst, srcs):
-    """What runs an OP_GATHER node of a plan (compute.cpu's host_ops), after its checks:
-    dst and srcs are (address, type, ne, nb) as the plan resolved them."""
+def gather_rule(group: Group, node, srcs):
+    """The executor's rule for an OP_GATHER node (compute.cpu's ext_rules): its checks,
+    then the PEER_GATHER kernel (csrc/cpu/ops/peers.c) pointed at the group's links."""
+    from .compute.cpu_rules.base import Spec
+    from .compute.cpu_rules.kernels import ids
+
     def bad(why):
         return ValidationError(f"node {node.name_str!r} (peer gather): {why}")
     p = list(node.op_params)
     n, rank = p[0], p[1]
+    if group.native is None or group.closed.is_set():
+        raise bad("the peer group is not linked")
     if n != group.n or rank != group.rank:
         raise bad(f"made for rank {rank} of {n}, this server is rank {group.rank} of {group.n}")
     bounds = p[2:3 + n]
     if len(srcs) != 1 or srcs[0] is None:
         raise bad("needs one source")
-    (da, dt, dne, dnb), (sa, st, sne, snb) = dst, srcs[0]
-    if dt != 0 or st != 0:
+    src = srcs[0]
+    if node.type != 0 or src.type != 0:
         raise bad("F32 only")
-    if bounds[0] != 0 or bounds[-1] != dne[0] or any(a > b for a, b in zip(bounds, bounds[1:])):
-        raise bad(f"bounds {bounds} do not cut {dne[0]} rows")
-    if sne[0] != bounds[rank + 1] - bounds[rank] or tuple(sne[1:]) != tuple(dne[1:]):
-        raise bad(f"source of shape {tuple(sne)} is not rows {bounds[rank]}..{bounds[rank + 1]} of {tuple(dne)}")
-    if dne[2] != 1 or dne[3] != 1:
+    if bounds[0] != 0 or bounds[-1] != node.ne[0] or any(a > b for a, b in zip(bounds, bounds[1:])):
+        raise bad(f"bounds {bounds} do not cut {node.ne[0]} rows")
+    if src.ne[0] != bounds[rank + 1] - bounds[rank] or tuple(src.ne[1:]) != tuple(node.ne[1:]):
+        raise bad(f"source of shape {tuple(src.ne)} is not rows {bounds[rank]}..{bounds[rank + 1]} "
+                  f"of {tuple(node.ne)}")
+    if node.ne[2] != 1 or node.ne[3] != 1:
         raise bad("two dimensions at most")
-    if dnb[0] != 4 or dnb[1] != 4 * dne[0]:
-        raise bad("the destination must be contiguous")
-    if snb[0] != 4 or snb[1] < 4 * sne[0]:
-        raise bad("the source's elements must be one after the other")
-    d, s = host_array(da, dne, dnb), host_array(sa, sne, snb)
-    return lambda: group.gather(d, s, bounds)
+    if node.nb[0] != 4 or node.nb[1] != 4 * node.ne[0] or src.nb[0] != 4 or src.nb[1] != 4 * src.ne[0]:
+        raise bad("the source and the destination must be contiguous")
+    return Spec(ids.K.PEER_GATHER, 0, (group.native.address,), [src])

@@ -541,7 +541,7 @@ class Session:
                 try:
                     plan = self.devices[device].executor().compile(
                         graph, self.limits.max_graph_work,
-                        **({"host_ops": {peers.OP_GATHER: self.gather_op}} if self.group else {}))
+                        **({"ext_rules": {peers.OP_GATHER: self.gather_rule}} if self.group else {}))
                 finally:
                     graph.release()
                 n_nodes = graph.n_nodes
@@ -594,8 +594,8 @@ class Session:
         g.closed.wait()     # the group reads and writes this connection from now on
         raise ConnectionLost("peer link closed")
 
-    def gather_op(self, node, dst, srcs):
-        return peers.gather_hook(self.group, node, dst, srcs)
+    def gather_rule(self, node, srcs):
+        return peers.gather_rule(self.group, node, srcs)
 
     def debug_graph(self, device: int, n_nodes: int, n_tensors: int) -> None:
         self.server.dbg("[graph_compute] device: %d, n_nodes: %d, n_tensors: %d", device, n_nodes, n_tensors)

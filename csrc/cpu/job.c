@@ -96,15 +96,6 @@ void gr_k_nop(gr_job *job, int phase) {
     (void)phase;
 }
 
-void gr_k_host(gr_job *job, int phase) {
-    (void)phase;
-    if (job->ith != 0 || !gr_fail(job, GR_EXEC_EYIELD, "host node")) return;
-    gr_resume *at = job->run->at;
-    at->node = (int)(job->node - job->run->nodes) + 1;
-    at->phase = 0;
-    at->mid = 0;
-}
-
 size_t gr_ws_none(const gr_node *n, int nth) {
     (void)n;
     (void)nth;

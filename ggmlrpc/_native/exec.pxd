@@ -68,3 +68,14 @@ cdef extern from "cpu/quants/quants.h" nogil:
     ggmlrpc_from_float_fn ggmlrpc_get_from_float(uint32_t type)
     ggmlrpc_vec_dot_fn ggmlrpc_get_vec_dot(uint32_t weight_type)
     int ggmlrpc_vec_dot_type(uint32_t weight_type)
+
+cdef extern from "cpu/peers.h" nogil:
+    enum:
+        GR_PEERS_MAX
+    ctypedef struct gr_peers:
+        int32_t n, rank
+        int32_t fds[GR_PEERS_MAX]
+        uint32_t tag
+        int32_t failed
+        int32_t timeout_ms
+        int32_t spin_us

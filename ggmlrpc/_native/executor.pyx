@@ -52,6 +52,39 @@ EXEC_EINTERNAL = EXEC_ERROR["EINTERNAL"]
 EXEC_ENOMEM = EXEC_ERROR["ENOMEM"]
 EXEC_ECANCELED = EXEC_ERROR["ECANCELED"]
 EXEC_EYIELD = EXEC_ERROR["EYIELD"]
+EXEC_EPEER = EXEC_ERROR["EPEER"]
+
+
+cdef class PeerLinks:
+    """The C side of a peer group (csrc/cpu/peers.h): its rank, the socket of each
+    other rank, and its exchange count. PEER_GATHER nodes point at `address`; a plan
+    that holds them must keep this object alive. The sockets stay the caller's."""
+    cdef gr_peers g
+
+    def __cinit__(self, int rank, fds, int timeout_ms, int spin_us):
+        if not 2 <= len(fds) <= GR_PEERS_MAX or not 0 <= rank < len(fds):
+            raise ValueError(f"a peer group of {len(fds)} ranks (2..{GR_PEERS_MAX}), rank {rank}")
+        memset(&self.g, 0, sizeof(gr_peers))
+        self.g.n, self.g.rank = len(fds), rank
+        for i, fd in enumerate(fds):
+            self.g.fds[i] = -1 if i == rank else fd
+        self.g.timeout_ms, self.g.spin_us = timeout_ms, spin_us
+
+    @property
+    def address(self):
+        return <uintptr_t>&self.g
+
+    @property
+    def failed(self):
+        return bool(self.g.failed)
+
+    @property
+    def exchanges(self):
+        return self.g.tag
+
+    def fail(self):
+        """Every later exchange fails at once (the links are closing)."""
+        self.g.failed = 1
 
 
 cdef class CancelToken:

@@ -27,7 +27,6 @@ from ..graph import NodeNames
 from ..errors import ConnectionLost, DeviceError, UnsupportedError, ValidationError
 from ..ops.base import no_empty_sources
 from . import cpu_rules, work
-from .cpu_rules.kernels import ids as kernel_ids
 
 # the most scratch memory one graph may ask for (a hostile shape could ask for more);
 # also never more than half of what the host has available
@@ -45,10 +44,10 @@ class CpuPlan:
     """A compiled graph: the native plan (it holds what its addresses point into) and
     its nodes' names; nothing of the graph it was made from."""
 
-    def __init__(self, native, names, hooks=None):
+    def __init__(self, native, names, keep=None):
         self.native = native
         self.names = names      # plan index -> "name (op)" for error messages (graph.NodeNames)
-        self.hooks = hooks or {}   # plan index -> what runs a HOST node (ggmlrpc.peers)
+        self.keep = keep        # what its extension nodes point at (ggmlrpc.peers)
 
     def __len__(self):
         return len(self.native)
@@ -136,30 +135,21 @@ class CpuExecutor:
                 self._pool = _native().Pool(self.n_threads)
             return self._pool
 
-    def compile(self, graph, max_work: int | None = None, host_ops=None) -> CpuPlan:
+    def compile(self, graph, max_work: int | None = None, ext_rules=None) -> CpuPlan:
         """max_work: the work limit per byte of buffers (compute.work); None: none.
-        host_ops: op -> f(node, dst, srcs) for the extension ops the connection
-        negotiated; f checks the node and returns what runs it (a callable) while
-        the native run stops there (a HOST node)."""
+        ext_rules: the rules of the extension ops the connection negotiated
+        (ggmlrpc.peers), which the plan keeps (their nodes point into what they hold)."""
         ex = _native()
         work.check_graph(graph, max_work)
         keep = {}
         names, ops = bytearray(), array.array("I")
-        hooks = {}
+        rules = {**cpu_rules.RULES, **ext_rules} if ext_rules else cpu_rules.RULES
 
         def records():
             # one node at a time: the plan packs each record as it comes
             for node in graph.runnable():
                 srcs = graph.sources(node)
-                if host_ops and node.op in host_ops:
-                    dst = _resolve(graph, node, keep)
-                    hooks[len(ops)] = host_ops[node.op](
-                        node, dst, [_resolve(graph, s, keep) if s is not None else None for s in srcs])
-                    yield (kernel_ids.K.HOST, 0, len(ops), (0,) * 16, (), dst, [])
-                    names.extend(node.name[:64].ljust(64, b"\0"))
-                    ops.append(node.op)
-                    continue
-                rule = cpu_rules.RULES.get(node.op)
+                rule = rules.get(node.op)
                 if rule is None:
                     raise cpu_rules.unsupported(node, srcs)
                 no_empty_sources(node, srcs, EMPTY_SOURCES_OK)
@@ -176,7 +166,7 @@ class CpuExecutor:
             native = ex.Plan(records(), self.n_threads, keep, limit)
         except MemoryError as e:
             raise ValidationError(f"graph rejected: {e}") from None
-        return CpuPlan(native, NodeNames.packed(names, ops), hooks)
+        return CpuPlan(native, NodeNames.packed(names, ops), ext_rules)
 
     def run(self, plan: CpuPlan, cancel=None) -> None:
         """Run a plan, taking turns node by node with the plans other threads run on
@@ -194,16 +184,13 @@ class CpuExecutor:
                     resume = True
                 finally:
                     self.turns.give(cancel)
-                hook = plan.hooks.get(start - 1) if start is not None and plan.hooks else None
-                if hook is not None:     # a HOST node ran up to here: its work, off the pool
-                    hook()
-                    if start >= len(plan):
-                        start = None
         except ex.ExecError as e:
             where = plan.names[e.node] if 0 <= e.node < len(plan.names) else "?"
             if e.code == ex.EXEC_ECANCELED:
                 raise ConnectionLost(f"graph stopped at node {where}: its client went away "
                                      "or the server is closing") from None
+            if e.code == ex.EXEC_EPEER:
+                raise ConnectionLost(f"node {where}: {e}") from None
             if e.code == ex.EXEC_EINDEX:
                 raise ValidationError(f"node {where}: {e}") from None
             raise DeviceError(f"node {where}: {e}") from None

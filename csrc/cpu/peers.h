@@ -1,0 +1,20 @@
+/* Links between the servers of one -sm row group (ggmlrpc/peers.py): the sockets a
+ * PEER_GATHER node swaps its pieces over. Python makes one per group and points the
+ * nodes at it (gr_node.iparams[0]); it outlives every plan that points at it. */
+#ifndef GGMLRPC_PEERS_H
+#define GGMLRPC_PEERS_H
+
+#include <stdint.h>
+
+#define GR_PEERS_MAX 16
+
+typedef struct gr_peers {
+    int32_t n, rank;
+    int32_t fds[GR_PEERS_MAX];   /* the link to each rank (-1 for this one) */
+    uint32_t tag;                /* the group's exchanges so far */
+    int32_t failed;              /* set by the first failed exchange: the rest fail at once */
+    int32_t timeout_ms;          /* the most one exchange waits without a byte */
+    int32_t spin_us;             /* how long it polls without sleeping first */
+} gr_peers;
+
+#endif
