@@ -137,6 +137,9 @@ def load_model(a, progress=None):
               file=sys.stderr)
     if model.split_reason:
         print(f"split mode auto: {model.split_mode} ({model.split_reason})", file=sys.stderr)
+    if model.rows is not None and model.rows.linked:
+        print(f"split mode row: the {len(model.rows.shards)} servers swap their results directly (--peers)",
+              file=sys.stderr)
     return model
 
 

@@ -1,12 +1,16 @@
 """`run -sm row` prints llama-completion's greedy text on generated llama models
 (F32, Q8_0, Q4_K_M), the layers cut over two of our servers (-ts 1,1 and 3,1) and
-over two of llama.cpp's own ggml-rpc-server (plain v7 commands only)."""
+over two of llama.cpp's own ggml-rpc-server (plain v7 commands only), and over our
+servers started with --peers, which swap the pieces themselves (ggmlrpc.peers)."""
 from __future__ import annotations
+
+import sys
 
 import pytest
 
+from ggmlrpc.cli.main import main
 from ggmlrpc.llm import synth
-from tests.interop.test_runner_vs_llama_completion import completion, ours, same_text
+from tests.interop.test_runner_vs_llama_completion import N, PROMPT, completion, ours, same_text
 
 pytestmark = pytest.mark.interop
 
@@ -35,3 +39,31 @@ def test_row_split_over_llama_servers(ref_bin, models, ref_server, capfdbinary):
         ref = completion(ref_bin, models[kind], ["-ngl", "0", "-t", "2"])
         mine = ours(models[kind], ["--rpc", f"{a.endpoint},{b.endpoint}", "-sm", "row", "-ts", "1,1"], capfdbinary)
         assert same_text(mine, ref), kind
+
+
+def test_row_split_over_linked_servers(ref_bin, models, server_proc, capfdbinary):
+    srv = [server_proc("-t", "1", "--peers") for _ in range(3)]
+    for kind in ("f32", "q8_0", "q4_k_m"):
+        ref = completion(ref_bin, models[kind], ["-ngl", "0", "-t", "2"])
+        for n, ts in ((2, "1,1"), (2, "3,1"), (3, "1,1,1")):
+            eps = ",".join(s.endpoint for s in srv[:n])
+            capfdbinary.readouterr()
+            assert main(["run", "-m", str(models[kind]), "--temp", "0", "-p", PROMPT, "-n", str(N),
+                         "--rpc", eps, "-sm", "row", "-ts", ts]) == 0
+            sys.stdout.flush()
+            mine, err = capfdbinary.readouterr()
+            assert f"the {n} servers swap their results directly".encode() in err
+            assert same_text(mine, ref), (kind, ts)
+
+
+def test_llama_cpp_sees_plain_v7_on_both_sides(ref_bin, models, server_proc, ref_server, capfdbinary):
+    """llama.cpp's client on our servers with --peers (it never asks for the
+    extension) and our host asking llama.cpp's servers for it (they answer zero caps,
+    the host combines): both print llama-completion's text."""
+    a, b = server_proc("-t", "1", "--peers"), server_proc("-t", "1", "--peers")
+    ref = completion(ref_bin, models["q8_0"], ["-ngl", "0", "-t", "2"])
+    theirs = completion(ref_bin, models["q8_0"], ["-ngl", "99", "--rpc", f"{a.endpoint},{b.endpoint}"])
+    assert same_text(theirs, ref)
+    c, d = ref_server("-t", "1"), ref_server("-t", "1")
+    mine = ours(models["q8_0"], ["--rpc", f"{c.endpoint},{d.endpoint}", "-sm", "row", "-ts", "1,1"], capfdbinary)
+    assert same_text(mine, ref)
