@@ -125,7 +125,7 @@ def summarize(row: dict, runs: dict[str, list], pairs) -> dict:
         if any(isinstance(v, str) for v in vals):
             row[name + "_error"] = next(v for v in vals if isinstance(v, str))
     for name, base in pairs:
-        ratios = [a / b for a, b in zip(runs[name], runs[base]) if isinstance(a, float) and isinstance(b, float)]
+        ratios = [a / b for a, b in zip(runs.get(name, []), runs.get(base, [])) if isinstance(a, float) and isinstance(b, float)]
         if ratios:
             row[f"{name}/{base}"] = round(statistics.median(ratios), 3)
     return row
@@ -168,6 +168,8 @@ def add_round_args(ap: argparse.ArgumentParser, timeout: float = 600) -> None:
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--tg", type=int, default=32)
+    ap.add_argument("--modes", nargs="+", choices=list(MODES), default=list(MODES),
+                    help="which of our modes to run (default: all)")
     add_round_args(ap)
     args = ap.parse_args(argv)
     results = []
@@ -177,7 +179,7 @@ def main(argv=None) -> int:
                 return ours(m, name, eps, args.tg)
             return None if args.no_reference else llama_bench(ref, m, eps, ["-p", "0", "-n", str(args.tg)],
                                                                "tg", args.timeout)
-        runs = alternate([*MODES, "llama-bench"], args.rounds, rtt, run)
+        runs = alternate([*args.modes, "llama-bench"], args.rounds, rtt, run)
         row = {"type": qtype, "rtt_ms": rtt, "tg": args.tg, "rounds": args.rounds, "runs": runs,
                # host round trips per token to each server: one graph per layer split stage;
                # three combines per layer + the output layer; two + one

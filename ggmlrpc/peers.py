@@ -63,7 +63,7 @@ MAX_RANKS = 14                 # op_params: n, rank and n + 1 bounds in 16 int32
 ENDPOINT = 64                  # bytes of one endpoint in PEER_GROUP
 LINK_TIMEOUT = 10.0            # seconds to connect, and to wait for the other ranks' links
 EXCHANGE_TIMEOUT = 30.0        # seconds one exchange may wait for a piece
-SPIN_US = 50                   # an exchange polls this long before it sleeps in poll()
+SPIN_US = 500                   # an exchange polls this long before it sleeps in poll()
 _GROUP = struct.Struct("<QII")
 _LINK = struct.Struct("<QI")
 

@@ -10,13 +10,18 @@ layers, a token is predicted to cost:
   per run of layers;
 - with `row`: the slowest device's share of every layer, plus a round trip and
   the host's combine work for each of the 3 combines per layer and the output
-  layer's (`rowsplit`).
+  layer's (`rowsplit`); over servers that link to each other (ggmlrpc.peers: ours
+  started with --peers, one device each), one round trip per token instead, and
+  for each of the 3 exchanges per layer half a round trip (one way, server to
+  server, taken as the host's) plus PEER_EXCHANGE_MS.
 
 `row` is chosen when it is predicted faster and the model can be cut (llama,
 qwen2 and qwen3 without experts, whole KV heads per device); else `layer`. The
 host's work per combine, HOST_COMBINE_MS, is bench/tensor_split.py's figure: our
 host's CPU time per token with `row` over the number of combines (8.5 ms / 37 on
-a 2-core Sapphire Rapids VM).
+a 2-core Sapphire Rapids VM); PEER_EXCHANGE_MS is what an exchange between linked
+servers adds on the bare loopback there (bench/tensor_split.py's row-peers over
+its 36 exchanges, less half a layer split token).
 """
 from __future__ import annotations
 
@@ -30,6 +35,7 @@ from .gguf_file import GGUFFile
 from .placement import Device, assign_layers
 
 HOST_COMBINE_MS = 0.25
+PEER_EXCHANGE_MS = 0.05
 BENCH_BYTES = 64 << 20
 BENCH_COLS = 4096
 
@@ -92,11 +98,12 @@ def output_bytes(f: GGUFFile) -> int:
 
 
 def predict(measured: Sequence[Measured], shares: Sequence[float], layers: Sequence[int],
-            sizes: Sequence[int], out_bytes: int) -> tuple[float, float]:
+            sizes: Sequence[int], out_bytes: int, linked: bool = False) -> tuple[float, float]:
     """Predicted ms per token of (layer split, row split). `layers[i]` is layer i's
     device (an index into `measured`, -1: the local CPU, the same in both modes),
     `sizes[i]` its weight bytes; the output layer (`out_bytes`) goes with the
-    last layer when every layer is offloaded."""
+    last layer when every layer is offloaded. `linked`: the servers swap the row
+    split's pieces themselves (ggmlrpc.peers)."""
     n = len(measured)
     per_dev = [0] * n
     for dev, size in zip(layers, sizes):
@@ -111,8 +118,10 @@ def predict(measured: Sequence[Measured], shares: Sequence[float], layers: Seque
     total = sum(per_dev)
     used = [(s, m) for s, m in zip(shares, measured) if s > 0]
     whole = sum(s for s, _ in used)
-    t_row = max(s / whole * total / m.bytes_per_ms for s, m in used) + \
-        (3 * sum(1 for dev in layers if dev >= 0) + offloaded) * (max(rtts) + HOST_COMBINE_MS)
+    combines = 3 * sum(1 for dev in layers if dev >= 0) + offloaded
+    t_row = max(s / whole * total / m.bytes_per_ms for s, m in used) + (
+        max(rtts) + combines * (max(rtts) / 2 + PEER_EXCHANGE_MS) if linked else
+        combines * (max(rtts) + HOST_COMBINE_MS))
     return t_layer, t_row
 
 
@@ -129,9 +138,12 @@ def choose(f: GGUFFile, n_layer: int, remote: list[Device], shares: Sequence[flo
     if any(m.bytes_per_ms <= 0 for m in measured):
         return "layer", "a server could not hold the measuring buffer"
     layers = assign_layers(n_layer, n_gpu_layers, shares)
+    used = [d for d, s in zip(remote, shares) if s > 0]
+    linked = len({id(d.backend) for d in used}) == len(used) and all(getattr(d.backend, "peers", False) for d in used)
     t_layer, t_row = predict(measured, shares, layers, [layer_bytes(f, il) for il in range(n_layer)],
-                             output_bytes(f))
+                             output_bytes(f), linked)
     speeds = ", ".join(f"{m.device.name} {m.rtt_ms:.2f} ms round trip, {m.bytes_per_ms / 1e6:.1f} GB/s"
                        for m in measured)
     mode = "row" if t_row < t_layer else "layer"
-    return mode, f"predicted {t_layer:.2f} ms per token with layer, {t_row:.2f} ms with row ({speeds})"
+    how = " over linked servers" if linked else ""
+    return mode, f"predicted {t_layer:.2f} ms per token with layer, {t_row:.2f} ms with row{how} ({speeds})"

@@ -160,3 +160,8 @@ def test_auto_split_rule():
     cpu = [-1, -1] + [0] * 5 + [1] * 5
     t_layer, t_row = predict(two(0.0), [1, 1], cpu, sizes, 10_000_000)
     assert t_layer == pytest.approx(500) and t_row == pytest.approx(250 + 30 * HOST_COMBINE_MS)
+    # linked servers: one host round trip a token, half a round trip and the exchange per combine
+    from ggmlrpc.llm.autosplit import PEER_EXCHANGE_MS
+    t_layer, t_row = predict(two(1.0), [1, 1], layers, [2_000_000] * 12, 0, linked=True)
+    assert t_row == pytest.approx(12 + 1 + 37 * (0.5 + PEER_EXCHANGE_MS))
+    assert predict(two(1.0), [1, 1], layers, [2_000_000] * 12, 0)[1] > t_row > t_layer == pytest.approx(26)
