@@ -7,8 +7,10 @@ process (Model.load + one eval per token, after a warm-up). Each round starts tw
 fresh servers and runs on them, in alternating order, `layer`, `row` (the
 "gather" combine, the default), `row-reduce` (partial sums) and llama-bench -ngl
 99 -ts 1/1 (llama.cpp's client, layer split). `--rtt-ms 0.2 1` adds those round
-trips with netproxy.py (a process per server, on the same two cores). Prints JSON
-rows and a table: median tokens/s, and the median over the rounds of each round's
+trips with netproxy.py (a process per server, on the same two cores). Each run's
+profile (from the servers' --metrics) says where a token's time went: each
+server's compute, its exchanges with the other (row-peers), and the rest (host
+work, the wire, waiting for the slower server). Prints JSON rows and a table: median tokens/s, and the median over the rounds of each round's
 ratios row / layer and row / llama-bench (a shared host's load moves a round's
 runs together). Asserts nothing.
 
@@ -56,10 +58,10 @@ def pinned_servers(rtt_ms: float):
     procs, proxies, eps = [], [], []
     try:
         for core in range(2):
-            port = lb.free_port()
+            port, mport = lb.free_port(), lb.free_port()
             procs.append(subprocess.Popen(["taskset", "-c", str(core % os.cpu_count()),
                                            *runner.ours("ggml-rpc-server", "ggmlrpc.cli.server"),
-                                           "-p", str(port), "-t", "1", "--peers"],
+                                           "-p", str(port), "-t", "1", "--peers", "--metrics", str(mport)],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
             lb.wait_listening(port, procs[-1])
             if rtt_ms:
@@ -69,6 +71,7 @@ def pinned_servers(rtt_ms: float):
                                                 stdout=subprocess.DEVNULL))
                 lb.wait_listening(port, proxies[-1])
             eps.append(f"127.0.0.1:{port}")
+            METRICS[eps[-1]] = mport
         yield eps
     finally:
         for p in procs + proxies:
@@ -77,6 +80,31 @@ def pinned_servers(rtt_ms: float):
 
 
 HOST_CPU: dict[str, list] = {}    # mode -> our host's CPU ms per token, each run
+METRICS: dict[str, int] = {}      # endpoint -> its server's metrics port
+PROFILE: dict[str, list] = {}     # mode -> where a token's time went, each run (profile())
+
+
+def server_seconds(ep: str) -> tuple[float, float]:
+    """(seconds running graphs, of which in peer exchanges) of `ep`'s server so far."""
+    import urllib.request
+
+    from prometheus_client.parser import text_string_to_metric_families
+    with urllib.request.urlopen(f"http://127.0.0.1:{METRICS[ep]}/metrics", timeout=10) as r:
+        fams = {f.name: f for f in text_string_to_metric_families(r.read().decode())}
+    return (sum(s.value for s in fams["ggmlrpc_graph_seconds"].samples if s.name.endswith("_total")),
+            sum(s.value for s in fams["ggmlrpc_peer_exchange_seconds"].samples if s.name.endswith("_total")))
+
+
+def profile(eps: list[str], before: list, token_ms: float, tg: int, one_by_one: bool) -> dict:
+    """Per token: each server's compute (graph time less exchanges), its exchanges
+    (copies, sends and waits for the other), and the rest of the token (host work,
+    the wire to and from the host, waiting for the slower server). `one_by_one`: the
+    servers compute in turn (layer split), so the rest is what their sum leaves."""
+    after = [server_seconds(ep) for ep in eps]
+    per = [((g1 - g0 - (x1 - x0)) / tg * 1e3, (x1 - x0) / tg * 1e3) for (g0, x0), (g1, x1) in zip(before, after)]
+    return {"token_ms": round(token_ms, 2), "compute_ms": [round(c, 2) for c, _ in per],
+            "exchange_ms": [round(x, 2) for _, x in per],
+            "host_and_wire_ms": round(token_ms - (sum if one_by_one else max)(c + x for c, x in per), 2)}
 
 
 def ours(m: Path, mode: str, eps: list[str], tg: int) -> float:
@@ -87,11 +115,14 @@ def ours(m: Path, mode: str, eps: list[str], tg: int) -> float:
             raise RuntimeError("the servers did not link")
         model.eval(list(range(1, 9)))
         model.eval([1])                     # warm-up: the decode graphs built and sent once
+        before = [server_seconds(ep) for ep in eps]
         t0, c0 = time.perf_counter(), time.process_time()
         for i in range(tg):
             model.eval([2 + i % 100])
+        t = time.perf_counter() - t0
         HOST_CPU.setdefault(mode, []).append((time.process_time() - c0) / tg * 1e3)
-        return tg / (time.perf_counter() - t0)
+        PROFILE.setdefault(mode, []).append(profile(eps, before, t / tg * 1e3, tg, mode == "layer"))
+        return tg / t
 
 
 def llama_bench(ref: Path, m: Path, eps: list[str], test: list[str], key: str, timeout: float) -> float | str:
@@ -185,8 +216,10 @@ def main(argv=None) -> int:
                # three combines per layer + the output layer; two + one
                "round_trips_per_token": {"layer": 1, "row": 3 * shape.n_layer + 1,
                                          "row-reduce": 2 * shape.n_layer + 1, "row-peers": 1},
-               "host_cpu_ms_per_token": {k: round(statistics.median(v), 2) for k, v in HOST_CPU.items()}}
+               "host_cpu_ms_per_token": {k: round(statistics.median(v), 2) for k, v in HOST_CPU.items()},
+               "profile": dict(PROFILE)}
         HOST_CPU.clear()
+        PROFILE.clear()
         summarize(row, runs, [(a, b) for a in ("row", "row-reduce", "row-peers") for b in ("layer", "llama-bench")])
         results.append(row)
         print(json.dumps(row), flush=True)

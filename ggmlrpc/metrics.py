@@ -25,6 +25,9 @@ What is shown (the names as exposed):
     ggmlrpc_graph_computes_total{device,kind}                  counter
     ggmlrpc_graph_nodes_total{device,kind}                     counter
     ggmlrpc_graph_seconds_total{device,kind}                   counter
+    ggmlrpc_peer_exchanges_total                               counter (--peers)
+    ggmlrpc_peer_exchange_seconds_total                        counter (--peers: of the graph
+                                                               seconds, those in exchanges)
     ggmlrpc_device_buffers{device}                             gauge
     ggmlrpc_device_buffer_bytes{device}                        gauge
     ggmlrpc_device_stored_plans{device}                        gauge
@@ -344,6 +347,12 @@ class Metrics:
 
         yield from self._commands(total, CounterMetricFamily, HistogramMetricFamily)
         yield from self._graphs(total, CounterMetricFamily)
+        n, secs = srv.peer_groups.totals() if hasattr(srv, "peer_groups") else (0, 0.0)
+        yield CounterMetricFamily("ggmlrpc_peer_exchanges", "pieces swapped with linked servers (-sm row)",
+                                  value=n)
+        yield CounterMetricFamily("ggmlrpc_peer_exchange_seconds",
+                                  "time graphs spent swapping pieces with linked servers, waits included",
+                                  value=secs)
         yield from self._devices(sessions, GaugeMetricFamily)
         yield from self._cache(total, CounterMetricFamily, GaugeMetricFamily)
 

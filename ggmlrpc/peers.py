@@ -125,6 +125,16 @@ class Registry:
     def __init__(self):
         self._groups: dict[int, Group] = {}
         self._cv = threading.Condition()
+        self._ended = [0, 0.0]      # exchanges and their seconds, of the groups that ended
+
+    def totals(self) -> tuple[int, float]:
+        """Exchanges so far and the seconds spent in them, every group together."""
+        with self._cv:
+            n, secs = self._ended
+            for g in self._groups.values():
+                if g.native is not None:
+                    n, secs = n + g.native.exchanges, secs + g.native.seconds
+        return n, secs
 
     def add(self, g: Group) -> bool:
         with self._cv:
@@ -138,6 +148,9 @@ class Registry:
         with self._cv:
             if self._groups.get(g.token) is g:
                 del self._groups[g.token]
+                if g.native is not None:
+                    self._ended[0] += g.native.exchanges
+                    self._ended[1] += g.native.seconds
 
     def find(self, token: int, timeout: float) -> Group | None:
         with self._cv:

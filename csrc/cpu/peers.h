@@ -15,6 +15,7 @@ typedef struct gr_peers {
     int32_t failed;              /* set by the first failed exchange: the rest fail at once */
     int32_t timeout_ms;          /* the most one exchange waits without a byte */
     int32_t spin_us;             /* how long it polls without sleeping first */
+    int64_t ns;                  /* time spent in exchanges (copies, sends, waits) */
 } gr_peers;
 
 #endif

@@ -79,3 +79,4 @@ cdef extern from "cpu/peers.h" nogil:
         int32_t failed
         int32_t timeout_ms
         int32_t spin_us
+        int64_t ns

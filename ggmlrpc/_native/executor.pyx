@@ -82,6 +82,11 @@ cdef class PeerLinks:
     def exchanges(self):
         return self.g.tag
 
+    @property
+    def seconds(self):
+        """Time spent in exchanges: copies, sends and waits for the other ranks."""
+        return self.g.ns / 1e9
+
     def fail(self):
         """Every later exchange fails at once (the links are closing)."""
         self.g.failed = 1

@@ -223,3 +223,36 @@ def test_gather_nodes_that_are_refused(linked, caplog):
             b.close()
     with RemoteBackend(eps[0]) as b:
         assert b.device_count() == 1
+
+
+def test_exchanges_in_the_metrics(tmp_path):
+    """ggmlrpc_peer_exchanges_total counts three gathers per layer per token (the output
+    layer's rows come back to the host), and their seconds are part of the graph's."""
+    from ggmlrpc.metrics import Metrics
+    from tests.e2e.test_metrics import scrape
+    path = synth.write_model(tmp_path / "m.gguf", "llama", SHAPE, "f32", seed=7)
+    srvs = [start_server(limits=Limits(peers=True)) for _ in range(2)]
+    ports = []
+    for s in srvs:
+        s.metrics = Metrics(s)
+        ports.append(s.metrics.serve("127.0.0.1", 0))
+    try:
+        with Model.load(path, rpc=[f"127.0.0.1:{s.port}" for s in srvs], split_mode="row",
+                        tensor_split=[1, 1]) as m:
+            m.eval(m.tokenize(PROMPT))
+            before = [scrape(p) for p in ports]
+            for t in range(4):
+                m.eval([t + 3])
+            after = [scrape(p) for p in ports]
+        for a, b in zip(before, after):
+            assert b.value("ggmlrpc_peer_exchanges_total") - a.value("ggmlrpc_peer_exchanges_total") \
+                == 4 * 3 * SHAPE.n_layer
+            waited = b.value("ggmlrpc_peer_exchange_seconds_total") - a.value("ggmlrpc_peer_exchange_seconds_total")
+            graphs = sum(b.value("ggmlrpc_graph_seconds_total", device=d, kind=k)
+                         - a.value("ggmlrpc_graph_seconds_total", device=d, kind=k)
+                         for d in ("CPU",) for k in ("compute", "recompute"))
+            assert 0 < waited < graphs
+    finally:
+        for s in srvs:
+            s.close()
+            s.metrics.close()

@@ -83,6 +83,7 @@ void gr_k_peer_gather(gr_job *job, int phase) {
         gr_fail(job, GR_EXEC_EPEER, "the peer group failed earlier");
         return;
     }
+    const int64_t t0 = gr_now_ns();
     const size_t own = (size_t)(bound[rank + 1] - bound[rank]) * 4;
     for (int64_t c = 0; c < cols; c++)
         memcpy(nd->dst.data + c * nd->dst.nb[1] + (size_t)bound[rank] * 4, nd->src[0].data + c * nd->src[0].nb[1], own);
@@ -153,4 +154,5 @@ void gr_k_peer_gather(gr_job *job, int phase) {
             memcpy(nd->dst.data + c * nd->dst.nb[1] + (size_t)bound[r] * 4, scratch + c * w, w);
         scratch += w * (size_t)cols;
     }
+    g->ns += gr_now_ns() - t0;
 }
