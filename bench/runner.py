@@ -53,15 +53,15 @@ def rows(out: str) -> dict:
 
 
 @contextlib.contextmanager
-def our_servers(n: int, threads: int, rtt_ms: float = 0.0, count: bool = False):
-    """`n` fresh servers of ours, each behind a proxy when `rtt_ms` or `count` asks
-    for one; yields (endpoints, proxies)."""
+def our_servers(n: int, threads: int, rtt_ms: float = 0.0, count: bool = False, args: tuple = ()):
+    """`n` fresh servers of ours (with more options `args`), each behind a proxy when
+    `rtt_ms` or `count` asks for one; yields (endpoints, proxies)."""
     procs, proxies, eps = [], [], []
     try:
         for _ in range(n):
             port = lb.free_port()
             srv = subprocess.Popen(ours("ggml-rpc-server", "ggmlrpc.cli.server")
-                                   + ["-p", str(port), "-t", str(threads)],
+                                   + ["-p", str(port), "-t", str(threads), *args],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             procs.append(srv)
             lb.wait_listening(port, srv)

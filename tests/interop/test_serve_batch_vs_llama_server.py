@@ -8,6 +8,7 @@ import pytest
 
 from ggmlrpc.llm import synth
 from ggmlrpc.llm.model import PIPE_MIN_UBATCH
+from tests.conftest import server_procs
 from tests.e2e.test_serve import CHATML, Serve, rpc  # noqa: F401  (rpc: fixture)
 from tests.e2e.test_serve_batch import NOISE, QUESTIONS, at_once_as_alone, same_or_near_tie
 
@@ -45,5 +46,29 @@ def test_four_at_once_through_both(files, rpc, ref_llama_server, kind):  # noqa:
         # the answers alone compare by text: the same graphs on the same servers
         for q, a, b in zip(QUESTIONS, theirs, mine):
             assert a.text == b.text, f"{kind}: {q}: {a.text!r} vs {b.text!r}"
+    finally:
+        ours.stop()
+
+
+@pytest.fixture(scope="module")
+def linked_rpc():
+    """Two of our servers started with --peers."""
+    yield from server_procs(2, "-t", "1", "--peers")
+
+
+def test_four_at_once_over_linked_servers(files, linked_rpc, ref_llama_server):  # noqa: F811
+    """serve -np 4 -sm row over servers that swap their pieces themselves: four at
+    once answer as each alone, and each alone as llama-server's (layer split over the
+    same servers, which it sees as plain v7 ones)."""
+    common = ["-c", "4096", "-ngl", "99", "--rpc", linked_rpc, "--chat-template-file", str(files["template"]),
+              "--jinja", "-np", "4", "-ub", str(PIPE_MIN_UBATCH)]
+    ours = Serve(files["f32"], *common, "-ts", "1,1", "-sm", "row")
+    try:
+        assert "the 2 servers swap their results directly" in ours.output()[1]
+        ref = ref_llama_server(files["f32"], *common, "-ts", "1/1", "-t", "1", "--no-repack")
+        theirs = at_once_as_alone(ref.url)
+        mine = at_once_as_alone(ours.url)
+        for q, a, b in zip(QUESTIONS, theirs, mine):
+            assert a.text == b.text, f"{q}: {a.text!r} vs {b.text!r}"
     finally:
         ours.stop()
