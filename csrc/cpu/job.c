@@ -76,6 +76,10 @@ int gr_rows_pause(gr_job *job, int64_t i) {
     return pause_here(job, 0) || atomic_load(&job->run->paused);
 }
 
+int gr_wait_pause(gr_job *job) {
+    return yield_due(job) && pause_here(job, 0);
+}
+
 int gr_fail(gr_job *job, int code, const char *fmt, ...) {
     int expected = 0;
     if (!atomic_compare_exchange_strong(&job->run->failed, &expected, job->epoch + 1)) return 0;

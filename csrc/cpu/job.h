@@ -81,6 +81,11 @@ int gr_chunk_stopped(const gr_run *run);
 int64_t gr_rows_from(gr_job *job, int64_t r0);
 int gr_rows_pause(gr_job *job, int64_t i);
 
+/* One thread's wait inside a node (thread 0 of a node the others only wait for):
+ * 1 when another run is waiting for the pool and this one has had its slice; the
+ * run then yields, and the node is entered again with job->resumed set. */
+int gr_wait_pause(gr_job *job);
+
 static inline int64_t gr_now_ns(void) {
     struct timespec t;
     clock_gettime(CLOCK_MONOTONIC, &t);

@@ -16,6 +16,12 @@ typedef struct gr_peers {
     int32_t timeout_ms;          /* the most one exchange waits without a byte */
     int32_t spin_us;             /* how long it polls without sleeping first */
     int64_t ns;                  /* time spent in exchanges (copies, sends, waits) */
+    /* the exchange in progress, kept while its run yields the pool to another */
+    int32_t active;
+    uint32_t active_tag;
+    int64_t idle_since;          /* when a byte last moved */
+    uint64_t out_done[GR_PEERS_MAX], in_done[GR_PEERS_MAX];
+    unsigned char in_head[GR_PEERS_MAX][16];
 } gr_peers;
 
 #endif

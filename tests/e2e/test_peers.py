@@ -277,3 +277,55 @@ def test_linked_servers_run_several_sequences(tmp_path, linked):
     host = run(rpc=eps[:2], split_mode="row", tensor_split=[1, 1], peers=False)
     assert all(np.array_equal(a, b) for a, b in zip(row, host))
     assert max(nmse(a, b) for a, b in zip(row, one)) <= 1e-6
+
+
+def test_a_peer_that_never_answers_stalls_no_one_else(tmp_path, monkeypatch):
+    """A client makes a group of two servers and sends a gather graph to one only:
+    that server's exchange waits for a piece that never comes, and meanwhile gives
+    the device to the other clients (a bystander's graphs run as usual); after
+    EXCHANGE_TIMEOUT it fails that connection alone."""
+    import threading
+    import time
+
+    from ggmlrpc import builder as B
+    from ggmlrpc.ggml import GGMLType
+    monkeypatch.setattr(peers, "EXCHANGE_TIMEOUT", 4.0)
+    srvs = [start_server(limits=Limits(peers=True)) for _ in range(2)]
+    try:
+        eps = [f"127.0.0.1:{s.port}" for s in srvs]
+        bes = [RemoteBackend(ep, peers=True) for ep in eps]
+        answers = [b.request_peer_group(5, r, eps) for r, b in enumerate(bes)]
+        assert [a() for a in answers] == [True, True]
+        stuck = {}
+
+        def attacker():
+            gather_graph(bes[0], 0, [0, 4, 8])
+            try:
+                bes[0].device_count()
+            except GgmlRpcError as e:
+                stuck["error"] = e
+            stuck["done"] = time.monotonic()
+
+        t = threading.Thread(target=attacker)
+        t.start()
+        time.sleep(0.5)                     # the exchange is waiting now
+        with RemoteBackend(eps[0]) as b:    # a bystander on the same device
+            buf = b.alloc_buffer(1 << 12)
+            x = buf.tensor(GGMLType.F32, (8,), 0, name="x")
+            b.set_tensor(x, np.arange(8, dtype=np.float32).tobytes())
+            y = B.add(x, x, name="y")
+            y.buffer, y.data = buf, buf.base + 64
+            for _ in range(5):
+                b.graph_compute([y])
+                assert np.array_equal(np.frombuffer(b.get_tensor(y), np.float32), 2 * np.arange(8))
+            assert "done" not in stuck          # all of it while the exchange still waited
+        t.join(30)
+        assert isinstance(stuck.get("error"), GgmlRpcError)
+        for b in bes:
+            b.close()
+        wait_stats(srvs[0], sessions=0)
+        with RemoteBackend(eps[0]) as b:
+            assert b.device_count() == 1
+    finally:
+        for s in srvs:
+            s.close()

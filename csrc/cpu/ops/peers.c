@@ -5,7 +5,10 @@
  * rank's piece (rows one after the other), dst: the whole (contiguous). Thread 0 does
  * it all (the others wait at the node's barrier). The sockets are written and read
  * without blocking, both ways at once (two ranks sending megabytes to each other
- * never wait on each other), polling for spin_us before it sleeps in poll(). A message
+ * never wait on each other), polling for spin_us before it sleeps in poll(); while it
+ * waits, another run that wants the device's pool gets it (the run yields, and the
+ * exchange goes on where it was when the run resumes: its progress is kept in the
+ * gr_peers). A message
  * is | tag u32 | rank u32 | nbytes u64 | data |; any mismatch, a closed link or
  * timeout_ms without progress fails the node and marks the group failed. */
 #include <errno.h>
@@ -23,13 +26,7 @@ typedef struct {
     uint64_t nbytes;
 } piece_head;
 
-typedef struct {
-    int fd;
-    piece_head out_head, in_head;
-    size_t out_done, out_len;      /* head + data sent */
-    size_t in_done, in_len;        /* head + data received */
-    char *in_data;
-} link_state;
+_Static_assert(sizeof(piece_head) == 16, "a piece's header is 16 bytes");
 
 static size_t piece_bytes(const gr_node *n, int r) {
     return (size_t)(n->op_params[2 + r + 1] - n->op_params[2 + r]) * 4 * (size_t)n->dst.ne[1];
@@ -43,32 +40,43 @@ size_t gr_ws_peer_gather(const gr_node *n, int nth) {
     return total;
 }
 
-/* moves what it can without blocking; -1 on a closed or failed link */
-static int step_send(link_state *l, const char *data, int *moved) {
-    while (l->out_done < l->out_len) {
-        const size_t h = sizeof l->out_head;
-        const char *p = l->out_done < h ? (const char *)&l->out_head + l->out_done : data + (l->out_done - h);
-        const size_t left = l->out_done < h ? h - l->out_done : l->out_len - l->out_done;
-        const ssize_t k = send(l->fd, p, left, MSG_DONTWAIT | MSG_NOSIGNAL);
-        if (k < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
-        l->out_done += (size_t)k;
+static int again(void) {
+    return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR;
+}
+
+/* sends what it can of | head | data | without blocking; -1 on a failed link */
+static int step_send(int fd, const piece_head *head, const char *data, uint64_t len, uint64_t *done, int *moved) {
+    while (*done < len) {
+        const size_t h = sizeof *head;
+        const char *p = *done < h ? (const char *)head + *done : data + (*done - h);
+        const size_t left = *done < h ? h - *done : len - *done;
+        const ssize_t k = send(fd, p, left, MSG_DONTWAIT | MSG_NOSIGNAL);
+        if (k < 0) return again() ? 0 : -1;
+        *done += (uint64_t)k;
         *moved = 1;
     }
     return 0;
 }
 
-static int step_recv(link_state *l, int *moved) {
-    while (l->in_done < l->in_len) {
-        const size_t h = sizeof l->in_head;
-        char *p = l->in_done < h ? (char *)&l->in_head + l->in_done : l->in_data + (l->in_done - h);
-        const size_t left = l->in_done < h ? h - l->in_done : l->in_len - l->in_done;
-        const ssize_t k = recv(l->fd, p, left, MSG_DONTWAIT);
+/* receives what it can of | head | data |; -1 on a closed or failed link */
+static int step_recv(int fd, unsigned char *head, char *data, uint64_t len, uint64_t *done, int *moved) {
+    while (*done < len) {
+        const size_t h = sizeof(piece_head);
+        char *p = *done < h ? (char *)head + *done : data + (*done - h);
+        const size_t left = *done < h ? h - *done : len - *done;
+        const ssize_t k = recv(fd, p, left, MSG_DONTWAIT);
         if (k == 0) return -1;
-        if (k < 0) return errno == EAGAIN || errno == EWOULDBLOCK || errno == EINTR ? 0 : -1;
-        l->in_done += (size_t)k;
+        if (k < 0) return again() ? 0 : -1;
+        *done += (uint64_t)k;
         *moved = 1;
     }
     return 0;
+}
+
+static void fail(gr_job *job, gr_peers *g, const char *what, int r) {
+    g->failed = 1;
+    g->active = 0;
+    gr_fail(job, GR_EXEC_EPEER, "%s (rank %d)", what, r);
 }
 
 void gr_k_peer_gather(gr_job *job, int phase) {
@@ -79,74 +87,76 @@ void gr_k_peer_gather(gr_job *job, int phase) {
     const int n = nd->op_params[0], rank = nd->op_params[1];
     const int32_t *bound = &nd->op_params[2];
     const int64_t cols = nd->dst.ne[1];
+    const size_t own = (size_t)(bound[rank + 1] - bound[rank]) * 4;
+    const int64_t t0 = gr_now_ns();
     if (g->failed) {
         gr_fail(job, GR_EXEC_EPEER, "the peer group failed earlier");
         return;
     }
-    const int64_t t0 = gr_now_ns();
-    const size_t own = (size_t)(bound[rank + 1] - bound[rank]) * 4;
-    for (int64_t c = 0; c < cols; c++)
-        memcpy(nd->dst.data + c * nd->dst.nb[1] + (size_t)bound[rank] * 4, nd->src[0].data + c * nd->src[0].nb[1], own);
-    const uint32_t tag = g->tag++;
-    link_state links[GR_PEERS_MAX];
-    int nl = 0;
-    char *scratch = job->wdata;
-    for (int r = 0; r < n; r++) {
-        if (r == rank) continue;
-        link_state *l = &links[nl++];
-        memset(l, 0, sizeof *l);
-        l->fd = g->fds[r];
-        l->out_head = (piece_head){ tag, (uint32_t)rank, own * (uint64_t)cols };
-        l->out_len = sizeof l->out_head + own * (size_t)cols;
-        l->in_len = sizeof l->in_head + piece_bytes(nd, r);
-        l->in_data = scratch;
-        scratch += piece_bytes(nd, r);
+    if (!(job->resumed && g->active)) {       /* a new exchange (else: the one a yield left) */
+        for (int64_t c = 0; c < cols; c++)
+            memcpy(nd->dst.data + c * nd->dst.nb[1] + (size_t)bound[rank] * 4,
+                   nd->src[0].data + c * nd->src[0].nb[1], own);
+        g->active = 1;
+        g->active_tag = g->tag++;
+        g->idle_since = t0;
+        memset(g->out_done, 0, sizeof g->out_done);
+        memset(g->in_done, 0, sizeof g->in_done);
     }
-    const int64_t spin_until = gr_now_ns() + (int64_t)g->spin_us * 1000;
-    int64_t idle_since = gr_now_ns();
+    const uint32_t tag = g->active_tag;
+    const piece_head out = { tag, (uint32_t)rank, own * (uint64_t)cols };
+    const int64_t spin_until = t0 + (int64_t)g->spin_us * 1000;
     for (;;) {
         int moved = 0, done = 1;
-        for (int i = 0; i < nl; i++) {
-            link_state *l = &links[i];
-            if (step_send(l, nd->src[0].data, &moved) < 0 || step_recv(l, &moved) < 0) {
-                g->failed = 1;
-                gr_fail(job, GR_EXEC_EPEER, "the link to a peer closed or failed (errno %d)", errno);
+        char *scratch = job->wdata;
+        for (int r = 0; r < n; r++) {
+            if (r == rank) continue;
+            const uint64_t want = piece_bytes(nd, r), in_len = sizeof(piece_head) + want;
+            if (step_send(g->fds[r], &out, nd->src[0].data, sizeof out + out.nbytes, &g->out_done[r], &moved) < 0 ||
+                step_recv(g->fds[r], g->in_head[r], scratch, in_len, &g->in_done[r], &moved) < 0) {
+                fail(job, g, "the link to a peer closed or failed", r);
                 return;
             }
-            if (l->in_done >= sizeof l->in_head) {
-                const int r = i < rank ? i : i + 1;
-                if (l->in_head.tag != tag || l->in_head.rank != (uint32_t)r ||
-                    l->in_head.nbytes != l->in_len - sizeof l->in_head) {
-                    g->failed = 1;
-                    gr_fail(job, GR_EXEC_EPEER, "rank %d sent piece %u of rank %u (%llu bytes), expected "
-                            "piece %u (%llu bytes): the ranks' graphs differ", r, l->in_head.tag,
-                            l->in_head.rank, (unsigned long long)l->in_head.nbytes, tag,
-                            (unsigned long long)(l->in_len - sizeof l->in_head));
+            if (g->in_done[r] >= sizeof(piece_head)) {
+                piece_head in;
+                memcpy(&in, g->in_head[r], sizeof in);
+                if (in.tag != tag || in.rank != (uint32_t)r || in.nbytes != want) {
+                    fail(job, g, "a peer sent a piece the graph does not expect: the ranks' graphs differ", r);
                     return;
                 }
             }
-            done &= l->out_done == l->out_len && l->in_done == l->in_len;
+            done &= g->out_done[r] == sizeof out + out.nbytes && g->in_done[r] == in_len;
+            scratch += want;
         }
         if (done) break;
         const int64_t now = gr_now_ns();
-        if (moved) idle_since = now;
-        if (gr_canceled(job)) return;
-        if (now - idle_since > (int64_t)g->timeout_ms * 1000000) {
-            g->failed = 1;
-            gr_fail(job, GR_EXEC_EPEER, "no piece from a peer for %d ms", g->timeout_ms);
+        if (moved) g->idle_since = now;
+        if (gr_canceled(job)) {
+            g->active = 0;
+            return;
+        }
+        if (now - g->idle_since > (int64_t)g->timeout_ms * 1000000) {
+            fail(job, g, "no piece from a peer in time", -1);
             return;
         }
         if (moved || now < spin_until) continue;
-        struct pollfd pf[GR_PEERS_MAX];
-        for (int i = 0; i < nl; i++) {
-            pf[i].fd = links[i].fd;
-            pf[i].events = (short)((links[i].out_done < links[i].out_len ? POLLOUT : 0) |
-                                   (links[i].in_done < links[i].in_len ? POLLIN : 0));
-            pf[i].revents = 0;
+        if (gr_wait_pause(job)) {      /* another run waits for the pool: it goes first */
+            g->ns += gr_now_ns() - t0;
+            return;
         }
-        poll(pf, (nfds_t)nl, 50);   /* wakes to see a cancel request */
+        struct pollfd pf[GR_PEERS_MAX];
+        int np = 0;
+        for (int r = 0; r < n; r++) {
+            if (r == rank) continue;
+            pf[np].fd = g->fds[r];
+            pf[np].events = (short)((g->out_done[r] < sizeof out + out.nbytes ? POLLOUT : 0) |
+                                    (g->in_done[r] < sizeof(piece_head) + piece_bytes(nd, r) ? POLLIN : 0));
+            pf[np++].revents = 0;
+        }
+        poll(pf, (nfds_t)np, 10);   /* wakes to see a cancel or a yield request */
     }
-    scratch = job->wdata;
+    g->active = 0;
+    char *scratch = job->wdata;
     for (int r = 0; r < n; r++) {
         if (r == rank) continue;
         const size_t w = (size_t)(bound[r + 1] - bound[r]) * 4;
