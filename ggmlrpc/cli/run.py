@@ -49,6 +49,9 @@ def add_model_args(p: argparse.ArgumentParser) -> None:
                    help="with -sm layer over several servers, run a long prompt's micro-batches one "
                         "after the other (default: as a pipeline, each server working on its own "
                         "micro-batch at once)")
+    p.add_argument("--no-peers", dest="peers", action="store_false",
+                   help="with -sm row, combine the servers' results on this host even where the servers "
+                        "could swap them themselves (ggml-rpc-server --peers)")
     p.add_argument("-t", "--threads", type=int, default=None, help="local CPU threads")
     p.add_argument("-c", "--ctx-size", dest="ctx", type=int, default=0,
                    help="context size (default: 0, the model's)")
@@ -125,7 +128,7 @@ def load_model(a, progress=None):
                            n_threads=a.threads, flash_attn=a.fa != "off", timeout=a.timeout,
                            progress=progress, reconnect=a.reconnect, n_ubatch=a.ubatch,
                            n_seq=max(1, getattr(a, "parallel", 1)), split_mode=a.sm,
-                           pipeline=a.pipeline)
+                           pipeline=a.pipeline, peers=getattr(a, "peers", True))
     except VersionMismatch as e:
         raise CliError(str(e)) from None
     except ModelError as e:

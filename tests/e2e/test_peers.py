@@ -329,3 +329,18 @@ def test_a_peer_that_never_answers_stalls_no_one_else(tmp_path, monkeypatch):
     finally:
         for s in srvs:
             s.close()
+
+
+def test_cli_says_when_linked_and_no_peers_turns_it_off(tmp_path, linked, capfd):
+    from ggmlrpc.cli.main import main
+    eps, _ = linked
+    path = synth.write_model(tmp_path / "m.gguf", "llama", SHAPE, "f32", seed=7)
+    outs = []
+    for extra in ([], ["--no-peers"]):
+        capfd.readouterr()
+        assert main(["run", "-m", str(path), "--rpc", ",".join(eps[:2]), "-sm", "row", "-ts", "1,1",
+                     "-p", PROMPT, "-n", "6", "--temp", "0", *extra]) == 0
+        out, err = capfd.readouterr()
+        assert ("the 2 servers swap their results directly" in err) == (not extra)
+        outs.append(out)
+    assert outs[0] == outs[1] and len(outs[0]) > len(PROMPT)
