@@ -347,7 +347,7 @@ class Metrics:
 
         yield from self._commands(total, CounterMetricFamily, HistogramMetricFamily)
         yield from self._graphs(total, CounterMetricFamily)
-        n, secs = srv.peer_groups.totals() if hasattr(srv, "peer_groups") else (0, 0.0)
+        n, secs = srv.peer_groups.totals()
         yield CounterMetricFamily("ggmlrpc_peer_exchanges", "pieces swapped with linked servers (-sm row)",
                                   value=n)
         yield CounterMetricFamily("ggmlrpc_peer_exchange_seconds",

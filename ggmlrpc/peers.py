@@ -41,7 +41,6 @@ sees its connections close.
 """
 from __future__ import annotations
 
-import logging
 import socket
 import struct
 import threading
@@ -49,8 +48,6 @@ import threading
 from . import protocol
 from .errors import ProtocolError, ValidationError
 from .transport import Conn
-
-log = logging.getLogger("ggmlrpc.peers")
 
 PEER_CAPS = bytes(8) + b"ggmlrpc-peers/1\0"
 assert len(PEER_CAPS) == protocol.CONN_CAPS_SIZE

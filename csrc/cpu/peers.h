@@ -9,7 +9,6 @@
 #define GR_PEERS_MAX 16
 
 typedef struct gr_peers {
-    int32_t n, rank;
     int32_t fds[GR_PEERS_MAX];   /* the link to each rank (-1 for this one) */
     uint32_t tag;                /* the group's exchanges so far */
     int32_t failed;              /* set by the first failed exchange: the rest fail at once */

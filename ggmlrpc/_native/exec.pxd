@@ -73,7 +73,6 @@ cdef extern from "cpu/peers.h" nogil:
     enum:
         GR_PEERS_MAX
     ctypedef struct gr_peers:
-        int32_t n, rank
         int32_t fds[GR_PEERS_MAX]
         uint32_t tag
         int32_t failed

@@ -65,7 +65,6 @@ cdef class PeerLinks:
         if not 2 <= len(fds) <= GR_PEERS_MAX or not 0 <= rank < len(fds):
             raise ValueError(f"a peer group of {len(fds)} ranks (2..{GR_PEERS_MAX}), rank {rank}")
         memset(&self.g, 0, sizeof(gr_peers))
-        self.g.n, self.g.rank = len(fds), rank
         for i, fd in enumerate(fds):
             self.g.fds[i] = -1 if i == rank else fd
         self.g.timeout_ms, self.g.spin_us = timeout_ms, spin_us
@@ -73,10 +72,6 @@ cdef class PeerLinks:
     @property
     def address(self):
         return <uintptr_t>&self.g
-
-    @property
-    def failed(self):
-        return bool(self.g.failed)
 
     @property
     def exchanges(self):

@@ -33,6 +33,7 @@ from .. import builder as B
 from ..ggml import GGMLType, type_size, blck_size
 from .gguf_file import GGUFFile
 from .placement import Device, assign_layers
+from .rowsplit import linkable
 
 HOST_COMBINE_MS = 0.25
 PEER_EXCHANGE_MS = 0.05
@@ -138,8 +139,7 @@ def choose(f: GGUFFile, n_layer: int, remote: list[Device], shares: Sequence[flo
     if any(m.bytes_per_ms <= 0 for m in measured):
         return "layer", "a server could not hold the measuring buffer"
     layers = assign_layers(n_layer, n_gpu_layers, shares)
-    used = [d for d, s in zip(remote, shares) if s > 0]
-    linked = len({id(d.backend) for d in used}) == len(used) and all(getattr(d.backend, "peers", False) for d in used)
+    linked = linkable([d.backend for d, s in zip(remote, shares) if s > 0])
     t_layer, t_row = predict(measured, shares, layers, [layer_bytes(f, il) for il in range(n_layer)],
                              output_bytes(f), linked)
     speeds = ", ".join(f"{m.device.name} {m.rtt_ms:.2f} ms round trip, {m.bytes_per_ms / 1e6:.1f} GB/s"

@@ -57,6 +57,13 @@ SPLIT_MODES = ("layer", "row", "auto")
 COMBINES = ("gather", "reduce")
 
 
+def linkable(backends: list) -> bool:
+    """Whether these backends (one per device of a row split) can be linked into one
+    peer group (ggmlrpc.peers): each a server of its own that speaks the extension."""
+    return len({id(b) for b in backends}) == len(backends) <= peers.MAX_RANKS and \
+        all(getattr(b, "peers", False) for b in backends)
+
+
 def cuts(n: int, shares: Sequence[float], align: int = 1) -> list[tuple[int, int]]:
     """[start, end) of each share of n units, cut at multiples of `align`, by
     cumulative fractions (rounded)."""
@@ -208,8 +215,7 @@ class RowSplit:
         that a token is one graph per server whose pieces meet on the servers.
         Returns whether they are linked; the host combines them otherwise."""
         bes = [sh.stage.device.backend for sh in self.shards]
-        if self.combine != "gather" or len({id(b) for b in bes}) != len(bes) or \
-                not all(getattr(b, "peers", False) for b in bes) or len(bes) > peers.MAX_RANKS:
+        if self.combine != "gather" or not linkable(bes):
             return False
         token, eps = secrets.randbits(64), [b.endpoint for b in bes]
         answers = [b.request_peer_group(token, r, eps) for r, b in enumerate(bes)]
@@ -265,24 +271,11 @@ class RowSplit:
         x = c.inp.new(GGMLType.F32, (hp.n_embd, key[0]), "x")
         c.layer_inputs()
         for il in self.layers:
-            p = f"blk.{il}."
             o = c.attention(il, *c.qkv(il, c.norm(x, "attn_norm", il)), project=False)
             o = gather(o, hp.head_dim * hp.n_head, heads, f"heads-{il}")
-            cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
-            if p + "attn_output.bias" in w:
-                cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")
-            if il == hp.n_layer - 1 and c.out_ids is not None:
-                cur, x = B.get_rows(cur, c.out_ids), B.get_rows(x, c.out_ids)
-            ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
-            cur = c.norm(ffn_inp, "ffn_norm", il)
-            h = B.swiglu_split(B.mul_mat(w[p + "ffn_gate.weight"], cur, name=f"ffn_gate-{il}"),
-                               B.mul_mat(w[p + "ffn_up.weight"], cur, name=f"ffn_up-{il}"), name=f"ffn_glu-{il}")
+            ffn_inp, h = _mid(c, il, o, x, c.out_ids if il == hp.n_layer - 1 else None)
             h = gather(h, hp.n_ff, [s.ff for s in self.shards], f"ffn_h-{il}")
-            y = B.mul_mat(w[p + "ffn_down.weight"], h, name=f"ffn_out-{il}")
-            if p + "ffn_down.bias" in w:
-                y = B.add(y, w[p + "ffn_down.bias"], name=f"ffn_out-{il}")
-            e0, e1 = sh.embd
-            y = B.add(y, B.view(ffn_inp, (e1 - e0, ffn_inp.ne[1]), (4, 4 * hp.n_embd), 4 * e0), name=f"l_out-{il}")
+            y = _down(w, il, h, ffn_inp, sh.embd, ffn_inp.ne[1])
             x = gather(y, hp.n_embd, [s.embd for s in self.shards], f"l_out-{il}")
         y = c.output(x) if self.output else x
         c.g.expand(y, output=True)
@@ -294,7 +287,6 @@ class RowSplit:
         c = Ctx(self.arch, sh.hp, sh.stage, self.kv.cells, self.flash_attn, self.n_ctx, key, align)
         kind, il, hp, w = seg[0], seg[-1], self.hp, sh.stage.weights
         x = c.inp.new(GGMLType.F32, (hp.n_ff if kind == "down" else hp.n_embd, key[0]), "x")
-        p = f"blk.{il}."
         if kind in ("attn", "heads"):
             c.layer_inputs()
             y = c.attention(il, *c.qkv(il, c.norm(x, "attn_norm", il)), project=kind == "attn")
@@ -302,24 +294,12 @@ class RowSplit:
             y = c.ffn(il, c.norm(x, "ffn_norm", il))
         elif kind == "mid":    # x: the residual; o: every head's attention output
             o = c.inp.new(GGMLType.F32, (hp.head_dim * hp.n_head, key[0]), "o")
-            cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
-            if p + "attn_output.bias" in w:
-                cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")
-            if il == hp.n_layer - 1 and key[2] < key[0]:     # the rows that come out
-                ids = c.inp.new(GGMLType.I32, (key[2],), "out_ids")
-                cur, x = B.get_rows(cur, ids), B.get_rows(x, ids)
-            ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
+            ids = (c.inp.new(GGMLType.I32, (key[2],), "out_ids")      # the rows that come out
+                   if il == hp.n_layer - 1 and key[2] < key[0] else None)
+            ffn_inp, y = _mid(c, il, o, x, ids)
             c.g.expand(B.cpy(ffn_inp, B.view(sh.saved, ffn_inp.ne[:2])))
-            cur = c.norm(ffn_inp, "ffn_norm", il)
-            y = B.swiglu_split(B.mul_mat(w[p + "ffn_gate.weight"], cur, name=f"ffn_gate-{il}"),
-                               B.mul_mat(w[p + "ffn_up.weight"], cur, name=f"ffn_up-{il}"), name=f"ffn_glu-{il}")
         elif kind == "down":   # its rows of the layer's output: down x + the residual kept by "mid"
-            y = B.mul_mat(w[p + "ffn_down.weight"], x, name=f"ffn_out-{il}")
-            if p + "ffn_down.bias" in w:
-                y = B.add(y, w[p + "ffn_down.bias"], name=f"ffn_out-{il}")
-            e0, e1 = sh.embd
-            res = B.view(sh.saved, (e1 - e0, key[0]), (4, 4 * hp.n_embd), 4 * e0)
-            y = B.add(y, res, name=f"l_out-{il}")
+            y = _down(w, il, x, sh.saved, sh.embd, key[0])
         else:
             y = c.output(x)
         c.g.expand(y, output=True)
@@ -405,6 +385,34 @@ class RowSplit:
         for sh in self.shards:
             sh.stage.graphs.clear()
             sh.held = None
+
+
+def _mid(c: Ctx, il: int, o, x, ids):
+    """"gather"'s middle of layer il: the whole attention projection of every head's
+    output `o`, plus the residual `x` (their rows `ids` only, where given), then this
+    device's gate/up rows of the feed-forward. Returns (the sum, the hidden rows)."""
+    w, p = c.w, f"blk.{il}."
+    cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
+    if p + "attn_output.bias" in w:
+        cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")
+    if ids is not None:
+        cur, x = B.get_rows(cur, ids), B.get_rows(x, ids)
+    ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
+    cur = c.norm(ffn_inp, "ffn_norm", il)
+    return ffn_inp, B.swiglu_split(B.mul_mat(w[p + "ffn_gate.weight"], cur, name=f"ffn_gate-{il}"),
+                                   B.mul_mat(w[p + "ffn_up.weight"], cur, name=f"ffn_up-{il}"),
+                                   name=f"ffn_glu-{il}")
+
+
+def _down(w: dict, il: int, h, whole, embd: tuple[int, int], cols: int):
+    """"gather"'s end of layer il: this device's rows `embd` of the down projection of
+    the hidden rows `h`, plus the same rows of the residual `whole` (cols columns)."""
+    p, (e0, e1) = f"blk.{il}.", embd
+    y = B.mul_mat(w[p + "ffn_down.weight"], h, name=f"ffn_out-{il}")
+    if p + "ffn_down.bias" in w:
+        y = B.add(y, w[p + "ffn_down.bias"], name=f"ffn_out-{il}")
+    res = B.view(whole, (e1 - e0, cols), (4, 4 * whole.ne[0]), 4 * e0)
+    return B.add(y, res, name=f"l_out-{il}")
 
 
 def _cat(parts: list[np.ndarray]) -> np.ndarray:

@@ -73,10 +73,10 @@ static int step_recv(int fd, unsigned char *head, char *data, uint64_t len, uint
     return 0;
 }
 
-static void fail(gr_job *job, gr_peers *g, const char *what, int r) {
+/* a failed exchange ends the group: every later one fails at once */
+static void end_group(gr_peers *g) {
     g->failed = 1;
     g->active = 0;
-    gr_fail(job, GR_EXEC_EPEER, "%s (rank %d)", what, r);
 }
 
 void gr_k_peer_gather(gr_job *job, int phase) {
@@ -105,6 +105,7 @@ void gr_k_peer_gather(gr_job *job, int phase) {
     }
     const uint32_t tag = g->active_tag;
     const piece_head out = { tag, (uint32_t)rank, own * (uint64_t)cols };
+    const uint64_t out_len = sizeof out + out.nbytes;
     const int64_t spin_until = t0 + (int64_t)g->spin_us * 1000;
     for (;;) {
         int moved = 0, done = 1;
@@ -112,20 +113,23 @@ void gr_k_peer_gather(gr_job *job, int phase) {
         for (int r = 0; r < n; r++) {
             if (r == rank) continue;
             const uint64_t want = piece_bytes(nd, r), in_len = sizeof(piece_head) + want;
-            if (step_send(g->fds[r], &out, nd->src[0].data, sizeof out + out.nbytes, &g->out_done[r], &moved) < 0 ||
+            if (step_send(g->fds[r], &out, nd->src[0].data, out_len, &g->out_done[r], &moved) < 0 ||
                 step_recv(g->fds[r], g->in_head[r], scratch, in_len, &g->in_done[r], &moved) < 0) {
-                fail(job, g, "the link to a peer closed or failed", r);
+                end_group(g);
+                gr_fail(job, GR_EXEC_EPEER, "the link to rank %d closed or failed", r);
                 return;
             }
             if (g->in_done[r] >= sizeof(piece_head)) {
                 piece_head in;
                 memcpy(&in, g->in_head[r], sizeof in);
                 if (in.tag != tag || in.rank != (uint32_t)r || in.nbytes != want) {
-                    fail(job, g, "a peer sent a piece the graph does not expect: the ranks' graphs differ", r);
+                    end_group(g);
+                    gr_fail(job, GR_EXEC_EPEER, "rank %d sent a piece the graph does not expect: "
+                            "the ranks' graphs differ", r);
                     return;
                 }
             }
-            done &= g->out_done[r] == sizeof out + out.nbytes && g->in_done[r] == in_len;
+            done &= g->out_done[r] == out_len && g->in_done[r] == in_len;
             scratch += want;
         }
         if (done) break;
@@ -136,7 +140,8 @@ void gr_k_peer_gather(gr_job *job, int phase) {
             return;
         }
         if (now - g->idle_since > (int64_t)g->timeout_ms * 1000000) {
-            fail(job, g, "no piece from a peer in time", -1);
+            end_group(g);
+            gr_fail(job, GR_EXEC_EPEER, "no piece from a peer in %d ms", g->timeout_ms);
             return;
         }
         if (moved || now < spin_until) continue;
@@ -149,7 +154,7 @@ void gr_k_peer_gather(gr_job *job, int phase) {
         for (int r = 0; r < n; r++) {
             if (r == rank) continue;
             pf[np].fd = g->fds[r];
-            pf[np].events = (short)((g->out_done[r] < sizeof out + out.nbytes ? POLLOUT : 0) |
+            pf[np].events = (short)((g->out_done[r] < out_len ? POLLOUT : 0) |
                                     (g->in_done[r] < sizeof(piece_head) + piece_bytes(nd, r) ? POLLIN : 0));
             pf[np++].revents = 0;
         }
