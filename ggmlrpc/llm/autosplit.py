@@ -16,7 +16,7 @@ layers, a token is predicted to cost:
   server, taken as the host's) plus PEER_EXCHANGE_MS.
 
 `row` is chosen when it is predicted faster and the model can be cut (llama,
-qwen2 and qwen3 without experts, whole KV heads per device); else `layer`. The
+qwen2, qwen3 and qwen3moe, whole KV heads per device); else `layer`. The
 host's work per combine, HOST_COMBINE_MS, is bench/tensor_split.py's figure: our
 host's CPU time per token with `row` over the number of combines (8.5 ms / 37 on
 a 2-core Sapphire Rapids VM); PEER_EXCHANGE_MS is what an exchange between linked
@@ -134,7 +134,8 @@ def choose(f: GGUFFile, n_layer: int, remote: list[Device], shares: Sequence[flo
     if refusal:
         return "layer", refusal
     first = n_layer - min(n_gpu_layers, n_layer)
-    wtype = f.tensors[f"blk.{first}.ffn_up.weight"].type
+    up = f"blk.{first}.ffn_up.weight"
+    wtype = f.tensors[up if up in f.tensors else f"blk.{first}.ffn_up_exps.weight"].type
     measured = [measure(d, wtype) for d in remote]
     if any(m.bytes_per_ms <= 0 for m in measured):
         return "layer", "a server could not hold the measuring buffer"

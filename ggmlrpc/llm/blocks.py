@@ -306,20 +306,41 @@ class Ctx:
         their output where it has one (unless not `scales`: the shared expert's too). `oai` (gpt-oss): the chosen logits are soft-maxed among
         themselves and the experts use the clamped SwiGLU; gate and experts take their
         biases (ADD_ID) where the file has them."""
+        w, p = self.w, f"blk.{il}."
+        chosen, weights = self.route(il, cur, norm_w, oai, logits)
+        glu = self.experts_glu(il, cur, chosen, oai, act, scales)
+        down = self._expert_bias(il, B.mul_mat_id(w[p + "ffn_down_exps.weight"], glu, chosen,
+                                                  name=f"ffn_moe_down-{il}"), "ffn_down_exps", chosen, scales)
+        moe = self.sum_experts(il, B.mul(down, weights, name=f"ffn_moe_weighted-{il}"))
+        if p + "ffn_up_shexp.weight" not in w:
+            return moe
+        if p + "ffn_gate_inp_shexp.weight" not in w:
+            return B.add(moe, self.ffn(il, cur, suffix="_shexp", scales=scales), name=f"ffn_out-{il}")
+        gate_in = B.mul_mat(w[p + "ffn_gate_inp_shexp.weight"], cur, name=f"ffn_shexp_gate_inp-{il}")
+        shared_gate = (B.unary(GGMLUnaryOp.SIGMOID, gate_in, name=f"shared_expert_gate_sigmoid-{il}")
+                       if sigmoid_shexp else B.div(B.silu(gate_in), gate_in, name=f"ffn_shexp_gate-{il}"))
+        shared = B.mul(self.ffn(il, cur, suffix="_shexp", scales=scales), shared_gate, name=f"ffn_shexp_out-{il}")
+        return B.add(moe, shared, name=f"ffn_out-{il}")
+
+    def _expert_bias(self, il: int, t: Tensor, name: str, ids: Tensor | None, scales: bool = True) -> Tensor:
+        """t times the chosen experts' scale (stacked experts, unless not `scales`),
+        plus its bias (ADD_ID per expert), where the file has them."""
+        w, p = self.w, f"blk.{il}."
+        t = t if ids is None or not scales else self.scaled(t, name, il, ids)
+        b = w.get(p + name + ".bias")
+        if b is None:
+            return t
+        return B.add(t, b, name=t.name) if ids is None else B.add_id(t, b, ids, name=t.name)
+
+    def route(self, il: int, cur: Tensor, norm_w: bool = False, oai: bool = False,
+              logits: Tensor | None = None) -> tuple[Tensor, Tensor]:
+        """The router of Ctx.moe: the chosen experts (n_used, T) and their weights (1, n_used, T)."""
         hp, w, g = self.hp, self.w, self.g
         p = f"blk.{il}."
-        n_embd, T, k = cur.ne[0], cur.ne[1], hp.n_expert_used
-
-        def biased(t: Tensor, name: str, ids: Tensor | None = None) -> Tensor:
-            t = t if ids is None or not scales else self.scaled(t, name, il, ids)   # stacked: scale, then bias
-            b = w.get(p + name + ".bias")
-            if b is None:
-                return t
-            return B.add(t, b, name=t.name) if ids is None else B.add_id(t, b, ids, name=t.name)
-
+        T, k = cur.ne[1], hp.n_expert_used
         if logits is None:
-            logits = biased(B.mul_mat(w[p + "ffn_gate_inp.weight"], cur, name=f"ffn_moe_logits-{il}"),
-                            "ffn_gate_inp")
+            logits = self._expert_bias(il, B.mul_mat(w[p + "ffn_gate_inp.weight"], cur, name=f"ffn_moe_logits-{il}"),
+                                       "ffn_gate_inp", None)
         if oai:
             probs = logits
         elif hp.expert_gating == GATING_SIGMOID:
@@ -342,31 +363,25 @@ class Ctx:
         if hp.expert_weights_scale not in (0.0, 1.0):
             weights = B.scale(weights, hp.expert_weights_scale, name=f"ffn_moe_weights_scaled-{il}")
         g.expand(weights)
-        x = B.reshape(cur, (n_embd, 1, T))
+        return chosen, weights
+
+    def experts_glu(self, il: int, cur: Tensor, chosen: Tensor, oai: bool = False,
+                    act: int = GGMLGluOp.SWIGLU, scales: bool = True) -> Tensor:
+        """The chosen experts' gated hidden rows (n_ff_exp, n_used, T), before their down matrix."""
+        w, p = self.w, f"blk.{il}."
+        x = B.reshape(cur, (cur.ne[0], 1, cur.ne[1]))
         if p + "ffn_gate_up_exps.weight" in w:
             both = B.mul_mat_id(w[p + "ffn_gate_up_exps.weight"], x, chosen, name=f"ffn_moe_gate_up-{il}")
             n_ff = both.ne[0] // 2
             gate, up = (B.view(both, (n_ff, *both.ne[1:3]), both.nb[:3], at * n_ff * both.nb[0])
                         for at in (0, 1))
         else:
-            up = biased(B.mul_mat_id(w[p + "ffn_up_exps.weight"], x, chosen, name=f"ffn_moe_up-{il}"),
-                        "ffn_up_exps", chosen)
-            gate = biased(B.mul_mat_id(w[p + "ffn_gate_exps.weight"], x, chosen, name=f"ffn_moe_gate-{il}"),
-                          "ffn_gate_exps", chosen)
-        glu = (B.swiglu_oai(gate, up, 1.702, 7.0, name=f"ffn_moe_swiglu_oai-{il}") if oai
-               else B.glu_split(act, gate, up, name=f"ffn_moe_glu-{il}"))
-        down = biased(B.mul_mat_id(w[p + "ffn_down_exps.weight"], glu, chosen, name=f"ffn_moe_down-{il}"),
-                      "ffn_down_exps", chosen)
-        moe = self.sum_experts(il, B.mul(down, weights, name=f"ffn_moe_weighted-{il}"))
-        if p + "ffn_up_shexp.weight" not in w:
-            return moe
-        if p + "ffn_gate_inp_shexp.weight" not in w:
-            return B.add(moe, self.ffn(il, cur, suffix="_shexp", scales=scales), name=f"ffn_out-{il}")
-        gate_in = B.mul_mat(w[p + "ffn_gate_inp_shexp.weight"], cur, name=f"ffn_shexp_gate_inp-{il}")
-        shared_gate = (B.unary(GGMLUnaryOp.SIGMOID, gate_in, name=f"shared_expert_gate_sigmoid-{il}")
-                       if sigmoid_shexp else B.div(B.silu(gate_in), gate_in, name=f"ffn_shexp_gate-{il}"))
-        shared = B.mul(self.ffn(il, cur, suffix="_shexp", scales=scales), shared_gate, name=f"ffn_shexp_out-{il}")
-        return B.add(moe, shared, name=f"ffn_out-{il}")
+            up = self._expert_bias(il, B.mul_mat_id(w[p + "ffn_up_exps.weight"], x, chosen, name=f"ffn_moe_up-{il}"),
+                                   "ffn_up_exps", chosen, scales)
+            gate = self._expert_bias(il, B.mul_mat_id(w[p + "ffn_gate_exps.weight"], x, chosen,
+                                                      name=f"ffn_moe_gate-{il}"), "ffn_gate_exps", chosen, scales)
+        return (B.swiglu_oai(gate, up, 1.702, 7.0, name=f"ffn_moe_swiglu_oai-{il}") if oai
+                else B.glu_split(act, gate, up, name=f"ffn_moe_glu-{il}"))
 
     def sum_experts(self, il: int, experts: Tensor) -> Tensor:
         """The chosen experts' outputs (n_embd, n_used, T) summed, in llama.cpp's order."""

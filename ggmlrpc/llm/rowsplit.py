@@ -5,7 +5,11 @@ ggml-rpc-server is a worker too).
 Each device (a Shard) holds a slice of every offloaded layer: the query, key and
 value rows of its group of KV heads (and the KV cache of those heads only), the
 feed-forward's hidden rows (gate and up) and the output layer's vocabulary rows;
-norms, rope factors and per-head norms are copied to every device. The results
+norms, rope factors and per-head norms are copied to every device. Routed experts
+(Mixtral-style llama, qwen3moe) are cut as the dense feed-forward is, every expert
+by its hidden rows (and by "gather"'s rows of its down matrix), the router whole
+on every device: each device picks the same experts and weights, and sums its rows
+of the chosen experts' outputs in llama.cpp's order. The results
 come back to the host (GET_TENSOR from every server, then what it made of them
 goes out with the next segment's SET_TENSOR; every server is asked before the
 host waits for any, and each server's inputs, graph and read leave in one write).
@@ -18,12 +22,15 @@ Two ways to combine (`combine`):
   heads); then the whole attention output projection (every device computes it
   all: 1/12 of a llama layer's weights, one combine fewer), the residual, and
   its gate/up rows; then its rows of the down matrix plus the residual (kept on
-  the device between the two in a small buffer of its own).
+  the device between the two in a small buffer of its own). With routed experts
+  the last segment runs the router again on that residual (the same choice) for
+  the chosen experts and their weights.
 - "reduce": the output projections are cut by their input columns (the heads'
   columns, the hidden rows' columns), each device sends its partial sum and the
   host adds them and the residual: two combines per layer (after attention,
   after the feed-forward), but a different order of additions, which quantized
   activations (Q8_0's 8-bit rounding of the next input) can magnify past NMSE 1e-6.
+  Dense feed-forwards only.
 
 The output layer's rows are gathered in both. In "reduce" only the first device
 adds the projections' biases.
@@ -76,11 +83,13 @@ def cuts(n: int, shares: Sequence[float], align: int = 1) -> list[tuple[int, int
 
 
 def cut_tensor(ti: TensorInfo, axis: int, a: int, b: int) -> TensorInfo:
-    """Rows [a, b) of a matrix (axis 1) or elements [a, b) of every row (axis 0)."""
+    """Rows [a, b) of a matrix, of every matrix of a stack (axis 1), or elements [a, b)
+    of every row (axis 0)."""
     rows = ti.ne[1] * ti.ne[2] * ti.ne[3]
     raw = ti.data.reshape(rows, ti.nbytes // rows)
-    if axis == 1:
-        return TensorInfo(ti.name, ti.type, (ti.ne[0], b - a, 1, 1), raw[a:b].reshape(-1))
+    if axis == 1:     # of each matrix of a stack (the experts')
+        part = raw.reshape(rows // ti.ne[1], ti.ne[1], -1)[:, a:b]
+        return TensorInfo(ti.name, ti.type, (ti.ne[0], b - a, *ti.ne[2:]), np.ascontiguousarray(part).reshape(-1))
     bs, ts = blck_size(ti.type), type_size(ti.type)
     if a % bs or b % bs:
         raise ModelError(f"-sm row: {ti.name} cannot be cut at column {a if a % bs else b} "
@@ -104,15 +113,41 @@ class Shard:
     saved: object = None       # "gather": the residual a layer's last segment adds (n_embd x n_ubatch)
 
 
-ROW_ARCHS = ("llama", "qwen2", "qwen3")   # llama's layer, nothing added to it
+ROW_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe")   # llama's layer, nothing added to it
+# what a layer of routed experts may hold to be cut (each expert by its rows)
+EXPERT_TENSORS = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
+                  "exp_probs_b.bias")
+
+
+def ff_width(hp: HParams, f: GGUFFile, layers: list[int]) -> int:
+    """The feed-forward rows cut over the devices: each expert's where the layers
+    have routed experts, else the dense feed-forward's."""
+    t = f.tensors.get(f"blk.{layers[0]}.ffn_gate_exps.weight") if layers else None
+    return t.ne[1] if t is not None else hp.n_ff
+
+
+def _moe_refusal(arch, f: GGUFFile, layers: list[int], combine: str) -> str | None:
+    """Why these layers' routed experts cannot be cut (None: they can): every expert
+    is cut by its rows as a dense feed-forward is by "gather", so "reduce" and
+    anything beside the router and the stacked experts (a shared expert, biases,
+    merged gate and up) are left to -sm layer."""
+    if combine != "gather":
+        return "-sm row cuts routed experts with the gather combine only"
+    for il in layers:
+        extra = [n for n in f.tensors if n.startswith(f"blk.{il}.ffn_") or n.startswith(f"blk.{il}.exp_")]
+        extra = [n for n in extra if n.split(".", 2)[-1] not in EXPERT_TENSORS + ("ffn_norm.weight",)]
+        if extra or f"blk.{il}.ffn_gate_exps.weight" not in f.tensors:
+            return (f"-sm row cannot cut layer {il}'s feed-forward ({', '.join(extra) or 'not routed experts'}); "
+                    f"use -sm layer")
+    return None
 
 
 def _cuts(hp: HParams, f: GGUFFile, layers: list[int], shares: Sequence[float], combine: str) -> list[list]:
     """Each device's KV heads, feed-forward rows, embedding rows and vocabulary rows."""
     shares = [s for s in shares if s > 0]
-    ff_align = 1 if combine == "gather" else max(blck_size(f.tensors[f"blk.{il}.ffn_down.weight"].type)
-                                                 for il in layers)
-    return [cuts(hp.n_head_kv, shares), cuts(hp.n_ff, shares, ff_align), cuts(hp.n_embd, shares),
+    ff_align = 1 if combine == "gather" or hp.n_expert else max(
+        blck_size(f.tensors[f"blk.{il}.ffn_down.weight"].type) for il in layers)
+    return [cuts(hp.n_head_kv, shares), cuts(ff_width(hp, f, layers), shares, ff_align), cuts(hp.n_embd, shares),
             cuts(hp.n_vocab, shares)]
 
 
@@ -120,11 +155,13 @@ def refusal(arch, hp: HParams, f: GGUFFile, layers: list[int], shares: Sequence[
             combine: str = "gather") -> str | None:
     """Why these layers of this model cannot be cut over devices of these shares
     (None: they can)."""
-    if arch.name not in ROW_ARCHS or hp.n_expert or hp.n_swa or any(
+    if arch.name not in ROW_ARCHS or hp.n_swa or any(
             f"blk.{il}.attn_qkv.weight" in f.tensors for il in layers) or any(
             name.endswith(".scale") for name in f.tensors):
         return (f"-sm row does not support architecture {arch.name!r} "
-                f"(llama, qwen2 and qwen3 without experts only); use -sm layer")
+                f"(llama, qwen2, qwen3 and qwen3moe only); use -sm layer")
+    if hp.n_expert and (why := _moe_refusal(arch, f, layers, combine)):
+        return why
     kept = [s for s in shares if s > 0]
     for what, cs in zip(("KV heads", "feed-forward rows", "rows", "vocabulary rows"),
                         _cuts(hp, f, layers, shares, combine)):
@@ -150,6 +187,10 @@ class RowSplit:
         keep = [i for i, s in enumerate(shares) if s > 0]
         devices, shares = [devices[i] for i in keep], [shares[i] for i in keep]
         self.arch, self.hp, self.file, self.kv = arch, hp, f, kv
+        self.n_ff = ff_width(hp, f, layers)      # the rows of the feed-forward (of each expert) cut
+        self.n_used = hp.n_expert_used if hp.n_expert else 1   # hidden columns per token
+        # the router's renormalized weights, as the architecture's layer has them
+        self.norm_w = bool(getattr(arch.layer, "keywords", {}).get("norm_w", False))
         self.layers, self.output, self.flash_attn, self.n_ctx = layers, output, flash_attn, n_ctx
         group = hp.n_head // hp.n_head_kv
         kv_cuts, ff_cuts, embd_cuts, vocab_cuts = _cuts(hp, f, layers, shares, combine)
@@ -176,7 +217,10 @@ class RowSplit:
                  "ffn_gate.weight": (1, *sh.ff), "ffn_up.weight": (1, *sh.ff), "ffn_down.weight": (0, *sh.ff)}
         if self.combine == "gather":      # the whole attention projection; the down matrix's rows
             del rules["attn_output.weight"]
-            rules.update({"ffn_down.weight": (1, *sh.embd), "ffn_down.bias": (0, *sh.embd)})
+            rules.update({"ffn_down.weight": (1, *sh.embd), "ffn_down.bias": (0, *sh.embd),
+                          # each expert as a dense feed-forward; the router whole
+                          "ffn_gate_exps.weight": (1, *sh.ff), "ffn_up_exps.weight": (1, *sh.ff),
+                          "ffn_down_exps.weight": (1, *sh.embd)})
         for n in stage_weights(self.arch, self.hp, sh.stage, f.tensors):
             ti, tail = f.tensors[n], n.split(".", 2)[-1]
             if tail in ("attn_output.bias", "ffn_down.bias") and not sh.first and self.combine == "reduce":
@@ -257,7 +301,7 @@ class RowSplit:
         its feed-forward rows and its output rows. Every server ends with the whole
         residual; with the output layer, each its vocabulary rows of the logits."""
         c = Ctx(self.arch, sh.hp, sh.stage, self.kv.cells, self.flash_attn, self.n_ctx, key, align)
-        hp, w, rank = self.hp, sh.stage.weights, self.shards.index(sh)
+        hp, rank = self.hp, self.shards.index(sh)
         group = hp.n_head // hp.n_head_kv
 
         def gather(t, n, cut, name):
@@ -273,9 +317,9 @@ class RowSplit:
         for il in self.layers:
             o = c.attention(il, *c.qkv(il, c.norm(x, "attn_norm", il)), project=False)
             o = gather(o, hp.head_dim * hp.n_head, heads, f"heads-{il}")
-            ffn_inp, h = _mid(c, il, o, x, c.out_ids if il == hp.n_layer - 1 else None)
-            h = gather(h, hp.n_ff, [s.ff for s in self.shards], f"ffn_h-{il}")
-            y = _down(w, il, h, ffn_inp, sh.embd, ffn_inp.ne[1])
+            ffn_inp, h, route = _mid(c, il, o, x, c.out_ids if il == hp.n_layer - 1 else None, self.norm_w)
+            h = gather(h, self.n_ff, [s.ff for s in self.shards], f"ffn_h-{il}")
+            y = _down(c, il, h, ffn_inp, sh.embd, ffn_inp.ne[1], route)
             x = gather(y, hp.n_embd, [s.embd for s in self.shards], f"l_out-{il}")
         y = c.output(x) if self.output else x
         c.g.expand(y, output=True)
@@ -285,8 +329,9 @@ class RowSplit:
         """One segment: attention of layer il, or its feed-forward (each up to the
         device's partial output projection), or the output layer's rows."""
         c = Ctx(self.arch, sh.hp, sh.stage, self.kv.cells, self.flash_attn, self.n_ctx, key, align)
-        kind, il, hp, w = seg[0], seg[-1], self.hp, sh.stage.weights
-        x = c.inp.new(GGMLType.F32, (hp.n_ff if kind == "down" else hp.n_embd, key[0]), "x")
+        kind, il, hp = seg[0], seg[-1], self.hp
+        x = c.inp.new(GGMLType.F32, (self.n_ff, self.n_used * key[0]) if kind == "down" else (hp.n_embd, key[0]),
+                      "x")
         if kind in ("attn", "heads"):
             c.layer_inputs()
             y = c.attention(il, *c.qkv(il, c.norm(x, "attn_norm", il)), project=kind == "attn")
@@ -296,10 +341,13 @@ class RowSplit:
             o = c.inp.new(GGMLType.F32, (hp.head_dim * hp.n_head, key[0]), "o")
             ids = (c.inp.new(GGMLType.I32, (key[2],), "out_ids")      # the rows that come out
                    if il == hp.n_layer - 1 and key[2] < key[0] else None)
-            ffn_inp, y = _mid(c, il, o, x, ids)
+            ffn_inp, y, _ = _mid(c, il, o, x, ids, self.norm_w)
             c.g.expand(B.cpy(ffn_inp, B.view(sh.saved, ffn_inp.ne[:2])))
         elif kind == "down":   # its rows of the layer's output: down x + the residual kept by "mid"
-            y = _down(w, il, x, sh.saved, sh.embd, key[0])
+            route = None
+            if hp.n_expert:    # the router again, on the residual "mid" kept (the same choice)
+                route = c.route(il, c.norm(B.view(sh.saved, (hp.n_embd, key[0])), "ffn_norm", il), self.norm_w)
+            y = _down(c, il, x, sh.saved, sh.embd, key[0], route)
         else:
             y = c.output(x)
         c.g.expand(y, output=True)
@@ -350,7 +398,7 @@ class RowSplit:
                 o = _cat(self._combine(("heads", il), key, dict(values, x=x)))
                 h = _cat(self._combine(("mid", il), (T, key[1], n_out if il == last else T, *key[3:]),
                                        {"x": x, "o": o, "out_ids": out_ids}))
-                R = h.shape[0]
+                R = h.shape[0] // self.n_used
                 x = _cat(self._combine(("down", il), (R, key[1], R, *key[3:]), {"x": h}))
                 continue
             if il == last and n_out < T:
@@ -387,10 +435,12 @@ class RowSplit:
             sh.held = None
 
 
-def _mid(c: Ctx, il: int, o, x, ids):
+def _mid(c: Ctx, il: int, o, x, ids, norm_w: bool = False):
     """"gather"'s middle of layer il: the whole attention projection of every head's
     output `o`, plus the residual `x` (their rows `ids` only, where given), then this
-    device's gate/up rows of the feed-forward. Returns (the sum, the hidden rows)."""
+    device's gate/up rows of the feed-forward, or of each chosen expert (the router
+    whole on every device: each makes the same choice). Returns (the sum, the
+    hidden rows (rows, n_used x tokens), the router's (chosen, weights) or None)."""
     w, p = c.w, f"blk.{il}."
     cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
     if p + "attn_output.bias" in w:
@@ -399,18 +449,29 @@ def _mid(c: Ctx, il: int, o, x, ids):
         cur, x = B.get_rows(cur, ids), B.get_rows(x, ids)
     ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
     cur = c.norm(ffn_inp, "ffn_norm", il)
+    if c.hp.n_expert:
+        route = c.route(il, cur, norm_w)
+        h = c.experts_glu(il, cur, route[0])
+        return ffn_inp, B.reshape(h, (h.ne[0], h.ne[1] * h.ne[2])), route
     return ffn_inp, B.swiglu_split(B.mul_mat(w[p + "ffn_gate.weight"], cur, name=f"ffn_gate-{il}"),
                                    B.mul_mat(w[p + "ffn_up.weight"], cur, name=f"ffn_up-{il}"),
-                                   name=f"ffn_glu-{il}")
+                                   name=f"ffn_glu-{il}"), None
 
 
-def _down(w: dict, il: int, h, whole, embd: tuple[int, int], cols: int):
+def _down(c: Ctx, il: int, h, whole, embd: tuple[int, int], cols: int, route=None):
     """"gather"'s end of layer il: this device's rows `embd` of the down projection of
-    the hidden rows `h`, plus the same rows of the residual `whole` (cols columns)."""
-    p, (e0, e1) = f"blk.{il}.", embd
-    y = B.mul_mat(w[p + "ffn_down.weight"], h, name=f"ffn_out-{il}")
-    if p + "ffn_down.bias" in w:
-        y = B.add(y, w[p + "ffn_down.bias"], name=f"ffn_out-{il}")
+    the hidden rows `h` (of each chosen expert, weighted and summed in llama.cpp's
+    order, with `route`), plus the same rows of the residual `whole` (cols columns)."""
+    w, p, (e0, e1) = c.w, f"blk.{il}.", embd
+    if route is not None:
+        chosen, weights = route
+        h = B.reshape(h, (h.ne[0], chosen.ne[0], cols))
+        y = B.mul_mat_id(w[p + "ffn_down_exps.weight"], h, chosen, name=f"ffn_moe_down-{il}")
+        y = c.sum_experts(il, B.mul(y, weights, name=f"ffn_moe_weighted-{il}"))
+    else:
+        y = B.mul_mat(w[p + "ffn_down.weight"], h, name=f"ffn_out-{il}")
+        if p + "ffn_down.bias" in w:
+            y = B.add(y, w[p + "ffn_down.bias"], name=f"ffn_out-{il}")
     res = B.view(whole, (e1 - e0, cols), (4, 4 * whole.ne[0]), 4 * e0)
     return B.add(y, res, name=f"l_out-{il}")
 

@@ -29,13 +29,15 @@ def linked():
         s.close()
 
 
-@pytest.mark.parametrize("dtype", ["f32", "q8_0"])
-def test_linked_servers_give_the_hosts_logits(tmp_path, linked, dtype):
+@pytest.mark.parametrize("arch,dtype", [("llama", "f32"), ("llama", "q8_0"), ("qwen3moe", "f32"),
+                                        ("llama-moe", "q8_0")])
+def test_linked_servers_give_the_hosts_logits(tmp_path, linked, arch, dtype):
     """Bit for bit the logits of the host's combines ("gather" cuts the same way),
     so within NMSE 1e-6 of one device: 2 and 3 servers, equal and unequal -ts, with and
-    without flash attention, layers and the output layer left on the CPU."""
+    without flash attention, layers and the output layer left on the CPU; dense
+    feed-forwards and routed experts (each expert cut by its rows)."""
     eps, _ = linked
-    path = synth.write_model(tmp_path / "m.gguf", "llama", SHAPE, dtype, seed=7)
+    path = synth.write_model(tmp_path / "m.gguf", arch, SHAPE, dtype, seed=7)
     for fa in (True, False):
         one = logits(path, n_gpu_layers=0, flash_attn=fa)
         for kw in (dict(rpc=eps[:2], tensor_split=[1, 1]), dict(rpc=eps[:2], tensor_split=[3, 1]),

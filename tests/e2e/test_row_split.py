@@ -27,7 +27,8 @@ def logits(path, **kw) -> list[np.ndarray]:
         return out
 
 
-@pytest.mark.parametrize("arch,dtype", [("llama", "f32"), ("llama", "q8_0"), ("qwen2", "q8_0"), ("qwen3", "q8_0")])
+@pytest.mark.parametrize("arch,dtype", [("llama", "f32"), ("llama", "q8_0"), ("qwen2", "q8_0"), ("qwen3", "q8_0"),
+                                        ("qwen3moe", "f32"), ("llama-moe", "q8_0")])
 def test_row_split_logits_match_one_device(tmp_path, servers, arch, dtype):
     path = synth.write_model(tmp_path / f"{arch}.gguf", arch, SHAPE, dtype, seed=5)
     for fa in (True, False):
@@ -57,9 +58,12 @@ def test_row_split_places_the_heads(tmp_path, servers):
 
 
 def test_row_split_errors(tmp_path, servers, capsys):
-    moe = synth.write_model(tmp_path / "moe.gguf", "qwen3moe", SHAPE, "f32", seed=5)
+    moe = synth.write_model(tmp_path / "moe.gguf", "qwen2moe", SHAPE, "f32", seed=5)   # a shared expert
     with pytest.raises(ModelError, match="-sm row does not support"):
         Model.load(moe, rpc=servers, split_mode="row")
+    routed = synth.write_model(tmp_path / "routed.gguf", "qwen3moe", SHAPE, "f32", seed=5)
+    with pytest.raises(ModelError, match="routed experts with the gather combine only"):
+        Model.load(routed, rpc=servers, split_mode="row", row_combine="reduce")
     llama = synth.write_model(tmp_path / "llama.gguf", "llama",
                               synth.ModelShape(n_layer=2, n_embd=64, n_ff=128, n_head=4, n_head_kv=1), "f32")
     with pytest.raises(ModelError, match="KV heads cannot be cut over 2 devices"):
@@ -68,7 +72,7 @@ def test_row_split_errors(tmp_path, servers, capsys):
         Model.load(llama, split_mode="column")
     assert main(["run", "-m", str(moe), "--rpc", ",".join(servers), "-sm", "row", "-p", "hi", "-n", "2"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error:") and "-sm row does not support architecture 'qwen3moe'" in err
+    assert err.startswith("error:") and "-sm row does not support architecture 'qwen2moe'" in err
     assert "Traceback" not in err
 
 
@@ -129,9 +133,9 @@ def test_auto_split_says_what_it_chose_and_runs_it(tmp_path, servers, capfd):
 
 
 def test_auto_split_keeps_layer_where_rows_cannot_be_cut(tmp_path, servers):
-    moe = synth.write_model(tmp_path / "moe.gguf", "qwen3moe", SHAPE, "f32", seed=5)
+    moe = synth.write_model(tmp_path / "moe.gguf", "qwen2moe", SHAPE, "f32", seed=5)
     llama = synth.write_model(tmp_path / "llama.gguf", "llama", SHAPE, "f32", seed=5)
-    for path, kw, why in ((moe, dict(rpc=servers), "-sm row does not support architecture 'qwen3moe'"),
+    for path, kw, why in ((moe, dict(rpc=servers), "-sm row does not support architecture 'qwen2moe'"),
                           (llama, dict(rpc=servers[:1]), "fewer than two servers"),
                           (llama, dict(rpc=servers, reconnect=5), "--reconnect needs -sm layer"),
                           (llama, dict(rpc=servers, n_gpu_layers=0), "fewer than two servers")):

@@ -67,3 +67,33 @@ def test_llama_cpp_sees_plain_v7_on_both_sides(ref_bin, models, server_proc, ref
     c, d = ref_server("-t", "1"), ref_server("-t", "1")
     mine = ours(models["q8_0"], ["--rpc", f"{c.endpoint},{d.endpoint}", "-sm", "row", "-ts", "1,1"], capfdbinary)
     assert same_text(mine, ref)
+
+
+@pytest.fixture(scope="module")
+def moe_models(tmp_path_factory, ref_bin):
+    """Routed experts: Mixtral-style (llama) and qwen3moe, F32 and Q8_0."""
+    d = tmp_path_factory.mktemp("row-moe")
+    shape = synth.ModelShape(n_layer=3, n_embd=256, n_ff=512, n_head=8, n_head_kv=4)
+    out = {}
+    for arch in ("llama-moe", "qwen3moe"):
+        f32 = synth.write_model(d / f"{arch}-f32.gguf", arch, shape, "f32", seed=11)
+        out[arch, "f32"] = f32
+        out[arch, "q8_0"] = synth.quantize(ref_bin / "llama-quantize", f32, d / f"{arch}-q8_0.gguf", "Q8_0")
+    return out
+
+
+@pytest.mark.parametrize("arch", ["llama-moe", "qwen3moe"])
+def test_row_split_cuts_every_expert(ref_bin, moe_models, arch, server_proc, ref_server, capfdbinary):
+    """Each expert cut by its rows over two of our servers (-ts 1,1 and 3,1), over
+    llama.cpp's own servers (MUL_MAT_ID on the cut experts, plain v7) and over
+    linked servers: llama-completion's text each time."""
+    ours_ = [server_proc("-t", "1") for _ in range(2)]
+    theirs = [ref_server("-t", "1") for _ in range(2)]
+    linked = [server_proc("-t", "1", "--peers") for _ in range(2)]
+    for kind in ("f32", "q8_0"):
+        m = moe_models[arch, kind]
+        ref = completion(ref_bin, m, ["-ngl", "0", "-t", "2"])
+        for srv, ts in ((ours_, "1,1"), (ours_, "3,1"), (theirs, "1,1"), (linked, "1,1")):
+            eps = ",".join(s.endpoint for s in srv)
+            mine = ours(m, ["--rpc", eps, "-sm", "row", "-ts", ts], capfdbinary)
+            assert same_text(mine, ref), (kind, ts, srv is theirs, srv is linked)
