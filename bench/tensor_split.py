@@ -164,11 +164,12 @@ def summarize(row: dict, runs: dict[str, list], pairs) -> dict:
 
 def cases(args):
     """(reference bin, shape, type, model file, round trip) of each case of `args`:
-    the generated bench model (12 layers, width 1024) in each type, each --rtt-ms."""
+    the generated bench model (12 layers, width 1024; --arch: a synth model name,
+    llama-moe for Mixtral-style experts) in each type, each --rtt-ms."""
     ref = lb.reference_bin()
     shape = lb.model_shape(SimpleNamespace(layers=12, embd=1024, ff=2816))
     for qtype in args.types:
-        m = lb.model(ref, qtype, shape)
+        m = lb.model(ref, qtype, shape, args.arch)
         for rtt in args.rtt_ms:
             yield ref, shape, qtype, m, rtt
 
@@ -189,6 +190,7 @@ def table(results: list[dict], columns: list[tuple[str, str]], what: str, json_p
 def add_round_args(ap: argparse.ArgumentParser, timeout: float = 600) -> None:
     """The options of a bench that runs rounds on two pinned servers against llama-bench."""
     ap.add_argument("--types", nargs="+", default=["Q8_0"])
+    ap.add_argument("--arch", default="llama", help="the generated model: llama, or llama-moe (routed experts)")
     ap.add_argument("--rounds", type=int, default=2)
     ap.add_argument("--rtt-ms", nargs="+", type=float, default=[0.0])
     ap.add_argument("--no-reference", action="store_true", help="skip llama-bench")
