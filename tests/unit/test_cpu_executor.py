@@ -238,7 +238,8 @@ def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
     rows4 kernel, Q5_K, the 4xn kernel takes it too), in two src1 batches, weight
     rows not a multiple of four (a short last quad), in chunks shared by threads or
     one share each, an infinite activation (Q8_0 -128s, the sign trick's
-    wrap-around): every output is the one vec_dot of its row."""
+    wrap-around, where the VNNI kernel's offset form with the activations' lane sums
+    steps aside for that block): every output is the one vec_dot of its row."""
     from ggmlrpc._native import quants
     from tests.ops.test_quants import random_blocks
     rng = np.random.default_rng(seed)

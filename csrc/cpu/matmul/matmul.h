@@ -65,12 +65,18 @@ void gr_wpanel_gemm(int32_t type, int64_t nb, const void *panel, const void *act
  * an expert's run (MUL_MAT_ID). */
 #define GR_MM_CHUNK_ROWS 16
 
+/* The activation sums a MUL_MAT node keeps: Q4_0's one-column kernel's
+ * (ggmlrpc_q4_0_act_sums), or the small-batch kernel's (ggmlrpc_4xn_act_sums). */
+#define GR_SUMS_Q4_0 1
+#define GR_SUMS_4XN 2
+
 /* The scratch of a MUL_MAT or MUL_MAT_ID node, one layout for both (offsets in
  * bytes from wdata, each part 64-byte aligned):
  *
  *   [0, conv)                   src1 rows converted to the vec_dot type
  *                               (iparams[2] bytes each; 0 when already that type)
- *   [sums, +sums_bytes)         MUL_MAT, Q4_0 x Q8_0 in vec_dot order: the
+ *   [sums, +sums_bytes)         MUL_MAT, Q4_0 x Q8_0 in vec_dot order, or
+ *                               Q8_0/Q4_0/Q5_0 small batches (AVX-512 VNNI): the
  *                               activation rows' per-block lane sums
  *   [panels, panels_end)        runs of eight columns as panels: panel_block bytes
  *                               per block (ggmlrpc_panel_bytes, or GR_KPANEL_BYTES
@@ -94,7 +100,7 @@ void gr_wpanel_gemm(int32_t type, int64_t nb, const void *panel, const void *act
  * (gr_mm_scratch_has). */
 typedef struct gr_mm_scratch {
     size_t conv;
-    int q4_sums;              /* MUL_MAT keeps Q4_0 activation sums */
+    int q4_sums;              /* MUL_MAT keeps activation sums: GR_SUMS_* (0: none) */
     size_t sums, sums_bytes;
     size_t panel_block;       /* 0: no panels */
     int kpanel;               /* the panels are K panels (and threads hold K-panel rows) */

@@ -22,7 +22,8 @@
  * (ggmlrpc_get_vec_dot_rows4), fetching the weights ahead of use; small batches (2
  * to 7 columns, and Q8_0/Q4_0/Q5_0 up to GR_MM_SMALL_BATCH - 1 on AVX-512 VNNI) four
  * weight rows against up to eight columns (ggmlrpc_get_vec_dot_4xn), each weight
- * block unpacked once for them. Weight rows go to threads in chunks handed out one
+ * block unpacked once for them (on AVX-512 VNNI in its offset form, with the
+ * activations' lane sums kept in scratch: ggmlrpc_get_vec_dot_4xn_sums). Weight rows go to threads in chunks handed out one
  * at a time.
  */
 #include <math.h>
@@ -62,12 +63,20 @@ static inline const char *mm_act(const gr_job *job, const mm_ctx *c, int64_t col
                    : c->s1->data + i11 * c->s1->nb[1] + i12 * c->s1->nb[2] + i13 * c->s1->nb[3];
 }
 
-/* the Q4_0 activation lane sums, where this run keeps them and the plan made room
+/* the activation lane sums, where this run keeps them and the plan made room
  * for them (the quant level, and with it whether a node keeps them, can be switched
  * between planning and running) */
 static int32_t *mm_sums(const gr_job *job, const gr_mm_scratch *L) {
-    return L->q4_sums && gr_mm_scratch_has(job->node, L->sums + L->sums_bytes) && ggmlrpc_get_vec_dot_q4_0_sums()
-               ? (int32_t *)(job->wdata + L->sums) : NULL;
+    const uint32_t t = (uint32_t)job->node->src[0].type;
+    const int has = L->q4_sums == GR_SUMS_Q4_0 ? ggmlrpc_get_vec_dot_q4_0_sums() != NULL
+                    : L->q4_sums == GR_SUMS_4XN ? ggmlrpc_get_vec_dot_4xn_sums(t) != NULL : 0;
+    return has && gr_mm_scratch_has(job->node, L->sums + L->sums_bytes) ? (int32_t *)(job->wdata + L->sums) : NULL;
+}
+
+/* the sums of nb converted activation blocks q */
+static inline void mm_put_sums(const gr_job *job, const gr_mm_scratch *L, const char *q, int32_t *sums, int64_t nb) {
+    if (L->q4_sums == GR_SUMS_Q4_0) ggmlrpc_q4_0_act_sums(q, sums, nb);
+    else ggmlrpc_4xn_act_sums((uint32_t)job->node->src[0].type, q, sums, nb);
 }
 
 /* whether this run takes column panels (Q8_0/Q4_0/Q5_0/IQ4_NL prompts on AVX-512
@@ -108,7 +117,7 @@ static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
         for (int64_t ir = 0; ir < gr_nrows(s1) && k0 < k1; ir++) {
             char *q = job->wdata + (size_t)ir * row_size + (size_t)k0 * bb;
             from_float((const float *)gr_row(s1, ir) + k0 * bs, q, (k1 - k0) * bs);
-            if (sums) ggmlrpc_q4_0_act_sums(q, sums + (ir * nb + k0) * 8, k1 - k0);
+            if (sums) mm_put_sums(job, L, q, sums + (ir * nb + k0) * 8, k1 - k0);
         }
         return;
     }
@@ -123,7 +132,7 @@ static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
         const char *src = gr_row(s1, ir);
         char *dst = job->wdata + (size_t)ir * row_size;
         gr_mm_convert_row(vdt, s1, src, dst, K, from_float);
-        if (sums) ggmlrpc_q4_0_act_sums(dst, sums + ir * (K / 32) * 8, K / 32);
+        if (sums) mm_put_sums(job, L, dst, sums + ir * (K / 32) * 8, K / 32);
         if (cp) {   /* lane i11 % COLS of its batch's column panel i11 / COLS */
             const int64_t i11 = ir % N, COLS = GGMLRPC_CPANEL_COLS;
             char *pan = mm_cpanel_at(job, L, K, (ir / N) * gr_cpanel_groups(N) + i11 / COLS);
@@ -151,7 +160,8 @@ static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
  * batch at a time, the column groups of a row quad one after another while its
  * weights are in cache; a short last quad repeats its first row (outputs not
  * written) */
-static void mm_4xn(const gr_job *job, const mm_ctx *cx, ggmlrpc_vec_dot_4xn_fn tile, int64_t ib, int64_t ie,
+static void mm_4xn(const gr_job *job, const mm_ctx *cx, ggmlrpc_vec_dot_4xn_fn tile,
+                   ggmlrpc_vec_dot_4xn_sums_fn tile_s, const int32_t *sums, int64_t ib, int64_t ie,
                    int64_t b0, int64_t b1) {
     const gr_tensor *s0 = cx->s0, *d = cx->d;
     const int64_t N = cx->N, ne12 = cx->ne12;
@@ -163,10 +173,16 @@ static void mm_4xn(const gr_job *job, const mm_ctx *cx, ggmlrpc_vec_dot_4xn_fn t
             const int nc = left < GGMLRPC_4XN_COLS ? (int)left : GGMLRPC_4XN_COLS;
             const char *w = s0->data + (i12 / cx->r2) * s0->nb[2] + (i13 / cx->r3) * s0->nb[3];
             const void *wr[4], *act[GGMLRPC_4XN_COLS];
+            const int32_t *sp[GGMLRPC_4XN_COLS];
             for (int r = 0; r < 4; r++) wr[r] = w + (i01 + (r < rows ? r : 0)) * s0->nb[1];
             for (int j = 0; j < nc; j++) act[j] = mm_act(job, cx, c + j);
             float v[4 * GGMLRPC_4XN_COLS];
-            tile(cx->K, v, wr, act, nc);
+            if (tile_s) {
+                for (int j = 0; j < nc; j++) sp[j] = sums + (c + j) * (cx->K / 32) * 8;
+                tile_s(cx->K, v, wr, act, sp, nc);
+            } else {
+                tile(cx->K, v, wr, act, nc);
+            }
             for (int j = 0; j < nc; j++) {
                 float *out = (float *)(d->data + (i11 + j) * d->nb[1] + i12 * d->nb[2] + i13 * d->nb[3]);
                 for (int r = 0; r < rows; r++) out[i01 + r] = v[4 * j + r];
@@ -186,7 +202,7 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
     const int conv = cx->conv;
     const ggmlrpc_vec_dot_fn qdot = cx->qdot;
     const int32_t *sums = mm_sums(job, &cx->L);
-    const ggmlrpc_vec_dot_sums_fn qdots = sums ? ggmlrpc_get_vec_dot_q4_0_sums() : NULL;
+    const ggmlrpc_vec_dot_sums_fn qdots = sums && cx->L.q4_sums == GR_SUMS_Q4_0 ? ggmlrpc_get_vec_dot_q4_0_sums() : NULL;
     /* four weight rows at a time, where qdot is the type's vec_dot (not a GEMM order) */
     const ggmlrpc_vec_dot_rows4_fn qrows4 = !qdots && qdot && qdot == ggmlrpc_get_vec_dot((uint32_t)s0->type)
                                                 ? ggmlrpc_get_vec_dot_rows4((uint32_t)s0->type) : NULL;
@@ -195,6 +211,9 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
     const ggmlrpc_vec_dot_4xn_fn tile = (b1 - b0 >= 2 || (!qrows4 && !qdots)) && qdot &&
                                                 qdot == ggmlrpc_get_vec_dot((uint32_t)s0->type)
                                             ? ggmlrpc_get_vec_dot_4xn((uint32_t)s0->type) : NULL;
+    /* its offset form, where the activation sums were kept for it */
+    const ggmlrpc_vec_dot_4xn_sums_fn tile_s = tile && sums && cx->L.q4_sums == GR_SUMS_4XN
+                                                   ? ggmlrpc_get_vec_dot_4xn_sums((uint32_t)s0->type) : NULL;
     const int64_t BLK = 16;
     /* the bytes of one weight row, fetched ahead of use on a block's first column */
     const size_t wrow = ggmlrpc_row_size((uint32_t)s0->type, K);
@@ -202,7 +221,7 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
         const int64_t ie = ib + BLK < a1 ? ib + BLK : a1;
         if (tile) {
             if (gr_canceled(job)) return;
-            mm_4xn(job, cx, tile, ib, ie, b0, b1);
+            mm_4xn(job, cx, tile, tile_s, sums, ib, ie, b0, b1);
             continue;
         }
         for (int64_t c = b0; c < b1; c++) {

@@ -22,6 +22,18 @@ static int q4_sums_kind(const gr_node *n) {
            !ggmlrpc_get_vec_dot_rows4(GR_TYPE_Q4_0);
 }
 
+/* Small batches (2 to GR_MM_SMALL_BATCH - 1 columns) of Q8_0/Q4_0/Q5_0 weights by
+ * the four-row kernel, activations converted here: the per-block sums of its
+ * offset form (ggmlrpc_4xn_act_sums), where this CPU has that kernel */
+static int sums_4xn_kind(const gr_node *n) {
+    const uint32_t t = (uint32_t)n->src[0].type;
+    const int order = (int)n->iparams[1];
+    return n->kernel == GR_K_MUL_MAT && n->iparams[0] == GR_TYPE_Q8_0 && n->src[1].type != GR_TYPE_Q8_0 &&
+           gr_nrows(&n->src[1]) >= 2 && gr_nrows(&n->src[1]) < GR_MM_SMALL_BATCH &&
+           (order == GR_MM_VEC_DOT || (order == GR_MM_Q0_GEMM && ggmlrpc_get_vec_dot_gemm(t) == ggmlrpc_get_vec_dot(t))) &&
+           ggmlrpc_get_vec_dot_4xn_sums(t);
+}
+
 /* Prompt-sized Q8_0/Q4_0 products: every run of eight columns of one src1 batch
  * is also written as a panel (ggmlrpc_panel_*); bytes of one panel block, or 0
  * where the node takes no panels */
@@ -70,7 +82,7 @@ gr_mm_scratch gr_mm_scratch_layout(const gr_node *n, int nth) {
     const size_t groups = gr_sz_mul(gr_sz(s1->ne[1] / 8), batches);
     const size_t conv_rows = s1->type == n->iparams[0] ? 0 : gr_sz_mul(gr_sz(n->iparams[2]), gr_sz(gr_nrows(s1)));
     L.conv = r64(conv_rows);
-    L.q4_sums = q4_sums_kind(n);
+    L.q4_sums = q4_sums_kind(n) ? GR_SUMS_Q4_0 : sums_4xn_kind(n) ? GR_SUMS_4XN : 0;
     L.sums = L.conv;
     L.sums_bytes = L.q4_sums ? gr_sz_mul3(gr_sz(gr_nrows(s1)), gr_sz(K / 32), 32) : 0;
     size_t end = gr_sz_add(L.conv, L.sums_bytes);

@@ -78,6 +78,18 @@ int ggmlrpc_q4_0_act_sums(const void *act_blocks, int32_t *sums, int64_t nb) {
 
 ggmlrpc_vec_dot_sums_fn ggmlrpc_get_vec_dot_q4_0_sums(void) { return gr_arch(GR_TYPE_Q4_0).vec_dot_sums; }
 
+ggmlrpc_vec_dot_4xn_sums_fn ggmlrpc_get_vec_dot_4xn_sums(uint32_t weight_type) {
+    const gr_arch_kernels k = gr_arch(weight_type);
+    return k.act_sums_4xn ? k.vec_dot_4xn_sums : NULL;
+}
+
+int ggmlrpc_4xn_act_sums(uint32_t weight_type, const void *act_blocks, int32_t *sums, int64_t nb) {
+    const gr_arch_kernels k = gr_arch(weight_type);
+    if (k.act_sums_4xn == NULL) return -1;
+    k.act_sums_4xn(act_blocks, sums, nb);
+    return 0;
+}
+
 /* only beside the very vec_dot whose order they repeat: the architecture's */
 ggmlrpc_vec_dot_rows4_fn ggmlrpc_get_vec_dot_rows4(uint32_t weight_type) {
     return gr_arch(weight_type).vec_dot_rows4;

@@ -33,15 +33,18 @@ GR_VNNI static inline __m512i gr_pair32(const void *a, const void *b) {
  * faster in the decode kernels (bench/kernels.c, Q4_0 and Q5_0, one thread: about
  * 9.3 against 8.5 and 8.5 against 7.6 GB/s). */
 
-/* two Q4_0 blocks' codes minus 8: row a's 32 values in the low half (low nibbles
- * first, then high, as gr_nibbles32 puts them), row b's in the high half */
-GR_VNNI static inline __m512i gr_pair_q4(const uint8_t *a /* (16,) */, const uint8_t *b /* (16,) */) {
+/* two Q4_0 blocks' nibbles: row a's 32 values in the low half (low nibbles first,
+ * then high, as gr_nibbles32 puts them), row b's in the high half */
+GR_VNNI static inline __m512i gr_pair_q4u(const uint8_t *a /* (16,) */, const uint8_t *b /* (16,) */) {
     const __m256i t = _mm256_inserti128_si256(_mm256_castsi128_si256(_mm_loadu_si128((const __m128i *)a)),
                                               _mm_loadu_si128((const __m128i *)b), 1);
     const __m512i dup = _mm512_permutexvar_epi64(_mm512_setr_epi64(0, 1, 0, 1, 2, 3, 2, 3), _mm512_castsi256_si512(t));
-    const __m512i nib = _mm512_and_si512(_mm512_srlv_epi64(dup, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)),
-                                         _mm512_set1_epi8(0x0f));
-    return _mm512_sub_epi8(nib, _mm512_set1_epi8(8));
+    return _mm512_and_si512(_mm512_srlv_epi64(dup, _mm512_setr_epi64(0, 0, 4, 4, 0, 0, 4, 4)), _mm512_set1_epi8(0x0f));
+}
+
+/* the same codes minus 8 */
+GR_VNNI static inline __m512i gr_pair_q4(const uint8_t *a, const uint8_t *b) {
+    return _mm512_sub_epi8(gr_pair_q4u(a, b), _mm512_set1_epi8(8));
 }
 
 /* a Q5_0 block's 32 codes 0..31, as gr_q5_codes32 */
@@ -71,6 +74,24 @@ GR_VNNI static inline gr_fp16_t gr_f16_at(const uint8_t *p) {
     return h;
 }
 
+/* the four weight rows' blocks at a, b, c, d (each an f16 scale first): their
+ * blocks fetched ahead, rows 0 and 1's scales on the two halves of *d01 (eight
+ * lanes each), rows 2 and 3's on *d23 */
+GR_VNNI static inline void gr_4xn_scales(const uint8_t *a, const uint8_t *b, const uint8_t *c, const uint8_t *d,
+                                         __m512 *d01, __m512 *d23) {
+    gr_prefetch_ahead(a);
+    gr_prefetch_ahead(b);
+    gr_prefetch_ahead(c);
+    gr_prefetch_ahead(d);
+    __m128i h = _mm_cvtsi32_si128(gr_f16_at(a));
+    h = _mm_insert_epi16(h, gr_f16_at(b), 1);
+    h = _mm_insert_epi16(h, gr_f16_at(c), 2);
+    h = _mm_insert_epi16(h, gr_f16_at(d), 3);
+    const __m512 dx = _mm512_castps128_ps512(_mm_cvtph_ps(h));
+    *d01 = _mm512_permutexvar_ps(_mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1), dx);
+    *d23 = _mm512_permutexvar_ps(_mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3), dx);
+}
+
 /* Four weight rows against NC (up to 8) activation rows: each weight block loaded and
  * unpacked once for the NC columns, every output on its own eight lanes with the
  * steps of vec_dot_*_q8_0_avx2 for its row and column. The three block types are an
@@ -81,23 +102,13 @@ GR_VNNI static inline __attribute__((always_inline)) void gr_4xn_q0(int64_t n, f
     const uint8_t *x0 = vx[0], *x1 = vx[1], *x2 = vx[2], *x3 = vx[3];
     const block_q8_0 *y[8];
     for (int c = 0; c < 8; c++) y[c] = vy[c < NC ? c : 0];
-    const __m512i lo = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
-    const __m512i hi = _mm512_setr_epi32(2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3);
     const __m512i zero = _mm512_setzero_si512();
     __m512 a01[8], a23[8];
     for (int c = 0; c < NC; c++) a01[c] = a23[c] = _mm512_setzero_ps();
     for (int64_t i = 0; i < n / GR_QK; i++) {
         const size_t o = (size_t)i * bs;
-        gr_prefetch_ahead(x0 + o);
-        gr_prefetch_ahead(x1 + o);
-        gr_prefetch_ahead(x2 + o);
-        gr_prefetch_ahead(x3 + o);
-        __m128i h = _mm_cvtsi32_si128(gr_f16_at(x0 + o));
-        h = _mm_insert_epi16(h, gr_f16_at(x1 + o), 1);
-        h = _mm_insert_epi16(h, gr_f16_at(x2 + o), 2);
-        h = _mm_insert_epi16(h, gr_f16_at(x3 + o), 3);
-        const __m512 dx = _mm512_castps128_ps512(_mm_cvtph_ps(h));
-        const __m512 dx01 = _mm512_permutexvar_ps(lo, dx), dx23 = _mm512_permutexvar_ps(hi, dx);
+        __m512 dx01, dx23;
+        gr_4xn_scales(x0 + o, x1 + o, x2 + o, x3 + o, &dx01, &dx23);
 #define GR_4XN_PAIR(a, b) (kind == 1 ? gr_pair_q4(a + o + 2, b + o + 2) \
                            : kind == 2 ? gr_pair_q5(a + o + 2, b + o + 2) : gr_pair32(a + o + 2, b + o + 2))
         const __m512i q01 = GR_4XN_PAIR(x0, x1), q23 = GR_4XN_PAIR(x2, x3);
@@ -132,23 +143,106 @@ GR_VNNI void vec_dot_rows4_q5_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const 
     gr_4xn_q0(n, s, vx, (const void *const[8]){vy}, sizeof(block_q5_0), 2, 1);
 }
 
-/* one instance per column count, the count a constant in each */
+/* one instance per column count, the count a constant in each: CASE(NC) a case */
+#define GR_4XN_SWITCH(CASE)                                                              \
+    switch (ncols) { CASE(1) CASE(2) CASE(3) CASE(4) CASE(5) CASE(6) CASE(7) CASE(8) }
 #define GR_4XN_CASE(NC) \
     case NC: gr_4xn_q0(n, s, vx, vy, bs, kd, NC); break;
 #define GR_4XN_Q0(name, block, kind)                                                                      \
     GR_VNNI void name(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols) { \
         const size_t bs = sizeof(block);                                                                  \
         const int kd = kind;                                                                              \
-        switch (ncols) {                                                                                  \
-        GR_4XN_CASE(1) GR_4XN_CASE(2) GR_4XN_CASE(3) GR_4XN_CASE(4)                                       \
-        GR_4XN_CASE(5) GR_4XN_CASE(6) GR_4XN_CASE(7) GR_4XN_CASE(8)                                       \
-        }                                                                                                 \
+        GR_4XN_SWITCH(GR_4XN_CASE)                                                                        \
     }
 GR_4XN_Q0(vec_dot_4xn_q8_0_q8_0_vnni, block_q8_0, 0)
 GR_4XN_Q0(vec_dot_4xn_q4_0_q8_0_vnni, block_q4_0, 1)
 GR_4XN_Q0(vec_dot_4xn_q5_0_q8_0_vnni, block_q5_0, 2)
 #undef GR_4XN_Q0
 #undef GR_4XN_CASE
+
+/* ---- small batches with the codes' offset moved out (ggmlrpc_vec_dot_4xn_sums) ----
+ * Per lane, sum((u - off) * y) = sum(u * y) - off * sum(y) with u the unsigned
+ * codes (Q8_0's plus 128, Q4_0's nibbles, Q5_0's five-bit codes) and off 128, 8 or
+ * 16: VPDPBUSD takes u as it is and starts from -off * sum(y), which depends on the
+ * activation block only and is computed once per activation row. The int32 lanes
+ * are those of gr_4xn_q0's sign trick wherever y holds no -128 (there that trick
+ * wraps); such blocks are marked and take gr_4xn_q0's steps. The float steps are
+ * gr_4xn_q0's, so every output is bit-equal to it. */
+#define GR_4XN_MARK INT32_MIN
+
+GR_VNNI static inline void gr_act_sums_4xn(const void *vy, int32_t *sums, int64_t nb, int off) {
+    const block_q8_0 *y = vy;
+    const __m256i m = _mm256_set1_epi8((char)off);   /* unsigned to PMADDUBSW: 128 stays 128 */
+    for (int64_t i = 0; i < nb; i++) {
+        const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
+        /* off * y in pairs (|off * 2 * 127| < 2^15 for off <= 128), then in fours */
+        __m256i v = _mm256_madd_epi16(_mm256_maddubs_epi16(m, qy), _mm256_set1_epi16(1));
+        v = _mm256_sub_epi32(_mm256_setzero_si256(), v);
+        if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(qy, _mm256_set1_epi8(-128))))
+            v = _mm256_set1_epi32(GR_4XN_MARK);
+        _mm256_storeu_si256((__m256i *)(sums + GGMLRPC_4XN_SUMS * i), v);
+    }
+}
+
+GR_VNNI void act_sums_4xn_q8_0_vnni(const void *vy, int32_t *sums, int64_t nb) { gr_act_sums_4xn(vy, sums, nb, 128); }
+GR_VNNI void act_sums_4xn_q4_0_vnni(const void *vy, int32_t *sums, int64_t nb) { gr_act_sums_4xn(vy, sums, nb, 8); }
+GR_VNNI void act_sums_4xn_q5_0_vnni(const void *vy, int32_t *sums, int64_t nb) { gr_act_sums_4xn(vy, sums, nb, 16); }
+
+GR_VNNI static inline __attribute__((always_inline)) void gr_4xn_q0_sums(int64_t n, float *s, const void *const vx[4],
+                                                                         const void *const vy[8],
+                                                                         const int32_t *const vs[8], size_t bs,
+                                                                         int kind, int NC) {
+    const uint8_t *x0 = vx[0], *x1 = vx[1], *x2 = vx[2], *x3 = vx[3];
+    const block_q8_0 *y[8];
+    const int32_t *sm[8];
+    for (int c = 0; c < 8; c++) y[c] = vy[c < NC ? c : 0], sm[c] = vs[c < NC ? c : 0];
+    const __m512i off = _mm512_set1_epi8((char)(kind == 0 ? 128 : kind == 1 ? 8 : 16));
+    __m512 a01[8], a23[8];
+    for (int c = 0; c < NC; c++) a01[c] = a23[c] = _mm512_setzero_ps();
+    for (int64_t i = 0; i < n / GR_QK; i++) {
+        const size_t o = (size_t)i * bs;
+        __m512 dx01, dx23;
+        gr_4xn_scales(x0 + o, x1 + o, x2 + o, x3 + o, &dx01, &dx23);
+#define GR_4XN_UPAIR(a, b) (kind == 1 ? gr_pair_q4u(a + o + 2, b + o + 2)                                 \
+                            : kind == 2 ? _mm512_add_epi8(gr_pair_q5(a + o + 2, b + o + 2), off)           \
+                                        : _mm512_xor_si512(gr_pair32(a + o + 2, b + o + 2), off))
+        const __m512i u01 = GR_4XN_UPAIR(x0, x1), u23 = GR_4XN_UPAIR(x2, x3);
+#undef GR_4XN_UPAIR
+        for (int c = 0; c < NC; c++) {
+            const int32_t *e = sm[c] + GGMLRPC_4XN_SUMS * i;
+            const __m512 dy = _mm512_set1_ps(_cvtsh_ss(y[c][i].d));
+            const __m512i qy = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y[c][i].qs));
+            __m512i p01, p23;
+            if (e[0] != GR_4XN_MARK) {
+                const __m512i b = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)e));
+                p01 = _mm512_dpbusd_epi32(b, u01, qy);
+                p23 = _mm512_dpbusd_epi32(b, u23, qy);
+            } else {   /* gr_4xn_q0's sign trick on the signed codes */
+                p01 = gr_dot_i8_x2(_mm512_sub_epi8(u01, off), qy);
+                p23 = gr_dot_i8_x2(_mm512_sub_epi8(u23, off), qy);
+            }
+            a01[c] = _mm512_fmadd_ps(_mm512_mul_ps(dx01, dy), _mm512_cvtepi32_ps(p01), a01[c]);
+            a23[c] = _mm512_fmadd_ps(_mm512_mul_ps(dx23, dy), _mm512_cvtepi32_ps(p23), a23[c]);
+        }
+    }
+    for (int c = 0; c < NC; c++) gr_finish4(s + 4 * c, a01[c], a23[c]);
+}
+
+#define GR_4XN_CASE(NC) \
+    case NC: gr_4xn_q0_sums(n, s, vx, vy, vs, bs, kd, NC); break;
+#define GR_4XN_Q0_SUMS(name, block, kind)                                                      \
+    GR_VNNI void name(int64_t n, float *s, const void *const vx[4], const void *const vy[8],  \
+                      const int32_t *const vs[8], int ncols) {                                \
+        const size_t bs = sizeof(block);                                                       \
+        const int kd = kind;                                                                   \
+        GR_4XN_SWITCH(GR_4XN_CASE)                                                             \
+    }
+GR_4XN_Q0_SUMS(vec_dot_4xn_sums_q8_0_q8_0_vnni, block_q8_0, 0)
+GR_4XN_Q0_SUMS(vec_dot_4xn_sums_q4_0_q8_0_vnni, block_q4_0, 1)
+GR_4XN_Q0_SUMS(vec_dot_4xn_sums_q5_0_q8_0_vnni, block_q5_0, 2)
+#undef GR_4XN_Q0_SUMS
+#undef GR_4XN_CASE
+#undef GR_4XN_SWITCH
 
 /* Column panels (quants.h, GR_CPANEL_*): one weight row against sixteen columns per
  * register, the register of partial lane m holding that lane for the sixteen

@@ -1144,14 +1144,17 @@ void gr_arch_kernels_of(uint32_t type, int level, gr_arch_kernels *k) {
     case GR_TYPE_Q8_0:
         k->vec_dot_rows4 = vec_dot_rows4_q8_0_q8_0_vnni, k->cpanel_dot = gr_cpanel_dot_q8_0_vnni;
         k->vec_dot_4xn = vec_dot_4xn_q8_0_q8_0_vnni;
+        k->vec_dot_4xn_sums = vec_dot_4xn_sums_q8_0_q8_0_vnni, k->act_sums_4xn = act_sums_4xn_q8_0_vnni;
         break;
     case GR_TYPE_Q4_0:
         k->vec_dot_rows4 = vec_dot_rows4_q4_0_q8_0_vnni, k->cpanel_dot = gr_cpanel_dot_q4_0_vnni;
         k->vec_dot_4xn = vec_dot_4xn_q4_0_q8_0_vnni;
+        k->vec_dot_4xn_sums = vec_dot_4xn_sums_q4_0_q8_0_vnni, k->act_sums_4xn = act_sums_4xn_q4_0_vnni;
         break;
     case GR_TYPE_Q5_0:
         k->vec_dot_rows4 = vec_dot_rows4_q5_0_q8_0_vnni, k->cpanel_dot = gr_cpanel_dot_q5_0_vnni;
         k->vec_dot_4xn = vec_dot_4xn_q5_0_q8_0_vnni;
+        k->vec_dot_4xn_sums = vec_dot_4xn_sums_q5_0_q8_0_vnni, k->act_sums_4xn = act_sums_4xn_q5_0_vnni;
         break;
     case GR_TYPE_Q4_K:
         k->vec_dot_4xn = vec_dot_4xn_q4_K_q8_K_vnni;

@@ -111,6 +111,15 @@ GR_VNNI void vec_dot_4xn_q6_K_q8_K_vnni(int64_t n, float *s, const void *const v
 void vec_dot_4xn_q8_0_q8_0_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
 void vec_dot_4xn_q4_0_q8_0_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
 void vec_dot_4xn_q5_0_q8_0_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols);
+void vec_dot_4xn_sums_q8_0_q8_0_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8],
+                                     const int32_t *const sums[8], int ncols);
+void vec_dot_4xn_sums_q4_0_q8_0_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8],
+                                     const int32_t *const sums[8], int ncols);
+void vec_dot_4xn_sums_q5_0_q8_0_vnni(int64_t n, float *s, const void *const vx[4], const void *const vy[8],
+                                     const int32_t *const sums[8], int ncols);
+void act_sums_4xn_q8_0_vnni(const void *vy, int32_t *sums, int64_t nb);
+void act_sums_4xn_q4_0_vnni(const void *vy, int32_t *sums, int64_t nb);
+void act_sums_4xn_q5_0_vnni(const void *vy, int32_t *sums, int64_t nb);
 void vec_dot_rows4_q8_0_q8_0_vnni(int64_t n, float *s /* (4,) */, const void *const vx[4], const void *vy);
 void gr_cpanel_decode_vnni(uint32_t type, const void *w_row, int64_t nb, void *row);
 void gr_cpanel_dot_q8_0_vnni(int64_t nb, const void *row_a, const void *row_b, const void *panel, float *s);
