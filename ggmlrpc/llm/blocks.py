@@ -66,6 +66,11 @@ class Ctx:
         end = st.layers[-1] + 1 if st.layers else 0
         self.kv_read_later = {hp.kv_layer(il) for il in range(end, hp.n_layer)}
         self.tokens: Tensor | None = None   # the token ids, on the embeddings' stage
+        # -sm row over linked servers (rowsplit): this device holds some heads and
+        # some rows of each matrix; tp.gather(t, kind, il) gives every device's rows
+        # of t, where a layer's pieces meet (attention before its projection, the
+        # feed-forward's hidden rows and its output rows)
+        self.tp = None
         for name in ("rope_freqs.weight", "rope_factors_long.weight" if n_ctx > self.n_ctx_orig
                      else "rope_factors_short.weight"):
             self.factors = self.factors or self.w.get(name)
@@ -262,6 +267,8 @@ class Ctx:
             o = B.cont(B.permute(kqv, 0, 2, 1, 3), (hv * n_head, T), name=f"kqv_out-{il}")
         if not project:
             return o
+        if self.tp is not None:
+            o = self.tp.gather(o, "heads", il)
         cur = B.mul_mat(w[p + "attn_output.weight"], o, name=f"attn_out-{il}")
         cur = self.scaled(cur, "attn_output", il)
         if p + "attn_output.bias" in w:
@@ -290,7 +297,10 @@ class Ctx:
 
         up = mm("ffn_up", cur)
         gate = mm("ffn_gate", cur)
-        return mm("ffn_down", B.glu_split(act, gate, up, name=f"ffn_glu-{il}"))
+        glu = B.glu_split(act, gate, up, name=f"ffn_glu-{il}")
+        if self.tp is None:
+            return mm("ffn_down", glu)
+        return self.tp.gather(mm("ffn_down", self.tp.gather(glu, "ffn_up" + suffix, il)), "embd", il)
 
     def moe(self, il: int, cur: Tensor, norm_w: bool = False, oai: bool = False,
             logits: Tensor | None = None, act: int = GGMLGluOp.SWIGLU,
@@ -309,9 +319,14 @@ class Ctx:
         w, p = self.w, f"blk.{il}."
         chosen, weights = self.route(il, cur, norm_w, oai, logits)
         glu = self.experts_glu(il, cur, chosen, oai, act, scales)
+        if self.tp is not None:    # every device's rows of each chosen expert
+            h = self.tp.gather(B.reshape(glu, (glu.ne[0], glu.ne[1] * glu.ne[2])), "ffn_up_exps", il)
+            glu = B.reshape(h, (h.ne[0], glu.ne[1], glu.ne[2]))
         down = self._expert_bias(il, B.mul_mat_id(w[p + "ffn_down_exps.weight"], glu, chosen,
                                                   name=f"ffn_moe_down-{il}"), "ffn_down_exps", chosen, scales)
         moe = self.sum_experts(il, B.mul(down, weights, name=f"ffn_moe_weighted-{il}"))
+        if self.tp is not None:
+            moe = self.tp.gather(moe, "embd", il)
         if p + "ffn_up_shexp.weight" not in w:
             return moe
         if p + "ffn_gate_inp_shexp.weight" not in w:

@@ -114,6 +114,12 @@ class Shard:
 
 
 ROW_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe")   # llama's layer, nothing added to it
+# over linked servers only: the architecture's own layer, its pieces gathered where
+# they meet (blocks.Ctx.tp); each tested against the single device bit for bit
+LINKED_ARCHS = ROW_ARCHS + ("mistral3", "qwen2moe", "gemma2", "gemma3", "gpt-oss", "glm4moe")
+# the per-layer tensors whose rows (axis 1) or elements (axis 0) follow the cut
+# feed-forwards (of the dense layer, the shared expert, each routed expert)
+FF_KINDS = ("", "_shexp", "_exps")
 # what a layer of routed experts may hold to be cut (each expert by its rows)
 EXPERT_TENSORS = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.weight", "ffn_down_exps.weight",
                   "exp_probs_b.bias")
@@ -151,20 +157,49 @@ def _cuts(hp: HParams, f: GGUFFile, layers: list[int], shares: Sequence[float], 
             cuts(hp.n_vocab, shares)]
 
 
+def ff_widths(f: GGUFFile, layers: list[int]) -> set[int]:
+    """The widths of every feed-forward of these layers (dense, shared and routed experts)."""
+    return {f.tensors[n].ne[1] for il in layers for k in FF_KINDS
+            if (n := f"blk.{il}.ffn_up{k}.weight") in f.tensors}
+
+
+def _generic_refusal(arch, hp: HParams, f: GGUFFile, layers: list[int], combine: str, linked: bool) -> str | None:
+    """Why an architecture of LINKED_ARCHS outside ROW_ARCHS cannot be cut here."""
+    if not linked:
+        return (f"-sm row cuts architecture {arch.name!r} over linked servers only (ggml-rpc-server --peers, "
+                f"one device each); use -sm layer")
+    if combine != "gather":
+        return f"-sm row cuts architecture {arch.name!r} with the gather combine only"
+    if hp.n_head_kv_arr or hp.head_dim_swa or hp.n_layer_kv or (hp.head_dim_v and hp.head_dim_v != hp.head_dim):
+        return "-sm row: the layers' heads differ in number or size; use -sm layer"
+    for il in layers:
+        p = f"blk.{il}."
+        norms = [f.tensors.get(p + n) for n in ("attn_q_norm.weight", "attn_k_norm.weight")]
+        if p + "ffn_gate_up_exps.weight" in f.tensors or any(
+                t is not None and t.ne[0] != hp.head_dim for t in norms):
+            return f"-sm row cannot cut layer {il} of this {arch.name} (merged or whole-width tensors); use -sm layer"
+    return None
+
+
 def refusal(arch, hp: HParams, f: GGUFFile, layers: list[int], shares: Sequence[float],
-            combine: str = "gather") -> str | None:
+            combine: str = "gather", linked: bool = False) -> str | None:
     """Why these layers of this model cannot be cut over devices of these shares
-    (None: they can)."""
-    if arch.name not in ROW_ARCHS or hp.n_swa or any(
-            f"blk.{il}.attn_qkv.weight" in f.tensors for il in layers) or any(
-            name.endswith(".scale") for name in f.tensors):
-        return (f"-sm row does not support architecture {arch.name!r} "
-                f"(llama, qwen2, qwen3 and qwen3moe only); use -sm layer")
-    if hp.n_expert and (why := _moe_refusal(arch, f, layers, combine)):
+    (None: they can); `linked`: over servers that link to each other (ggmlrpc.peers)."""
+    fused = any(f"blk.{il}.attn_qkv.weight" in f.tensors for il in layers)
+    if arch.name not in LINKED_ARCHS or fused or any(name.endswith(".scale") for name in f.tensors):
+        return (f"-sm row does not support architecture {arch.name!r} ({', '.join(ROW_ARCHS)}; over linked "
+                f"servers also {', '.join(a for a in LINKED_ARCHS if a not in ROW_ARCHS)}); use -sm layer")
+    if arch.name not in ROW_ARCHS or hp.n_swa:
+        why = _generic_refusal(arch, hp, f, layers, combine, linked)
+    else:
+        why = hp.n_expert and _moe_refusal(arch, f, layers, combine)
+    if why:
         return why
     kept = [s for s in shares if s > 0]
-    for what, cs in zip(("KV heads", "feed-forward rows", "rows", "vocabulary rows"),
-                        _cuts(hp, f, layers, shares, combine)):
+    heads, _, rows, vocab = _cuts(hp, f, layers, shares, combine)
+    ffs = [cuts(w, kept) for w in ff_widths(f, layers)]
+    for what, cs in (("KV heads", heads), *(("feed-forward rows", c) for c in ffs), ("rows", rows),
+                     ("vocabulary rows", vocab)):
         if any(a >= b for a, b in cs):
             return (f"-sm row: the {what} cannot be cut over {len(kept)} devices "
                     f"by -ts {','.join(f'{s:g}' for s in kept)}")
@@ -176,12 +211,15 @@ class RowSplit:
 
     def __init__(self, arch, hp: HParams, f: GGUFFile, kv: KVCache, devices: list[Device],
                  shares: Sequence[float], layers: list[int], output: bool, flash_attn: bool, n_ctx: int,
-                 combine: str = "gather", n_ubatch: int = 512):
+                 combine: str = "gather", n_ubatch: int = 512, linked: bool = False):
         if combine not in COMBINES:
             raise ModelError(f"row combine must be one of {', '.join(COMBINES)}, got {combine!r}")
-        why = refusal(arch, hp, f, layers, shares, combine)
+        why = refusal(arch, hp, f, layers, shares, combine, linked)
         if why:
             raise ModelError(why)
+        # the architecture's own layers with their pieces gathered on the servers: no
+        # host-combined form (its segments are llama's layer)
+        self.needs_link = arch.name not in ROW_ARCHS or bool(hp.n_swa)
         self.combine, self.n_ubatch = combine, n_ubatch
         self.linked = False      # the servers swap the pieces themselves (ggmlrpc.peers)
         keep = [i for i, s in enumerate(shares) if s > 0]
@@ -192,6 +230,7 @@ class RowSplit:
         # the router's renormalized weights, as the architecture's layer has them
         self.norm_w = bool(getattr(arch.layer, "keywords", {}).get("norm_w", False))
         self.layers, self.output, self.flash_attn, self.n_ctx = layers, output, flash_attn, n_ctx
+        self.shares = shares
         group = hp.n_head // hp.n_head_kv
         kv_cuts, ff_cuts, embd_cuts, vocab_cuts = _cuts(hp, f, layers, shares, combine)
         self.shards = []
@@ -204,29 +243,49 @@ class RowSplit:
             self._cut(sh)
 
     # -- weights -----------------------------------------------------------------
-    def _cut(self, sh: Shard) -> None:
-        """The device's slices of its stage's weights."""
+    def _rules(self, sh: Shard, il: int) -> dict[str, tuple[int, int, int]]:
+        """How layer il's tensors are cut for this device: name -> (axis, start, end)
+        (cut_tensor); the others go whole to every device."""
         f, hd, group = self.file, self.hp.head_dim, self.hp.n_head // self.hp.n_head_kv
         k0, k1 = (h * hd for h in sh.kv_heads)
         q0, q1 = k0 * group, k1 * group
-        out_w = "output.weight" if "output.weight" in f.tensors else "token_embd.weight"
         rules = {"attn_q.weight": (1, q0, q1), "attn_q.bias": (0, q0, q1),
                  "attn_k.weight": (1, k0, k1), "attn_k.bias": (0, k0, k1),
                  "attn_v.weight": (1, k0, k1), "attn_v.bias": (0, k0, k1),
                  "attn_output.weight": (0, q0, q1),
                  "ffn_gate.weight": (1, *sh.ff), "ffn_up.weight": (1, *sh.ff), "ffn_down.weight": (0, *sh.ff)}
-        if self.combine == "gather":      # the whole attention projection; the down matrix's rows
-            del rules["attn_output.weight"]
-            rules.update({"ffn_down.weight": (1, *sh.embd), "ffn_down.bias": (0, *sh.embd),
-                          # each expert as a dense feed-forward; the router whole
-                          "ffn_gate_exps.weight": (1, *sh.ff), "ffn_up_exps.weight": (1, *sh.ff),
-                          "ffn_down_exps.weight": (1, *sh.embd)})
+        if self.combine == "reduce":
+            return rules
+        # "gather": the whole attention projection; each head's sink; every
+        # feed-forward (dense, shared expert, each routed expert) by its hidden rows,
+        # its down matrix by its output rows; the routers whole
+        del rules["attn_output.weight"]
+        rules["attn_sinks.weight"] = (0, sh.kv_heads[0] * group, sh.kv_heads[1] * group)
+        for k in FF_KINDS:
+            up = f.tensors.get(f"blk.{il}.ffn_up{k}.weight")
+            if up is None:
+                continue
+            a, b = cuts(up.ne[1], self.shares)[self.shards_index(sh)]
+            rules.update({f"ffn_gate{k}.weight": (1, a, b), f"ffn_up{k}.weight": (1, a, b),
+                          f"ffn_gate{k}.bias": (0, a, b), f"ffn_up{k}.bias": (0, a, b),
+                          f"ffn_down{k}.weight": (1, *sh.embd), f"ffn_down{k}.bias": (0, *sh.embd)})
+        return rules
+
+    def shards_index(self, sh: Shard) -> int:
+        return next(i for i, s in enumerate(self.shards) if s is sh)
+
+    def _cut(self, sh: Shard) -> None:
+        """The device's slices of its stage's weights."""
+        f = self.file
+        out_w = "output.weight" if "output.weight" in f.tensors else "token_embd.weight"
+        rules = {il: self._rules(sh, il) for il in self.layers}
         for n in stage_weights(self.arch, self.hp, sh.stage, f.tensors):
             ti, tail = f.tensors[n], n.split(".", 2)[-1]
             if tail in ("attn_output.bias", "ffn_down.bias") and not sh.first and self.combine == "reduce":
                 continue
-            if n.startswith("blk.") and tail in rules:
-                ti = cut_tensor(ti, *rules[tail])
+            rule = rules[int(n.split(".")[1])].get(tail) if n.startswith("blk.") else None
+            if rule:
+                ti = cut_tensor(ti, *rule)
             elif n == out_w and sh.stage.output:
                 ti = cut_tensor(ti, 1, *sh.vocab)
             elif n == "output.bias":
@@ -264,6 +323,9 @@ class RowSplit:
         token, eps = secrets.randbits(64), [b.endpoint for b in bes]
         answers = [b.request_peer_group(token, r, eps) for r, b in enumerate(bes)]
         self.linked = all([a() for a in answers])
+        if not self.linked and self.needs_link:
+            raise ModelError(f"-sm row: the servers could not link to each other (their logs say why), and "
+                             f"architecture {self.arch.name!r} is cut over linked servers only; use -sm layer")
         if not self.linked:
             log.warning("-sm row: the servers could not link to each other (their logs say why); "
                         "the host combines their results instead")
@@ -296,31 +358,18 @@ class RowSplit:
         return g
 
     def _build_token(self, sh: Shard, key: tuple, align: int) -> StageGraph:
-        """Linked servers: a whole token in one graph, as "gather" cuts it, the host's
-        combines replaced by OP_GATHER nodes (ggmlrpc.peers): after each layer's heads,
-        its feed-forward rows and its output rows. Every server ends with the whole
-        residual; with the output layer, each its vocabulary rows of the logits."""
+        """Linked servers: a whole token in one graph, the architecture's own layers
+        over the device's heads and rows, with OP_GATHER nodes (ggmlrpc.peers) where
+        their pieces meet (blocks.Ctx.tp: before the attention's projection, after
+        each feed-forward's hidden rows and after its down rows). Every server ends
+        with the whole residual; with the output layer, each its vocabulary rows of
+        the logits."""
         c = Ctx(self.arch, sh.hp, sh.stage, self.kv.cells, self.flash_attn, self.n_ctx, key, align)
-        hp, rank = self.hp, self.shards.index(sh)
-        group = hp.n_head // hp.n_head_kv
-
-        def gather(t, n, cut, name):
-            bounds = [a for a, _ in cut] + [cut[-1][1]]
-            if t.ne[2] > 1:      # (head_dim, heads, tokens)
-                t = B.reshape(t, (t.ne[0] * t.ne[1], t.ne[2]))
-            return B._node(peers.OP_GATHER, GGMLType.F32, (n, t.ne[1]), t,
-                           params=peers.gather_params(rank, bounds), name=name)
-
-        heads = [tuple(h * group * hp.head_dim for h in s.kv_heads) for s in self.shards]
-        x = c.inp.new(GGMLType.F32, (hp.n_embd, key[0]), "x")
+        c.tp = _Pieces(self, self.shards.index(sh))
+        x = c.inp.new(GGMLType.F32, (self.hp.n_embd, key[0]), "x")
         c.layer_inputs()
         for il in self.layers:
-            o = c.attention(il, *c.qkv(il, c.norm(x, "attn_norm", il)), project=False)
-            o = gather(o, hp.head_dim * hp.n_head, heads, f"heads-{il}")
-            ffn_inp, h, route = _mid(c, il, o, x, c.out_ids if il == hp.n_layer - 1 else None, self.norm_w)
-            h = gather(h, self.n_ff, [s.ff for s in self.shards], f"ffn_h-{il}")
-            y = _down(c, il, h, ffn_inp, sh.embd, ffn_inp.ne[1], route)
-            x = gather(y, hp.n_embd, [s.embd for s in self.shards], f"l_out-{il}")
+            x = self.arch.layer(c, il, x)
         y = c.output(x) if self.output else x
         c.g.expand(y, output=True)
         return StageGraph(key, c.g, {t.name: t for t in c.inp.tensors}, y, c.inp)
@@ -359,9 +408,12 @@ class RowSplit:
         into its transposed V cache (its heads' channels)."""
         if self.flash_attn:
             return values
-        idx = values["k_idxs"]
-        chan = np.arange(sh.hp.n_embd_kv, dtype=np.int64) * self.kv.cells(self.layers[0])
-        return dict(values, v_idxs=(chan[None, :] + idx[:, None]).reshape(-1))
+        own = dict(values)
+        for suffix, cells in (("", self.kv.full), ("_swa", self.kv.swa)):
+            if "k_idxs" + suffix in values:
+                chan = np.arange(sh.hp.n_embd_kv, dtype=np.int64) * cells.size
+                own["v_idxs" + suffix] = (chan[None, :] + values["k_idxs" + suffix][:, None]).reshape(-1)
+        return own
 
     def _combine(self, seg: tuple, key: tuple, values: dict) -> list[np.ndarray]:
         """Run one segment on every device: each device's inputs, graph and the read
@@ -433,6 +485,31 @@ class RowSplit:
         for sh in self.shards:
             sh.stage.graphs.clear()
             sh.held = None
+
+
+class _Pieces:
+    """blocks.Ctx.tp of one device of linked servers (`rank` of the row split's):
+    gather(t, kind, il) is an OP_GATHER of every device's rows of t (rows, columns),
+    cut as RowSplit cuts the weights: "heads" (an attention's output, whole heads),
+    "embd" (the output rows of a down matrix), or a feed-forward's hidden rows by
+    the name of its up matrix ("ffn_up", "ffn_up_shexp", "ffn_up_exps")."""
+
+    def __init__(self, rs: RowSplit, rank: int):
+        self.rs, self.rank, self.n = rs, rank, 0
+
+    def gather(self, t, kind: str, il: int):
+        rs, hp = self.rs, self.rs.hp
+        if kind == "heads":
+            width = (hp.head_dim_v or hp.head_dim_of(il)) * (hp.n_head // hp.n_head_kv)
+            cut = [tuple(h * width for h in s.kv_heads) for s in rs.shards]
+        elif kind == "embd":
+            cut = [s.embd for s in rs.shards]
+        else:
+            cut = cuts(rs.file.tensors[f"blk.{il}.{kind}.weight"].ne[1], rs.shares)
+        bounds = [a for a, _ in cut] + [cut[-1][1]]
+        self.n += 1
+        return B._node(peers.OP_GATHER, GGMLType.F32, (bounds[-1], t.ne[1]), t,
+                       params=peers.gather_params(self.rank, bounds), name=f"{kind}-{il}-{self.n}")
 
 
 def _mid(c: Ctx, il: int, o, x, ids, norm_w: bool = False):

@@ -13,6 +13,7 @@ from ggmlrpc import peers
 from ggmlrpc.client import RemoteBackend
 from ggmlrpc.errors import ConnectionLost, GgmlRpcError
 from ggmlrpc.llm import synth
+from ggmlrpc.llm.gguf_file import ModelError
 from ggmlrpc.llm.model import Model
 from ggmlrpc.server import Limits
 from tests.conftest import nmse, start_server
@@ -49,6 +50,28 @@ def test_linked_servers_give_the_hosts_logits(tmp_path, linked, arch, dtype):
             host = logits(path, split_mode="row", flash_attn=fa, peers=False, **kw)
             assert all(np.array_equal(a, b) for a, b in zip(row, host)), (fa, kw)
             assert max(nmse(a, b) for a, b in zip(row, one)) <= 1e-6, (fa, kw)
+
+
+@pytest.mark.parametrize("name", ["mistral3", "qwen2moe", "gemma2", "gemma3", "gpt-oss", "glm4moe"])
+def test_linked_servers_cut_other_architectures(tmp_path, linked, name):
+    """The architectures cut over linked servers only (their own layers, the pieces
+    gathered where they meet: heads before the attention's projection, each
+    feed-forward's hidden rows, shared and routed experts included, and its output
+    rows): the single device's logits bit for bit, with and without flash attention
+    (sliding-window layers too), equal and unequal -ts, a layer left on the CPU. Over
+    servers that cannot link, one clear error."""
+    import dataclasses
+    from ggmlrpc.llm.archs import ARCHS
+    eps, _ = linked
+    arch = next(a for a in ARCHS.values() if name in a.synth)
+    path = synth.write_model(tmp_path / "m.gguf", name, dataclasses.replace(SHAPE, **arch.test_shape), "f32", seed=5)
+    for fa in (True, False):
+        one = logits(path, n_gpu_layers=0, flash_attn=fa)
+        for kw in (dict(tensor_split=[1, 1]), dict(tensor_split=[3, 1]), dict(tensor_split=[1, 1], n_gpu_layers=2)):
+            row = logits(path, rpc=eps[:2], split_mode="row", flash_attn=fa, **kw)
+            assert all(np.array_equal(a, b) for a, b in zip(row, one)), (fa, kw)
+    with pytest.raises(ModelError, match="over linked servers only"):
+        Model.load(path, rpc=eps[:2], split_mode="row", peers=False)
 
 
 def test_a_token_is_one_write_per_server(tmp_path, linked):

@@ -58,9 +58,12 @@ def test_row_split_places_the_heads(tmp_path, servers):
 
 
 def test_row_split_errors(tmp_path, servers, capsys):
+    phi2 = synth.write_model(tmp_path / "phi2.gguf", "phi2", SHAPE, "f32", seed=5)    # fused q/k/v
+    with pytest.raises(ModelError, match="-sm row does not support architecture 'phi2'"):
+        Model.load(phi2, rpc=servers, split_mode="row")
     moe = synth.write_model(tmp_path / "moe.gguf", "qwen2moe", SHAPE, "f32", seed=5)   # a shared expert
-    with pytest.raises(ModelError, match="-sm row does not support"):
-        Model.load(moe, rpc=servers, split_mode="row")
+    with pytest.raises(ModelError, match="architecture 'qwen2moe' over linked servers only"):
+        Model.load(moe, rpc=servers, split_mode="row")      # servers without --peers
     routed = synth.write_model(tmp_path / "routed.gguf", "qwen3moe", SHAPE, "f32", seed=5)
     with pytest.raises(ModelError, match="routed experts with the gather combine only"):
         Model.load(routed, rpc=servers, split_mode="row", row_combine="reduce")
@@ -72,7 +75,7 @@ def test_row_split_errors(tmp_path, servers, capsys):
         Model.load(llama, split_mode="column")
     assert main(["run", "-m", str(moe), "--rpc", ",".join(servers), "-sm", "row", "-p", "hi", "-n", "2"]) == 1
     err = capsys.readouterr().err
-    assert err.startswith("error:") and "-sm row does not support architecture 'qwen2moe'" in err
+    assert err.startswith("error:") and "-sm row cuts architecture 'qwen2moe' over linked servers only" in err
     assert "Traceback" not in err
 
 
@@ -133,9 +136,9 @@ def test_auto_split_says_what_it_chose_and_runs_it(tmp_path, servers, capfd):
 
 
 def test_auto_split_keeps_layer_where_rows_cannot_be_cut(tmp_path, servers):
-    moe = synth.write_model(tmp_path / "moe.gguf", "qwen2moe", SHAPE, "f32", seed=5)
+    phi2 = synth.write_model(tmp_path / "moe.gguf", "phi2", SHAPE, "f32", seed=5)
     llama = synth.write_model(tmp_path / "llama.gguf", "llama", SHAPE, "f32", seed=5)
-    for path, kw, why in ((moe, dict(rpc=servers), "-sm row does not support architecture 'qwen2moe'"),
+    for path, kw, why in ((phi2, dict(rpc=servers), "-sm row does not support architecture 'phi2'"),
                           (llama, dict(rpc=servers[:1]), "fewer than two servers"),
                           (llama, dict(rpc=servers, reconnect=5), "--reconnect needs -sm layer"),
                           (llama, dict(rpc=servers, n_gpu_layers=0), "fewer than two servers")):

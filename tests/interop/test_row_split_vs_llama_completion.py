@@ -97,3 +97,23 @@ def test_row_split_cuts_every_expert(ref_bin, moe_models, arch, server_proc, ref
             eps = ",".join(s.endpoint for s in srv)
             mine = ours(m, ["--rpc", eps, "-sm", "row", "-ts", ts], capfdbinary)
             assert same_text(mine, ref), (kind, ts, srv is theirs, srv is linked)
+
+
+@pytest.mark.parametrize("arch", ["mistral3", "qwen2moe", "gemma2", "gpt-oss", "glm4moe"])
+def test_row_split_of_other_architectures_over_linked_servers(ref_bin, tmp_path, arch, server_proc, capfdbinary):
+    """The architectures cut over linked servers only (their own layers, the pieces
+    gathered on the servers): llama-completion's text, with flash attention on and
+    off (gemma2 and gpt-oss: sliding-window layers, a prompt past the window)."""
+    from tests.e2e.test_runner import arch_shape
+    model = synth.write_model(tmp_path / f"{arch}.gguf", arch, arch_shape(arch, 128), "f16", seed=4)
+    srv = [server_proc("-t", "1", "--peers") for _ in range(2)]
+    eps = ",".join(s.endpoint for s in srv)
+    for fa in ("on", "off"):
+        ref = completion(ref_bin, model, ["-ngl", "0", "-fa", fa])
+        capfdbinary.readouterr()
+        assert main(["run", "-m", str(model), "--temp", "0", "-p", PROMPT, "-n", str(N), "--rpc", eps,
+                     "-sm", "row", "-ts", "1,1", "-fa", fa]) == 0
+        sys.stdout.flush()
+        mine, err = capfdbinary.readouterr()
+        assert b"the 2 servers swap their results directly" in err
+        assert same_text(mine, ref), (arch, fa)
