@@ -9,6 +9,16 @@
 
 #define GR_TILE_COLS_MAX 6
 
+/* flash attention's loop over the keys of one query row (fa_keys_f16) */
+typedef struct {
+    const char *k, *v;            /* the first key's and value's row of the head */
+    size_t k_stride, v_stride;    /* bytes from one key (value) row to the next */
+    const uint16_t *mask;         /* F16, one per key, or NULL */
+    const uint16_t *q;            /* the query in F16 (DK) */
+    int64_t DK, DV, ic0, ic1;
+    float slope, scale;
+} gr_fa_keys;
+
 typedef struct gr_vec_ops {
     int lanes;     /* 8 or 16: the family's vector width in floats */
     int fma_chains;   /* the build fuses ggml's scalar multiply-add chains (not tuned for Zen) */
@@ -46,6 +56,13 @@ typedef struct gr_vec_ops {
      * row by (cos, sin) = (cs[2p], cs[2p+1]), fused as ggml's x86 build computes it */
     void (*rope_rotate)(int32_t type, char *dst, const char *src, int64_t np, int64_t istep, int64_t joff,
                         const float *cs);
+    /* flash attention's steps for keys [ic0, ic1) of one query row, F16 keys and values,
+     * no soft-cap (flash_attn.c's fa_row: the dot product, the running maximum M and
+     * sum S, VKQ scaled and accumulated in F16 by scale_f16/mad_f16), with VKQ in
+     * registers, the scores of a block of keys first: the same bits. Returns 0 where
+     * it does not take this DV (fa_row's loop then serves); NULL in families without
+     * one. */
+    int (*fa_keys_f16)(const gr_fa_keys *a, float *M, float *S, uint16_t *vkq);
 } gr_vec_ops;
 
 extern gr_vec_ops gr_vec;

@@ -438,3 +438,50 @@ def test_scratch_sizes_saturate_instead_of_wrapping(monkeypatch):
     y.ne, y.nb = (1,) + wrap[1:], (4, 0, 0, 0)
     with pytest.raises(ValidationError, match="scratch"):
         CpuExecutor(1).compile(b.graph())
+
+
+@pytest.mark.parametrize("d", [64, 128, 256, 80], ids=lambda d: f"d{d}")
+def test_flash_attn_decode_loop_matches_the_portable_steps(seed, d):
+    """FLASH_ATTN_EXT over an F16 cache, a few query rows (the per-row path): the
+    AVX-512 families keep VKQ in registers (gr_vec_ops.fa_keys_f16; d 80, and 128 and
+    256 in the AVX512-FP16 family, take the loop of vector calls); in every family this CPU runs (and the others on their
+    portable twins) the outputs are the portable steps' bit for bit: causal masks with
+    -inf, a running maximum that moves (scores growing along the keys), ALiBi slopes,
+    grouped-query heads, two thread counts."""
+    from ggmlrpc._native import executor as native
+    rng = np.random.default_rng(seed)
+    nq, nkv, heads, kv_heads = 5, 300, 4, 2
+    q = rng.standard_normal((heads, nq, d)).astype(np.float32)
+    k = (rng.standard_normal((kv_heads, nkv, d)) * np.linspace(0.2, 2, nkv)[:, None]).astype(np.float16)
+    v = (rng.standard_normal((kv_heads, nkv, d)) * 30).astype(np.float16)
+    m = np.zeros((8, nkv), np.float16)
+    for i in range(nq):
+        m[i, nkv - nq + i + 1:] = -np.inf
+        m[i, : 7 * i] = -np.inf
+    m[:nq, 40:60] = -3.5
+
+    def run(family, simd, n_threads, max_bias):
+        b = Builder(8 << 20)
+        tq = b.tensor(T.F32, (d, nq, heads), data=q)
+        tk = b.tensor(T.F16, (d, nkv, kv_heads), data=k)
+        tv = b.tensor(T.F16, (d, nkv, kv_heads), data=v)
+        tm = b.tensor(T.F16, (nkv, 8), data=m)
+        params = [struct.unpack("<i", struct.pack("<f", x))[0] for x in (1 / np.sqrt(d), max_bias, 0.0)] + [10]
+        out = b.tensor(T.F32, (d, heads, nq), Op.FLASH_ATTN_EXT, (tq, tk, tv, tm), params=params)
+        old, before = native.set_kernel_family(family), native.simd_level()
+        try:
+            native.set_simd(simd)
+            CpuExecutor(n_threads).run(CpuExecutor(n_threads).compile(b.graph()))
+        finally:
+            native.set_simd(bool(before))
+            native.set_kernel_family(old)
+        return b.read(out)
+
+    for family in ("x86-avx512", "x86-avx512-fp16", "x86-avx2"):
+        for max_bias in (0.0, 8.0):
+            want = run(family, False, 1, max_bias)
+            assert np.isfinite(want).all()
+            for n_threads in (1, 2):
+                got = run(family, True, n_threads, max_bias)
+                np.testing.assert_array_equal(got.view(np.uint32), want.view(np.uint32),
+                                              err_msg=f"{family} bias={max_bias} threads={n_threads}")

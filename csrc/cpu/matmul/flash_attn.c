@@ -139,7 +139,16 @@ static void fa_row(const gr_node *n, gr_job *job, const fa_ctx *c, int64_t ir, i
     else if (vdt == GR_TYPE_F16) gr_vec.fp32_to_fp16(DK, pq, (uint16_t *)Q_q);
     else q_from(pq, Q_q, DK);
 
-    for (int64_t ic = ic0; ic < ic1; ic++) {
+    int fast = 0;    /* the family's register-held loop, the same steps */
+    if (kt == GR_TYPE_F16 && vt == GR_TYPE_F16 && vdt == GR_TYPE_F16 && c->softcap == 0.0f && gr_vec.fa_keys_f16) {
+        const gr_fa_keys a = {.k = c->k->data + ik2 * c->k->nb[2] + ik3 * c->k->nb[3],
+                              .v = c->v->data + iv2 * c->v->nb[2] + iv3 * c->v->nb[3],
+                              .k_stride = (size_t)c->k->nb[1], .v_stride = (size_t)c->v->nb[1], .mask = mp,
+                              .q = (const uint16_t *)Q_q, .DK = DK, .DV = DV, .ic0 = ic0, .ic1 = ic1,
+                              .slope = slope, .scale = c->scale};
+        fast = gr_vec.fa_keys_f16(&a, &M, &S, VKQ16);
+    }
+    for (int64_t ic = ic0; !fast && ic < ic1; ic++) {
         const float mv = mp ? slope * gr_fp16_to_fp32(mp[ic]) : 0.0f;
         if (mv == -INFINITY) continue;
         const char *kd = c->k->data + ic * c->k->nb[1] + ik2 * c->k->nb[2] + ik3 * c->k->nb[3];

@@ -417,6 +417,84 @@ GR_AVX512FP16 static void mad_f16_avx512fp16(int64_t n, uint16_t *y, const uint1
     mad_f16_avx(n - np, y + np, x + np, v);
 }
 
+/* ---- flash attention's keys loop (gr_vec_ops.fa_keys_f16) -------------------
+ * VKQ held in registers for DV of 64, 128 or 256, as F32 values that are F16
+ * numbers (each step rounds through F16: mad_f16_avx's and the portable
+ * scale_f16's steps); the scores of a block of keys computed first, then the
+ * running maximum's chain over them. */
+#define GR_FA_ROUND16(x) _mm512_cvtph_ps(_mm512_cvtps_ph((x), 0))
+
+#define GR_FA_BLOCK 16
+
+/* the scores of the unmasked keys of [i0, i0 + GR_FA_BLOCK) and where they are, as
+ * fa_row computes them (dot, times the scale, plus the slope times the mask);
+ * returns how many (computed ahead of the running maximum's chain) */
+GR_AVX512 static inline int fa_scores(const gr_fa_keys *a, int64_t i0, float *sc, int64_t *at) {
+    const int64_t i1 = i0 + GR_FA_BLOCK < a->ic1 ? i0 + GR_FA_BLOCK : a->ic1;
+    int nb = 0;
+    for (int64_t ic = i0; ic < i1; ic++) {
+        const float mv = a->mask ? a->slope * gr_fp16_to_fp32(a->mask[ic]) : 0.0f;
+        if (mv == -INFINITY) continue;
+        float s = dot_f16_avx512(a->DK, (const uint16_t *)(a->k + ic * a->k_stride), a->q);
+        s = s * a->scale;
+        s += mv;
+        sc[nb] = s;
+        at[nb++] = ic;
+    }
+    return nb;
+}
+
+/* the F32-held form: every element as mad_f16_avx and the portable scale_f16 step it */
+GR_AVX512 static inline __attribute__((always_inline)) void
+fa_keys_f32_dv(const gr_fa_keys *a, float *M, float *S, uint16_t *vkq, const int64_t DV) {
+    const int64_t NF = DV / 16;
+    __m512 facc[DV / 16];
+    for (int j = 0; j < NF; j++) facc[j] = load_h16(vkq + 16 * j);
+    float m = *M, s_sum = *S;
+    float sc[GR_FA_BLOCK];
+    int64_t at[GR_FA_BLOCK];
+    for (int64_t i0 = a->ic0; i0 < a->ic1; i0 += GR_FA_BLOCK) {
+      const int nb = fa_scores(a, i0, sc, at);
+      for (int t = 0; t < nb; t++) {
+        const int64_t ic = at[t];
+        const float s = sc[t];
+        const float mold = m;
+        float ms = 1.0f, vs = 1.0f;
+        if (s > m) {
+            m = s;
+            ms = expf(mold - m);
+            const __m512 fm = _mm512_set1_ps(ms);
+            for (int j = 0; j < NF; j++) facc[j] = GR_FA_ROUND16(_mm512_mul_ps(facc[j], fm));
+        } else {
+            vs = expf(s - m);
+        }
+        const uint16_t *vd = (const uint16_t *)(a->v + ic * a->v_stride);
+        const __m512 fv = _mm512_set1_ps(vs);
+        for (int j = 0; j < NF; j++) facc[j] = GR_FA_ROUND16(_mm512_fmadd_ps(load_h16(vd + 16 * j), fv, facc[j]));
+        s_sum = fmaf(s_sum, ms, vs);
+      }
+    }
+    for (int j = 0; j < NF; j++) _mm256_storeu_si256((__m256i *)(vkq + 16 * j), _mm512_cvtps_ph(facc[j], 0));
+    *M = m, *S = s_sum;
+}
+
+GR_AVX512 static int fa_keys_f16_avx512(const gr_fa_keys *a, float *M, float *S, uint16_t *vkq) {
+    switch (a->DV) {
+    case 64: fa_keys_f32_dv(a, M, S, vkq, 64); return 1;
+    case 128: fa_keys_f32_dv(a, M, S, vkq, 128); return 1;
+    case 256: fa_keys_f32_dv(a, M, S, vkq, 256); return 1;
+    default: return 0;
+    }
+}
+
+GR_AVX512FP16 static int fa_keys_f16_avx512fp16(const gr_fa_keys *a, float *M, float *S, uint16_t *vkq) {
+    /* under 128 no F16 block (mad_f16_avx's steps); F16 blocks (measured no faster
+     * held in registers than through mad_f16_avx512fp16) take fa_row's loop */
+    if (a->DV != 64) return 0;
+    fa_keys_f32_dv(a, M, S, vkq, 64);
+    return 1;
+}
+
 GR_AVX512FP16 static void scale_f16_avx512fp16(int64_t n, uint16_t *y, float v) {
     const int64_t np = n & ~(int64_t)127;
     const __m512h hv = _mm512_set1_ph((_Float16)v);
@@ -476,6 +554,7 @@ int gr_vec_x86(int family, int use_simd, gr_vec_ops *v) {
         v->soft_max = soft_max_avx512, v->silu = silu_avx512, v->swiglu = swiglu_avx512;
         v->mad_f32 = mad_f32_avx, v->mad_f16 = fp16 ? mad_f16_avx512fp16 : mad_f16_avx;
         if (fp16) v->scale_f16 = scale_f16_avx512fp16;   /* else the portable one */
+        v->fa_keys_f16 = fp16 ? fa_keys_f16_avx512fp16 : fa_keys_f16_avx512;
         v->tile_cols = 6, v->tile_f32_gemm = tile_f32_gemm_avx512, v->tile_f16_gemm = tile_f16_gemm_avx512;
         v->gemm_f32 = gemm_f32_avx;
         v->dot_bf16 = bf16 ? dot_bf16_avx512bf16 : NULL;
