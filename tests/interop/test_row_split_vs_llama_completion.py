@@ -117,3 +117,17 @@ def test_row_split_of_other_architectures_over_linked_servers(ref_bin, tmp_path,
         mine, err = capfdbinary.readouterr()
         assert b"the 2 servers swap their results directly" in err
         assert same_text(mine, ref), (arch, fa)
+
+
+@pytest.mark.parametrize("arch", ["mistral3", "qwen2moe", "gemma2", "gpt-oss", "glm4moe"])
+def test_row_split_of_other_architectures_over_three_servers(ref_bin, tmp_path, arch, server_proc, capfdbinary):
+    """The same architectures quantized (Q8_0) over three linked servers, unequal
+    shares (-ts 2,1,1 of four KV heads): llama-completion's text."""
+    from tests.e2e.test_runner import arch_shape
+    shape = synth.ModelShape(**{**vars(arch_shape(arch, 256)), "n_head": 8, "n_head_kv": 4})
+    f32 = synth.write_model(tmp_path / f"{arch}.gguf", arch, shape, "f32", seed=4)
+    model = synth.quantize(ref_bin / "llama-quantize", f32, tmp_path / f"{arch}-q8_0.gguf", "Q8_0")
+    srv = [server_proc("-t", "1", "--peers") for _ in range(3)]
+    ref = completion(ref_bin, model, ["-ngl", "0"])
+    mine = ours(model, ["--rpc", ",".join(s.endpoint for s in srv), "-sm", "row", "-ts", "2,1,1"], capfdbinary)
+    assert same_text(mine, ref), arch
