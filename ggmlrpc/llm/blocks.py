@@ -298,9 +298,9 @@ class Ctx:
         up = mm("ffn_up", cur)
         gate = mm("ffn_gate", cur)
         glu = B.glu_split(act, gate, up, name=f"ffn_glu-{il}")
-        if self.tp is None:
-            return mm("ffn_down", glu)
-        return self.tp.gather(mm("ffn_down", self.tp.gather(glu, "ffn_up" + suffix, il)), "embd", il)
+        if self.tp is not None:
+            glu = self.tp.gather(glu, "ffn_up" + suffix, il)
+        return self.rows_whole(il, mm("ffn_down", glu))
 
     def moe(self, il: int, cur: Tensor, norm_w: bool = False, oai: bool = False,
             logits: Tensor | None = None, act: int = GGMLGluOp.SWIGLU,
@@ -318,15 +318,10 @@ class Ctx:
         biases (ADD_ID) where the file has them."""
         w, p = self.w, f"blk.{il}."
         chosen, weights = self.route(il, cur, norm_w, oai, logits)
-        glu = self.experts_glu(il, cur, chosen, oai, act, scales)
-        if self.tp is not None:    # every device's rows of each chosen expert
-            h = self.tp.gather(B.reshape(glu, (glu.ne[0], glu.ne[1] * glu.ne[2])), "ffn_up_exps", il)
-            glu = B.reshape(h, (h.ne[0], glu.ne[1], glu.ne[2]))
+        glu = self.experts_whole(il, self.experts_glu(il, cur, chosen, oai, act, scales))
         down = self._expert_bias(il, B.mul_mat_id(w[p + "ffn_down_exps.weight"], glu, chosen,
                                                   name=f"ffn_moe_down-{il}"), "ffn_down_exps", chosen, scales)
-        moe = self.sum_experts(il, B.mul(down, weights, name=f"ffn_moe_weighted-{il}"))
-        if self.tp is not None:
-            moe = self.tp.gather(moe, "embd", il)
+        moe = self.rows_whole(il, self.sum_experts(il, B.mul(down, weights, name=f"ffn_moe_weighted-{il}")))
         if p + "ffn_up_shexp.weight" not in w:
             return moe
         if p + "ffn_gate_inp_shexp.weight" not in w:
@@ -397,6 +392,18 @@ class Ctx:
                                                       name=f"ffn_moe_gate-{il}"), "ffn_gate_exps", chosen, scales)
         return (B.swiglu_oai(gate, up, 1.702, 7.0, name=f"ffn_moe_swiglu_oai-{il}") if oai
                 else B.glu_split(act, gate, up, name=f"ffn_moe_glu-{il}"))
+
+    def experts_whole(self, il: int, glu: Tensor) -> Tensor:
+        """The chosen experts' hidden rows (n_ff_exp, n_used, T): with `tp`, every
+        device's rows of each (this device holds some rows of every expert)."""
+        if self.tp is None:
+            return glu
+        h = self.tp.gather(B.reshape(glu, (glu.ne[0], glu.ne[1] * glu.ne[2])), "ffn_up_exps", il)
+        return B.reshape(h, (h.ne[0], glu.ne[1], glu.ne[2]))
+
+    def rows_whole(self, il: int, t: Tensor) -> Tensor:
+        """A down matrix's output (n_embd, T): with `tp`, every device's rows of it."""
+        return t if self.tp is None else self.tp.gather(t, "embd", il)
 
     def sum_experts(self, il: int, experts: Tensor) -> Tensor:
         """The chosen experts' outputs (n_embd, n_used, T) summed, in llama.cpp's order."""

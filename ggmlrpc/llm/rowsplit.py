@@ -116,7 +116,7 @@ class Shard:
 ROW_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe")   # llama's layer, nothing added to it
 # over linked servers only: the architecture's own layer, its pieces gathered where
 # they meet (blocks.Ctx.tp); each tested against the single device bit for bit
-LINKED_ARCHS = ROW_ARCHS + ("mistral3", "qwen2moe", "gemma2", "gemma3", "gpt-oss", "glm4moe")
+LINKED_ARCHS = ROW_ARCHS + ("mistral3", "qwen2moe", "gemma2", "gemma3", "gpt-oss", "glm4moe", "llama4")
 # the per-layer tensors whose rows (axis 1) or elements (axis 0) follow the cut
 # feed-forwards (of the dense layer, the shared expert, each routed expert)
 FF_KINDS = ("", "_shexp", "_exps")

@@ -59,8 +59,9 @@ def moe(c, il: int, cur):
     x = B.mul(x, weights, name=f"ffn_moe_weighted-{il}")
     up = B.mul_mat_id(w[p + "ffn_up_exps.weight"], x, chosen, name=f"ffn_moe_up-{il}")
     gate = B.mul_mat_id(w[p + "ffn_gate_exps.weight"], x, chosen, name=f"ffn_moe_gate-{il}")
-    act = B.swiglu_split(gate, up, name=f"ffn_moe_swiglu-{il}")
-    out = c.sum_experts(il, B.mul_mat_id(w[p + "ffn_down_exps.weight"], act, chosen, name=f"ffn_moe_down-{il}"))
+    act = c.experts_whole(il, B.swiglu_split(gate, up, name=f"ffn_moe_swiglu-{il}"))
+    out = c.rows_whole(il, c.sum_experts(il, B.mul_mat_id(w[p + "ffn_down_exps.weight"], act, chosen,
+                                                          name=f"ffn_moe_down-{il}")))
     shared = c.ffn(il, cur, suffix="_shexp", scales=False)
     return B.add(out, shared, name=f"ffn_moe_out_merged-{il}")
 
