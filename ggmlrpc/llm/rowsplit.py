@@ -82,20 +82,25 @@ def cuts(n: int, shares: Sequence[float], align: int = 1) -> list[tuple[int, int
     return list(zip(bounds, bounds[1:]))
 
 
-def cut_tensor(ti: TensorInfo, axis: int, a: int, b: int) -> TensorInfo:
+def cut_tensor(ti: TensorInfo, axis: int, a: int, b: int, *more: int) -> TensorInfo:
     """Rows [a, b) of a matrix, of every matrix of a stack (axis 1), or elements [a, b)
-    of every row (axis 0)."""
+    of every row (axis 0); `more`: further (start, end) pairs, their pieces put after
+    it in order (a fused matrix's parts: q, k and v rows, or gate and up rows)."""
+    spans = [(a, b), *zip(more[::2], more[1::2])]
+    n = sum(e - s for s, e in spans)
     rows = ti.ne[1] * ti.ne[2] * ti.ne[3]
     raw = ti.data.reshape(rows, ti.nbytes // rows)
     if axis == 1:     # of each matrix of a stack (the experts')
-        part = raw.reshape(rows // ti.ne[1], ti.ne[1], -1)[:, a:b]
-        return TensorInfo(ti.name, ti.type, (ti.ne[0], b - a, *ti.ne[2:]), np.ascontiguousarray(part).reshape(-1))
+        stack = raw.reshape(rows // ti.ne[1], ti.ne[1], -1)
+        part = np.concatenate([stack[:, s:e] for s, e in spans], axis=1)
+        return TensorInfo(ti.name, ti.type, (ti.ne[0], n, *ti.ne[2:]), np.ascontiguousarray(part).reshape(-1))
     bs, ts = blck_size(ti.type), type_size(ti.type)
-    if a % bs or b % bs:
-        raise ModelError(f"-sm row: {ti.name} cannot be cut at column {a if a % bs else b} "
-                         f"(its type has blocks of {bs}); use -sm layer")
-    data = np.ascontiguousarray(raw[:, a // bs * ts:b // bs * ts]).reshape(-1)
-    return TensorInfo(ti.name, ti.type, (b - a, *ti.ne[1:]), data)
+    for s, e in spans:
+        if s % bs or e % bs:
+            raise ModelError(f"-sm row: {ti.name} cannot be cut at column {s if s % bs else e} "
+                             f"(its type has blocks of {bs}); use -sm layer")
+    part = np.concatenate([raw[:, s // bs * ts:e // bs * ts] for s, e in spans], axis=1)
+    return TensorInfo(ti.name, ti.type, (n, *ti.ne[1:]), np.ascontiguousarray(part).reshape(-1))
 
 
 @dataclasses.dataclass
@@ -116,7 +121,8 @@ class Shard:
 ROW_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe")   # llama's layer, nothing added to it
 # over linked servers only: the architecture's own layer, its pieces gathered where
 # they meet (blocks.Ctx.tp); each tested against the single device bit for bit
-LINKED_ARCHS = ROW_ARCHS + ("mistral3", "qwen2moe", "gemma2", "gemma3", "gpt-oss", "glm4moe", "llama4")
+LINKED_ARCHS = ROW_ARCHS + ("mistral3", "qwen2moe", "gemma2", "gemma3", "gpt-oss", "glm4moe", "llama4", "phi2",
+                            "phi3")
 # the per-layer tensors whose rows (axis 1) or elements (axis 0) follow the cut
 # feed-forwards (of the dense layer, the shared expert, each routed expert)
 FF_KINDS = ("", "_shexp", "_exps")
@@ -157,10 +163,16 @@ def _cuts(hp: HParams, f: GGUFFile, layers: list[int], shares: Sequence[float], 
             cuts(hp.n_vocab, shares)]
 
 
+def ff_width_of(f: GGUFFile, il: int, kind: str) -> int:
+    """Layer il's hidden width of its feed-forward `kind` (FF_KINDS: its down
+    matrix's input), 0 where it has none."""
+    t = f.tensors.get(f"blk.{il}.ffn_down{kind}.weight")
+    return t.ne[0] if t is not None else 0
+
+
 def ff_widths(f: GGUFFile, layers: list[int]) -> set[int]:
     """The widths of every feed-forward of these layers (dense, shared and routed experts)."""
-    return {f.tensors[n].ne[1] for il in layers for k in FF_KINDS
-            if (n := f"blk.{il}.ffn_up{k}.weight") in f.tensors}
+    return {w for il in layers for k in FF_KINDS if (w := ff_width_of(f, il, k))}
 
 
 def _generic_refusal(arch, hp: HParams, f: GGUFFile, layers: list[int], combine: str, linked: bool) -> str | None:
@@ -185,7 +197,7 @@ def refusal(arch, hp: HParams, f: GGUFFile, layers: list[int], shares: Sequence[
             combine: str = "gather", linked: bool = False) -> str | None:
     """Why these layers of this model cannot be cut over devices of these shares
     (None: they can); `linked`: over servers that link to each other (ggmlrpc.peers)."""
-    fused = any(f"blk.{il}.attn_qkv.weight" in f.tensors for il in layers)
+    fused = any(f"blk.{il}.attn_qkv.weight" in f.tensors for il in layers) and arch.name in ROW_ARCHS
     if arch.name not in LINKED_ARCHS or fused or any(name.endswith(".scale") for name in f.tensors):
         return (f"-sm row does not support architecture {arch.name!r} ({', '.join(ROW_ARCHS)}; over linked "
                 f"servers also {', '.join(a for a in LINKED_ARCHS if a not in ROW_ARCHS)}); use -sm layer")
@@ -261,13 +273,19 @@ class RowSplit:
         # its down matrix by its output rows; the routers whole
         del rules["attn_output.weight"]
         rules["attn_sinks.weight"] = (0, sh.kv_heads[0] * group, sh.kv_heads[1] * group)
+        e, kv = self.hp.n_head * hd, self.hp.n_head_kv * hd     # one fused q/k/v matrix: each part's rows
+        fused = (q0, q1, e + k0, e + k1, e + kv + k0, e + kv + k1)
+        rules.update({"attn_qkv.weight": (1, *fused), "attn_qkv.bias": (0, *fused)})
         for k in FF_KINDS:
-            up = f.tensors.get(f"blk.{il}.ffn_up{k}.weight")
-            if up is None:
+            width = ff_width_of(f, il, k)
+            if not width:
                 continue
-            a, b = cuts(up.ne[1], self.shares)[self.shards_index(sh)]
-            rules.update({f"ffn_gate{k}.weight": (1, a, b), f"ffn_up{k}.weight": (1, a, b),
-                          f"ffn_gate{k}.bias": (0, a, b), f"ffn_up{k}.bias": (0, a, b),
+            a, b = cuts(width, self.shares)[self.shards_index(sh)]
+            up = (a, b)
+            if f"blk.{il}.ffn_gate{k}.weight" not in f.tensors and f.tensors[f"blk.{il}.ffn_up{k}.weight"].ne[1] == 2 * width:
+                up = (a, b, width + a, width + b)    # gate and up in one matrix: each half's rows
+            rules.update({f"ffn_gate{k}.weight": (1, a, b), f"ffn_up{k}.weight": (1, *up),
+                          f"ffn_gate{k}.bias": (0, a, b), f"ffn_up{k}.bias": (0, *up),
                           f"ffn_down{k}.weight": (1, *sh.embd), f"ffn_down{k}.bias": (0, *sh.embd)})
         return rules
 
@@ -505,7 +523,7 @@ class _Pieces:
         elif kind == "embd":
             cut = [s.embd for s in rs.shards]
         else:
-            cut = cuts(rs.file.tensors[f"blk.{il}.{kind}.weight"].ne[1], rs.shares)
+            cut = cuts(ff_width_of(rs.file, il, kind[len("ffn_up"):]), rs.shares)
         bounds = [a for a, _ in cut] + [cut[-1][1]]
         self.n += 1
         return B._node(peers.OP_GATHER, GGMLType.F32, (bounds[-1], t.ne[1]), t,

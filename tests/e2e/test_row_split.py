@@ -58,9 +58,9 @@ def test_row_split_places_the_heads(tmp_path, servers):
 
 
 def test_row_split_errors(tmp_path, servers, capsys):
-    phi2 = synth.write_model(tmp_path / "phi2.gguf", "phi2", SHAPE, "f32", seed=5)    # fused q/k/v
-    with pytest.raises(ModelError, match="-sm row does not support architecture 'phi2'"):
-        Model.load(phi2, rpc=servers, split_mode="row")
+    mla = synth.write_model(tmp_path / "mla.gguf", "deepseek2", SHAPE, "f32", seed=5)    # latent attention
+    with pytest.raises(ModelError, match="-sm row does not support architecture 'deepseek2'"):
+        Model.load(mla, rpc=servers, split_mode="row")
     moe = synth.write_model(tmp_path / "moe.gguf", "qwen2moe", SHAPE, "f32", seed=5)   # a shared expert
     with pytest.raises(ModelError, match="architecture 'qwen2moe' over linked servers only"):
         Model.load(moe, rpc=servers, split_mode="row")      # servers without --peers
@@ -136,9 +136,9 @@ def test_auto_split_says_what_it_chose_and_runs_it(tmp_path, servers, capfd):
 
 
 def test_auto_split_keeps_layer_where_rows_cannot_be_cut(tmp_path, servers):
-    phi2 = synth.write_model(tmp_path / "moe.gguf", "phi2", SHAPE, "f32", seed=5)
+    mla = synth.write_model(tmp_path / "mla.gguf", "deepseek2", SHAPE, "f32", seed=5)
     llama = synth.write_model(tmp_path / "llama.gguf", "llama", SHAPE, "f32", seed=5)
-    for path, kw, why in ((phi2, dict(rpc=servers), "-sm row does not support architecture 'phi2'"),
+    for path, kw, why in ((mla, dict(rpc=servers), "-sm row does not support architecture 'deepseek2'"),
                           (llama, dict(rpc=servers[:1]), "fewer than two servers"),
                           (llama, dict(rpc=servers, reconnect=5), "--reconnect needs -sm layer"),
                           (llama, dict(rpc=servers, n_gpu_layers=0), "fewer than two servers")):

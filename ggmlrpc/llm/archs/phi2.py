@@ -22,11 +22,13 @@ def layer(c, il: int, x):
     up = B.mul_mat(w[p + "ffn_up.weight"], cur, name=f"ffn_up-{il}")
     if p + "ffn_up.bias" in w:
         up = B.add(up, w[p + "ffn_up.bias"], name=f"ffn_up_b-{il}")
-    ffn = B.mul_mat(w[p + "ffn_down.weight"], B.unary(GGMLUnaryOp.GELU, up, name=f"ffn_gelu-{il}"),
-                    name=f"ffn_down-{il}")
+    act = B.unary(GGMLUnaryOp.GELU, up, name=f"ffn_gelu-{il}")
+    if c.tp is not None:     # -sm row over linked servers: every device's hidden rows
+        act = c.tp.gather(act, "ffn_up", il)
+    ffn = B.mul_mat(w[p + "ffn_down.weight"], act, name=f"ffn_down-{il}")
     if p + "ffn_down.bias" in w:
         ffn = B.add(ffn, w[p + "ffn_down.bias"], name=f"ffn_out-{il}")
-    return B.add(B.add(attn, ffn), x, name=f"l_out-{il}")
+    return B.add(B.add(attn, c.rows_whole(il, ffn)), x, name=f"l_out-{il}")
 
 
 def write(s) -> None:

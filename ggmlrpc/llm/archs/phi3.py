@@ -23,8 +23,10 @@ def layer(c, il: int, x):
     ffn_inp = B.add(cur, x, name=f"ffn_inp-{il}")
     cur = c.norm(ffn_inp, "ffn_norm", il)
     up = B.mul_mat(w[p + "ffn_up.weight"], cur, name=f"ffn_up-{il}")   # gate and up halves
-    cur = B.mul_mat(w[p + "ffn_down.weight"], B.glu(GGMLGluOp.SWIGLU, up, name=f"ffn_swiglu-{il}"),
-                    name=f"ffn_out-{il}")
+    act = B.glu(GGMLGluOp.SWIGLU, up, name=f"ffn_swiglu-{il}")
+    if c.tp is not None:     # -sm row over linked servers: every device's hidden rows
+        act = c.tp.gather(act, "ffn_up", il)
+    cur = c.rows_whole(il, B.mul_mat(w[p + "ffn_down.weight"], act, name=f"ffn_out-{il}"))
     return B.add(cur, ffn_inp, name=f"l_out-{il}")
 
 
