@@ -191,7 +191,12 @@ class Ctx:
                 t = B.add(t, w[p + f"attn_{name}.bias"], name=f"{name.upper()}cur-{il}")
             nw = w.get(p + f"attn_{name}_norm.weight")
             if nw is not None and nw.ne[0] != hd:
-                t = B.mul(B.rms_norm(t, hp.eps), nw, name=f"{name.upper()}cur_normed-{il}")
+                if self.tp is None:
+                    t = B.mul(B.rms_norm(t, hp.eps), nw, name=f"{name.upper()}cur_normed-{il}")
+                else:      # over every device's heads, then this device's again
+                    whole = B.mul(B.rms_norm(self.tp.gather(t, name, il), hp.eps), nw,
+                                  name=f"{name.upper()}cur_normed-{il}")
+                    t = self.tp.mine(whole, name, il)
             t = B.reshape(t, (hd, n_head, T))
             if nw is not None and nw.ne[0] == hd:
                 t = B.mul(B.rms_norm(t, hp.eps), nw, name=f"{name.upper()}cur_normed-{il}")

@@ -122,7 +122,7 @@ ROW_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe")   # llama's layer, nothing a
 # over linked servers only: the architecture's own layer, its pieces gathered where
 # they meet (blocks.Ctx.tp); each tested against the single device bit for bit
 LINKED_ARCHS = ROW_ARCHS + ("mistral3", "qwen2moe", "gemma2", "gemma3", "gpt-oss", "glm4moe", "llama4", "phi2",
-                            "phi3")
+                            "phi3", "minimax-m2")
 # the per-layer tensors whose rows (axis 1) or elements (axis 0) follow the cut
 # feed-forwards (of the dense layer, the shared expert, each routed expert)
 FF_KINDS = ("", "_shexp", "_exps")
@@ -185,11 +185,8 @@ def _generic_refusal(arch, hp: HParams, f: GGUFFile, layers: list[int], combine:
     if hp.n_head_kv_arr or hp.head_dim_swa or hp.n_layer_kv or (hp.head_dim_v and hp.head_dim_v != hp.head_dim):
         return "-sm row: the layers' heads differ in number or size; use -sm layer"
     for il in layers:
-        p = f"blk.{il}."
-        norms = [f.tensors.get(p + n) for n in ("attn_q_norm.weight", "attn_k_norm.weight")]
-        if p + "ffn_gate_up_exps.weight" in f.tensors or any(
-                t is not None and t.ne[0] != hp.head_dim for t in norms):
-            return f"-sm row cannot cut layer {il} of this {arch.name} (merged or whole-width tensors); use -sm layer"
+        if f"blk.{il}.ffn_gate_up_exps.weight" in f.tensors:
+            return f"-sm row cannot cut layer {il} of this {arch.name} (merged expert matrices); use -sm layer"
     return None
 
 
@@ -509,25 +506,35 @@ class _Pieces:
     """blocks.Ctx.tp of one device of linked servers (`rank` of the row split's):
     gather(t, kind, il) is an OP_GATHER of every device's rows of t (rows, columns),
     cut as RowSplit cuts the weights: "heads" (an attention's output, whole heads),
+    "q" and "k" (the query's and key's projected rows, for a norm over all heads),
     "embd" (the output rows of a down matrix), or a feed-forward's hidden rows by
     the name of its up matrix ("ffn_up", "ffn_up_shexp", "ffn_up_exps")."""
 
     def __init__(self, rs: RowSplit, rank: int):
         self.rs, self.rank, self.n = rs, rank, 0
 
-    def gather(self, t, kind: str, il: int):
+    def _cut(self, kind: str, il: int) -> list[tuple[int, int]]:
         rs, hp = self.rs, self.rs.hp
-        if kind == "heads":
-            width = (hp.head_dim_v or hp.head_dim_of(il)) * (hp.n_head // hp.n_head_kv)
-            cut = [tuple(h * width for h in s.kv_heads) for s in rs.shards]
-        elif kind == "embd":
-            cut = [s.embd for s in rs.shards]
-        else:
-            cut = cuts(ff_width_of(rs.file, il, kind[len("ffn_up"):]), rs.shares)
+        group = hp.n_head // hp.n_head_kv
+        if kind in ("heads", "q", "k"):     # the attention's output; the projections' rows
+            width = {"heads": (hp.head_dim_v or hp.head_dim_of(il)) * group, "q": hp.head_dim_of(il) * group,
+                     "k": hp.head_dim_of(il)}[kind]
+            return [tuple(h * width for h in s.kv_heads) for s in rs.shards]
+        if kind == "embd":
+            return [s.embd for s in rs.shards]
+        return cuts(ff_width_of(rs.file, il, kind[len("ffn_up"):]), rs.shares)
+
+    def gather(self, t, kind: str, il: int):
+        cut = self._cut(kind, il)
         bounds = [a for a, _ in cut] + [cut[-1][1]]
         self.n += 1
         return B._node(peers.OP_GATHER, GGMLType.F32, (bounds[-1], t.ne[1]), t,
                        params=peers.gather_params(self.rank, bounds), name=f"{kind}-{il}-{self.n}")
+
+    def mine(self, whole, kind: str, il: int):
+        """This device's rows of a gathered (rows, columns) tensor, contiguous."""
+        a, b = self._cut(kind, il)[self.rank]
+        return B.cont(B.view(whole, (b - a, whole.ne[1]), (4, whole.nb[1]), 4 * a))
 
 
 def _mid(c: Ctx, il: int, o, x, ids, norm_w: bool = False):

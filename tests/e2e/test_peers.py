@@ -52,7 +52,7 @@ def test_linked_servers_give_the_hosts_logits(tmp_path, linked, arch, dtype):
             assert max(nmse(a, b) for a, b in zip(row, one)) <= 1e-6, (fa, kw)
 
 
-@pytest.mark.parametrize("name", ["mistral3", "qwen2moe", "gemma2", "gemma3", "gpt-oss", "glm4moe", "llama4", "phi2", "phi3"])
+@pytest.mark.parametrize("name", ["mistral3", "qwen2moe", "gemma2", "gemma3", "gpt-oss", "glm4moe", "llama4", "phi2", "phi3", "minimax-m2"])
 def test_linked_servers_cut_other_architectures(tmp_path, linked, name):
     """The architectures cut over linked servers only (their own layers, the pieces
     gathered where they meet: heads before the attention's projection, each

@@ -99,7 +99,7 @@ def test_row_split_cuts_every_expert(ref_bin, moe_models, arch, server_proc, ref
             assert same_text(mine, ref), (kind, ts, srv is theirs, srv is linked)
 
 
-@pytest.mark.parametrize("arch", ["mistral3", "qwen2moe", "gemma2", "gpt-oss", "glm4moe", "llama4", "phi2", "phi3"])
+@pytest.mark.parametrize("arch", ["mistral3", "qwen2moe", "gemma2", "gpt-oss", "glm4moe", "llama4", "phi2", "phi3", "minimax-m2"])
 def test_row_split_of_other_architectures_over_linked_servers(ref_bin, tmp_path, arch, server_proc, capfdbinary):
     """The architectures cut over linked servers only (their own layers, the pieces
     gathered on the servers): llama-completion's text, with flash attention on and
@@ -119,7 +119,7 @@ def test_row_split_of_other_architectures_over_linked_servers(ref_bin, tmp_path,
         assert same_text(mine, ref), (arch, fa)
 
 
-@pytest.mark.parametrize("arch", ["mistral3", "qwen2moe", "gemma2", "gpt-oss", "glm4moe", "llama4", "phi2", "phi3"])
+@pytest.mark.parametrize("arch", ["mistral3", "qwen2moe", "gemma2", "gpt-oss", "glm4moe", "llama4", "phi2", "phi3", "minimax-m2"])
 def test_row_split_of_other_architectures_over_three_servers(ref_bin, tmp_path, arch, server_proc, capfdbinary):
     """The same architectures quantized (Q8_0) over three linked servers, unequal
     shares (-ts 2,1,1 of four KV heads): llama-completion's text."""
