@@ -283,11 +283,17 @@ def test_exchanges_in_the_metrics(tmp_path):
             s.metrics.close()
 
 
-def test_linked_servers_run_several_sequences(tmp_path, linked):
+@pytest.mark.parametrize("name", ["llama", "gemma2"])
+def test_linked_servers_run_several_sequences(tmp_path, linked, name):
     """serve -np: sequences of different lengths in one step, each one's logits those
-    of the host's combines (bit for bit) and within NMSE 1e-6 of one device."""
+    of the host's combines (bit for bit, llama) and within NMSE 1e-6 of one device
+    (gemma2's sliding-window layers too, with and without flash attention: bit for
+    bit)."""
+    import dataclasses
+    from ggmlrpc.llm.archs import ARCHS
     eps, _ = linked
-    path = synth.write_model(tmp_path / "m.gguf", "llama", SHAPE, "q8_0", seed=7)
+    arch = next(a for a in ARCHS.values() if name in a.synth)
+    path = synth.write_model(tmp_path / "m.gguf", name, dataclasses.replace(SHAPE, **arch.test_shape), "q8_0", seed=7)
 
     def run(**kw):
         with Model.load(path, n_seq=3, **kw) as m:
@@ -295,13 +301,18 @@ def test_linked_servers_run_several_sequences(tmp_path, linked):
             out = m.decode([(a, [1, 5, 9, 20]), (b, [1, 7, 3]), (c, [2])])
             if kw.get("split_mode"):
                 assert m.rows.linked is kw.get("peers", True)
-            return out + m.decode([(a, [11]), (c, [12, 13])]) + m.decode([(a, [4]), (b, [5]), (c, [6])])
+            out += m.decode([(a, [11]), (c, [12, 13])]) + m.decode([(a, [4]), (b, [5]), (c, [6])])
+            return out + m.decode([(a, list(range(20, 32))), (b, [8])])    # a past gemma2's window
 
-    one = run(n_gpu_layers=0)
-    row = run(rpc=eps[:2], split_mode="row", tensor_split=[1, 1])
-    host = run(rpc=eps[:2], split_mode="row", tensor_split=[1, 1], peers=False)
-    assert all(np.array_equal(a, b) for a, b in zip(row, host))
-    assert max(nmse(a, b) for a, b in zip(row, one)) <= 1e-6
+    for fa in (True, False) if name != "llama" else (True,):
+        one = run(n_gpu_layers=0, flash_attn=fa)
+        row = run(rpc=eps[:2], split_mode="row", tensor_split=[1, 1], flash_attn=fa)
+        if name == "llama":
+            host = run(rpc=eps[:2], split_mode="row", tensor_split=[1, 1], peers=False)
+            assert all(np.array_equal(a, b) for a, b in zip(row, host))
+            assert max(nmse(a, b) for a, b in zip(row, one)) <= 1e-6
+        else:
+            assert all(np.array_equal(a, b) for a, b in zip(row, one)), fa
 
 
 def test_a_peer_that_never_answers_stalls_no_one_else(tmp_path, monkeypatch):
