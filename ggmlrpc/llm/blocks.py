@@ -69,7 +69,8 @@ class Ctx:
         # -sm row over linked servers (rowsplit): this device holds some heads and
         # some rows of each matrix; tp.gather(t, kind, il) gives every device's rows
         # of t, where a layer's pieces meet (attention before its projection, the
-        # feed-forward's hidden rows and its output rows)
+        # feed-forward's hidden rows and its output rows); tp.writes(il): whether
+        # this graph writes layer il's cache rows
         self.tp = None
         for name in ("rope_freqs.weight", "rope_factors_long.weight" if n_ctx > self.n_ctx_orig
                      else "rope_factors_short.weight"):
@@ -213,6 +214,8 @@ class Ctx:
         """The K and V rows of the batch's tokens, (n_embd_kv, T) and (n_embd_v, T),
         written to layer il's cache cells (V transposed without flash attention),
         before the attention that reads them."""
+        if self.tp is not None and not self.tp.writes(il):
+            return
         k_idx, v_idx, _ = self.attn_in_swa if self.hp.is_swa(il) else self.attn_in
         cache_k, cache_v = self.st.kv[il]
         self.g.expand(B.set_rows(cache_k, k, k_idx))

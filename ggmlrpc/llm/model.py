@@ -44,7 +44,7 @@ from .kv_cache import KV_PAD, KVCache, SwaCells
 from .placement import (Device, Stage, StageGraph, alloc_stage, assign_layers, device_shares, open_devices,
                         plan_stages, send_weights, stage_graph)
 from . import autosplit
-from .rowsplit import SPLIT_MODES, RowSplit, linkable, refusal as row_refusal
+from .rowsplit import SPLIT_MODES, RowSplit, refusal as row_refusal
 from .sampling import Sampler
 from .tokenizer import Tokenizer
 
@@ -175,7 +175,7 @@ class Model:
         shares = device_shares(remote, tensor_split) if remote else []
         layers = list(range(n_layer - min(max(n_gpu_layers, 0), n_layer), n_layer))
         why = self.reconnect > 0 and "--reconnect needs -sm layer" or \
-            (layers and row_refusal(self.arch, self.hp, self.file, layers, shares, linked=self._linkable(remote, shares)))
+            (layers and row_refusal(self.arch, self.hp, self.file, layers, shares))
         return autosplit.choose(self.file, n_layer, remote, shares, n_gpu_layers, why or None)
 
     def _plan_rows(self, cpu: Device, remote: list[Device], n_gpu_layers: int, tensor_split) -> None:
@@ -188,14 +188,9 @@ class Model:
         self.stages = [Stage(cpu, list(range(start)), embed=True)]
         if not output:
             self.stages.append(Stage(cpu, [], output=True))
-        shares = device_shares(remote, tensor_split)
-        self.rows = RowSplit(self.arch, self.hp, self.file, self.kv, remote, shares, list(range(start, n_layer)),
-                             output, self.flash_attn, self.n_ctx, self.row_combine, self.n_ubatch,
-                             linked=self._linkable(remote, shares))
-
-    def _linkable(self, remote: list[Device], shares: Seq[float]) -> bool:
-        """Whether -sm row over these devices may link them (ggmlrpc.peers)."""
-        return self.peers and linkable([d.backend for d, s in zip(remote, shares) if s > 0])
+        self.rows = RowSplit(self.arch, self.hp, self.file, self.kv, remote, device_shares(remote, tensor_split),
+                             list(range(start, n_layer)), output, self.flash_attn, self.n_ctx, self.row_combine,
+                             self.n_ubatch)
 
     def _upload(self, progress) -> None:
         total = sum(self._alloc_stage(st) for st in self.stages) + (self.rows.alloc() if self.rows else 0)

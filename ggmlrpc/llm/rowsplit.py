@@ -119,9 +119,10 @@ class Shard:
 
 
 ROW_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe")   # llama's layer, nothing added to it
-# over linked servers only: the architecture's own layer, its pieces gathered where
-# they meet (blocks.Ctx.tp); each tested against the single device bit for bit
-LINKED_ARCHS = ROW_ARCHS + ("mistral3", "qwen2moe", "gemma2", "gemma3", "gpt-oss", "glm4moe", "llama4", "phi2",
+# the architecture's own layers, their pieces gathered where they meet (blocks.Ctx.tp:
+# on linked servers, else by the host in segments, _build_relay); each tested against
+# the single device bit for bit
+CUT_ARCHS = ROW_ARCHS + ("mistral3", "qwen2moe", "gemma2", "gemma3", "gpt-oss", "glm4moe", "llama4", "phi2",
                             "phi3", "minimax-m2")
 # the per-layer tensors whose rows (axis 1) or elements (axis 0) follow the cut
 # feed-forwards (of the dense layer, the shared expert, each routed expert)
@@ -175,11 +176,8 @@ def ff_widths(f: GGUFFile, layers: list[int]) -> set[int]:
     return {w for il in layers for k in FF_KINDS if (w := ff_width_of(f, il, k))}
 
 
-def _generic_refusal(arch, hp: HParams, f: GGUFFile, layers: list[int], combine: str, linked: bool) -> str | None:
-    """Why an architecture of LINKED_ARCHS outside ROW_ARCHS cannot be cut here."""
-    if not linked:
-        return (f"-sm row cuts architecture {arch.name!r} over linked servers only (ggml-rpc-server --peers, "
-                f"one device each); use -sm layer")
+def _generic_refusal(arch, hp: HParams, f: GGUFFile, layers: list[int], combine: str) -> str | None:
+    """Why an architecture of CUT_ARCHS outside ROW_ARCHS cannot be cut here."""
     if combine != "gather":
         return f"-sm row cuts architecture {arch.name!r} with the gather combine only"
     if hp.n_head_kv_arr or hp.head_dim_swa or hp.n_layer_kv or (hp.head_dim_v and hp.head_dim_v != hp.head_dim):
@@ -191,15 +189,14 @@ def _generic_refusal(arch, hp: HParams, f: GGUFFile, layers: list[int], combine:
 
 
 def refusal(arch, hp: HParams, f: GGUFFile, layers: list[int], shares: Sequence[float],
-            combine: str = "gather", linked: bool = False) -> str | None:
+            combine: str = "gather") -> str | None:
     """Why these layers of this model cannot be cut over devices of these shares
-    (None: they can); `linked`: over servers that link to each other (ggmlrpc.peers)."""
+    (None: they can)."""
     fused = any(f"blk.{il}.attn_qkv.weight" in f.tensors for il in layers) and arch.name in ROW_ARCHS
-    if arch.name not in LINKED_ARCHS or fused or any(name.endswith(".scale") for name in f.tensors):
-        return (f"-sm row does not support architecture {arch.name!r} ({', '.join(ROW_ARCHS)}; over linked "
-                f"servers also {', '.join(a for a in LINKED_ARCHS if a not in ROW_ARCHS)}); use -sm layer")
+    if arch.name not in CUT_ARCHS or fused or any(name.endswith(".scale") for name in f.tensors):
+        return (f"-sm row does not support architecture {arch.name!r} ({', '.join(CUT_ARCHS)}); use -sm layer")
     if arch.name not in ROW_ARCHS or hp.n_swa:
-        why = _generic_refusal(arch, hp, f, layers, combine, linked)
+        why = _generic_refusal(arch, hp, f, layers, combine)
     else:
         why = hp.n_expert and _moe_refusal(arch, f, layers, combine)
     if why:
@@ -220,15 +217,15 @@ class RowSplit:
 
     def __init__(self, arch, hp: HParams, f: GGUFFile, kv: KVCache, devices: list[Device],
                  shares: Sequence[float], layers: list[int], output: bool, flash_attn: bool, n_ctx: int,
-                 combine: str = "gather", n_ubatch: int = 512, linked: bool = False):
+                 combine: str = "gather", n_ubatch: int = 512):
         if combine not in COMBINES:
             raise ModelError(f"row combine must be one of {', '.join(COMBINES)}, got {combine!r}")
-        why = refusal(arch, hp, f, layers, shares, combine, linked)
+        why = refusal(arch, hp, f, layers, shares, combine)
         if why:
             raise ModelError(why)
-        # the architecture's own layers with their pieces gathered on the servers: no
-        # host-combined form (its segments are llama's layer)
-        self.needs_link = arch.name not in ROW_ARCHS or bool(hp.n_swa)
+        # without a link the host combines the architecture's own layers through
+        # _build_relay's segments (the others' are llama's layer)
+        self.relay = arch.name not in ROW_ARCHS or bool(hp.n_swa)
         self.combine, self.n_ubatch = combine, n_ubatch
         self.linked = False      # the servers swap the pieces themselves (ggmlrpc.peers)
         keep = [i for i, s in enumerate(shares) if s > 0]
@@ -338,9 +335,6 @@ class RowSplit:
         token, eps = secrets.randbits(64), [b.endpoint for b in bes]
         answers = [b.request_peer_group(token, r, eps) for r, b in enumerate(bes)]
         self.linked = all([a() for a in answers])
-        if not self.linked and self.needs_link:
-            raise ModelError(f"-sm row: the servers could not link to each other (their logs say why), and "
-                             f"architecture {self.arch.name!r} is cut over linked servers only; use -sm layer")
         if not self.linked:
             log.warning("-sm row: the servers could not link to each other (their logs say why); "
                         "the host combines their results instead")
@@ -355,6 +349,8 @@ class RowSplit:
         segs += [(("out",), rows)] * self.output
         if self.linked:
             segs = [(("token",), key)]
+        elif self.relay:
+            segs = [(("relay", il, 0), key)] + [(("relay", "out"), rows)] * self.output
         for sh in self.shards:
             for seg, k in segs:
                 self._graph(sh, seg, k)
@@ -365,8 +361,10 @@ class RowSplit:
         st = sh.stage
         g = st.graphs.get((seg, key))
         if g is None:
-            g = stage_graph(st, (seg, key), lambda st, _, align: (
-                self._build_token(sh, key, align) if seg == ("token",) else self._build(sh, seg, key, align)), {})
+            build = (self._build_token if seg == ("token",) else self._build_relay if seg[0] == "relay"
+                     else lambda sh, key, align: self._build(sh, seg, key, align))
+            g = stage_graph(st, (seg, key), lambda st, _, align: build(sh, key, align) if seg[0] != "relay"
+                            else build(sh, seg, key, align), {})
             g.wire = serialize_graph(st.device.index, g.graph.nodes)
             if sh.held and sh.held not in st.graphs:
                 sh.held = None        # the buffers grew: the device's graph is gone
@@ -388,6 +386,48 @@ class RowSplit:
         y = c.output(x) if self.output else x
         c.g.expand(y, output=True)
         return StageGraph(key, c.g, {t.name: t for t in c.inp.tensors}, y, c.inp)
+
+    def _build_relay(self, sh: Shard, seg: tuple, key: tuple, align: int) -> StageGraph:
+        """The host-combined form of the architecture's own layers (architectures
+        outside ROW_ARCHS over servers that do not link): segment ("relay", il, j)
+        runs layer il from its input "x" up to its j-th gather, whose piece is the
+        output; the gathers before it read what the host made of their pieces
+        (inputs "g{il}_{i}"), and only the first segment to reach the layer's cache
+        writes writes them. Past the layer's last gather the segment's output is the layer's
+        output. ("relay", "out"): the output layer's rows."""
+        c = Ctx(self.arch, sh.hp, sh.stage, self.kv.cells, self.flash_attn, self.n_ctx, key, align)
+        x = c.inp.new(GGMLType.F32, (self.hp.n_embd, key[0]), "x")
+        stopped = False
+        if seg[1] == "out":
+            y = c.output(x)
+        else:
+            il, j = seg[1:]
+            c.tp = _Relay(self, self.shards.index(sh), c, il, j)
+            c.layer_inputs()
+            try:
+                y = self.arch.layer(c, il, x)
+            except _Stop as stop:
+                y, stopped = stop.piece, True
+        c.g.expand(y, output=True)
+        g = StageGraph(key, c.g, {t.name: t for t in c.inp.tensors}, y, c.inp)
+        g.stopped = stopped
+        return g
+
+    def _run_relay(self, key: tuple, values: dict, x: np.ndarray) -> np.ndarray:
+        """Each layer's segments in turn on every device, the host putting each
+        gather's pieces side by side (as linked servers do among themselves); the
+        layer's output from the first device."""
+        inputs = dict(values)
+        for il in self.layers:
+            inputs["x"], j = x, 0
+            while self._graph(self.shards[0], ("relay", il, j), key).stopped:
+                inputs[f"g{il}_{j}"] = _cat(self._combine(("relay", il, j), key, inputs))
+                j += 1
+            x = self._combine(("relay", il, j), key, inputs, self.shards[:1])[0].copy()
+        if not self.output:
+            return x
+        R = x.shape[0]
+        return _cat(self._combine(("relay", "out"), (R, 0, R, 0, ()), {"x": x}))
 
     def _build(self, sh: Shard, seg: tuple, key: tuple, align: int) -> StageGraph:
         """One segment: attention of layer il, or its feed-forward (each up to the
@@ -430,15 +470,16 @@ class RowSplit:
                 own["v_idxs" + suffix] = (chan[None, :] + values["k_idxs" + suffix][:, None]).reshape(-1)
         return own
 
-    def _combine(self, seg: tuple, key: tuple, values: dict) -> list[np.ndarray]:
-        """Run one segment on every device: each device's inputs, graph and the read
-        of its result go in one write, every device before the first answer is read."""
+    def _combine(self, seg: tuple, key: tuple, values: dict, shards: list | None = None) -> list[np.ndarray]:
+        """Run one segment on every device (or on `shards`): each device's inputs,
+        graph and the read of its result go in one write, every device before the
+        first answer is read."""
         answers = []
-        for sh in self.shards:
+        for sh in self.shards if shards is None else shards:
             be, dev = sh.stage.device.backend, sh.stage.device.index
             g = self._graph(sh, seg, key)
             with be.corked():
-                g.write_inputs(be, values if seg[0] not in ("attn", "heads") else self._own(sh, values))
+                g.write_inputs(be, values if seg[0] not in ("attn", "heads", "relay") else self._own(sh, values))
                 if sh.held == (seg, key):
                     be.graph_recompute(dev)
                 else:
@@ -456,6 +497,8 @@ class RowSplit:
         x = np.frombuffer(x, np.float32).reshape(T, self.hp.n_embd)
         if self.linked:
             return self._run_linked(key, values, x)
+        if self.relay:
+            return self._run_relay(key, values, x)
         last = self.hp.n_layer - 1
         out_ids = values["out_ids"]
         for il in self.layers:
@@ -531,10 +574,42 @@ class _Pieces:
         return B._node(peers.OP_GATHER, GGMLType.F32, (bounds[-1], t.ne[1]), t,
                        params=peers.gather_params(self.rank, bounds), name=f"{kind}-{il}-{self.n}")
 
+    def writes(self, il: int) -> bool:
+        return True
+
     def mine(self, whole, kind: str, il: int):
         """This device's rows of a gathered (rows, columns) tensor, contiguous."""
         a, b = self._cut(kind, il)[self.rank]
         return B.cont(B.view(whole, (b - a, whole.ne[1]), (4, whole.nb[1]), 4 * a))
+
+
+class _Stop(Exception):
+    """A relay segment reached its gather: `piece` is its output."""
+
+    def __init__(self, piece):
+        super().__init__()
+        self.piece = piece
+
+
+class _Relay(_Pieces):
+    """blocks.Ctx.tp of the host-combined form (RowSplit._build_relay): layer il's
+    gather number `stop` ends the graph (_Stop); every other gather is an input the
+    host fills with every device's pieces side by side."""
+
+    def __init__(self, rs: RowSplit, rank: int, c: Ctx, il: int, stop: int):
+        super().__init__(rs, rank)
+        self.c, self.il, self.stop, self.count = c, il, stop, {}
+
+    def gather(self, t, kind: str, il: int):
+        i = self.count.get(il, 0)
+        self.count[il] = i + 1
+        if il == self.il and i == self.stop:
+            raise _Stop(t)
+        return self.c.inp.new(GGMLType.F32, (self._cut(kind, il)[-1][1], t.ne[1]), f"g{il}_{i}")
+
+    def writes(self, il: int) -> bool:
+        """The cache rows are written by the segment that stops at the gather after them."""
+        return self.count.get(il, 0) == self.stop
 
 
 def _mid(c: Ctx, il: int, o, x, ids, norm_w: bool = False):

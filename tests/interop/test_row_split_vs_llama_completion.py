@@ -131,3 +131,19 @@ def test_row_split_of_other_architectures_over_three_servers(ref_bin, tmp_path, 
     ref = completion(ref_bin, model, ["-ngl", "0"])
     mine = ours(model, ["--rpc", ",".join(s.endpoint for s in srv), "-sm", "row", "-ts", "2,1,1"], capfdbinary)
     assert same_text(mine, ref), arch
+
+
+@pytest.mark.parametrize("arch", ["mistral3", "qwen2moe", "gemma2", "gpt-oss", "glm4moe", "llama4", "phi2", "phi3",
+                                  "minimax-m2"])
+def test_row_split_of_other_architectures_over_llama_servers(ref_bin, tmp_path, arch, ref_server, capfdbinary):
+    """The same architectures over two of llama.cpp's own ggml-rpc-server (plain v7:
+    the host puts each gather's pieces together and sends them with the next
+    segment), with flash attention on and off: llama-completion's text."""
+    from tests.e2e.test_runner import arch_shape
+    model = synth.write_model(tmp_path / f"{arch}.gguf", arch, arch_shape(arch, 128), "f16", seed=4)
+    srv = [ref_server("-t", "1") for _ in range(2)]
+    for fa in ("on", "off"):
+        ref = completion(ref_bin, model, ["-ngl", "0", "-fa", fa])
+        mine = ours(model, ["--rpc", ",".join(s.endpoint for s in srv), "-sm", "row", "-ts", "1,1", "-fa", fa],
+                    capfdbinary)
+        assert same_text(mine, ref), (arch, fa)
