@@ -9,14 +9,14 @@ layers, a token is predicted to cost:
 - with `layer`: every device's layers one after the other, plus one round trip
   per run of layers;
 - with `row`: the slowest device's share of every layer, plus a round trip and
-  the host's combine work for each of the 3 combines per layer and the output
-  layer's (`rowsplit`); over servers that link to each other (ggmlrpc.peers: ours
-  started with --peers, one device each), one round trip per token instead, and
-  for each of the 3 exchanges per layer half a round trip (one way, server to
-  server, taken as the host's) plus PEER_EXCHANGE_MS.
+  the host's combine work for each of a layer's combines (3 in the llama family;
+  rowsplit.combines_per_layer) and the output layer's; over servers that link to
+  each other (ggmlrpc.peers: ours started with --peers, one device each), one
+  round trip per token instead, and for each exchange half a round trip (one way,
+  server to server, taken as the host's) plus PEER_EXCHANGE_MS.
 
-`row` is chosen when it is predicted faster and the model can be cut (llama,
-qwen2, qwen3 and qwen3moe, whole KV heads per device); else `layer`. The
+`row` is chosen when it is predicted faster and the model can be cut
+(rowsplit.refusal: its architecture, whole KV heads per device); else `layer`. The
 host's work per combine, HOST_COMBINE_MS, is bench/tensor_split.py's figure: our
 host's CPU time per token with `row` over the number of combines (8.5 ms / 37 on
 a 2-core Sapphire Rapids VM); PEER_EXCHANGE_MS is what an exchange between linked
@@ -27,7 +27,7 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .. import builder as B
 from ..ggml import GGMLType, type_size, blck_size
@@ -99,12 +99,14 @@ def output_bytes(f: GGUFFile) -> int:
 
 
 def predict(measured: Sequence[Measured], shares: Sequence[float], layers: Sequence[int],
-            sizes: Sequence[int], out_bytes: int, linked: bool = False) -> tuple[float, float]:
+            sizes: Sequence[int], out_bytes: int, linked: bool = False,
+            per_layer: Sequence[int] | None = None) -> tuple[float, float]:
     """Predicted ms per token of (layer split, row split). `layers[i]` is layer i's
     device (an index into `measured`, -1: the local CPU, the same in both modes),
     `sizes[i]` its weight bytes; the output layer (`out_bytes`) goes with the
     last layer when every layer is offloaded. `linked`: the servers swap the row
-    split's pieces themselves (ggmlrpc.peers)."""
+    split's pieces themselves (ggmlrpc.peers). `per_layer[i]`: layer i's combines
+    with row (rowsplit.combines_per_layer; default 3 each)."""
     n = len(measured)
     per_dev = [0] * n
     for dev, size in zip(layers, sizes):
@@ -119,7 +121,8 @@ def predict(measured: Sequence[Measured], shares: Sequence[float], layers: Seque
     total = sum(per_dev)
     used = [(s, m) for s, m in zip(shares, measured) if s > 0]
     whole = sum(s for s, _ in used)
-    combines = 3 * sum(1 for dev in layers if dev >= 0) + offloaded
+    per_layer = per_layer or [3] * len(layers)
+    combines = sum(n for dev, n in zip(layers, per_layer) if dev >= 0) + offloaded
     t_row = max(s / whole * total / m.bytes_per_ms for s, m in used) + (
         max(rtts) + combines * (max(rtts) / 2 + PEER_EXCHANGE_MS) if linked else
         combines * (max(rtts) + HOST_COMBINE_MS))
@@ -127,8 +130,9 @@ def predict(measured: Sequence[Measured], shares: Sequence[float], layers: Seque
 
 
 def choose(f: GGUFFile, n_layer: int, remote: list[Device], shares: Sequence[float], n_gpu_layers: int,
-           refusal: str | None) -> tuple[str, str]:
-    """("layer" or "row", why), measuring the servers where row split could be used."""
+           refusal: str | None, combines: Callable[[int, bool], int] | None = None) -> tuple[str, str]:
+    """("layer" or "row", why), measuring the servers where row split could be used;
+    `combines(il, linked)`: layer il's combines with row (default 3)."""
     if len({id(d.backend) for d in remote}) < 2 or n_gpu_layers <= 0:
         return "layer", "fewer than two servers hold layers"
     if refusal:
@@ -142,7 +146,7 @@ def choose(f: GGUFFile, n_layer: int, remote: list[Device], shares: Sequence[flo
     layers = assign_layers(n_layer, n_gpu_layers, shares)
     linked = linkable([d.backend for d, s in zip(remote, shares) if s > 0])
     t_layer, t_row = predict(measured, shares, layers, [layer_bytes(f, il) for il in range(n_layer)],
-                             output_bytes(f), linked)
+                             output_bytes(f), linked, combines and [combines(il, linked) for il in range(n_layer)])
     speeds = ", ".join(f"{m.device.name} {m.rtt_ms:.2f} ms round trip, {m.bytes_per_ms / 1e6:.1f} GB/s"
                        for m in measured)
     mode = "row" if t_row < t_layer else "layer"

@@ -44,7 +44,7 @@ from .kv_cache import KV_PAD, KVCache, SwaCells
 from .placement import (Device, Stage, StageGraph, alloc_stage, assign_layers, device_shares, open_devices,
                         plan_stages, send_weights, stage_graph)
 from . import autosplit
-from .rowsplit import SPLIT_MODES, RowSplit, refusal as row_refusal
+from .rowsplit import SPLIT_MODES, RowSplit, combines_per_layer, refusal as row_refusal
 from .sampling import Sampler
 from .tokenizer import Tokenizer
 
@@ -176,7 +176,8 @@ class Model:
         layers = list(range(n_layer - min(max(n_gpu_layers, 0), n_layer), n_layer))
         why = self.reconnect > 0 and "--reconnect needs -sm layer" or \
             (layers and row_refusal(self.arch, self.hp, self.file, layers, shares))
-        return autosplit.choose(self.file, n_layer, remote, shares, n_gpu_layers, why or None)
+        return autosplit.choose(self.file, n_layer, remote, shares, n_gpu_layers, why or None,
+                                lambda il, linked: combines_per_layer(self.arch, self.hp, self.file, il, linked))
 
     def _plan_rows(self, cpu: Device, remote: list[Device], n_gpu_layers: int, tensor_split) -> None:
         """-sm row: the embeddings and the layers not offloaded on the CPU, every

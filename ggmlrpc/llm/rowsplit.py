@@ -188,6 +188,19 @@ def _generic_refusal(arch, hp: HParams, f: GGUFFile, layers: list[int], combine:
     return None
 
 
+def combines_per_layer(arch, hp: HParams, f: GGUFFile, il: int, linked: bool) -> int:
+    """Layer il's combines per step with -sm row: the llama family's 3 (three host
+    segments, or three exchanges); else its gathers (the heads, each feed-forward's
+    hidden and output rows, q and k where a norm spans every head), and through the
+    host one more for the layer's output (_build_relay)."""
+    if arch.name in ROW_ARCHS and not hp.n_swa:
+        return 3
+    p = f"blk.{il}."
+    whole_norm = (t := f.tensors.get(p + "attn_q_norm.weight")) is not None and t.ne[0] != hp.head_dim
+    gathers = 1 + 2 * sum(1 for k in FF_KINDS if ff_width_of(f, il, k)) + 2 * whole_norm
+    return gathers if linked else gathers + 1
+
+
 def refusal(arch, hp: HParams, f: GGUFFile, layers: list[int], shares: Sequence[float],
             combine: str = "gather") -> str | None:
     """Why these layers of this model cannot be cut over devices of these shares

@@ -169,3 +169,26 @@ def test_auto_split_rule():
     t_layer, t_row = predict(two(1.0), [1, 1], layers, [2_000_000] * 12, 0, linked=True)
     assert t_row == pytest.approx(12 + 1 + 37 * (0.5 + PEER_EXCHANGE_MS))
     assert predict(two(1.0), [1, 1], layers, [2_000_000] * 12, 0)[1] > t_row > t_layer == pytest.approx(26)
+    # through the host, four combines a layer (the relay's: three gathers and the output)
+    t_layer, t_row = predict(two(0.05), [1, 1], layers, sizes, 0, per_layer=[4] * 12)
+    assert t_row == pytest.approx(300 + 49 * (0.05 + HOST_COMBINE_MS))
+
+
+def test_combines_per_layer(tmp_path):
+    """What -sm auto counts per layer: the llama family's three; gemma2's three gathers
+    (plus its output through the host); qwen2moe's five (routed and shared experts);
+    minimax-m2's q and k rows besides."""
+    from ggmlrpc.llm.archs import ARCHS
+    from ggmlrpc.llm.gguf_file import GGUFFile
+    from ggmlrpc.llm.hparams import HParams
+    from ggmlrpc.llm.rowsplit import combines_per_layer
+    import dataclasses
+    want = {"llama": (3, 3), "gemma2": (3, 4), "qwen2moe": (5, 6), "minimax-m2": (5, 6)}
+    for name, (linked, host) in want.items():
+        arch = next(a for a in ARCHS.values() if name in a.synth)
+        path = synth.write_model(tmp_path / f"{name}.gguf", name, dataclasses.replace(SHAPE, **arch.test_shape),
+                                 "f32", seed=5)
+        f = GGUFFile(path)
+        hp = HParams.from_gguf(f, 100, arch)
+        got = (combines_per_layer(arch, hp, f, 1, True), combines_per_layer(arch, hp, f, 1, False))
+        assert got == (linked, host), name
