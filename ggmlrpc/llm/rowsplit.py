@@ -103,7 +103,7 @@ def cut_tensor(ti: TensorInfo, axis: int, a: int, b: int, *more: int) -> TensorI
     return TensorInfo(ti.name, ti.type, (n, *ti.ne[1:]), np.ascontiguousarray(part).reshape(-1))
 
 
-@dataclasses.dataclass
+@dataclasses.dataclass(eq=False)     # a device's: found in lists by identity
 class Shard:
     """One device's slice of the offloaded layers (and of the output layer)."""
     stage: Stage
@@ -135,8 +135,7 @@ EXPERT_TENSORS = ("ffn_gate_inp.weight", "ffn_gate_exps.weight", "ffn_up_exps.we
 def ff_width(hp: HParams, f: GGUFFile, layers: list[int]) -> int:
     """The feed-forward rows cut over the devices: each expert's where the layers
     have routed experts, else the dense feed-forward's."""
-    t = f.tensors.get(f"blk.{layers[0]}.ffn_gate_exps.weight") if layers else None
-    return t.ne[1] if t is not None else hp.n_ff
+    return (ff_width_of(f, layers[0], "_exps") if layers else 0) or hp.n_ff
 
 
 def _moe_refusal(arch, f: GGUFFile, layers: list[int], combine: str) -> str | None:
@@ -287,7 +286,7 @@ class RowSplit:
             width = ff_width_of(f, il, k)
             if not width:
                 continue
-            a, b = cuts(width, self.shares)[self.shards_index(sh)]
+            a, b = cuts(width, self.shares)[self.shards.index(sh)]
             up = (a, b)
             if f"blk.{il}.ffn_gate{k}.weight" not in f.tensors and f.tensors[f"blk.{il}.ffn_up{k}.weight"].ne[1] == 2 * width:
                 up = (a, b, width + a, width + b)    # gate and up in one matrix: each half's rows
@@ -295,9 +294,6 @@ class RowSplit:
                           f"ffn_gate{k}.bias": (0, a, b), f"ffn_up{k}.bias": (0, *up),
                           f"ffn_down{k}.weight": (1, *sh.embd), f"ffn_down{k}.bias": (0, *sh.embd)})
         return rules
-
-    def shards_index(self, sh: Shard) -> int:
-        return next(i for i, s in enumerate(self.shards) if s is sh)
 
     def _cut(self, sh: Shard) -> None:
         """The device's slices of its stage's weights."""
