@@ -42,13 +42,23 @@ class Flow:
     def __init__(self, model: "Model"):
         self.model = model
         self.queue: list[MicroBatch] = []    # in the order they were added
+        # A stage on this host with no layers (the token embedding: a row lookup)
+        # takes no tick of its own: it runs as its micro-batch goes on to the next
+        # stage. As a stage of its own it would cost a tick in every micro-batch's
+        # way through, and two groups of requests could not keep two servers busy.
+        S = len(model.stages)
+        self.inline = [k < S - 1 and not st.layers and not st.output
+                       and not isinstance(st.device.backend, RemoteBackend)
+                       for k, st in enumerate(model.stages)]
+        self.first = self.inline.index(False)     # the first stage that takes a tick
+        self.depth = self.inline.count(False)     # the ticks a micro-batch takes
 
     def __len__(self) -> int:
         return len(self.queue)
 
     def starts_now(self) -> bool:
         """Whether a micro-batch added now runs on the first stage at the next tick."""
-        return all(mb.stage > 0 for mb in self.queue)
+        return all(mb.stage > self.first for mb in self.queue)
 
     def add(self, batch: tuple, tag=None) -> MicroBatch:
         """Queue a micro-batch (its KV cells are taken now)."""
@@ -64,6 +74,11 @@ class Flow:
         (the micro-batches in the queue then did not happen: `clear` them)."""
         m = self.model
         S = len(m.stages)
+        for mb in self.queue:
+            while self.inline[mb.stage]:
+                answer, _ = m._issue(m.stages[mb.stage], mb.key, mb.values, mb.x)
+                mb.x = bytes(answer())
+                mb.stage += 1
         taken, active = set(), []
         for mb in self.queue:
             if mb.stage not in taken:

@@ -487,7 +487,7 @@ class Engine:
         every server runs one micro-batch."""
         ready = [s for s in busy if not s.in_flight]
         if ready and self.flow.starts_now():
-            share = -(-len(busy) // len(self.model.stages))
+            share = -(-len(busy) // self.flow.depth)
             parts, room = [], self.model.n_ubatch
             for s in sorted(ready, key=lambda s: bool(s.todo))[:share]:     # the generating first
                 toks = s.todo[:room] if s.todo else [s.last]

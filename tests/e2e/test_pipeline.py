@@ -10,6 +10,7 @@ import pytest
 
 from ggmlrpc.client import RemoteBackend
 from ggmlrpc.llm import synth
+from ggmlrpc.llm.flow import Flow
 from ggmlrpc.llm.model import Model
 from tests.conftest import Proc, free_port, our_server_argv, start_server
 
@@ -204,9 +205,21 @@ def test_a_flow_of_two_sequences_keeps_both_servers_busy(model_path, servers, mo
         assert m.flow() is None
         want = greedy_pair(m, False)
     most = requests_out(monkeypatch)
+    ticks, landed, tick = [0], [0], Flow.tick
+
+    def counted(self):
+        done = tick(self)
+        ticks[0] += 1
+        landed[0] += len(done)
+        return done
+    monkeypatch.setattr(Flow, "tick", counted)
     with Model.load(model_path, rpc=servers[:2], n_ubatch=8, n_seq=2) as m:
-        got = greedy_pair(m, True, after_prompts=lambda: most.__setitem__(0, 0))
+        assert len(m.stages) == 3 and m.flow().depth == 2     # the embedding on this host takes no tick
+        got = greedy_pair(m, True, after_prompts=lambda: (most.__setitem__(0, 0), ticks.__setitem__(0, 0),
+                                                          landed.__setitem__(0, 0)))
     assert len(got) == len(want) == 14
     for x, y in zip(want, got):
         assert np.array_equal(x, y)
+    # after the first tick, one of the two lands at every tick: both servers always busy
+    assert (ticks[0], landed[0]) == (13, 12)
     assert most[0] == 2
