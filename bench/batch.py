@@ -104,7 +104,7 @@ def bench(ref: Path, qtype: str, np_: int, args) -> dict:
     row = {"type": qtype, "np": np_, "prompt": args.prompt, "gen": args.gen, "rounds": args.rounds}
     who_all = ("ours", "llama-server")
     runs: dict = {(w, k): [] for w in who_all for k in ("one", "many")}
-    with runner.our_servers(2, args.threads, args=tuple(args.server_args.split())) as (eps, _):
+    with runner.our_servers(2, args.threads, args=tuple(args.server_args.split()), pin=args.pin) as (eps, _):
         procs, urls = [], {}
         try:
             for who in who_all:
@@ -162,6 +162,7 @@ def main(argv=None) -> int:
     ap.add_argument("--pause", type=float, default=0.5, help="seconds of quiet between measurements")
     ap.add_argument("--rounds", type=int, default=3, help="turns of each server (figures: medians)")
     ap.add_argument("--ours-args", default="", help="more options of our serve, e.g. --no-pipeline")
+    ap.add_argument("--pin", action="store_true", help="server i on core i (taskset), for speedup figures")
     ap.add_argument("--server-args", default="", help="more options of the RPC servers, e.g. --peers")
     ap.add_argument("--json", help="also write the results here")
     args = ap.parse_args(argv)

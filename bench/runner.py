@@ -24,6 +24,7 @@ import argparse
 import contextlib
 import importlib.util
 import json
+import os
 import shutil
 import statistics
 import subprocess
@@ -52,15 +53,28 @@ def rows(out: str) -> dict:
     return res
 
 
+def pinned(i: int) -> list[str]:
+    """The command prefix that runs server i on core i (taskset), with the batch
+    scheduling policy (chrt -b) where the host has it: on a host whose servers share
+    the cores with the main host's process, a server woken by a request otherwise
+    preempts that process on its core for a time slice (milliseconds) before it has
+    sent the other servers theirs. Not a concern where each server has its own machine."""
+    cmd = ["taskset", "-c", str(i % (os.cpu_count() or 1))]
+    return (["chrt", "-b", "0"] if shutil.which("chrt") else []) + cmd
+
+
 @contextlib.contextmanager
-def our_servers(n: int, threads: int, rtt_ms: float = 0.0, count: bool = False, args: tuple = ()):
+def our_servers(n: int, threads: int, rtt_ms: float = 0.0, count: bool = False, args: tuple = (),
+                pin: bool = False):
     """`n` fresh servers of ours (with more options `args`), each behind a proxy when
-    `rtt_ms` or `count` asks for one; yields (endpoints, proxies)."""
+    `rtt_ms` or `count` asks for one, server i on core i with `pin` (see `pinned`);
+    yields (endpoints, proxies)."""
     procs, proxies, eps = [], [], []
     try:
-        for _ in range(n):
+        for i in range(n):
             port = lb.free_port()
-            srv = subprocess.Popen(ours("ggml-rpc-server", "ggmlrpc.cli.server")
+            core = pinned(i) if pin else []
+            srv = subprocess.Popen(core + ours("ggml-rpc-server", "ggmlrpc.cli.server")
                                    + ["-p", str(port), "-t", str(threads), *args],
                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             procs.append(srv)

@@ -22,7 +22,6 @@ import argparse
 import contextlib
 import importlib.util
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -52,14 +51,14 @@ MODES = {"layer": dict(split_mode="layer"), "row": dict(split_mode="row", peers=
 
 @contextlib.contextmanager
 def pinned_servers(rtt_ms: float):
-    """Two fresh servers of ours (with --peers), server i on core i with one thread,
-    each behind a delaying proxy when rtt_ms is set (their links to each other go
-    through it too); yields their endpoints."""
+    """Two fresh servers of ours (with --peers), server i on core i with one thread
+    (runner.pinned), each behind a delaying proxy when rtt_ms is set (their links to
+    each other go through it too); yields their endpoints."""
     procs, proxies, eps = [], [], []
     try:
         for core in range(2):
             port, mport = lb.free_port(), lb.free_port()
-            procs.append(subprocess.Popen(["taskset", "-c", str(core % os.cpu_count()),
+            procs.append(subprocess.Popen([*runner.pinned(core),
                                            *runner.ours("ggml-rpc-server", "ggmlrpc.cli.server"),
                                            "-p", str(port), "-t", "1", "--peers", "--metrics", str(mport)],
                                           stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL))
