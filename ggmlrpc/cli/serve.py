@@ -8,7 +8,7 @@ import sys
 
 from .common import CliError
 from .run import Progress, add_model_args, load_model
-from .server import host_warning
+from .server import host_warning, quiet_collector
 
 
 def _host(value: str) -> str:
@@ -59,6 +59,7 @@ def cmd_serve(a) -> int:
     engine = Engine(model, default_names(a.model, a.alias), template, a.model, n_slots, a.max_queue,
                     a.request_timeout, a.batch)
     app = create_app(engine, keys)
+    quiet_collector()     # the model and tokenizer: no full collection walks them mid-request
     print(f"serving {engine.names[0]} on http://{host}:{a.port} (n_ctx {model.n_ctx}, "
           f"{n_slots} slot{'s' if n_slots > 1 else ''} of {engine.n_ctx} tokens)", file=sys.stderr, flush=True)
     config = uvicorn.Config(app, host=host, port=a.port, log_level="warning", access_log=False,
