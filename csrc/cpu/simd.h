@@ -43,6 +43,11 @@ static inline __attribute__((always_inline)) void gr_prefetch_ahead(const void *
 #endif
 }
 
+/* every cache line of `bytes` bytes at p itself (a hint: never faults) */
+static inline __attribute__((always_inline)) void gr_prefetch_lines(const void *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o);
+}
+
 /* the same for every cache line of `bytes` bytes from p */
 static inline __attribute__((always_inline)) void gr_prefetch_block_ahead(const void *p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) gr_prefetch_ahead((const char *)p + o);

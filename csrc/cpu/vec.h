@@ -15,6 +15,7 @@ typedef struct {
     size_t k_stride, v_stride;    /* bytes from one key (value) row to the next */
     const uint16_t *mask;         /* F16, one per key, or NULL */
     const uint16_t *q;            /* the query in F16 (DK) */
+    const char *k_next, *v_next;  /* the next row's first key and value rows, or NULL (prefetched) */
     int64_t DK, DV, ic0, ic1;
     float slope, scale;
 } gr_fa_keys;

@@ -435,6 +435,10 @@ GR_AVX512 static inline int fa_scores(const gr_fa_keys *a, int64_t i0, float *sc
     for (int64_t ic = i0; ic < i1; ic++) {
         const float mv = a->mask ? a->slope * gr_fp16_to_fp32(a->mask[ic]) : 0.0f;
         if (mv == -INFINITY) continue;
+        if (a->k_next) {
+            gr_prefetch_lines(a->k_next + ic * a->k_stride, 2 * (size_t)a->DK);
+            gr_prefetch_lines(a->v_next + ic * a->v_stride, 2 * (size_t)a->DV);
+        }
         float s = dot_f16_avx512(a->DK, (const uint16_t *)(a->k + ic * a->k_stride), a->q);
         s = s * a->scale;
         s += mv;
