@@ -446,7 +446,8 @@ def test_flash_attn_decode_loop_matches_the_portable_steps(seed, d):
     AVX-512 families keep VKQ in registers (gr_vec_ops.fa_keys_f16; d 80, and 128 and
     256 in the AVX512-FP16 family, take the loop of vector calls); in every family this CPU runs (and the others on their
     portable twins) the outputs are the portable steps' bit for bit: causal masks with
-    -inf, a running maximum that moves (scores growing along the keys), ALiBi slopes,
+    -inf, keys of other sequences interleaved and whole blocks masked (skipped by one
+    compare per block), a running maximum that moves (scores growing along the keys), ALiBi slopes,
     grouped-query heads, two thread counts."""
     from ggmlrpc._native import executor as native
     rng = np.random.default_rng(seed)
@@ -459,6 +460,9 @@ def test_flash_attn_decode_loop_matches_the_portable_steps(seed, d):
         m[i, nkv - nq + i + 1:] = -np.inf
         m[i, : 7 * i] = -np.inf
     m[:nq, 40:60] = -3.5
+    for i in range(nq):    # several sequences' cells interleaved: row i's every fourth
+        m[i, 100:200][np.arange(100) % 4 != i % 4] = -np.inf
+    m[:nq, 208:240] = -np.inf     # whole blocks of keys masked
 
     def run(family, simd, n_threads, max_bias):
         b = Builder(8 << 20)

@@ -167,7 +167,9 @@ static void fa_row(const gr_node *n, gr_job *job, const fa_ctx *c, int64_t ir, i
                               .DK = DK, .DV = DV, .ic0 = ic0, .ic1 = ic1, .slope = slope, .scale = c->scale};
         fast = gr_vec.fa_keys_f16(&a, &M, &S, VKQ16);
     }
+    const int inf_skips = mp && slope > 0.0f;    /* a -inf mask (F16 0xFC00) gives mv = -inf */
     for (int64_t ic = ic0; !fast && ic < ic1; ic++) {
+        if (inf_skips && mp[ic] == 0xFC00) continue;
         const float mv = mp ? slope * gr_fp16_to_fp32(mp[ic]) : 0.0f;
         if (mv == -INFINITY) continue;
         if (k_next) {
