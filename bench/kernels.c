@@ -3,7 +3,8 @@
  * server, a network or another process in the way. Not a comparison with ggml
  * (llama_bench.py is); see bench/README.md.
  *
- *   decode: weights of ~150 MB (far past the caches) times 1, 2 or 4 activation
+ *   decode: weights of ~150 MB (far past the caches; or the MB of the first
+ *           argument: 2 keeps them in cache, where the compute is the limit) times 1, 2 or 4 activation
  *           rows, rows split between 1 or 2 threads: the kernel the executor takes
  *           for a column (four weight rows at a time where the level has it) or a
  *           small batch (ggmlrpc_vec_dot_4xn), in GB/s of weights read, best of 20
@@ -93,10 +94,12 @@ static void *decode_rows(void *arg) {
     return NULL;
 }
 
-/* best of 20 passes of the rows split between nth threads, in seconds */
+static unsigned decode_mb = 150;   /* MB of weights of a decode case */
+
+/* best of 20 passes (400 in cache) of the rows split between nth threads, in seconds */
 static double decode_best(const decode_part *job, int nth, int64_t rows) {
     double best = 1e9;
-    for (int pass = 0; pass < 20; pass++) {
+    for (int pass = 0; pass < (decode_mb < 16 ? 400 : 20); pass++) {
         pthread_t th[2];
         decode_part parts[2];
         const double t0 = now();
@@ -116,7 +119,7 @@ static void bench_decode(uint32_t type, const char *name, int level) {
     size_t rb, bb, at;
     int be;
     block_of(type, &bb, &be, &at);
-    const int64_t rows = (int64_t)((150u << 20) / ((size_t)(K / be) * bb));
+    const int64_t rows = (int64_t)(((size_t)decode_mb << 20) / ((size_t)(K / be) * bb));
     char *w = random_weights(type, rows, &rb);
     static char acts[4][K * 2];
     const void *act[4];
@@ -183,7 +186,8 @@ static void bench_prompt(uint32_t type, const char *name, int level) {
     free(w);
 }
 
-int main(void) {
+int main(int argc, char **argv) {
+    if (argc > 1 && atoi(argv[1]) > 0) decode_mb = (unsigned)atoi(argv[1]);
     const int top = ggmlrpc_quants_simd(-1);
     if (top < 1) {
         printf("this CPU has no AVX2: nothing to compare\n");
