@@ -520,13 +520,14 @@ class Model:
 
     def pipeline_ubatch(self, n_tokens: int) -> int:
         """The micro-batch size of a decode of n_tokens: n_ubatch, or where the decode
-        runs as a pipeline, smaller pieces (about PIPE_DEPTH per stage, at least
+        runs as a pipeline, smaller pieces (about PIPE_DEPTH per stage that takes a
+        tick of the Flow: the embedding on this host does not; at least
         PIPE_MIN_UBATCH tokens each), so that even a prompt of one -ub micro-batch
         keeps every server busy. The logits then are those of that micro-batch size
         (as with -ub: equal within kernel noise, not bit for bit)."""
         if n_tokens <= PIPE_MIN_UBATCH or not self._pipelines():    # one micro-batch either way
             return self.n_ubatch
-        want = -(-n_tokens // (PIPE_DEPTH * len(self.stages)))
+        want = -(-n_tokens // (PIPE_DEPTH * Flow(self).depth))
         return min(self.n_ubatch, max(want, PIPE_MIN_UBATCH))
 
     def _pipelines(self) -> bool:

@@ -155,6 +155,7 @@ def test_a_prompt_of_one_micro_batch_is_cut_for_the_pipeline(model_path, servers
     with Model.load(model_path, rpc=servers[:2]) as m:
         assert m.pipeline_ubatch(len(ids)) == PIPE_MIN_UBATCH
         assert m.pipeline_ubatch(4000) == 256       # 4000 / 8 > -ub: -ub
+        assert m.pipeline_ubatch(1000) == 125       # four per server: the embedding on this host is no stage of its own
         got = m.eval(ids)
     assert sizes == [PIPE_MIN_UBATCH] * 3 + [PIPE_MIN_UBATCH - 5]
     assert np.array_equal(got, one_by_one)
