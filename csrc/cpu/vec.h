@@ -9,6 +9,10 @@
 
 #define GR_TILE_COLS_MAX 6
 
+/* -inf as F16 bits: a key masked with it is skipped without converting the mask
+ * where the slope is positive (slope * -inf is -inf) */
+#define GR_F16_NEG_INF 0xFC00
+
 /* flash attention's loop over the keys of one query row (fa_keys_f16) */
 typedef struct {
     const char *k, *v;            /* the first key's and value's row of the head */

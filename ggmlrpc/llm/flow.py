@@ -36,20 +36,22 @@ class MicroBatch:
     logits: object = None   # the output rows' logits, once through the last stage
 
 
+def inline_stages(stages) -> list[bool]:
+    """Which stages run inline, taking no tick of their own: one on this host with no
+    layers (the token embedding: a row lookup) runs as its micro-batch goes on to the
+    next stage. As a stage of its own it would cost a tick in every micro-batch's
+    way through, and two groups of requests could not keep two servers busy."""
+    return [k < len(stages) - 1 and not st.layers and not st.output
+            and not isinstance(st.device.backend, RemoteBackend) for k, st in enumerate(stages)]
+
+
 class Flow:
     """Micro-batches of one model going through its stages as a pipeline."""
 
     def __init__(self, model: "Model"):
         self.model = model
         self.queue: list[MicroBatch] = []    # in the order they were added
-        # A stage on this host with no layers (the token embedding: a row lookup)
-        # takes no tick of its own: it runs as its micro-batch goes on to the next
-        # stage. As a stage of its own it would cost a tick in every micro-batch's
-        # way through, and two groups of requests could not keep two servers busy.
-        S = len(model.stages)
-        self.inline = [k < S - 1 and not st.layers and not st.output
-                       and not isinstance(st.device.backend, RemoteBackend)
-                       for k, st in enumerate(model.stages)]
+        self.inline = inline_stages(model.stages)
         self.first = self.inline.index(False)     # the first stage that takes a tick
         self.depth = self.inline.count(False)     # the ticks a micro-batch takes
 

@@ -37,7 +37,7 @@ from ..errors import ConnectionLost, GgmlRpcError
 from ..local import LocalBackend
 from .archs import ARCHS, SUPPORTED_ARCHS
 from .blocks import build, stage_weights
-from .flow import Flow
+from .flow import Flow, inline_stages
 from .gguf_file import GGUFFile, ModelError
 from .hparams import HParams
 from .kv_cache import KV_PAD, KVCache, SwaCells
@@ -527,7 +527,7 @@ class Model:
         (as with -ub: equal within kernel noise, not bit for bit)."""
         if n_tokens <= PIPE_MIN_UBATCH or not self._pipelines():    # one micro-batch either way
             return self.n_ubatch
-        want = -(-n_tokens // (PIPE_DEPTH * Flow(self).depth))
+        want = -(-n_tokens // (PIPE_DEPTH * inline_stages(self.stages).count(False)))
         return min(self.n_ubatch, max(want, PIPE_MIN_UBATCH))
 
     def _pipelines(self) -> bool:

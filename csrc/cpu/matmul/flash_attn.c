@@ -116,11 +116,12 @@ static inline void fa_kv_rows(const fa_ctx *c, int64_t ir, const char **k, const
 /* One query row ir over keys [ic0, ic1) with an online softmax. With `partial`
  * the unnormalized (M, S, VKQ) go there (the split path), else the output row.
  * next >= 0: a row this thread takes later, the same query's next head, whose
- * key and value rows at this row's unmasked keys are prefetched on the way. A head's rows lie a whole cache row (every head's) apart,
- * and with several sequences in the cache a query's keys are every few rows: no
- * stride the hardware prefetcher follows, so after the weights had pushed the
- * cache out each key waited on memory (measured: a decode step of two sequences'
- * attention over a cold cache, 3x the time over a warm one). */
+ * key and value rows at this row's unmasked keys are prefetched on the way. A
+ * head's rows lie a whole cache row (every head's) apart, and with several
+ * sequences in the cache a query's keys are every few rows: no stride the hardware
+ * prefetcher follows, so after the weights had pushed the cache out each key
+ * waited on memory (measured: a decode step of two sequences' attention over a
+ * cold cache, 3x the time over a warm one). */
 static void fa_row(const gr_node *n, gr_job *job, const fa_ctx *c, int64_t ir, int64_t ic0, int64_t ic1,
                    float *partial, int64_t next) {
     const int64_t DK = c->DK, DV = c->DV;
@@ -156,8 +157,11 @@ static void fa_row(const gr_node *n, gr_job *job, const fa_ctx *c, int64_t ir, i
     else q_from(pq, Q_q, DK);
 
     const char *k_next = NULL, *v_next = NULL;
-    if (next >= 0) fa_kv_rows(c, next, &k_next, &v_next);
-    const size_t k_bytes = ggmlrpc_row_size((uint32_t)kt, DK), v_bytes = ggmlrpc_row_size((uint32_t)vt, DV);
+    size_t k_bytes = 0, v_bytes = 0;
+    if (next >= 0) {
+        fa_kv_rows(c, next, &k_next, &v_next);
+        k_bytes = ggmlrpc_row_size((uint32_t)kt, DK), v_bytes = ggmlrpc_row_size((uint32_t)vt, DV);
+    }
     int fast = 0;    /* the family's register-held loop, the same steps */
     if (kt == GR_TYPE_F16 && vt == GR_TYPE_F16 && vdt == GR_TYPE_F16 && c->softcap == 0.0f && gr_vec.fa_keys_f16) {
         const gr_fa_keys a = {.k = c->k->data + ik2 * c->k->nb[2] + ik3 * c->k->nb[3],
@@ -167,9 +171,9 @@ static void fa_row(const gr_node *n, gr_job *job, const fa_ctx *c, int64_t ir, i
                               .DK = DK, .DV = DV, .ic0 = ic0, .ic1 = ic1, .slope = slope, .scale = c->scale};
         fast = gr_vec.fa_keys_f16(&a, &M, &S, VKQ16);
     }
-    const int inf_skips = mp && slope > 0.0f;    /* a -inf mask (F16 0xFC00) gives mv = -inf */
+    const int inf_skips = mp && slope > 0.0f;
     for (int64_t ic = ic0; !fast && ic < ic1; ic++) {
-        if (inf_skips && mp[ic] == 0xFC00) continue;
+        if (inf_skips && mp[ic] == GR_F16_NEG_INF) continue;
         const float mv = mp ? slope * gr_fp16_to_fp32(mp[ic]) : 0.0f;
         if (mv == -INFINITY) continue;
         if (k_next) {

@@ -432,14 +432,14 @@ GR_AVX512FP16 static void mad_f16_avx512fp16(int64_t n, uint16_t *y, const uint1
 GR_AVX512 static inline int fa_scores(const gr_fa_keys *a, int64_t i0, float *sc, int64_t *at) {
     const int64_t i1 = i0 + GR_FA_BLOCK < a->ic1 ? i0 + GR_FA_BLOCK : a->ic1;
     int nb = 0;
-    /* the keys masked with -inf (F16 0xFC00) in one compare: with a positive slope
-     * their mv is -inf, so they are skipped as below (a query of one sequence among
-     * several sees mostly such keys, and converting each took longer than the
+    /* the keys masked with -inf (GR_F16_NEG_INF) in one compare: with a positive
+     * slope their mv is -inf, so they are skipped as below (a query of one sequence
+     * among several sees mostly such keys, and converting each took longer than the
      * keys it keeps); the others take the key's steps */
     uint32_t live = (1u << (i1 - i0)) - 1;
     if (a->mask && a->slope > 0.0f && i1 - i0 == GR_FA_BLOCK)
         live &= ~(uint32_t)_mm256_cmpeq_epi16_mask(_mm256_loadu_si256((const __m256i *)(a->mask + i0)),
-                                                   _mm256_set1_epi16((short)0xFC00));
+                                                   _mm256_set1_epi16((short)GR_F16_NEG_INF));
     for (; live; live &= live - 1) {
         const int64_t ic = i0 + __builtin_ctz(live);
         const float mv = a->mask ? a->slope * gr_fp16_to_fp32(a->mask[ic]) : 0.0f;
