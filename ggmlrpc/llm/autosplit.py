@@ -20,8 +20,9 @@ layers, a token is predicted to cost:
 host's work per combine, HOST_COMBINE_MS, is bench/tensor_split.py's figure: our
 host's CPU time per token with `row` over the number of combines (8.5 ms / 37 on
 a 2-core Sapphire Rapids VM); PEER_EXCHANGE_MS is what an exchange between linked
-servers adds on the bare loopback there (bench/tensor_split.py's row-peers over
-its 36 exchanges, less half a layer split token).
+servers adds on the bare loopback there (bench/tensor_split.py's row-peers less
+half a layer split token, over its exchanges: 36 when measured, 48 since the
+linked servers cut the attention projection too).
 """
 from __future__ import annotations
 

@@ -69,7 +69,8 @@ class Ctx:
         # -sm row over linked servers (rowsplit): this device holds some heads and
         # some rows of each matrix; tp.gather(t, kind, il) gives every device's rows
         # of t, where a layer's pieces meet (attention before its projection, the
-        # feed-forward's hidden rows and its output rows); tp.writes(il): whether
+        # feed-forward's hidden rows and its output rows); tp.projected(t, il): the
+        # attention projection from this device's rows of it; tp.writes(il): whether
         # this graph writes layer il's cache rows
         self.tp = None
         for name in ("rope_freqs.weight", "rope_factors_long.weight" if n_ctx > self.n_ctx_orig
@@ -281,7 +282,7 @@ class Ctx:
         cur = self.scaled(cur, "attn_output", il)
         if p + "attn_output.bias" in w:
             cur = B.add(cur, w[p + "attn_output.bias"], name=f"attn_out-{il}")
-        return cur
+        return cur if self.tp is None else self.tp.projected(cur, il)
 
     def out_rows(self, il: int, *ts: Tensor) -> tuple[Tensor, ...]:
         """In the model's last layer, only the rows that come out (the last tokens'):

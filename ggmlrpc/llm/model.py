@@ -194,6 +194,8 @@ class Model:
                              self.n_ubatch)
 
     def _upload(self, progress) -> None:
+        if self.rows and self.peers:
+            self.rows.link()       # before the weights are cut: linked servers cut more
         total = sum(self._alloc_stage(st) for st in self.stages) + (self.rows.alloc() if self.rows else 0)
         done = 0
 
@@ -208,8 +210,6 @@ class Model:
             send_weights(st, self.file, sent)
         if self.rows:
             self.rows.send(sent)
-            if self.peers:
-                self.rows.link()
             self.rows.reserve(self.kv.largest(self.n_ubatch))
         # reserve the compute and input memory of the largest graph each stage runs
         for st in self.stages:

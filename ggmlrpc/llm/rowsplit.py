@@ -24,7 +24,9 @@ Two ways to combine (`combine`):
   its gate/up rows; then its rows of the down matrix plus the residual (kept on
   the device between the two in a small buffer of its own). With routed experts
   the last segment runs the router again on that residual (the same choice) for
-  the chosen experts and their weights.
+  the chosen experts and their weights. Linked servers (`link`) cut the
+  projection by its output rows too and gather them: an exchange on the servers
+  costs less than a host round trip, and less than the projection's other rows.
 - "reduce": the output projections are cut by their input columns (the heads'
   columns, the hidden rows' columns), each device sends its partial sum and the
   host adds them and the residual: two combines per layer (after attention,
@@ -188,16 +190,17 @@ def _generic_refusal(arch, hp: HParams, f: GGUFFile, layers: list[int], combine:
 
 
 def combines_per_layer(arch, hp: HParams, f: GGUFFile, il: int, linked: bool) -> int:
-    """Layer il's combines per step with -sm row: the llama family's 3 (three host
-    segments, or three exchanges); else its gathers (the heads, each feed-forward's
-    hidden and output rows, q and k where a norm spans every head), and through the
-    host one more for the layer's output (_build_relay)."""
-    if arch.name in ROW_ARCHS and not hp.n_swa:
-        return 3
+    """Layer il's combines per step with -sm row: through the host, the llama
+    family's 3 segments, else its gathers (the heads, each feed-forward's hidden and
+    output rows, q and k where a norm spans every head) and one more for the layer's
+    output (_build_relay); on linked servers its gathers and one for the attention
+    projection's rows (4 for the llama family)."""
     p = f"blk.{il}."
     whole_norm = (t := f.tensors.get(p + "attn_q_norm.weight")) is not None and t.ne[0] != hp.head_dim
     gathers = 1 + 2 * sum(1 for k in FF_KINDS if ff_width_of(f, il, k)) + 2 * whole_norm
-    return gathers if linked else gathers + 1
+    if linked:
+        return gathers + 1
+    return 3 if arch.name in ROW_ARCHS and not hp.n_swa else gathers + 1
 
 
 def refusal(arch, hp: HParams, f: GGUFFile, layers: list[int], shares: Sequence[float],
@@ -257,8 +260,6 @@ class RowSplit:
             hp_d = dataclasses.replace(hp, n_head=n_kv * group, n_head_kv=n_kv)
             st = Stage(d, list(layers), output=output)
             self.shards.append(Shard(st, hp_d, kc, fc, vc, i == 0, embd_cuts[i]))
-        for sh in self.shards:
-            self._cut(sh)
 
     # -- weights -----------------------------------------------------------------
     def _rules(self, sh: Shard, il: int) -> dict[str, tuple[int, int, int]]:
@@ -274,10 +275,14 @@ class RowSplit:
                  "ffn_gate.weight": (1, *sh.ff), "ffn_up.weight": (1, *sh.ff), "ffn_down.weight": (0, *sh.ff)}
         if self.combine == "reduce":
             return rules
-        # "gather": the whole attention projection; each head's sink; every
+        # "gather": the attention projection whole (through the host: one combine
+        # fewer) or, on linked servers, by its output rows (an exchange costs less
+        # than a twelfth of a layer's weights); each head's sink; every
         # feed-forward (dense, shared expert, each routed expert) by its hidden rows,
         # its down matrix by its output rows; the routers whole
         del rules["attn_output.weight"]
+        if self.linked:
+            rules.update({"attn_output.weight": (1, *sh.embd), "attn_output.bias": (0, *sh.embd)})
         rules["attn_sinks.weight"] = (0, sh.kv_heads[0] * group, sh.kv_heads[1] * group)
         e, kv = self.hp.n_head * hd, self.hp.n_head_kv * hd     # one fused q/k/v matrix: each part's rows
         fused = (q0, q1, e + k0, e + k1, e + kv + k0, e + kv + k1)
@@ -314,12 +319,14 @@ class RowSplit:
             sh.tensors[n] = ti
 
     def alloc(self) -> int:
-        """Every device's weights and cache in one buffer each; the bytes to send."""
+        """Every device's weights and cache in one buffer each; the bytes to send
+        (the weights are cut here, after `link`, which decides how)."""
         total = 0
         for sh in self.shards:
+            self._cut(sh)
             part = SimpleNamespace(path=self.file.path, tensors=sh.tensors)
             total += alloc_stage(sh.stage, part, list(sh.tensors), self.kv, None, sh.hp.n_embd_kv)
-            if self.combine == "gather":    # the residual between a layer's last two segments
+            if self.combine == "gather" and not self.linked:    # the residual between a layer's last two segments
                 be, shape = sh.stage.device.backend, (self.hp.n_embd, self.n_ubatch)
                 buf = be.alloc_buffer(4 * shape[0] * shape[1], sh.stage.device.index)
                 if buf is None:
@@ -337,8 +344,11 @@ class RowSplit:
         """When every device is a server of its own that speaks the peer extension
         (ggmlrpc.peers: ggmlrpc servers started with --peers): make them one group, so
         that a token is one graph per server whose pieces meet on the servers.
-        Returns whether they are linked; the host combines them otherwise."""
+        Returns whether they are linked; the host combines them otherwise. Before
+        `alloc`: linked servers cut the attention projection too."""
         bes = [sh.stage.device.backend for sh in self.shards]
+        if any(sh.tensors for sh in self.shards):
+            raise RuntimeError("RowSplit.link comes before alloc")
         if self.combine != "gather" or not linkable(bes):
             return False
         token, eps = secrets.randbits(64), [b.endpoint for b in bes]
@@ -586,6 +596,10 @@ class _Pieces:
     def writes(self, il: int) -> bool:
         return True
 
+    def projected(self, t, il: int):
+        """The attention projection's output (n_embd, T) from this device's rows of it."""
+        return self.gather(t, "embd", il)
+
     def mine(self, whole, kind: str, il: int):
         """This device's rows of a gathered (rows, columns) tensor, contiguous."""
         a, b = self._cut(kind, il)[self.rank]
@@ -615,6 +629,9 @@ class _Relay(_Pieces):
         if il == self.il and i == self.stop:
             raise _Stop(t)
         return self.c.inp.new(GGMLType.F32, (self._cut(kind, il)[-1][1], t.ne[1]), f"g{il}_{i}")
+
+    def projected(self, t, il: int):
+        return t       # through the host every device computes the projection whole
 
     def writes(self, il: int) -> bool:
         """The cache rows are written by the segment that stops at the gather after them."""

@@ -252,7 +252,8 @@ def test_gather_nodes_that_are_refused(linked, caplog):
 
 
 def test_exchanges_in_the_metrics(tmp_path):
-    """ggmlrpc_peer_exchanges_total counts three gathers per layer per token (the output
+    """ggmlrpc_peer_exchanges_total counts four gathers per layer per token (the heads,
+    the attention projection's rows, the hidden rows, the down rows; the output
     layer's rows come back to the host), and their seconds are part of the graph's."""
     from ggmlrpc.metrics import Metrics
     from tests.e2e.test_metrics import scrape
@@ -272,7 +273,7 @@ def test_exchanges_in_the_metrics(tmp_path):
             after = [scrape(p) for p in ports]
         for a, b in zip(before, after):
             assert b.value("ggmlrpc_peer_exchanges_total") - a.value("ggmlrpc_peer_exchanges_total") \
-                == 4 * 3 * SHAPE.n_layer
+                == 4 * 4 * SHAPE.n_layer
             waited = b.value("ggmlrpc_peer_exchange_seconds_total") - a.value("ggmlrpc_peer_exchange_seconds_total")
             graphs = sum(b.value("ggmlrpc_graph_seconds_total", device=d, kind=k)
                          - a.value("ggmlrpc_graph_seconds_total", device=d, kind=k)

@@ -175,15 +175,16 @@ def test_auto_split_rule():
 
 
 def test_combines_per_layer(tmp_path):
-    """What -sm auto counts per layer: the llama family's three; gemma2's three gathers
-    (plus its output through the host); qwen2moe's five (routed and shared experts);
-    minimax-m2's q and k rows besides."""
+    """What -sm auto counts per layer: through the host, the llama family's three
+    segments, gemma2's three gathers and its output, qwen2moe's five gathers (routed
+    and shared experts) and its output, minimax-m2's q and k rows besides; on linked
+    servers the gathers and the attention projection's rows."""
     from ggmlrpc.llm.archs import ARCHS
     from ggmlrpc.llm.gguf_file import GGUFFile
     from ggmlrpc.llm.hparams import HParams
     from ggmlrpc.llm.rowsplit import combines_per_layer
     import dataclasses
-    want = {"llama": (3, 3), "gemma2": (3, 4), "qwen2moe": (5, 6), "minimax-m2": (5, 6)}
+    want = {"llama": (4, 3), "gemma2": (4, 4), "qwen2moe": (6, 6), "minimax-m2": (6, 6)}
     for name, (linked, host) in want.items():
         arch = next(a for a in ARCHS.values() if name in a.synth)
         path = synth.write_model(tmp_path / f"{name}.gguf", name, dataclasses.replace(SHAPE, **arch.test_shape),
