@@ -43,6 +43,23 @@ static inline __attribute__((always_inline)) void gr_prefetch_ahead(const void *
 #endif
 }
 
+/* The same, into the second-level cache only, for the kernels that read four
+ * weight rows side by side (a block of each in turn: four short streams a row
+ * apart, which the hardware prefetchers do not follow). Fetched into the first
+ * level, their lines in flight are bounded by its few miss buffers: on a Zen 4
+ * class core, Q8_0 rows from memory were read at 10.7 GB/s against 28 with
+ * this, Q6_K at 8.5 against 19. The kernels that read one row after another keep
+ * gr_prefetch_ahead: there the hardware follows the stream, the kernel's compute
+ * is the limit, and the first level's copy saves it a little (Q4_K, two columns:
+ * 11.8 against 11.1 GB/s). */
+static inline __attribute__((always_inline)) void gr_prefetch_ahead_l2(const void *p) {
+#if GR_X86
+    _mm_prefetch((const char *)((uintptr_t)p + GR_PREFETCH_AHEAD), _MM_HINT_T1);
+#else
+    __builtin_prefetch((const void *)((uintptr_t)p + GR_PREFETCH_AHEAD), 0, 2);
+#endif
+}
+
 /* every cache line of `bytes` bytes at p itself (a hint: never faults) */
 static inline __attribute__((always_inline)) void gr_prefetch_lines(const void *p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) __builtin_prefetch((const char *)p + o);
@@ -51,6 +68,10 @@ static inline __attribute__((always_inline)) void gr_prefetch_lines(const void *
 /* the same for every cache line of `bytes` bytes from p */
 static inline __attribute__((always_inline)) void gr_prefetch_block_ahead(const void *p, size_t bytes) {
     for (size_t o = 0; o < bytes; o += 64) gr_prefetch_ahead((const char *)p + o);
+}
+
+static inline __attribute__((always_inline)) void gr_prefetch_block_ahead_l2(const void *p, size_t bytes) {
+    for (size_t o = 0; o < bytes; o += 64) gr_prefetch_ahead_l2((const char *)p + o);
 }
 
 /* CPU features, as bits; each one includes the ones before it. */

@@ -79,10 +79,10 @@ GR_VNNI static inline gr_fp16_t gr_f16_at(const uint8_t *p) {
  * lanes each), rows 2 and 3's on *d23 */
 GR_VNNI static inline void gr_4xn_scales(const uint8_t *a, const uint8_t *b, const uint8_t *c, const uint8_t *d,
                                          __m512 *d01, __m512 *d23) {
-    gr_prefetch_ahead(a);
-    gr_prefetch_ahead(b);
-    gr_prefetch_ahead(c);
-    gr_prefetch_ahead(d);
+    gr_prefetch_ahead_l2(a);
+    gr_prefetch_ahead_l2(b);
+    gr_prefetch_ahead_l2(c);
+    gr_prefetch_ahead_l2(d);
     __m128i h = _mm_cvtsi32_si128(gr_f16_at(a));
     h = _mm_insert_epi16(h, gr_f16_at(b), 1);
     h = _mm_insert_epi16(h, gr_f16_at(c), 2);

@@ -451,7 +451,7 @@ GR_AVX2 void vec_dot_rows4_q4_K_q8_K_avx2(int64_t n, float *s /* (4,) */, const 
         const __m128i q8s = gr_q8K_pair_sums(&y[i]);
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
-            gr_prefetch_block_ahead(&x[r][i], sizeof(block_q4_K));
+            gr_prefetch_block_ahead_l2(&x[r][i], sizeof(block_q4_K));
             const float d = y[i].d * _cvtsh_ss(x[r][i].d);
             const float dmin = -y[i].d * _cvtsh_ss(x[r][i].dmin);
             __m128i mins;
@@ -474,7 +474,7 @@ GR_AVX2 void vec_dot_rows4_q8_0_q8_0_avx2(int64_t n, float *s /* (4,) */, const 
         const __m256i qy = _mm256_loadu_si256((const __m256i *)y[i].qs);
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
-            gr_prefetch_ahead(&x[r][i]);
+            gr_prefetch_ahead_l2(&x[r][i]);
             const __m256 d = _mm256_set1_ps(GR_F16(x[r][i].d) * dy);
             const __m256i qx = _mm256_loadu_si256((const __m256i *)x[r][i].qs);
             acc[r] = _mm256_fmadd_ps(d, _mm256_cvtepi32_ps(gr_dot_i8(qx, qy)), acc[r]);
@@ -588,7 +588,7 @@ GR_AVX2 void vec_dot_rows4_q6_K_q8_K_avx2(int64_t n, float *s /* (4,) */, const 
         const __m256i bsums = _mm256_loadu_si256((const __m256i *)y[i].bsums);
 #pragma GCC unroll 4
         for (int r = 0; r < 4; r++) {
-            gr_prefetch_block_ahead(&x[r][i], sizeof(block_q6_K));
+            gr_prefetch_block_ahead_l2(&x[r][i], sizeof(block_q6_K));
             const float d = y[i].d * _cvtsh_ss(x[r][i].d);
             const __m256i sumi = gr_q6K_block(&x[r][i], &y[i], bsums);
             acc[r] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi), acc[r]);
