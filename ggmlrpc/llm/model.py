@@ -32,7 +32,7 @@ from typing import Iterator, Sequence as Seq
 
 import numpy as np
 
-from ..client import RemoteBackend, RemoteBuffer
+from ..client import RemoteBackend, RemoteBuffer, serialize_graph
 from ..errors import ConnectionLost, GgmlRpcError
 from ..local import LocalBackend
 from .archs import ARCHS, SUPPORTED_ARCHS
@@ -499,7 +499,11 @@ class Model:
                 if self._held.get(held) == (id(st), key):
                     be.graph_recompute(dev)
                 else:
-                    be.graph_compute(g.graph.nodes, dev)
+                    if not remote:
+                        be.graph_compute(g.graph.nodes, dev)
+                    else:     # serialized once: groups that take turns on a server send it again
+                        g.wire = g.wire or serialize_graph(dev, g.graph.nodes)
+                        be.graph_compute_serialized(g.wire)
                     self._held[held] = (id(st), key)
                 if remote:
                     wait = be.request_tensor(g.out, out=g.result)

@@ -39,6 +39,7 @@ class StageGraph:
     inputs: dict[str, Tensor]
     out: Tensor
     layout: B.Inputs
+    wire: bytes = b""       # the graph as GRAPH_COMPUTE sends it, once serialized
 
     @property
     def inputs_size(self) -> int:
