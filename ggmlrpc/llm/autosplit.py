@@ -3,26 +3,31 @@
 Each server device is measured once at load: its round trip (the best of a few
 pings) and its speed at the model's own work, a matrix-vector product over 64 MiB
 of weights of the model's feed-forward type (a zeroed buffer: every block type
-reads zeros as valid blocks). From those and the weight bytes of the offloaded
-layers, a token is predicted to cost:
+reads zeros as valid blocks), alone and with every device computing at once
+(servers on one host share its memory bandwidth: two on a 2-core Zen 4 class VM
+read Q8_0 weights at 28 GB/s alone and 19 each at once). From those and the
+weight bytes of the offloaded layers, a token is predicted to cost:
 
-- with `layer`: every device's layers one after the other, plus one round trip
-  per run of layers;
-- with `row`: the slowest device's share of every layer, plus a round trip and
+- with `layer`: every device's layers one after the other (at its speed alone),
+  plus one round trip per run of layers;
+- with `row`: the slowest device's share of every layer (at its speed with all at
+  once), plus a round trip and
   the host's combine work for each of a layer's combines (3 in the llama family;
   rowsplit.combines_per_layer) and the output layer's; over servers that link to
   each other (ggmlrpc.peers: ours started with --peers, one device each), one
-  round trip per token instead, and for each exchange half a round trip (one way,
-  server to server, taken as the host's) plus PEER_EXCHANGE_MS.
+  round trip per token instead, and for each exchange one way between the servers
+  (half the host's round trip less PING_OVERHEAD_MS, what our host's own ping
+  costs on the bare loopback, which the servers' exchanges in C do not pay) plus
+  PEER_EXCHANGE_MS.
 
 `row` is chosen when it is predicted faster and the model can be cut
 (rowsplit.refusal: its architecture, whole KV heads per device); else `layer`. The
 host's work per combine, HOST_COMBINE_MS, is bench/tensor_split.py's figure: our
 host's CPU time per token with `row` over the number of combines (8.5 ms / 37 on
 a 2-core Sapphire Rapids VM); PEER_EXCHANGE_MS is what an exchange between linked
-servers adds on the bare loopback there (bench/tensor_split.py's row-peers less
-half a layer split token, over its exchanges: 36 when measured, 48 since the
-linked servers cut the attention projection too).
+servers costs on the bare loopback (bench/tensor_split.py's row-peers exchange
+time per token over its 49 exchanges: 0.85 ms on a 2-core Zen 4 class VM, where
+our host's pings took 0.03 ms at best).
 """
 from __future__ import annotations
 
@@ -37,29 +42,38 @@ from .placement import Device, assign_layers
 from .rowsplit import linkable
 
 HOST_COMBINE_MS = 0.25
-PEER_EXCHANGE_MS = 0.05
+PEER_EXCHANGE_MS = 0.02
+PING_OVERHEAD_MS = 0.03
 BENCH_BYTES = 64 << 20
 BENCH_COLS = 4096
 
 
 @dataclass
 class Measured:
-    """A server device's round trip (ms) and speed (weight bytes per ms)."""
+    """A server device's round trip (ms) and speed (weight bytes per ms): alone, and
+    while every measured device computes at once (`together_bytes_per_ms`; 0: not
+    measured). Servers on one host share its memory bandwidth: layer split runs them
+    in turn, row split at once."""
     device: Device
     rtt_ms: float
     bytes_per_ms: float
+    together_bytes_per_ms: float = 0.0
+
+    @property
+    def row_bytes_per_ms(self) -> float:
+        return self.together_bytes_per_ms or self.bytes_per_ms
 
 
 def measure(dev: Device, wtype: int, rounds: int = 5) -> Measured:
     """Time `rounds` pings and `rounds` reruns of a matrix-vector product of
     BENCH_BYTES of `wtype` weights on `dev` (the best of each)."""
+    return measure_all([dev], wtype, rounds)[0]
+
+
+def _bench_graph(dev: Device, wtype: int):
+    """The measuring product on `dev`, computed once: (buffer, output, weight bytes),
+    or None where the device cannot hold it."""
     be, d = dev.backend, dev.index
-    rtts = []
-    for _ in range(rounds):
-        t0 = time.perf_counter()
-        be.ping()
-        rtts.append((time.perf_counter() - t0) * 1e3)
-    rtt = min(rtts)
     row = BENCH_COLS // blck_size(wtype) * type_size(wtype)
     rows = max(1, BENCH_BYTES // row)
     align = be.get_alignment(d)
@@ -67,26 +81,73 @@ def measure(dev: Device, wtype: int, rounds: int = 5) -> Measured:
     x_size = (BENCH_COLS * 4 + align - 1) // align * align
     buf = be.alloc_buffer(w_size + x_size + rows * 4, d)
     if buf is None:
-        return Measured(dev, rtt, 0.0)
-    try:
-        buf.clear(0)
-        w = buf.tensor(wtype, (BENCH_COLS, rows, 1, 1), 0, "autosplit.w")
-        x = buf.tensor(GGMLType.F32, (BENCH_COLS, 1, 1, 1), w_size, "autosplit.x")
-        out = B.mul_mat(w, x, "autosplit.out")
-        out.buffer, out.data = buf, buf.base + w_size + x_size
-        g = B.Graph()
-        g.expand(out, output=True)
-        be.graph_compute(g.nodes, d)
-        be.get_tensor(out)
-        best = float("inf")
+        return None
+    buf.clear(0)
+    w = buf.tensor(wtype, (BENCH_COLS, rows, 1, 1), 0, "autosplit.w")
+    x = buf.tensor(GGMLType.F32, (BENCH_COLS, 1, 1, 1), w_size, "autosplit.x")
+    out = B.mul_mat(w, x, "autosplit.out")
+    out.buffer, out.data = buf, buf.base + w_size + x_size
+    g = B.Graph()
+    g.expand(out, output=True)
+    be.graph_compute(g.nodes, d)
+    be.get_tensor(out)
+    return buf, out, rows * row
+
+
+def measure_all(devs: Sequence[Device], wtype: int, rounds: int = 5) -> list[Measured]:
+    """`measure` of each device, then (with two or more) the same products on all of
+    them at once, `rounds` times: the best time until each device's answer. A
+    server's devices share its connection, so they go one after another there."""
+    rtts = []
+    for dev in devs:
+        times = []
         for _ in range(rounds):
             t0 = time.perf_counter()
-            be.graph_recompute(d)
-            be.get_tensor(out)
-            best = min(best, (time.perf_counter() - t0) * 1e3)
+            dev.backend.ping()
+            times.append((time.perf_counter() - t0) * 1e3)
+        rtts.append(min(times))
+    benches = []
+    try:
+        for dev in devs:
+            benches.append(_bench_graph(dev, wtype))
+        alone = [float("inf")] * len(devs)
+        for i, (dev, b) in enumerate(zip(devs, benches)):
+            for _ in range(rounds if b else 0):
+                t0 = time.perf_counter()
+                dev.backend.graph_recompute(dev.index)
+                dev.backend.get_tensor(b[1])
+                alone[i] = min(alone[i], (time.perf_counter() - t0) * 1e3)
+        together = [float("inf")] * len(devs)
+        live = [i for i, b in enumerate(benches) if b]
+        waves: list[list[int]] = []       # the k-th device of every server, wave k
+        seen: dict[int, int] = {}
+        for i in live:
+            k = seen[id(devs[i].backend)] = seen.get(id(devs[i].backend), -1) + 1
+            if k == len(waves):
+                waves.append([])
+            waves[k].append(i)
+        for _ in range(rounds if len(live) > 1 else 0):
+            t0 = time.perf_counter()
+            for wave in waves:
+                answers = []
+                for i in wave:
+                    devs[i].backend.graph_recompute(devs[i].index)
+                    answers.append((i, devs[i].backend.request_tensor(benches[i][1])))
+                for i, answer in answers:
+                    answer()
+                    together[i] = min(together[i], (time.perf_counter() - t0) * 1e3)
     finally:
-        buf.free()
-    return Measured(dev, rtt, rows * row / max(best - rtt, 1e-3))
+        for b in benches:
+            if b:
+                b[0].free()
+    out = []
+    for dev, rtt, b, t1, tn in zip(devs, rtts, benches, alone, together):
+        if not b:
+            out.append(Measured(dev, rtt, 0.0))
+            continue
+        out.append(Measured(dev, rtt, b[2] / max(t1 - rtt, 1e-3),
+                            b[2] / max(tn - rtt, 1e-3) if tn < float("inf") else 0.0))
+    return out
 
 
 def layer_bytes(f: GGUFFile, il: int) -> int:
@@ -124,8 +185,8 @@ def predict(measured: Sequence[Measured], shares: Sequence[float], layers: Seque
     whole = sum(s for s, _ in used)
     per_layer = per_layer or [3] * len(layers)
     combines = sum(n for dev, n in zip(layers, per_layer) if dev >= 0) + offloaded
-    t_row = max(s / whole * total / m.bytes_per_ms for s, m in used) + (
-        max(rtts) + combines * (max(rtts) / 2 + PEER_EXCHANGE_MS) if linked else
+    t_row = max(s / whole * total / m.row_bytes_per_ms for s, m in used) + (
+        max(rtts) + combines * (max(max(rtts) - PING_OVERHEAD_MS, 0.0) / 2 + PEER_EXCHANGE_MS) if linked else
         combines * (max(rtts) + HOST_COMBINE_MS))
     return t_layer, t_row
 
@@ -141,7 +202,7 @@ def choose(f: GGUFFile, n_layer: int, remote: list[Device], shares: Sequence[flo
     first = n_layer - min(n_gpu_layers, n_layer)
     up = f"blk.{first}.ffn_up.weight"
     wtype = f.tensors[up if up in f.tensors else f"blk.{first}.ffn_up_exps.weight"].type
-    measured = [measure(d, wtype) for d in remote]
+    measured = measure_all(remote, wtype)
     if any(m.bytes_per_ms <= 0 for m in measured):
         return "layer", "a server could not hold the measuring buffer"
     layers = assign_layers(n_layer, n_gpu_layers, shares)
@@ -149,7 +210,7 @@ def choose(f: GGUFFile, n_layer: int, remote: list[Device], shares: Sequence[flo
     t_layer, t_row = predict(measured, shares, layers, [layer_bytes(f, il) for il in range(n_layer)],
                              output_bytes(f), linked, combines and [combines(il, linked) for il in range(n_layer)])
     speeds = ", ".join(f"{m.device.name} {m.rtt_ms:.2f} ms round trip, {m.bytes_per_ms / 1e6:.1f} GB/s"
-                       for m in measured)
+                       f" ({m.row_bytes_per_ms / 1e6:.1f} with all at once)" for m in measured)
     mode = "row" if t_row < t_layer else "layer"
     how = " over linked servers" if linked else ""
     return mode, f"predicted {t_layer:.2f} ms per token with layer, {t_row:.2f} ms with row{how} ({speeds})"

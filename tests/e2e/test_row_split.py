@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from ggmlrpc.cli.main import main
+from ggmlrpc.ggml import GGMLType
 from ggmlrpc.llm import synth
 from ggmlrpc.llm.gguf_file import ModelError
 from ggmlrpc.llm.model import Model
@@ -132,6 +133,26 @@ def test_auto_split_says_what_it_chose_and_runs_it(tmp_path, servers, capfd):
     assert "split mode auto: " in capfd.readouterr().err
 
 
+def test_auto_split_measures_the_servers_alone_and_at_once(servers):
+    """Each server's speed alone and with both computing at once (what row split
+    runs at); one device alone has no second figure."""
+    from ggmlrpc.client import RemoteBackend
+    from ggmlrpc.llm.autosplit import measure, measure_all
+    from ggmlrpc.llm.placement import Device
+    bes = [RemoteBackend(ep) for ep in servers]
+    try:
+        devs = [Device(be, 0, ep, be.get_device_memory(0)[0]) for be, ep in zip(bes, servers)]
+        both = measure_all(devs, GGMLType.Q8_0, rounds=2)
+        assert [m.device for m in both] == devs
+        assert all(m.rtt_ms > 0 and m.bytes_per_ms > 0 and m.together_bytes_per_ms > 0 for m in both)
+        one = measure(devs[0], GGMLType.Q8_0, rounds=2)
+        assert one.bytes_per_ms > 0 and one.together_bytes_per_ms == 0.0
+        assert one.row_bytes_per_ms == one.bytes_per_ms
+    finally:
+        for be in bes:
+            be.close()
+
+
 def test_auto_split_keeps_layer_where_rows_cannot_be_cut(tmp_path, servers):
     mla = synth.write_model(tmp_path / "mla.gguf", "deepseek2", SHAPE, "f32", seed=5)
     llama = synth.write_model(tmp_path / "llama.gguf", "llama", SHAPE, "f32", seed=5)
@@ -160,14 +181,19 @@ def test_auto_split_rule():
     # an unequal pair: row waits for the slower device's share
     t_layer, t_row = predict([Measured(None, 0.0, 1e6), Measured(None, 0.0, 0.5e6)], [1, 1], layers, sizes, 0)
     assert t_layer == pytest.approx(300 + 600) and t_row == pytest.approx(600 + 37 * HOST_COMBINE_MS)
+    # servers that share a host's memory bandwidth: row split computes at their speed
+    # with both at once, layer split at their speed alone
+    shared = [Measured(None, 0.0, 1e6, 0.5e6), Measured(None, 0.0, 1e6, 0.5e6)]
+    t_layer, t_row = predict(shared, [1, 1], layers, sizes, 0)
+    assert t_layer == pytest.approx(600) and t_row == pytest.approx(600 + 37 * HOST_COMBINE_MS)
     # two layers on the CPU: ten offloaded layers, 30 combines (the output layer stays on the CPU)
     cpu = [-1, -1] + [0] * 5 + [1] * 5
     t_layer, t_row = predict(two(0.0), [1, 1], cpu, sizes, 10_000_000)
     assert t_layer == pytest.approx(500) and t_row == pytest.approx(250 + 30 * HOST_COMBINE_MS)
     # linked servers: one host round trip a token, half a round trip and the exchange per combine
-    from ggmlrpc.llm.autosplit import PEER_EXCHANGE_MS
+    from ggmlrpc.llm.autosplit import PEER_EXCHANGE_MS, PING_OVERHEAD_MS
     t_layer, t_row = predict(two(1.0), [1, 1], layers, [2_000_000] * 12, 0, linked=True)
-    assert t_row == pytest.approx(12 + 1 + 37 * (0.5 + PEER_EXCHANGE_MS))
+    assert t_row == pytest.approx(12 + 1 + 37 * ((1.0 - PING_OVERHEAD_MS) / 2 + PEER_EXCHANGE_MS))
     assert predict(two(1.0), [1, 1], layers, [2_000_000] * 12, 0)[1] > t_row > t_layer == pytest.approx(26)
     # through the host, four combines a layer (the relay's: three gathers and the output)
     t_layer, t_row = predict(two(0.05), [1, 1], layers, sizes, 0, per_layer=[4] * 12)
