@@ -64,6 +64,16 @@ class Measured:
         return self.together_bytes_per_ms or self.bytes_per_ms
 
 
+def _best_ms(rounds: int, call) -> float:
+    """The shortest of `rounds` calls, in ms (inf for none)."""
+    best = float("inf")
+    for _ in range(rounds):
+        t0 = time.perf_counter()
+        call()
+        best = min(best, (time.perf_counter() - t0) * 1e3)
+    return best
+
+
 def measure(dev: Device, wtype: int, rounds: int = 5) -> Measured:
     """Time `rounds` pings and `rounds` reruns of a matrix-vector product of
     BENCH_BYTES of `wtype` weights on `dev` (the best of each)."""
@@ -98,25 +108,16 @@ def measure_all(devs: Sequence[Device], wtype: int, rounds: int = 5) -> list[Mea
     """`measure` of each device, then (with two or more) the same products on all of
     them at once, `rounds` times: the best time until each device's answer. A
     server's devices share its connection, so they go one after another there."""
-    rtts = []
-    for dev in devs:
-        times = []
-        for _ in range(rounds):
-            t0 = time.perf_counter()
-            dev.backend.ping()
-            times.append((time.perf_counter() - t0) * 1e3)
-        rtts.append(min(times))
+    rtts = [_best_ms(rounds, dev.backend.ping) for dev in devs]
     benches = []
     try:
         for dev in devs:
             benches.append(_bench_graph(dev, wtype))
-        alone = [float("inf")] * len(devs)
-        for i, (dev, b) in enumerate(zip(devs, benches)):
-            for _ in range(rounds if b else 0):
-                t0 = time.perf_counter()
-                dev.backend.graph_recompute(dev.index)
-                dev.backend.get_tensor(b[1])
-                alone[i] = min(alone[i], (time.perf_counter() - t0) * 1e3)
+
+        def run(dev, out):
+            dev.backend.graph_recompute(dev.index)
+            dev.backend.get_tensor(out)
+        alone = [_best_ms(rounds, lambda: run(dev, b[1])) if b else float("inf") for dev, b in zip(devs, benches)]
         together = [float("inf")] * len(devs)
         live = [i for i, b in enumerate(benches) if b]
         waves: list[list[int]] = []       # the k-th device of every server, wave k

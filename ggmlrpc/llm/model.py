@@ -499,11 +499,11 @@ class Model:
                 if self._held.get(held) == (id(st), key):
                     be.graph_recompute(dev)
                 else:
-                    if not remote:
-                        be.graph_compute(g.graph.nodes, dev)
-                    else:     # serialized once: groups that take turns on a server send it again
+                    if remote:     # serialized once: groups that take turns on a server send it again
                         g.wire = g.wire or serialize_graph(dev, g.graph.nodes)
                         be.graph_compute_serialized(g.wire)
+                    else:
+                        be.graph_compute(g.graph.nodes, dev)
                     self._held[held] = (id(st), key)
                 if remote:
                     wait = be.request_tensor(g.out, out=g.result)

@@ -347,7 +347,7 @@ class RowSplit:
         Returns whether they are linked; the host combines them otherwise. Before
         `alloc`: linked servers cut the attention projection too."""
         bes = [sh.stage.device.backend for sh in self.shards]
-        if any(sh.tensors for sh in self.shards):
+        if any(sh.stage.buffers for sh in self.shards):
             raise RuntimeError("RowSplit.link comes before alloc")
         if self.combine != "gather" or not linkable(bes):
             return False

@@ -205,12 +205,6 @@ class Generation:
         self.cancelled.set()
 
 
-def deliver(evs: list) -> None:
-    """On a generation's loop: each (generation, event) into its queue."""
-    for gen, ev in evs:
-        gen.events.put_nowait(ev)
-
-
 class Slot:
     """A sequence of the model's KV cache and the request it runs (None: free). What
     it holds stays after the request, for the next one that starts the same way."""
@@ -573,18 +567,9 @@ class Engine:
         slot.gen = None
 
     def _flush(self) -> None:
-        """Hand the outbox to the loops that listen: one wake-up of each loop for all
-        its events, not one per event."""
         out, self.outbox = self.outbox, []
-        loops: dict = {}
         for gen, ev in out:
-            loops.setdefault(gen.loop, []).append((gen, ev))
-        for loop, evs in loops.items():
-            try:
-                loop.call_soon_threadsafe(deliver, evs)
-            except RuntimeError:        # the loop is gone: nobody listens any more
-                for gen, _ in evs:
-                    gen.cancelled.set()
+            gen.put(ev)
 
     def _finish(self, slot: "Slot") -> None:
         job, st, text = slot.gen.job, self.stats, slot.text
