@@ -4,10 +4,12 @@
  * (llama_bench.py is); see bench/README.md.
  *
  *   decode: weights of ~150 MB (far past the caches; or the MB of the first
- *           argument: 2 keeps them in cache, where the compute is the limit) times 1, 2 or 4 activation
+ *           argument: 2 keeps them in cache, where the compute is the limit) times 1, 2, 4 or 8 activation
  *           rows, rows split between 1 or 2 threads: the kernel the executor takes
  *           for a column (four weight rows at a time where the level has it) or a
- *           small batch (ggmlrpc_vec_dot_4xn), in GB/s of weights read, best of 20
+ *           small batch (ggmlrpc_vec_dot_4xn, or its offset form with the activation
+ *           rows' sums computed once where the level has it, as the server runs
+ *           Q8_0/Q4_0/Q5_0 on AVX-512 VNNI), in GB/s of weights read, best of 20
  *           passes;
  *   prompt: a 1024 x 2816 weight matrix times 64 columns on one thread: level 1's
  *           eight-column panels against level 2's sixteen-column ones, in CPU
@@ -72,6 +74,7 @@ typedef struct {
     size_t row_bytes;
     int64_t r0, r1;
     const void *const *act;   /* ncols activation rows */
+    const int32_t *const *sums;   /* their lane sums for the offset form, or NULL */
     int ncols;
     float *out;
 } decode_part;
@@ -81,12 +84,14 @@ static void *decode_rows(void *arg) {
     const ggmlrpc_vec_dot_fn one = ggmlrpc_get_vec_dot(p->type);
     const ggmlrpc_vec_dot_rows4_fn four = ggmlrpc_get_vec_dot_rows4(p->type);
     const ggmlrpc_vec_dot_4xn_fn tile = p->ncols > 1 ? ggmlrpc_get_vec_dot_4xn(p->type) : NULL;
+    const ggmlrpc_vec_dot_4xn_sums_fn tile_s = tile && p->sums ? ggmlrpc_get_vec_dot_4xn_sums(p->type) : NULL;
     int64_t r = p->r0;
     for (; (four || tile) && r + 4 <= p->r1; r += 4) {
         const void *w[4] = {p->w + r * p->row_bytes, p->w + (r + 1) * p->row_bytes, p->w + (r + 2) * p->row_bytes,
                             p->w + (r + 3) * p->row_bytes};
-        float v[16];
-        if (tile) tile(K, v, w, p->act, p->ncols), p->out[r] = v[0];
+        float v[4 * GGMLRPC_4XN_COLS];
+        if (tile_s) tile_s(K, v, w, p->act, p->sums, p->ncols), p->out[r] = v[0];
+        else if (tile) tile(K, v, w, p->act, p->ncols), p->out[r] = v[0];
         else for (int j = 0; j < p->ncols; j++) four(K, p->out + r, w, p->act[j]);
     }
     for (; r < p->r1; r++)
@@ -121,13 +126,20 @@ static void bench_decode(uint32_t type, const char *name, int level) {
     block_of(type, &bb, &be, &at);
     const int64_t rows = (int64_t)(((size_t)decode_mb << 20) / ((size_t)(K / be) * bb));
     char *w = random_weights(type, rows, &rb);
-    static char acts[4][K * 2];
-    const void *act[4];
-    for (int j = 0; j < 4; j++) random_activation((uint32_t)ggmlrpc_vec_dot_type(type), acts[j]), act[j] = acts[j];
+    static char acts[GGMLRPC_4XN_COLS][K * 2];
+    static int32_t sums[GGMLRPC_4XN_COLS][K / 32 * GGMLRPC_4XN_SUMS];
+    const void *act[GGMLRPC_4XN_COLS];
+    const int32_t *sp[GGMLRPC_4XN_COLS];
+    /* the offset form's activation sums, once per activation row as the server keeps them */
+    int with_sums = ggmlrpc_get_vec_dot_4xn_sums(type) != NULL;
+    for (int j = 0; j < GGMLRPC_4XN_COLS; j++) {
+        random_activation((uint32_t)ggmlrpc_vec_dot_type(type), acts[j]), act[j] = acts[j], sp[j] = sums[j];
+        if (with_sums && ggmlrpc_4xn_act_sums(type, acts[j], sums[j], K / 32) != 0) with_sums = 0;
+    }
     float *out = malloc((size_t)rows * sizeof(float));
-    for (int ncols = 1; ncols <= 4; ncols *= 2) {
+    for (int ncols = 1; ncols <= GGMLRPC_4XN_COLS; ncols *= 2) {
         printf("decode %-5s x%d level %d:", name, ncols, level);
-        const decode_part job = {type, w, rb, 0, rows, act, ncols, out};
+        const decode_part job = {type, w, rb, 0, rows, act, with_sums ? sp : NULL, ncols, out};
         for (int nth = 1; nth <= 2; nth++)
             printf("  %d thread%s %5.1f GB/s", nth, nth > 1 ? "s" : " ", (double)rows * (double)rb / decode_best(&job, nth, rows) / 1e9);
         printf("\n");

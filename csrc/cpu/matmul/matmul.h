@@ -70,6 +70,10 @@ void gr_wpanel_gemm(int32_t type, int64_t nb, const void *panel, const void *act
 #define GR_SUMS_Q4_0 1
 #define GR_SUMS_4XN 2
 
+/* int32 slots per activation block of a kind's sums: Q4_0's eight lane sums; the
+ * small batches' lane sums and the block's f32 scale (GGMLRPC_4XN_SUMS) */
+static inline int64_t gr_sums_stride(int kind) { return kind == GR_SUMS_4XN ? GGMLRPC_4XN_SUMS : 8; }
+
 /* The scratch of a MUL_MAT or MUL_MAT_ID node, one layout for both (offsets in
  * bytes from wdata, each part 64-byte aligned):
  *

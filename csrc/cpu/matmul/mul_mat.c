@@ -117,7 +117,7 @@ static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
         for (int64_t ir = 0; ir < gr_nrows(s1) && k0 < k1; ir++) {
             char *q = job->wdata + (size_t)ir * row_size + (size_t)k0 * bb;
             from_float((const float *)gr_row(s1, ir) + k0 * bs, q, (k1 - k0) * bs);
-            if (sums) mm_put_sums(job, L, q, sums + (ir * nb + k0) * 8, k1 - k0);
+            if (sums) mm_put_sums(job, L, q, sums + (ir * nb + k0) * gr_sums_stride(L->q4_sums), k1 - k0);
         }
         return;
     }
@@ -132,7 +132,7 @@ static void mm_convert(gr_job *job, const gr_mm_scratch *L) {
         const char *src = gr_row(s1, ir);
         char *dst = job->wdata + (size_t)ir * row_size;
         gr_mm_convert_row(vdt, s1, src, dst, K, from_float);
-        if (sums) mm_put_sums(job, L, dst, sums + ir * (K / 32) * 8, K / 32);
+        if (sums) mm_put_sums(job, L, dst, sums + ir * (K / 32) * gr_sums_stride(L->q4_sums), K / 32);
         if (cp) {   /* lane i11 % COLS of its batch's column panel i11 / COLS */
             const int64_t i11 = ir % N, COLS = GGMLRPC_CPANEL_COLS;
             char *pan = mm_cpanel_at(job, L, K, (ir / N) * gr_cpanel_groups(N) + i11 / COLS);
@@ -178,7 +178,7 @@ static void mm_4xn(const gr_job *job, const mm_ctx *cx, ggmlrpc_vec_dot_4xn_fn t
             for (int j = 0; j < nc; j++) act[j] = mm_act(job, cx, c + j);
             float v[4 * GGMLRPC_4XN_COLS];
             if (tile_s) {
-                for (int j = 0; j < nc; j++) sp[j] = sums + (c + j) * (cx->K / 32) * 8;
+                for (int j = 0; j < nc; j++) sp[j] = sums + (c + j) * (cx->K / 32) * GGMLRPC_4XN_SUMS;
                 tile_s(cx->K, v, wr, act, sp, nc);
             } else {
                 tile(cx->K, v, wr, act, nc);
@@ -245,7 +245,7 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
                 float v;
                 if (s0->type == GR_TYPE_F32) v = cx->dot32(K, (const float *)wr, (const float *)act);
                 else if (s0->type == GR_TYPE_F16) v = cx->dot16(K, (const uint16_t *)wr, (const uint16_t *)act);
-                else if (qdots) qdots(K, &v, wr, act, sums + c * (K / 32) * 8);
+                else if (qdots) qdots(K, &v, wr, act, sums + c * (K / 32) * gr_sums_stride(GR_SUMS_Q4_0));
                 else qdot(K, &v, wr, act);
                 out[i01] = v;
             }

@@ -84,7 +84,7 @@ gr_mm_scratch gr_mm_scratch_layout(const gr_node *n, int nth) {
     L.conv = r64(conv_rows);
     L.q4_sums = q4_sums_kind(n) ? GR_SUMS_Q4_0 : sums_4xn_kind(n) ? GR_SUMS_4XN : 0;
     L.sums = L.conv;
-    L.sums_bytes = L.q4_sums ? gr_sz_mul3(gr_sz(gr_nrows(s1)), gr_sz(K / 32), 32) : 0;
+    L.sums_bytes = L.q4_sums ? gr_sz_mul3(gr_sz(gr_nrows(s1)), gr_sz(K / 32), 4 * (size_t)gr_sums_stride(L.q4_sums)) : 0;
     size_t end = gr_sz_add(L.conv, L.sums_bytes);
     if (n->kernel == GR_K_MUL_MAT_ID) {
         const size_t n_as = gr_sz(s0->ne[2]), pairs = gr_sz_mul(gr_sz(n->src[2].ne[0]), gr_sz(n->src[2].ne[1]));

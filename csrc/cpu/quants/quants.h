@@ -169,12 +169,13 @@ ggmlrpc_vec_dot_sums_fn ggmlrpc_get_vec_dot_q4_0_sums(void);
 int ggmlrpc_q4_0_act_sums(const void *act_blocks, int32_t *sums, int64_t nb);
 /* The small-batch kernel of Q8_0, Q4_0 and Q5_0 weights with the codes' offset
  * (128, 8, 16) moved out of the inner loop: the weight codes go in unsigned, and
- * each activation block's per-lane sums times minus the offset (GGMLRPC_4XN_SUMS
- * int32 per block, ggmlrpc_4xn_act_sums, once per activation row) start each
+ * each activation block's per-lane sums times minus the offset (ggmlrpc_4xn_act_sums,
+ * once per activation row: GGMLRPC_4XN_SUMS int32 per block, the eight sums and then
+ * the block's scale as f32, so that no weight row converts it again) start each
  * lane's sum. Bit-equal
  * to ggmlrpc_get_vec_dot_4xn's kernel: blocks holding -128 (marked) take its steps.
  * NULL / 0 where there is none. */
-#define GGMLRPC_4XN_SUMS 8   /* int32 per activation block */
+#define GGMLRPC_4XN_SUMS 16  /* int32 per activation block: 8 lane sums, the f32 scale, 7 unused */
 typedef void (*ggmlrpc_vec_dot_4xn_sums_fn)(int64_t n, float *s, const void *const w_rows[4],
                                             const void *const act_rows[GGMLRPC_4XN_COLS],
                                             const int32_t *const sums[GGMLRPC_4XN_COLS], int ncols);

@@ -275,7 +275,7 @@ typedef struct {
     ggmlrpc_vec_dot_4xn_fn vec_dot_4xn;
     ggmlrpc_vec_dot_4xn_sums_fn vec_dot_4xn_sums;
     /* its activation sums: minus offset times each lane's sum, -128 blocks marked */
-    void (*act_sums_4xn)(const void *act_blocks /* (nb,) q8_0 */, int32_t *sums /* (nb, 8) */, int64_t nb);
+    void (*act_sums_4xn)(const void *act_blocks /* (nb,) q8_0 */, int32_t *sums /* (nb, GGMLRPC_4XN_SUMS) */, int64_t nb);
     ggmlrpc_vec_dot_sums_fn vec_dot_sums;
     void (*act_sums)(const void *act_blocks /* (nb,) q8_0 */, int32_t *sums /* (nb, 8) */, int64_t nb);
     ggmlrpc_panel_dot_fn panel_dot;

@@ -181,6 +181,8 @@ GR_VNNI static inline void gr_act_sums_4xn(const void *vy, int32_t *sums, int64_
         if (_mm256_movemask_epi8(_mm256_cmpeq_epi8(qy, _mm256_set1_epi8(-128))))
             v = _mm256_set1_epi32(GR_4XN_MARK);
         _mm256_storeu_si256((__m256i *)(sums + GGMLRPC_4XN_SUMS * i), v);
+        const float d = _cvtsh_ss(y[i].d);    /* the block's scale, converted once for every weight row */
+        memcpy(sums + GGMLRPC_4XN_SUMS * i + 8, &d, sizeof d);
     }
 }
 
@@ -210,7 +212,7 @@ GR_VNNI static inline __attribute__((always_inline)) void gr_4xn_q0_sums(int64_t
 #undef GR_4XN_UPAIR
         for (int c = 0; c < NC; c++) {
             const int32_t *e = sm[c] + GGMLRPC_4XN_SUMS * i;
-            const __m512 dy = _mm512_set1_ps(_cvtsh_ss(y[c][i].d));
+            const __m512 dy = _mm512_castsi512_ps(_mm512_set1_epi32(e[8]));    /* its f32 scale */
             const __m512i qy = _mm512_broadcast_i64x4(_mm256_loadu_si256((const __m256i *)y[c][i].qs));
             __m512i p01, p23;
             if (e[0] != GR_4XN_MARK) {
