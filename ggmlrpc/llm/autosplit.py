@@ -38,7 +38,7 @@ from typing import Callable, Sequence
 from .. import builder as B
 from ..ggml import GGMLType, type_size, blck_size
 from .gguf_file import GGUFFile
-from .placement import Device, assign_layers
+from .placement import Device, assign_layers, first_offloaded
 from .rowsplit import linkable
 
 HOST_COMBINE_MS = 0.25
@@ -163,21 +163,23 @@ def output_bytes(f: GGUFFile) -> int:
 
 def predict(measured: Sequence[Measured], shares: Sequence[float], layers: Sequence[int],
             sizes: Sequence[int], out_bytes: int, linked: bool = False,
-            per_layer: Sequence[int] | None = None) -> tuple[float, float]:
+            per_layer: Sequence[int] | None = None, out_dev: int | None = None) -> tuple[float, float]:
     """Predicted ms per token of (layer split, row split). `layers[i]` is layer i's
     device (an index into `measured`, -1: the local CPU, the same in both modes),
-    `sizes[i]` its weight bytes; the output layer (`out_bytes`) goes with the
-    last layer when every layer is offloaded. `linked`: the servers swap the row
-    split's pieces themselves (ggmlrpc.peers). `per_layer[i]`: layer i's combines
-    with row (rowsplit.combines_per_layer; default 3 each)."""
+    `sizes[i]` its weight bytes; the output layer (`out_bytes`) is on `out_dev`
+    (default: with the last layer when every layer is offloaded). `linked`: the
+    servers swap the row split's pieces themselves (ggmlrpc.peers). `per_layer[i]`:
+    layer i's combines with row (rowsplit.combines_per_layer; default 3 each)."""
     n = len(measured)
     per_dev = [0] * n
     for dev, size in zip(layers, sizes):
         if dev >= 0:
             per_dev[dev] += size
-    offloaded = all(dev >= 0 for dev in layers)
-    if offloaded and layers:
-        per_dev[layers[-1]] += out_bytes
+    if out_dev is None:
+        out_dev = layers[-1] if layers and all(dev >= 0 for dev in layers) else -1
+    offloaded = out_dev >= 0
+    if offloaded:
+        per_dev[out_dev] += out_bytes
     rtts = [m.rtt_ms for m in measured]
     t_layer = sum(b / m.bytes_per_ms for b, m in zip(per_dev, measured) if b) + \
         sum(rtts[dev] for i, dev in enumerate(layers) if dev >= 0 and (i == 0 or layers[i - 1] != dev))
@@ -200,16 +202,17 @@ def choose(f: GGUFFile, n_layer: int, remote: list[Device], shares: Sequence[flo
         return "layer", "fewer than two servers hold layers"
     if refusal:
         return "layer", refusal
-    first = n_layer - min(n_gpu_layers, n_layer)
+    first = min(first_offloaded(n_layer, n_gpu_layers), n_layer - 1)
     up = f"blk.{first}.ffn_up.weight"
     wtype = f.tensors[up if up in f.tensors else f"blk.{first}.ffn_up_exps.weight"].type
     measured = measure_all(remote, wtype)
     if any(m.bytes_per_ms <= 0 for m in measured):
         return "layer", "a server could not hold the measuring buffer"
-    layers = assign_layers(n_layer, n_gpu_layers, shares)
+    *layers, out_dev = assign_layers(n_layer, n_gpu_layers, shares)
     linked = linkable([d.backend for d, s in zip(remote, shares) if s > 0])
     t_layer, t_row = predict(measured, shares, layers, [layer_bytes(f, il) for il in range(n_layer)],
-                             output_bytes(f), linked, combines and [combines(il, linked) for il in range(n_layer)])
+                             output_bytes(f), linked, combines and [combines(il, linked) for il in range(n_layer)],
+                             out_dev)
     speeds = ", ".join(f"{m.device.name} {m.rtt_ms:.2f} ms round trip, {m.bytes_per_ms / 1e6:.1f} GB/s"
                        f" ({m.row_bytes_per_ms / 1e6:.1f} with all at once)" for m in measured)
     mode = "row" if t_row < t_layer else "layer"

@@ -8,10 +8,10 @@ generation.
     model.close()
 
 Placement follows llama.cpp (ggmlrpc.llm.placement): the token embeddings stay on
-the local CPU; the last `n_gpu_layers` layers go to the servers' devices, in
-contiguous runs in proportion to `tensor_split` (default: each device's free
-memory); the output layer goes with the last layer when every layer is offloaded,
-else it stays on the CPU. Each layer's KV cache (F16) lives beside it;
+the local CPU; the output layer counts as one more layer after the last, and the
+last `n_gpu_layers` of these go to the servers' devices, in contiguous runs in
+proportion to `tensor_split` (default: each device's free memory); the rest stays
+on the CPU. Each layer's KV cache (F16) lives beside it;
 sliding-window layers keep only the window and a micro-batch of cells, reused as a
 ring in llama.cpp's order (ggmlrpc.llm.kv_cache). Rope scaling (linear, YaRN) comes
 from the file's metadata. Every device runs one graph per step (its layers), built
@@ -41,8 +41,8 @@ from .flow import Flow, inline_stages
 from .gguf_file import GGUFFile, ModelError
 from .hparams import HParams
 from .kv_cache import KV_PAD, KVCache, SwaCells
-from .placement import (Device, Stage, StageGraph, alloc_stage, assign_layers, device_shares, open_devices,
-                        plan_stages, send_weights, stage_graph)
+from .placement import (Device, Stage, StageGraph, alloc_stage, assign_layers, device_shares, first_offloaded,
+                        open_devices, plan_stages, send_weights, stage_graph)
 from . import autosplit
 from .rowsplit import SPLIT_MODES, RowSplit, combines_per_layer, refusal as row_refusal
 from .sampling import Sampler
@@ -173,7 +173,7 @@ class Model:
     def _auto_split(self, remote: list[Device], n_gpu_layers: int, tensor_split) -> tuple[str, str]:
         n_layer = self.hp.n_layer
         shares = device_shares(remote, tensor_split) if remote else []
-        layers = list(range(n_layer - min(max(n_gpu_layers, 0), n_layer), n_layer))
+        layers = list(range(min(first_offloaded(n_layer, n_gpu_layers), n_layer), n_layer))
         why = self.reconnect > 0 and "--reconnect needs -sm layer" or \
             (layers and row_refusal(self.arch, self.hp, self.file, layers, shares))
         return autosplit.choose(self.file, n_layer, remote, shares, n_gpu_layers, why or None,
@@ -181,11 +181,11 @@ class Model:
 
     def _plan_rows(self, cpu: Device, remote: list[Device], n_gpu_layers: int, tensor_split) -> None:
         """-sm row: the embeddings and the layers not offloaded on the CPU, every
-        offloaded layer cut over the devices (the output layer too when every layer
-        is offloaded, else it follows on the CPU)."""
+        offloaded layer cut over the devices, and the output layer (offloaded by any
+        -ngl above 0, as llama.cpp counts it: first_offloaded)."""
         n_layer = self.hp.n_layer
-        start = n_layer - min(n_gpu_layers, n_layer)
-        output = n_gpu_layers > n_layer
+        start = min(first_offloaded(n_layer, n_gpu_layers), n_layer)
+        output = n_gpu_layers > 0
         self.stages = [Stage(cpu, list(range(start)), embed=True)]
         if not output:
             self.stages.append(Stage(cpu, [], output=True))

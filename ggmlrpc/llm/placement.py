@@ -1,7 +1,6 @@
 """Where a model lives (llama.cpp's placement): the local CPU and the servers'
 devices, the stages a step runs through (the embeddings on the CPU, each run of
-layers on one device, the output layer with the last layer when every layer is
-offloaded), each stage's weights and KV cache in one buffer on its device, and its
+layers on one device, the output layer where llama.cpp puts it), each stage's weights and KV cache in one buffer on its device, and its
 graphs in compute and input buffers there."""
 from __future__ import annotations
 
@@ -87,11 +86,21 @@ def _align(n: int, a: int) -> int:
     return (n + a - 1) // a * a
 
 
+def first_offloaded(n_layer: int, n_gpu_layers: int) -> int:
+    """The first of the n_layer + 1 "layers" (the repeating ones, then the output
+    layer as number n_layer) that -ngl sends to the servers: llama.cpp counts the
+    output layer as one, so -ngl N offloads it and the last N - 1 layers."""
+    return max(n_layer + 1 - max(n_gpu_layers, 0), 0)
+
+
 def assign_layers(n_layer: int, n_gpu_layers: int, split: Sequence[float]) -> list[int]:
-    """The device of each layer: -1 for the local CPU, else an index into `split`
-    (llama.cpp's rule: the last n_gpu_layers layers, cut by cumulative fractions)."""
-    n_off = max(0, min(n_gpu_layers, n_layer)) if split else 0
-    start = n_layer - n_off
+    """The device of each layer and, last, of the output layer: -1 for the local
+    CPU, else an index into `split`. llama.cpp's rule: the offloaded "layers"
+    (first_offloaded) cut by cumulative fractions of the shares, the output layer
+    counted as one more (with -ts 1,1 a 12-layer model puts 7 layers on the first
+    device, 5 and the output layer on the second)."""
+    start = first_offloaded(n_layer, n_gpu_layers) if split else n_layer + 1
+    n_off = n_layer + 1 - start
     total = sum(split) if split else 0.0
     if split and total <= 0:
         raise ModelError("tensor split must have a positive sum")
@@ -100,7 +109,7 @@ def assign_layers(n_layer: int, n_gpu_layers: int, split: Sequence[float]) -> li
         acc += s / total
         cum.append(acc)
     out = []
-    for il in range(n_layer):
+    for il in range(n_layer + 1):
         if il < start:
             out.append(-1)
             continue
@@ -141,12 +150,12 @@ def device_shares(remote: list[Device], tensor_split: Sequence[float] | None) ->
 def plan_stages(cpu: Device, remote: list[Device], n_layer: int, n_gpu_layers: int,
                 tensor_split: Sequence[float] | None) -> list[Stage]:
     """The stages in step order: the CPU (embeddings), then each run of layers on one
-    device, then the output layer (with the last layer when every layer is
-    offloaded, else on the CPU). `tensor_split`: each remote device's share of the
-    offloaded layers (default: its free memory)."""
+    device, then the output layer (assign_layers: llama.cpp's placement).
+    `tensor_split`: each remote device's share of the offloaded layers (default:
+    its free memory)."""
     where = assign_layers(n_layer, n_gpu_layers, device_shares(remote, tensor_split))
     devs = [cpu if w < 0 else remote[w] for w in where]
-    out_dev = devs[-1] if remote and n_gpu_layers > n_layer else cpu
+    out_dev = devs.pop()
     stages = [Stage(cpu, [], embed=True)]
     for il, d in enumerate(devs):
         if stages[-1].device is not d:

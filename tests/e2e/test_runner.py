@@ -82,7 +82,7 @@ def test_other_architectures_same_tokens_everywhere(tmp_path, servers, arch):
     (3, dict(n_gpu_layers=0), [[0, 1]]),
     (3, dict(tensor_split=[1, 1]), [[], [0, 1], [0]]),
     # layer 2's rows pass through the first server's stage on to the second's
-    (7, dict(n_gpu_layers=4, tensor_split=[1, 1]), [[0, 1, 2], [2, 3], [2, 3], []]),
+    (7, dict(n_gpu_layers=5, tensor_split=[1, 2]), [[0, 1, 2], [2, 3], [2, 3]]),
 ], ids=["in-process", "two-servers", "cpu-and-two-servers"])
 def test_shared_kv_layers_keep_no_cache(tmp_path, servers, n_layer, kw, caches):
     """gemma4 E2B: the last third of the layers keep no cache; each reads the last
@@ -101,16 +101,23 @@ def test_shared_kv_layers_keep_no_cache(tmp_path, servers, n_layer, kw, caches):
 
 
 def test_assign_layers():
-    assert assign_layers(4, 99, []) == [-1] * 4
-    assert assign_layers(4, 99, [1.0, 1.0]) == [0, 0, 1, 1]
-    assert assign_layers(4, 99, [3.0, 1.0]) == [0, 0, 0, 1]
-    assert assign_layers(4, 2, [1.0]) == [-1, -1, 0, 0]
-    assert assign_layers(5, 99, [0.0, 1.0]) == [1] * 5
+    """llama.cpp's rule (each layer's device, then the output layer's): the output
+    layer counts as a layer, in -ngl and in the split; the interop test
+    test_layer_placement_equals_llama_completion checks it against llama.cpp's log."""
+    assert assign_layers(4, 99, []) == [-1] * 5
+    assert assign_layers(4, 99, [1.0, 1.0]) == [0, 0, 0, 1, 1]
+    assert assign_layers(12, 99, [1.0, 1.0]) == [0] * 7 + [1] * 6
+    assert assign_layers(4, 99, [3.0, 1.0]) == [0, 0, 0, 0, 1]
+    assert assign_layers(4, 2, [1.0]) == [-1, -1, -1, 0, 0]
+    assert assign_layers(4, 1, [1.0]) == [-1, -1, -1, -1, 0]
+    assert assign_layers(4, 0, [1.0]) == [-1] * 5
+    assert assign_layers(5, 99, [0.0, 1.0]) == [1] * 6
 
 
 def test_split_read_back_from_servers(model_path, servers):
     eps = [f"127.0.0.1:{s.port}" for s in servers]
-    with Model.load(model_path, rpc=eps, tensor_split=[3, 1]) as m:
+    # the output layer counts as a fifth: 0, 1, 2 on the first; 3 and the output on the second
+    with Model.load(model_path, rpc=eps, tensor_split=[1, 1]) as m:
         assert [st.layers for st in m.stages[1:]] == [[0, 1, 2], [3]]
         a, b = (s.stats()["buffer_bytes"] for s in servers)
         f = m.file
@@ -125,9 +132,11 @@ def test_split_read_back_from_servers(model_path, servers):
         wa, wb = sa.buffers[0].size, sb.buffers[0].size
         assert 0 <= wa - 3 * (layer + kv) < 1024
         assert 0 <= wb - (layer + kv + out) < 1024
-    # equal free memory: an even split
+    # equal free memory: as -ts 1,1; -ts 3,1 leaves the second the output layer alone
     with Model.load(model_path, rpc=eps) as m:
-        assert [st.layers for st in m.stages[1:]] == [[0, 1], [2, 3]]
+        assert [st.layers for st in m.stages[1:]] == [[0, 1, 2], [3]]
+    with Model.load(model_path, rpc=eps, tensor_split=[3, 1]) as m:
+        assert [(st.layers, st.output) for st in m.stages[1:]] == [([0, 1, 2, 3], False), ([], True)]
 
 
 def test_generate_api(model_path):

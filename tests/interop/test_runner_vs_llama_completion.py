@@ -6,6 +6,7 @@ against llama-completion driving the same servers."""
 from __future__ import annotations
 
 import itertools
+import re
 import subprocess
 import sys
 import warnings
@@ -87,6 +88,46 @@ def ours(model: Path, args: list[str], capfdbinary, prompt: str = PROMPT) -> byt
     return out
 
 
+LAYER_LINE = re.compile(rb"layer +(\d+) assigned to device (\S+?),")
+
+
+def llama_placement(ref_bin: Path, model: Path, args: list[str]) -> list[int]:
+    """Where llama-completion puts each layer and then the output layer (its -v log's
+    "assigned to device" lines, the last load's): -1 for its CPU, else the index of
+    the RPC device in --rpc's order."""
+    argv = [str(ref_bin / "llama-completion"), "-m", str(model), "-no-cnv", "--simple-io", "--no-warmup",
+            "-p", "hi", "-n", "1", "-v", *args]
+    r = subprocess.run(argv, capture_output=True, env=tool_env(ref_bin), timeout=300)
+    assert r.returncode == 0, r.stderr.decode(errors="replace")[-3000:]
+    where = {int(il): -1 if dev.startswith(b"CPU") else int(dev[3:]) for il, dev in LAYER_LINE.findall(r.stderr)}
+    assert where and sorted(where) == list(range(len(where))), r.stderr.decode(errors="replace")[-3000:]
+    return [where[i] for i in range(len(where))]
+
+
+def our_placement(model: Path, rpc: str, ngl: int, ts: list[float]) -> list[int]:
+    """The same from our Model's stages."""
+    eps = rpc.split(",")
+    with Model.load(model, rpc=eps, n_gpu_layers=ngl, tensor_split=ts, n_ctx=64) as m:
+        where = {}
+        for st in m.stages:
+            dev = -1 if st.device.local else eps.index(st.device.backend.endpoint)
+            where.update({il: dev for il in st.layers})
+            if st.output:
+                where[m.hp.n_layer] = dev
+        return [where[i] for i in range(m.hp.n_layer + 1)]
+
+
+@pytest.mark.parametrize("ngl,ts", [(99, "1,1"), (99, "3,1"), (99, "1,3"), (99, "0,1"), (3, "1,1"), (2, "1,1"),
+                                    (1, "1,1"), (0, "1,1")])
+def test_layer_placement_equals_llama_completion(ref_bin, models, rpc, ngl, ts):  # noqa: F811
+    """-ngl and -ts put every layer, and the output layer, on the device llama.cpp
+    puts it on (it counts the output layer as one more layer, in both): read from
+    llama-completion's own log over the same two servers."""
+    model = models["f32"]
+    ref = llama_placement(ref_bin, model, ["--rpc", rpc, "-ngl", str(ngl), "-ts", ts])
+    assert our_placement(model, rpc, ngl, [float(x) for x in ts.split(",")]) == ref, (ngl, ts, ref)
+
+
 @pytest.mark.parametrize("kind", ["f32", "f16", "f16-tied", "q8_0", "q4_0"])
 def test_in_process_equals_llama_cpu(ref_bin, models, kind, capfdbinary):
     model = models[kind]
@@ -103,7 +144,7 @@ def test_through_servers_equals_llama_completion(ref_bin, models, kind, server_p
     a, b = server_proc("-t", "2"), ref_server("-t", "2")
     for rpc, extra in ((a.endpoint, []), (b.endpoint, []),
                        (f"{a.endpoint},{b.endpoint}", ["-ts", "1,1"]),
-                       (a.endpoint, ["-ngl", "2"])):         # the first layer stays on the CPU
+                       (a.endpoint, ["-ngl", "2"])):         # two layers stay on the CPU
         args = ["--rpc", rpc, *(extra if "-ngl" in extra else ["-ngl", "99", *extra])]
         mine = ours(model, args, capfdbinary)
         # llama.cpp's client through the reference server only (it serves one client at a time)
