@@ -51,10 +51,10 @@ def start(who: str, ref: Path, m: Path, eps: list[str], np_: int, args):
     common = ["-m", str(m), "--rpc", ",".join(eps), "-ngl", "99", "-c", str(args.ctx),
               "--port", str(port), "-t", str(args.threads), "-np", str(np_)]
     if who == "ours":
-        argv = [sys.executable, "-P", "-m", "ggmlrpc.cli.main", "serve", *common, "-ts", "1,1",
+        argv = [sys.executable, "-P", "-m", "ggmlrpc.cli.main", "serve", *common, "-ts", args.ts,
                 *args.ours_args.split()]
     else:
-        argv = [str(ref / "llama-server"), *common, "-ts", "1/1", "--no-repack"]
+        argv = [str(ref / "llama-server"), *common, "-ts", args.ts.replace(",", "/"), "--no-repack"]
     proc = subprocess.Popen(argv, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     url = f"http://127.0.0.1:{port}"
     sb.wait_ready(url, proc)
@@ -175,6 +175,9 @@ def main(argv=None) -> int:
     ap.add_argument("--ff", type=int, default=2816)
     ap.add_argument("--pause", type=float, default=0.5, help="seconds of quiet between measurements")
     ap.add_argument("--rounds", type=int, default=3, help="turns of each server (figures: medians)")
+    ap.add_argument("--ts", default="5,6",
+                    help="-ts of both (llama.cpp's placement counts the output layer as a layer: 5,6 puts six "
+                         "of the 12 layers on each server, the output layer on the second)")
     ap.add_argument("--ours-args", default="", help="more options of our serve, e.g. --no-pipeline")
     ap.add_argument("--pin", action="store_true", help="server i on core i (taskset), for speedup figures")
     ap.add_argument("--server-args", default="", help="more options of the RPC servers, e.g. --peers")
