@@ -35,8 +35,9 @@ def test_row_split_logits_match_one_device(tmp_path, servers, arch, dtype):
     for fa in (True, False):
         one = logits(path, n_gpu_layers=0, flash_attn=fa)
         for kw in (dict(tensor_split=[1, 1]), dict(tensor_split=[3, 1]), dict(tensor_split=[1, 2]),
-                   dict(tensor_split=[1, 1], n_gpu_layers=2),      # layer 0 on the CPU
-                   dict(tensor_split=[1, 1], n_gpu_layers=3)):     # the output layer on the CPU
+                   dict(tensor_split=[1, 1], n_gpu_layers=3),      # layer 0 on the CPU
+                   dict(tensor_split=[1, 1], n_gpu_layers=2),      # layers 0 and 1 on the CPU
+                   dict(tensor_split=[1, 1], n_gpu_layers=1)):     # only the output layer offloaded (uncut)
             row = logits(path, rpc=servers, split_mode="row", flash_attn=fa, **kw)
             assert max(nmse(a, b) for a, b in zip(row, one)) <= 1e-6, (fa, kw)
     # a prompt in micro-batches of 5 tokens (each graph's residual kept between segments)
