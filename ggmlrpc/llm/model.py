@@ -164,9 +164,9 @@ class Model:
                                    peers=self.peers and self.split_mode != "layer")
         if self.split_mode == "auto":
             self.split_mode, self.split_reason = self._auto_split(remote, n_gpu_layers, tensor_split)
+        # (-ngl 1 offloads the output layer alone: it goes to one device, uncut)
         if self.split_mode == "row" and remote and first_offloaded(hp.n_layer, n_gpu_layers) < hp.n_layer:
             self._plan_rows(cpu, remote, n_gpu_layers, tensor_split)
-        # (-ngl 1 offloads the output layer alone: it goes to one device, uncut)
         else:
             self.stages = plan_stages(cpu, remote, hp.n_layer, n_gpu_layers, tensor_split)
         self._upload(progress)

@@ -1,7 +1,8 @@
 """Where a model lives (llama.cpp's placement): the local CPU and the servers'
 devices, the stages a step runs through (the embeddings on the CPU, each run of
-layers on one device, the output layer where llama.cpp puts it), each stage's weights and KV cache in one buffer on its device, and its
-graphs in compute and input buffers there."""
+layers on one device, the output layer where llama.cpp puts it), each stage's
+weights and KV cache in one buffer on its device, and its graphs in compute and
+input buffers there."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
