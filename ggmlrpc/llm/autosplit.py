@@ -162,21 +162,19 @@ def output_bytes(f: GGUFFile) -> int:
 
 
 def predict(measured: Sequence[Measured], shares: Sequence[float], layers: Sequence[int],
-            sizes: Sequence[int], out_bytes: int, linked: bool = False,
-            per_layer: Sequence[int] | None = None, out_dev: int | None = None) -> tuple[float, float]:
+            sizes: Sequence[int], out_bytes: int, out_dev: int, linked: bool = False,
+            per_layer: Sequence[int] | None = None) -> tuple[float, float]:
     """Predicted ms per token of (layer split, row split). `layers[i]` is layer i's
     device (an index into `measured`, -1: the local CPU, the same in both modes),
     `sizes[i]` its weight bytes; the output layer (`out_bytes`) is on `out_dev`
-    (default: with the last layer when every layer is offloaded). `linked`: the
-    servers swap the row split's pieces themselves (ggmlrpc.peers). `per_layer[i]`:
-    layer i's combines with row (rowsplit.combines_per_layer; default 3 each)."""
+    (assign_layers' last entry). `linked`: the servers swap the row split's pieces
+    themselves (ggmlrpc.peers). `per_layer[i]`: layer i's combines with row
+    (rowsplit.combines_per_layer; default 3 each)."""
     n = len(measured)
     per_dev = [0] * n
     for dev, size in zip(layers, sizes):
         if dev >= 0:
             per_dev[dev] += size
-    if out_dev is None:
-        out_dev = layers[-1] if layers and all(dev >= 0 for dev in layers) else -1
     offloaded = out_dev >= 0
     if offloaded:
         per_dev[out_dev] += out_bytes
@@ -211,8 +209,8 @@ def choose(f: GGUFFile, n_layer: int, remote: list[Device], shares: Sequence[flo
     *layers, out_dev = assign_layers(n_layer, n_gpu_layers, shares)
     linked = linkable([d.backend for d, s in zip(remote, shares) if s > 0])
     t_layer, t_row = predict(measured, shares, layers, [layer_bytes(f, il) for il in range(n_layer)],
-                             output_bytes(f), linked, combines and [combines(il, linked) for il in range(n_layer)],
-                             out_dev)
+                             output_bytes(f), out_dev, linked,
+                             combines and [combines(il, linked) for il in range(n_layer)])
     speeds = ", ".join(f"{m.device.name} {m.rtt_ms:.2f} ms round trip, {m.bytes_per_ms / 1e6:.1f} GB/s"
                        f" ({m.row_bytes_per_ms / 1e6:.1f} with all at once)" for m in measured)
     mode = "row" if t_row < t_layer else "layer"

@@ -174,24 +174,21 @@ class Model:
     def _auto_split(self, remote: list[Device], n_gpu_layers: int, tensor_split) -> tuple[str, str]:
         n_layer = self.hp.n_layer
         shares = device_shares(remote, tensor_split) if remote else []
-        layers = list(range(min(first_offloaded(n_layer, n_gpu_layers), n_layer), n_layer))
+        layers = list(range(first_offloaded(n_layer, n_gpu_layers), n_layer))
         why = self.reconnect > 0 and "--reconnect needs -sm layer" or \
             (layers and row_refusal(self.arch, self.hp, self.file, layers, shares))
         return autosplit.choose(self.file, n_layer, remote, shares, n_gpu_layers, why or None,
                                 lambda il, linked: combines_per_layer(self.arch, self.hp, self.file, il, linked))
 
     def _plan_rows(self, cpu: Device, remote: list[Device], n_gpu_layers: int, tensor_split) -> None:
-        """-sm row: the embeddings and the layers not offloaded on the CPU, every
-        offloaded layer cut over the devices, and the output layer (offloaded by any
-        -ngl above 0, as llama.cpp counts it: first_offloaded)."""
+        """-sm row (with at least one layer offloaded): the embeddings and the layers
+        not offloaded on the CPU, every offloaded layer and the output layer cut over
+        the devices (llama.cpp counts the output layer among -ngl's: first_offloaded)."""
         n_layer = self.hp.n_layer
-        start = min(first_offloaded(n_layer, n_gpu_layers), n_layer)
-        output = n_gpu_layers > 0
+        start = first_offloaded(n_layer, n_gpu_layers)
         self.stages = [Stage(cpu, list(range(start)), embed=True)]
-        if not output:
-            self.stages.append(Stage(cpu, [], output=True))
         self.rows = RowSplit(self.arch, self.hp, self.file, self.kv, remote, device_shares(remote, tensor_split),
-                             list(range(start, n_layer)), output, self.flash_attn, self.n_ctx, self.row_combine,
+                             list(range(start, n_layer)), True, self.flash_attn, self.n_ctx, self.row_combine,
                              self.n_ubatch)
 
     def _upload(self, progress) -> None:

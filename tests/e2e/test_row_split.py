@@ -173,31 +173,31 @@ def test_auto_split_rule():
     def two(rtt, speed=1e6):
         return [Measured(None, rtt, speed), Measured(None, rtt, speed)]
     layers, sizes = [0] * 6 + [1] * 6, [50_000_000] * 12       # 50 MB a layer at 1 GB/s: 50 ms
-    t_layer, t_row = predict(two(0.05), [1, 1], layers, sizes, 0)
+    t_layer, t_row = predict(two(0.05), [1, 1], layers, sizes, 0, 1)
     assert t_layer == pytest.approx(600 + 0.1) and t_row == pytest.approx(300 + 37 * (0.05 + HOST_COMBINE_MS))
     assert t_row < t_layer
     small = [100_000] * 12                                      # 0.1 ms a layer: the combines dominate
-    t_layer, t_row = predict(two(1.0), [1, 1], layers, small, 0)
+    t_layer, t_row = predict(two(1.0), [1, 1], layers, small, 0, 1)
     assert t_row > t_layer
     # an unequal pair: row waits for the slower device's share
-    t_layer, t_row = predict([Measured(None, 0.0, 1e6), Measured(None, 0.0, 0.5e6)], [1, 1], layers, sizes, 0)
+    t_layer, t_row = predict([Measured(None, 0.0, 1e6), Measured(None, 0.0, 0.5e6)], [1, 1], layers, sizes, 0, 1)
     assert t_layer == pytest.approx(300 + 600) and t_row == pytest.approx(600 + 37 * HOST_COMBINE_MS)
     # servers that share a host's memory bandwidth: row split computes at their speed
     # with both at once, layer split at their speed alone
     shared = [Measured(None, 0.0, 1e6, 0.5e6), Measured(None, 0.0, 1e6, 0.5e6)]
-    t_layer, t_row = predict(shared, [1, 1], layers, sizes, 0)
+    t_layer, t_row = predict(shared, [1, 1], layers, sizes, 0, 1)
     assert t_layer == pytest.approx(600) and t_row == pytest.approx(600 + 37 * HOST_COMBINE_MS)
     # two layers on the CPU: ten offloaded layers, 30 combines (the output layer stays on the CPU)
     cpu = [-1, -1] + [0] * 5 + [1] * 5
-    t_layer, t_row = predict(two(0.0), [1, 1], cpu, sizes, 10_000_000)
+    t_layer, t_row = predict(two(0.0), [1, 1], cpu, sizes, 10_000_000, -1)
     assert t_layer == pytest.approx(500) and t_row == pytest.approx(250 + 30 * HOST_COMBINE_MS)
     # linked servers: one host round trip a token, half a round trip and the exchange per combine
     from ggmlrpc.llm.autosplit import PEER_EXCHANGE_MS, PING_OVERHEAD_MS
-    t_layer, t_row = predict(two(1.0), [1, 1], layers, [2_000_000] * 12, 0, linked=True)
+    t_layer, t_row = predict(two(1.0), [1, 1], layers, [2_000_000] * 12, 0, 1, linked=True)
     assert t_row == pytest.approx(12 + 1 + 37 * ((1.0 - PING_OVERHEAD_MS) / 2 + PEER_EXCHANGE_MS))
-    assert predict(two(1.0), [1, 1], layers, [2_000_000] * 12, 0)[1] > t_row > t_layer == pytest.approx(26)
+    assert predict(two(1.0), [1, 1], layers, [2_000_000] * 12, 0, 1)[1] > t_row > t_layer == pytest.approx(26)
     # through the host, four combines a layer (the relay's: three gathers and the output)
-    t_layer, t_row = predict(two(0.05), [1, 1], layers, sizes, 0, per_layer=[4] * 12)
+    t_layer, t_row = predict(two(0.05), [1, 1], layers, sizes, 0, 1, per_layer=[4] * 12)
     assert t_row == pytest.approx(300 + 49 * (0.05 + HOST_COMBINE_MS))
 
 
