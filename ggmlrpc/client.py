@@ -90,6 +90,23 @@ class Tensor:
         return f"Tensor({self.name!r}, {ggml.type_name(self.type)}, ne={self.ne}, op={ggml.op_name(self.op)})"
 
 
+class StepRequests:
+    """A step's requests with their headers encoded once: everything but the input
+    bytes of SET_TENSOR (over all of `span` at offset 0), GRAPH_COMPUTE of `wire` (or
+    GRAPH_RECOMPUTE of `device`), GET_TENSOR of all of `out`. The tensors must not be
+    moved afterwards (their placement is in the bytes)."""
+
+    def __init__(self, span: Tensor, wire: bytes, out: Tensor, device: int):
+        self.wire, self.span_size = wire, span.nbytes
+        self.set_head = (protocol.HEADER.pack(Cmd.SET_TENSOR, protocol.SET_TENSOR_HEADER_SIZE + self.span_size)
+                         + protocol.encode_tensor(span.to_rpc()) + struct.pack("<BQ", 0, 0))
+        self.compute = protocol.HEADER.pack(Cmd.GRAPH_COMPUTE, len(wire)) + wire
+        self.recompute = protocol.HEADER.pack(Cmd.GRAPH_RECOMPUTE, 4) + struct.pack("<I", device)
+        self.size = out.nbytes
+        get = protocol.encode_tensor(out.to_rpc()) + struct.pack("<QQ", 0, self.size)
+        self.get = protocol.HEADER.pack(Cmd.GET_TENSOR, len(get)) + get
+
+
 def op(op: int, type: int, ne: Sequence[int], *src: Tensor, params: Sequence[int] = (),
        name: str = "") -> Tensor:
     """A compute node: `op` over `src`, result of `type` and shape `ne`."""
@@ -272,11 +289,12 @@ class RemoteBackend:
         """Send one request; this starts its deadline (`timeout` bounds the request and
         its response together, however slowly the server sends or reads). Commands
         queued by `corked()` go first, in the same write."""
+        self._send_parts(_cmd_name(cmd), (protocol.HEADER.pack(cmd, sum(len(p) for p in payload)), *payload))
+
+    def _send_parts(self, what: str, parts: tuple) -> None:
+        """_send of requests already framed (`what`: the last one's name)."""
         if self.conn is None:
             raise ConnectionLost("not connected")
-        size = sum(len(p) for p in payload)
-        head = protocol.HEADER.pack(cmd, size)
-        parts = (head, *payload)
         if self._corked:
             parts = (*self._corked, *parts)
             self._corked.clear()
@@ -284,7 +302,7 @@ class RemoteBackend:
         try:
             self._write(parts)
         except ConnectionLost as e:
-            self._lost(e, f"before {_cmd_name(cmd)}")
+            self._lost(e, f"before {what}")
             raise
 
     def _write(self, parts) -> None:
@@ -473,6 +491,25 @@ class RemoteBackend:
         def answer():
             with self._lock:
                 return self._recv_rsp(Cmd.GET_TENSOR, size, into=out)
+        return answer
+
+    def step_requests(self, span: Tensor, wire: bytes, out: Tensor, device: int = 0) -> "StepRequests":
+        """The fixed bytes of a step that repeats with new inputs only (issue_step)."""
+        return StepRequests(span, wire, out, device)
+
+    def issue_step(self, req: "StepRequests", image, recompute: bool, out):
+        """One step in one write (after what `corked()` holds): SET_TENSOR of `image`
+        over the span, GRAPH_RECOMPUTE or GRAPH_COMPUTE of the serialized graph, and
+        GET_TENSOR of the output; returns a function that reads the answer into `out`.
+        The same messages as set_tensor, graph_compute_serialized and request_tensor,
+        their headers encoded once (`req`)."""
+        with self._lock:
+            self._send_parts("GET_TENSOR", (req.set_head, image, req.recompute if recompute else req.compute,
+                                            req.get))
+
+        def answer():
+            with self._lock:
+                return self._recv_rsp(Cmd.GET_TENSOR, req.size, into=out)
         return answer
 
     def get_array(self, tensor: Tensor) -> np.ndarray:

@@ -482,32 +482,31 @@ class Model:
         try:
             g = self._graph(st, key)
             values["embd"] = x
+            remote = isinstance(be, RemoteBackend)
+            # a device holds one graph: rerun it when it is this stage's graph of this shape
+            held = (id(be), dev)
+            again = self._held.get(held) == (id(st), key)
             with be.corked():
                 for k in values.get("rs_zero", ()) if st.state_span is not None else ():
                     be.memset_tensor(st.state_span, 0, k * st.state_slot, st.state_slot)
-                g.write_inputs(be, values)
-                remote = isinstance(be, RemoteBackend)
-                if hook is not None and remote:
-                    be.waiting, hook = hook, None       # run while the server computes
-                elif hook is not None and last:
-                    hook()
-                    hook = None
-                # a device holds one graph: rerun it when it is this stage's graph of this shape
-                held = (id(be), dev)
-                if self._held.get(held) == (id(st), key):
-                    be.graph_recompute(dev)
+                if remote:
+                    if hook is not None:
+                        be.waiting, hook = hook, None       # run while the server computes
+                    # serialized once: groups that take turns on a server send it again
+                    g.wire = g.wire or serialize_graph(dev, g.graph.nodes)
+                    wait = g.issue(be, values, again)
                 else:
-                    if remote:     # serialized once: groups that take turns on a server send it again
-                        g.wire = g.wire or serialize_graph(dev, g.graph.nodes)
-                        be.graph_compute_serialized(g.wire)
+                    g.write_inputs(be, values)
+                    if hook is not None and last:
+                        hook()
+                        hook = None
+                    if again:
+                        be.graph_recompute(dev)
                     else:
                         be.graph_compute(g.graph.nodes, dev)
-                    self._held[held] = (id(st), key)
-                if remote:
-                    wait = be.request_tensor(g.out, out=g.result)
-                else:
                     result = be.get_tensor(g.out, out=g.result)
                     wait = lambda: result     # noqa: E731
+                self._held[held] = (id(st), key)
         except ConnectionLost as e:
             e.backend = be
             raise

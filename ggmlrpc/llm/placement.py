@@ -53,13 +53,32 @@ class StageGraph:
         # the result of each step lands here (read before the next step overwrites it)
         self.result = bytearray(self.out.nbytes)
 
+    def fill(self, values: dict) -> None:
+        """Every input's bytes into the image of the inputs' span."""
+        slots = self.__dict__.get("_slots")
+        if slots is None:
+            self._view = memoryview(self.image)
+            slots = self._slots = [(name, t.offset, t.offset + t.nbytes) for name, t in self.inputs.items()]
+        view = self._view
+        for name, a, b in slots:
+            raw = memoryview(values[name]).cast("B")
+            if raw.nbytes != b - a:
+                raise ValueError(f"input {name}: {raw.nbytes} bytes for a tensor of {b - a}")
+            view[a:b] = raw
+
     def write_inputs(self, backend, values: dict) -> None:
-        for name, t in self.inputs.items():
-            raw = np.frombuffer(memoryview(values[name]).cast("B"), np.uint8)
-            if raw.nbytes != t.nbytes:
-                raise ValueError(f"input {name}: {raw.nbytes} bytes for a tensor of {t.nbytes}")
-            self.image[t.offset:t.offset + raw.nbytes] = raw
+        self.fill(values)
         backend.set_tensor(self.span, self.image)
+
+    def issue(self, backend, values: dict, recompute: bool):
+        """A remote step in one write: the inputs, the graph (`wire`; rerun when
+        `recompute`) and the read of the result; returns the function that waits
+        for the result (in `result`). Corked commands go first."""
+        self.fill(values)
+        req = self.__dict__.get("_req")
+        if req is None or req.wire is not self.wire:
+            req = self._req = backend.step_requests(self.span, self.wire, self.out, self.span.buffer.device)
+        return backend.issue_step(req, self.image, recompute, self.result)
 
 
 @dataclass

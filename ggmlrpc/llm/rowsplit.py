@@ -118,6 +118,8 @@ class Shard:
     tensors: dict[str, TensorInfo] = dataclasses.field(default_factory=dict)
     held: tuple | None = None  # the segment whose graph the device keeps
     saved: object = None       # "gather": the residual a layer's last segment adds (n_embd x n_ubatch)
+    # its V cache indices of this step, made from the step's K indices (RowSplit._own)
+    v_idxs: dict = dataclasses.field(default_factory=dict)
 
 
 ROW_ARCHS = ("llama", "qwen2", "qwen3", "qwen3moe")   # llama's layer, nothing added to it
@@ -484,9 +486,13 @@ class RowSplit:
             return values
         own = dict(values)
         for suffix, cells in (("", self.kv.full), ("_swa", self.kv.swa)):
-            if "k_idxs" + suffix in values:
-                chan = np.arange(sh.hp.n_embd_kv, dtype=np.int64) * cells.size
-                own["v_idxs" + suffix] = (chan[None, :] + values["k_idxs" + suffix][:, None]).reshape(-1)
+            k = values.get("k_idxs" + suffix)
+            if k is not None:      # the same for every layer of a step: made once a step
+                held = sh.v_idxs.get(suffix)
+                if held is None or held[0] is not k:
+                    chan = np.arange(sh.hp.n_embd_kv, dtype=np.int64) * cells.size
+                    held = sh.v_idxs[suffix] = (k, (chan[None, :] + k[:, None]).reshape(-1))
+                own["v_idxs" + suffix] = held[1]
         return own
 
     def _combine(self, seg: tuple, key: tuple, values: dict, shards: list | None = None) -> list[np.ndarray]:
@@ -495,16 +501,11 @@ class RowSplit:
         first answer is read."""
         answers = []
         for sh in self.shards if shards is None else shards:
-            be, dev = sh.stage.device.backend, sh.stage.device.index
+            be = sh.stage.device.backend
             g = self._graph(sh, seg, key)
-            with be.corked():
-                g.write_inputs(be, values if seg[0] not in ("attn", "heads", "relay") else self._own(sh, values))
-                if sh.held == (seg, key):
-                    be.graph_recompute(dev)
-                else:
-                    be.graph_compute_serialized(g.wire)
-                    sh.held = (seg, key)
-                answers.append((g.out.ne, be.request_tensor(g.out, out=g.result)))
+            answers.append((g.out.ne, g.issue(be, values if seg[0] not in ("attn", "heads", "relay")
+                                             else self._own(sh, values), sh.held == (seg, key))))
+            sh.held = (seg, key)
         return [np.frombuffer(read(), np.float32).reshape(ne[1], ne[0]) for ne, read in answers]
 
     def run(self, key: tuple, values: dict, x) -> np.ndarray:

@@ -71,10 +71,10 @@ def requests_out(monkeypatch) -> list[int]:
     """[the most servers that had a request out at once], kept up to date (set it to
     0 to start over)."""
     waiting, most = set(), [0]
-    send = RemoteBackend.request_tensor
+    send = RemoteBackend.issue_step
 
-    def request_tensor(self, tensor, out=None):
-        wait = send(self, tensor, out=out)
+    def issue_step(self, *args):
+        wait = send(self, *args)
         waiting.add(id(self))
         most[0] = max(most[0], len(waiting))
 
@@ -85,7 +85,7 @@ def requests_out(monkeypatch) -> list[int]:
                 waiting.discard(id(self))
         return answer
 
-    monkeypatch.setattr(RemoteBackend, "request_tensor", request_tensor)
+    monkeypatch.setattr(RemoteBackend, "issue_step", issue_step)
     return most
 
 

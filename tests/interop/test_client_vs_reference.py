@@ -277,3 +277,51 @@ def test_graph_compute_and_recompute(peer, seed, op_id):
             rb.synchronize()
     finally:
         rb.close()
+
+
+def test_issue_step_is_the_three_requests(peer, seed):
+    """issue_step (headers encoded once) sends the bytes set_tensor,
+    graph_compute_serialized and request_tensor send, corked commands first; the
+    server computes the same, with GRAPH_COMPUTE the first time and GRAPH_RECOMPUTE
+    after."""
+    from ggmlrpc.client import serialize_graph
+
+    rng = np.random.default_rng(seed)
+    p = peer()
+    rb = RemoteBackend(p.endpoint)
+    try:
+        buf = rb.alloc_buffer(65536)
+        span = buf.tensor(GGMLType.I8, (2048,), offset=0, name="inputs")
+        a = buf.tensor(GGMLType.F32, (64, 4), offset=0, name="a")
+        b = buf.tensor(GGMLType.F32, (64, 4), offset=1024, name="b")
+        c = place(op(GGMLOp.ADD, GGMLType.F32, (64, 4), a, b, name="c"), buf, 4096)
+        wire = serialize_graph(0, [c])
+        req = rb.step_requests(span, wire, c, 0)
+        sent = []
+        real = rb.conn.send
+        rb.conn.send = lambda *parts: (sent.append(b"".join(bytes(x) for x in parts)), real(*parts))[1]
+        image = np.zeros(2048, np.uint8)
+        out = bytearray(c.nbytes)
+        for again in (False, True, True):
+            xa, xb = (rng.standard_normal((4, 64), dtype=np.float32) for _ in range(2))
+            image[:1024], image[1024:] = xa.view(np.uint8).reshape(-1), xb.view(np.uint8).reshape(-1)
+            with rb.corked():
+                rb.memset_tensor(c, 0)          # corked: goes first, in the same write
+                wait = rb.issue_step(req, image, again, out)
+            assert wait() is out
+            np.testing.assert_array_equal(np.frombuffer(out, np.float32).reshape(4, 64), xa + xb)
+        step = sent[-1]
+        # the same write through the one-by-one calls
+        sent.clear()
+        with rb.corked():
+            rb.memset_tensor(c, 0)
+            rb.set_tensor(span, image)
+            rb.graph_recompute(0)
+            rb.request_tensor(c, out=out)()
+        assert sent == [step]
+        sent.clear()
+        rb.graph_compute_serialized(wire)
+        rb.synchronize()
+        assert sent[0].startswith(req.compute)
+    finally:
+        rb.close()
