@@ -214,7 +214,7 @@ def main(argv=None) -> int:
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     print(f"\n| type | TTFT ms ours / llama-server | ratio | gen t/s ours / llama-server | ratio "
-          f"| bare API t/s (ratio) | overhead ms/token: CPU, event loop CPU, wall |")
+          "| bare API t/s (ratio) | overhead ms/token: CPU, event loop CPU, wall |")
     print("| --- | --- | --: | --- | --: | --: | --: |")
     for r in rows:
         for who in ("ours", "before") if args.before else ("ours",):

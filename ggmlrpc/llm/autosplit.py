@@ -23,8 +23,8 @@ weight bytes of the offloaded layers, a token is predicted to cost:
 `row` is chosen when it is predicted faster and the model can be cut
 (rowsplit.refusal: its architecture, whole KV heads per device); else `layer`. The
 host's work per combine, HOST_COMBINE_MS, is bench/tensor_split.py's figure: our
-host's CPU time per token with `row` over the number of combines (8.5 ms / 37 on
-a 2-core Sapphire Rapids VM); PEER_EXCHANGE_MS is what an exchange between linked
+host's CPU time per token with `row` over the number of combines (4.4-4.8 ms / 37
+on a 2-core Zen 4 class VM, each server's requests framed once: StageGraph.issue); PEER_EXCHANGE_MS is what an exchange between linked
 servers costs on the bare loopback (bench/tensor_split.py's row-peers exchange
 time per token over its 49 exchanges: 0.85 ms on a 2-core Zen 4 class VM, where
 our host's pings took 0.03 ms at best).
@@ -41,7 +41,7 @@ from .gguf_file import GGUFFile
 from .placement import Device, assign_layers, first_offloaded
 from .rowsplit import linkable
 
-HOST_COMBINE_MS = 0.25
+HOST_COMBINE_MS = 0.13
 PEER_EXCHANGE_MS = 0.02
 PING_OVERHEAD_MS = 0.03
 BENCH_BYTES = 64 << 20
