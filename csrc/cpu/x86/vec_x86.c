@@ -426,10 +426,30 @@ GR_AVX512FP16 static void mad_f16_avx512fp16(int64_t n, uint16_t *y, const uint1
 
 #define GR_FA_BLOCK 16
 
+/* the query as F32 for fa_dot (qf: GR_FA_QF floats), once a row; 0 where DK is
+ * not a multiple of 64 up to GR_FA_QF (dot_f16_avx512 then serves) */
+#define GR_FA_QF 256
+GR_AVX512 static inline int fa_query_f32(const gr_fa_keys *a, float *qf) {
+    if (a->DK % 64 || a->DK > GR_FA_QF) return 0;
+    for (int64_t i = 0; i < a->DK; i += 16) _mm512_storeu_ps(qf + i, load_h16(a->q + i));
+    return 1;
+}
+
+/* dot_f16_avx512 of a key row and the query converted once (fa_query_f32): the
+ * same products in the same sums, inlined into the scores' loop */
+GR_AVX512 static inline __attribute__((always_inline)) float fa_dot(const uint16_t *k, const float *qf, int64_t DK) {
+    __m512 acc[4] = { _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps(), _mm512_setzero_ps() };
+    for (int64_t i = 0; i < DK; i += 64)
+        for (int j = 0; j < 4; j++)
+            acc[j] = _mm512_fmadd_ps(load_h16(k + i + j * 16), _mm512_loadu_ps(qf + i + j * 16), acc[j]);
+    return reduce_4x16_avx512(acc);
+}
+
 /* the scores of the unmasked keys of [i0, i0 + GR_FA_BLOCK) and where they are, as
  * fa_row computes them (dot, times the scale, plus the slope times the mask);
- * returns how many (computed ahead of the running maximum's chain) */
-GR_AVX512 static inline int fa_scores(const gr_fa_keys *a, int64_t i0, float *sc, int64_t *at) {
+ * returns how many (computed ahead of the running maximum's chain). qf: the query
+ * as F32 (fa_query_f32), or NULL */
+GR_AVX512 static inline int fa_scores(const gr_fa_keys *a, const float *qf, int64_t i0, float *sc, int64_t *at) {
     const int64_t i1 = i0 + GR_FA_BLOCK < a->ic1 ? i0 + GR_FA_BLOCK : a->ic1;
     int nb = 0;
     /* the keys masked with -inf (GR_F16_NEG_INF) in one compare: with a positive
@@ -448,7 +468,8 @@ GR_AVX512 static inline int fa_scores(const gr_fa_keys *a, int64_t i0, float *sc
             gr_prefetch_lines(a->k_next + ic * a->k_stride, 2 * (size_t)a->DK);
             gr_prefetch_lines(a->v_next + ic * a->v_stride, 2 * (size_t)a->DV);
         }
-        float s = dot_f16_avx512(a->DK, (const uint16_t *)(a->k + ic * a->k_stride), a->q);
+        const uint16_t *kd = (const uint16_t *)(a->k + ic * a->k_stride);
+        float s = qf ? fa_dot(kd, qf, a->DK) : dot_f16_avx512(a->DK, kd, a->q);
         s = s * a->scale;
         s += mv;
         sc[nb] = s;
@@ -457,37 +478,69 @@ GR_AVX512 static inline int fa_scores(const gr_fa_keys *a, int64_t i0, float *sc
     return nb;
 }
 
-/* the F32-held form: every element as mad_f16_avx and the portable scale_f16 step it */
+/* A row's steps over a chunk of its unmasked keys, in two passes with the same
+ * arithmetic as one: first the running maximum m and sum s_sum with the factors of
+ * each step (VKQ's ms where the maximum moved, the value's vs; expf is a call, and
+ * a call in the second pass would put VKQ's registers through memory at every key),
+ * then VKQ scaled and accumulated, every element as mad_f16_avx and the portable
+ * scale_f16 step it. VKQ holds F16 values, so a step whose ms is exactly 1 scales
+ * nothing and is skipped. */
+GR_AVX512 static inline void fa_factors(const float *sc, int n, float *m, float *s_sum, float *ms, float *vs) {
+    for (int t = 0; t < n; t++) {
+        const float s = sc[t], mold = *m;
+        float a = 1.0f, b = 1.0f;
+        if (s > mold) {
+            *m = s;
+            a = expf(mold - s);
+        } else {
+            b = expf(s - mold);
+        }
+        *s_sum = fmaf(*s_sum, a, b);
+        ms[t] = a, vs[t] = b;
+    }
+}
+
+GR_AVX512 static inline __attribute__((always_inline)) void
+fa_value(const gr_fa_keys *a, __m512 *facc, int64_t ic, float ms, float vs, const int64_t NF) {
+    if (ms != 1.0f) {
+        const __m512 fm = _mm512_set1_ps(ms);
+        _Pragma("GCC unroll 16") for (int j = 0; j < NF; j++) facc[j] = GR_FA_ROUND16(_mm512_mul_ps(facc[j], fm));
+    }
+    const uint16_t *vd = (const uint16_t *)(a->v + ic * a->v_stride);
+    const __m512 fv = _mm512_set1_ps(vs);
+    _Pragma("GCC unroll 16") for (int j = 0; j < NF; j++)
+        facc[j] = GR_FA_ROUND16(_mm512_fmadd_ps(load_h16(vd + 16 * j), fv, facc[j]));
+}
+
+#define GR_FA_CHUNK 256     /* keys whose scores and factors go first (a multiple of GR_FA_BLOCK) */
+
+/* the unmasked keys of [c0, min(c0 + GR_FA_CHUNK, ic1)): their scores, where they
+ * are, and their factors (fa_factors); returns how many */
+GR_AVX512 static inline int fa_chunk(const gr_fa_keys *a, const float *qf, int64_t c0, float *m, float *s_sum,
+                                     float *sc, int64_t *at, float *ms, float *vs) {
+    const int64_t c1 = c0 + GR_FA_CHUNK < a->ic1 ? c0 + GR_FA_CHUNK : a->ic1;
+    int n = 0;
+    for (int64_t i0 = c0; i0 < c1; i0 += GR_FA_BLOCK) n += fa_scores(a, qf, i0, sc + n, at + n);
+    fa_factors(sc, n, m, s_sum, ms, vs);
+    return n;
+}
+
+/* the F32-held form */
 GR_AVX512 static inline __attribute__((always_inline)) void
 fa_keys_f32_dv(const gr_fa_keys *a, float *M, float *S, uint16_t *vkq, const int64_t DV) {
     const int64_t NF = DV / 16;
     __m512 facc[DV / 16];
-    for (int j = 0; j < NF; j++) facc[j] = load_h16(vkq + 16 * j);
+    _Pragma("GCC unroll 16") for (int j = 0; j < NF; j++) facc[j] = load_h16(vkq + 16 * j);
     float m = *M, s_sum = *S;
-    float sc[GR_FA_BLOCK];
-    int64_t at[GR_FA_BLOCK];
-    for (int64_t i0 = a->ic0; i0 < a->ic1; i0 += GR_FA_BLOCK) {
-      const int nb = fa_scores(a, i0, sc, at);
-      for (int t = 0; t < nb; t++) {
-        const int64_t ic = at[t];
-        const float s = sc[t];
-        const float mold = m;
-        float ms = 1.0f, vs = 1.0f;
-        if (s > m) {
-            m = s;
-            ms = expf(mold - m);
-            const __m512 fm = _mm512_set1_ps(ms);
-            for (int j = 0; j < NF; j++) facc[j] = GR_FA_ROUND16(_mm512_mul_ps(facc[j], fm));
-        } else {
-            vs = expf(s - m);
-        }
-        const uint16_t *vd = (const uint16_t *)(a->v + ic * a->v_stride);
-        const __m512 fv = _mm512_set1_ps(vs);
-        for (int j = 0; j < NF; j++) facc[j] = GR_FA_ROUND16(_mm512_fmadd_ps(load_h16(vd + 16 * j), fv, facc[j]));
-        s_sum = fmaf(s_sum, ms, vs);
-      }
+    float sc[GR_FA_CHUNK], ms[GR_FA_CHUNK], vs[GR_FA_CHUNK], qbuf[GR_FA_QF];
+    int64_t at[GR_FA_CHUNK];
+    const float *qf = fa_query_f32(a, qbuf) ? qbuf : NULL;
+    for (int64_t c0 = a->ic0; c0 < a->ic1; c0 += GR_FA_CHUNK) {
+        const int n = fa_chunk(a, qf, c0, &m, &s_sum, sc, at, ms, vs);
+        for (int t = 0; t < n; t++) fa_value(a, facc, at[t], ms[t], vs[t], NF);
     }
-    for (int j = 0; j < NF; j++) _mm256_storeu_si256((__m256i *)(vkq + 16 * j), _mm512_cvtps_ph(facc[j], 0));
+    _Pragma("GCC unroll 16") for (int j = 0; j < NF; j++)
+        _mm256_storeu_si256((__m256i *)(vkq + 16 * j), _mm512_cvtps_ph(facc[j], 0));
     *M = m, *S = s_sum;
 }
 
