@@ -40,6 +40,10 @@ class StageGraph:
     out: Tensor
     layout: B.Inputs
     wire: bytes = b""       # the graph as GRAPH_COMPUTE sends it, once serialized
+    # made at the first step: each input's (name, start, end) in the image, and the
+    # step's requests to the server with their headers encoded (issue)
+    slots: list | None = field(default=None, repr=False)
+    requests: object = field(default=None, repr=False)
 
     @property
     def inputs_size(self) -> int:
@@ -55,12 +59,10 @@ class StageGraph:
 
     def fill(self, values: dict) -> None:
         """Every input's bytes into the image of the inputs' span."""
-        slots = self.__dict__.get("_slots")
-        if slots is None:
-            self._view = memoryview(self.image)
-            slots = self._slots = [(name, t.offset, t.offset + t.nbytes) for name, t in self.inputs.items()]
-        view = self._view
-        for name, a, b in slots:
+        if self.slots is None:
+            self.slots = [(name, t.offset, t.offset + t.nbytes) for name, t in self.inputs.items()]
+        view = memoryview(self.image)
+        for name, a, b in self.slots:
             raw = memoryview(values[name]).cast("B")
             if raw.nbytes != b - a:
                 raise ValueError(f"input {name}: {raw.nbytes} bytes for a tensor of {b - a}")
@@ -75,10 +77,9 @@ class StageGraph:
         `recompute`) and the read of the result; returns the function that waits
         for the result (in `result`). Corked commands go first."""
         self.fill(values)
-        req = self.__dict__.get("_req")
-        if req is None or req.wire is not self.wire:
-            req = self._req = backend.step_requests(self.span, self.wire, self.out, self.span.buffer.device)
-        return backend.issue_step(req, self.image, recompute, self.result)
+        if self.requests is None or self.requests.wire is not self.wire:
+            self.requests = backend.step_requests(self.span, self.wire, self.out, self.span.buffer.device)
+        return backend.issue_step(self.requests, self.image, recompute, self.result)
 
 
 @dataclass
