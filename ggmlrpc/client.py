@@ -97,8 +97,8 @@ class StepRequests:
     moved afterwards (their placement is in the bytes)."""
 
     def __init__(self, span: Tensor, wire: bytes, out: Tensor, device: int):
-        self.wire, self.span_size = wire, span.nbytes
-        self.set_head = (protocol.HEADER.pack(Cmd.SET_TENSOR, protocol.SET_TENSOR_HEADER_SIZE + self.span_size)
+        self.wire = wire
+        self.set_head = (protocol.HEADER.pack(Cmd.SET_TENSOR, protocol.SET_TENSOR_HEADER_SIZE + span.nbytes)
                          + protocol.encode_tensor(span.to_rpc()) + struct.pack("<BQ", 0, 0))
         self.compute = protocol.HEADER.pack(Cmd.GRAPH_COMPUTE, len(wire)) + wire
         self.recompute = protocol.HEADER.pack(Cmd.GRAPH_RECOMPUTE, 4) + struct.pack("<I", device)
@@ -486,8 +486,10 @@ class RemoteBackend:
         req = protocol.encode_tensor(tensor.to_rpc()) + struct.pack("<QQ", 0, size)
         with self._lock:
             self._send(Cmd.GET_TENSOR, req)
-        out = bytearray(size) if out is None else out
+        return self._answer(size, bytearray(size) if out is None else out)
 
+    def _answer(self, size: int, out):
+        """The reader of a GET_TENSOR answer of `size` bytes into `out`, sent before."""
         def answer():
             with self._lock:
                 return self._recv_rsp(Cmd.GET_TENSOR, size, into=out)
@@ -506,11 +508,7 @@ class RemoteBackend:
         with self._lock:
             self._send_parts("GET_TENSOR", (req.set_head, image, req.recompute if recompute else req.compute,
                                             req.get))
-
-        def answer():
-            with self._lock:
-                return self._recv_rsp(Cmd.GET_TENSOR, req.size, into=out)
-        return answer
+        return self._answer(req.size, out)
 
     def get_array(self, tensor: Tensor) -> np.ndarray:
         """A contiguous tensor's contents as a numpy array (numpy order: ne reversed, trailing 1s dropped)."""
