@@ -503,7 +503,7 @@ class RowSplit:
         for sh in self.shards if shards is None else shards:
             be = sh.stage.device.backend
             g = self._graph(sh, seg, key)
-            answers.append((g.out.ne, g.issue(be, values if seg[0] not in ("attn", "heads", "relay")
+            answers.append((g.out.ne, g.issue(be, values if seg[0] not in ("attn", "heads", "relay", "token")
                                              else self._own(sh, values), sh.held == (seg, key))))
             sh.held = (seg, key)
         return [np.frombuffer(read(), np.float32).reshape(ne[1], ne[0]) for ne, read in answers]
@@ -542,21 +542,10 @@ class RowSplit:
         return _cat(self._combine(("out",), (R, 0, R, 0, ()), {"x": x}))
 
     def _run_linked(self, key: tuple, values: dict, x: np.ndarray) -> np.ndarray:
-        """One graph per server; the logits' rows from each (or the residual from the first)."""
-        seg, answers = ("token",), []
-        for i, sh in enumerate(self.shards):
-            be, dev = sh.stage.device.backend, sh.stage.device.index
-            g = self._graph(sh, seg, key)
-            with be.corked():
-                g.write_inputs(be, dict(self._own(sh, values), x=x))
-                if sh.held == (seg, key):
-                    be.graph_recompute(dev)
-                else:
-                    be.graph_compute_serialized(g.wire)
-                    sh.held = (seg, key)
-                if self.output or i == 0:
-                    answers.append((g.out.ne, be.request_tensor(g.out, out=g.result)))
-        parts = [np.frombuffer(read(), np.float32).reshape(ne[1], ne[0]) for ne, read in answers]
+        """One graph per server, issued as any segment is (_combine); the logits' rows
+        from each, or the residual from the first (the others' copy of it is read and
+        dropped: a row of n_embd floats a token, one answer per server as before)."""
+        parts = self._combine(("token",), key, dict(values, x=x))
         return _cat(parts) if self.output else parts[0].copy()
 
     def clear(self) -> None:
