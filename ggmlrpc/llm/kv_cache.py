@@ -47,6 +47,18 @@ class Cells:
         """The cells of the new tokens (they take them at once)."""
         pos, seq, n = self.pos, self.seq, len(positions)
         seqs = np.zeros(n, np.int64) if seqs is None else np.asarray(seqs, np.int64)
+        h = self.head
+        if h + n <= self.size and (pos[h:h + n] < 0).all() and h <= np.count_nonzero(pos >= 0) + 2 * n:
+            # a decode step's usual case: the cells from the head on are empty, so
+            # they are the first usable ones, as search() finds them
+            pos[h:h + n], seq[h:h + n] = positions, seqs
+            self.head = h + n
+            return np.arange(h, h + n, dtype=np.int64)
+        return self.search(positions, seqs)
+
+    def search(self, positions: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+        """place() through the whole cache: every cell's usability, then the first."""
+        pos, seq, n = self.pos, self.seq, len(positions)
         full = pos >= 0
         usable = ~full
         if self.n_swa and full.any():

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 from ggmlrpc.llm.gguf_file import ModelError
 from ggmlrpc.llm.model import SwaCells
@@ -93,3 +95,34 @@ def test_chunked_window_keeps_the_chunk_and_reuses_the_last_ones():
     c.place(np.arange(10, 16))
     # newest position 15 (+1 = 16): chunk 16.. has begun, every cell is reusable, first the head's
     assert list(c.place(np.array([16, 17]))) == [0, 1]
+
+
+@settings(max_examples=200, deadline=None)
+@given(size=st.sampled_from([8, 16, 64]), n_swa=st.sampled_from([0, 3, 8]), chunked=st.booleans(),
+       ops=st.lists(st.tuples(st.sampled_from(["place", "remove", "cut"]), st.integers(0, 3),
+                              st.integers(1, 6)), max_size=40))
+def test_place_finds_the_cells_the_whole_search_finds(size, n_swa, chunked, ops):
+    """place()'s shortcut (the cells from the head on are empty) takes the same cells
+    as the search through the whole cache, over any run of steps, removals and cuts."""
+    fast, slow = SwaCells(size, n_swa, chunked), SwaCells(size, n_swa, chunked)
+    nxt = {}
+    for op, s, n in ops:
+        if op == "place":
+            p0 = nxt.get(s, 0)
+            positions, seqs = np.arange(p0, p0 + n), np.full(n, s)
+            try:
+                got = fast.place(positions, seqs)
+            except ModelError:
+                with pytest.raises(ModelError):
+                    slow.search(positions, seqs)
+                continue
+            assert list(got) == list(slow.search(positions, seqs))
+            nxt[s] = p0 + n
+        elif op == "remove":
+            fast.remove(s), slow.remove(s)
+            nxt.pop(s, None)
+        else:      # drop the newest n positions of sequence s
+            p1 = max(0, nxt.get(s, 0) - n)
+            fast.remove(s, p1), slow.remove(s, p1)
+            nxt[s] = p1
+        assert (fast.pos == slow.pos).all() and (fast.seq == slow.seq).all() and fast.head == slow.head
