@@ -7,10 +7,10 @@ quantized by llama-quantize), in the same run:
 - one request alone (generation tokens/s), then N concurrent greedy requests of
   --gen tokens each (random prompts of --prompt tokens): the aggregate tokens/s
   (every request's tokens over the wall time from sending to the last one done),
-  its ratio to one request alone, the same for the decode alone (tokens after each
-  request's first, from the first first token on: without the prompts, which
-  dominate short runs on a CPU), and the p50/p99 time per token (the gaps between
-  a request's streamed chunks);
+  its ratio to one request alone (each round's pair, median), the same for the
+  decode alone (tokens after each request's first, from the first first token on:
+  without the prompts, which dominate short runs on a CPU), and the p50/p99 time
+  per token (the gaps between a request's streamed chunks);
 - the prefix cache: a request with a --prefix-token prompt, then one that shares
   that prefix (a different ending): the times to first token and their ratio.
 
@@ -141,10 +141,13 @@ def bench(ref: Path, qtype: str, np_: int, args) -> dict:
                 row[f"{who}_alone_tps"] = one
                 row[f"{who}_alone_gen_tps"] = float(np.median([x["gen_tps"] for x in runs[who, "one"]]))
                 row[f"{who}_gen_tps"] = many["gen_tps"]
-                row[f"{who}_gen_batch_ratio"] = many["gen_tps"] / row[f"{who}_alone_gen_tps"]
+                # the ratios to one alone pair each round's two runs (back to back, the same
+                # drift), then take the median: a ratio of two medians mixes rounds
+                pairs = list(zip(runs[who, "one"], runs[who, "many"]))
+                row[f"{who}_gen_batch_ratio"] = float(np.median([m["gen_tps"] / o["gen_tps"] for o, m in pairs]))
                 row[f"{who}_tps"] = many["tps"]
                 row[f"{who}_p50_ms"], row[f"{who}_p99_ms"] = many["p50_ms"], many["p99_ms"]
-                row[f"{who}_batch_ratio"] = many["tps"] / one
+                row[f"{who}_batch_ratio"] = float(np.median([m["tps"] / o["tps"] for o, m in pairs]))
                 if np_ == min(args.np) and args.prefix:
                     for k, v in prefix(urls[who], np.random.default_rng(np_), args).items():
                         row[f"{who}_{k}"] = v
