@@ -370,15 +370,23 @@ GR_AVX2 void panel_dot_q8_0_avx2(int64_t n, float *s /* (8,) */, const void *vx 
  * scale term to an 8-lane one, as in ggml's AVX2 kernel. The 6-bit scales and
  * mins are unpacked with word masks into one vector (scales in the low half,
  * mins in the high half, as int16) and each sub-block's scale is broadcast with
- * a byte shuffle: integer work only, so the sums are those of the scalar unpack. */
+ * a byte shuffle: integer work only, so the sums are those of the scalar unpack.
+ * The masks work on the first two words side by side in one 64-bit word, which
+ * goes into the vector with one shuffle: the four 32-bit inserts it replaces cost
+ * a K-quant small batch a tenth of its time (Zen 4 class, one thread, in cache:
+ * Q4_K two columns 10.6 -> 9.5 ns a block and row, one 7.9 -> 6.9, four 16.4 ->
+ * 15.6; AVX2 build 13.4 -> 12.6, 9.0 -> 7.9, 21.3 -> 20.1). */
 GR_AVX2 static inline __m256i gr_q4K_scales_mins(const uint8_t *q /* (12,) */) {
-    uint32_t w[3];
-    memcpy(w, q, 12);
-    const uint32_t m6 = 0x3f3f3f3fu, m4 = 0x0f0f0f0fu, m2 = 0x03030303u;
-    const uint32_t sc_lo = w[0] & m6, mn_lo = w[1] & m6;
-    const uint32_t sc_hi = (w[2] & m4) | (((w[0] >> 6) & m2) << 4);
-    const uint32_t mn_hi = ((w[2] >> 4) & m4) | (((w[1] >> 6) & m2) << 4);
-    return _mm256_cvtepu8_epi16(_mm_set_epi32((int)mn_hi, (int)mn_lo, (int)sc_hi, (int)sc_lo));
+    uint64_t a;
+    uint32_t w2;
+    memcpy(&a, q, 8);
+    memcpy(&w2, q + 8, 4);
+    const uint64_t m6 = 0x3f3f3f3f3f3f3f3full, m4 = 0x0f0f0f0f0f0f0f0full, m2 = 0x0303030303030303ull;
+    /* byte by byte, words 0 and 1 side by side: (sc_lo, mn_lo) and (sc_hi, mn_hi) */
+    const uint64_t lo = a & m6;
+    const uint64_t hi = ((w2 | ((uint64_t)(w2 >> 4) << 32)) & m4) | (((a >> 6) & m2) << 4);
+    /* (sc_lo, mn_lo, sc_hi, mn_hi) as dwords, then (sc_lo, sc_hi, mn_lo, mn_hi) */
+    return _mm256_cvtepu8_epi16(_mm_shuffle_epi32(_mm_set_epi64x((long long)hi, (long long)lo), 0xD8));
 }
 
 /* int16 element k of each 128-bit half broadcast over that half */
