@@ -25,9 +25,10 @@ weight bytes of the offloaded layers, a token is predicted to cost:
 host's work per combine, HOST_COMBINE_MS, is bench/tensor_split.py's figure: our
 host's CPU time per token with `row` over the number of combines (4.4-4.8 ms / 37
 on a 2-core Zen 4 class VM, each server's requests framed once: StageGraph.issue);
-PEER_EXCHANGE_MS is what an exchange between linked servers costs on the bare loopback (bench/tensor_split.py's row-peers exchange
-time per token over its 49 exchanges: 0.85 ms on a 2-core Zen 4 class VM, where
-our host's pings took 0.03 ms at best).
+PEER_EXCHANGE_MS is what an exchange between linked servers costs on the bare
+loopback (bench/tensor_split.py's row-peers exchange time per token over its 49
+exchanges: 0.85 ms on a 2-core Zen 4 class VM, where our host's pings took 0.03
+ms at best).
 """
 from __future__ import annotations
 
