@@ -24,6 +24,20 @@ typedef struct {
     float slope, scale;
 } gr_fa_keys;
 
+/* flash attention over several heads of one query row at once, keys outer
+ * (fa_heads_f16): every key's row of all heads is read once, one after the other */
+#define GR_FA_HEADS 16     /* heads of one call at most */
+typedef struct {
+    const char *k, *v;            /* key 0's row of kv head 0 */
+    size_t k_stride, v_stride;    /* bytes from one key (value) row to the next */
+    size_t k_head, v_head;        /* bytes from one kv head's row to the next */
+    int64_t h0, H, rk, rv;        /* query heads h0 .. h0 + H; query heads per kv head */
+    const uint16_t *mask;         /* F16, one per key (the same for every head), or NULL */
+    const uint16_t *q;            /* the H queries in F16, DK apart */
+    int64_t DK, DV, ic0, ic1;
+    float scale;                  /* the slope is 1 */
+} gr_fa_heads;
+
 typedef struct gr_vec_ops {
     int lanes;     /* 8 or 16: the family's vector width in floats */
     int fma_chains;   /* the build fuses ggml's scalar multiply-add chains (not tuned for Zen) */
@@ -68,6 +82,11 @@ typedef struct gr_vec_ops {
      * it does not take this DV (fa_row's loop then serves); NULL in families without
      * one. */
     int (*fa_keys_f16)(const gr_fa_keys *a, float *M, float *S, uint16_t *vkq);
+    /* fa_keys_f16's steps for H heads of one query row (M, S: H each; vkq: H rows of
+     * DV), each head's the same bits; the keys outer, so that each key's row of every
+     * head is read once and in order. Returns 0, touching nothing, where it does not
+     * take these sizes; NULL in families without one. */
+    int (*fa_heads_f16)(const gr_fa_heads *a, float *M, float *S, uint16_t *vkq);
 } gr_vec_ops;
 
 extern gr_vec_ops gr_vec;

@@ -26,27 +26,37 @@ class Cells:
     attention reads the cells in cell order, so the same layout gives llama.cpp's
     sums."""
 
-    def __init__(self, size: int, n_swa: int = 0, chunked: bool = False):
+    def __init__(self, size: int, n_swa: int = 0, chunked: bool = False, regions: int = 1):
         self.size, self.n_swa, self.chunked = size, n_swa, chunked
         self.pos = np.full(size, -1, np.int64)    # the position in each cell (-1: empty)
         self.seq = np.full(size, -1, np.int64)    # the sequence of each cell (-1: empty)
         self.head = 0
+        # regions > 1 (full attention only): each sequence's cells in a region of its
+        # own (see place_regions)
+        self.span = size // regions // 16 * 16 if regions > 1 and not n_swa else 0
+        self.regions = regions if self.span else 1
+        self.region_of: dict[int, int] = {}      # sequence -> its region
+        self.last_of: dict[int, int] = {}        # sequence -> its last cell placed in its region
 
     def reset(self) -> None:
         self.pos[:] = -1
         self.seq[:] = -1
         self.head = 0
+        self.region_of.clear()
+        self.last_of.clear()
 
     def save(self):
-        return self.pos.copy(), self.seq.copy(), self.head
+        return self.pos.copy(), self.seq.copy(), self.head, dict(self.region_of), dict(self.last_of)
 
     def restore(self, saved) -> None:
-        self.pos[:], self.seq[:], self.head = saved
+        self.pos[:], self.seq[:], self.head, self.region_of, self.last_of = saved
 
     def place(self, positions: np.ndarray, seqs: np.ndarray | None = None) -> np.ndarray:
         """The cells of the new tokens (they take them at once)."""
         pos, seq, n = self.pos, self.seq, len(positions)
         seqs = np.zeros(n, np.int64) if seqs is None else np.asarray(seqs, np.int64)
+        if self.regions > 1:
+            return self.place_regions(np.asarray(positions, np.int64), seqs)
         h = self.head
         if h + n <= self.size and (pos[h:h + n] < 0).all() and h <= np.count_nonzero(pos >= 0) + 2 * n:
             # a decode step's usual case: the cells from the head on are empty, so
@@ -55,6 +65,45 @@ class Cells:
             self.head = h + n
             return np.arange(h, h + n, dtype=np.int64)
         return self.search(positions, seqs)
+
+    def place_regions(self, positions: np.ndarray, seqs: np.ndarray) -> np.ndarray:
+        """place() with the cells cut into one region a sequence (llama.cpp's KV cache
+        without `kv_unified` gives each sequence a stream of its own): a sequence's
+        new tokens take the first empty cells of its region, from its last one on,
+        so its cells lie side by side in position order, and the attention of its
+        tokens reads one run of the cache rather than every few rows of all of them
+        (rows that memory then serves with their neighbours). The masks are the
+        unified cache's, so the sums are those of the same cells anywhere in order.
+        A sequence takes the first region no other one holds (else its id's); where
+        its region is full it takes cells wherever search() finds them."""
+        idx = np.empty(len(positions), np.int64)
+        for s in dict.fromkeys(seqs.tolist()):
+            mine = np.nonzero(seqs == s)[0]
+            r = self.region_of.get(s)
+            if r is None:
+                held = set(self.region_of.values())
+                r = next((k for k in range(self.regions) if k not in held), s % self.regions)
+                self.region_of[s] = r
+            lo = r * self.span
+            hi = lo + self.span if r < self.regions - 1 else self.size
+            last = self.last_of.get(s, -1)
+            if not (lo <= last < hi and self.seq[last] == s):    # not known: the region's last cell of s
+                own = np.nonzero(self.seq[lo:hi] == s)[0]
+                last = lo + int(own[-1]) if own.size else lo - 1
+            start, k = last + 1, len(mine)
+            if start + k <= hi and (self.pos[start:start + k] < 0).all():
+                cells = np.arange(start, start + k, dtype=np.int64)
+                self.last_of[s] = start + k - 1
+            else:
+                self.last_of.pop(s, None)
+                free = np.nonzero(self.pos[lo:hi] < 0)[0]
+                if len(free) < k:
+                    idx[mine] = self.search(positions[mine], seqs[mine])
+                    continue
+                cells = lo + free[:k].astype(np.int64)
+            self.pos[cells], self.seq[cells] = positions[mine], s
+            idx[mine] = cells
+        return idx
 
     def search(self, positions: np.ndarray, seqs: np.ndarray) -> np.ndarray:
         """place() through the whole cache: every cell's usability, then the first."""
@@ -84,6 +133,9 @@ class Cells:
         """Free sequence s's cells at positions >= p0."""
         gone = np.nonzero((self.seq == s) & (self.pos >= p0))[0]
         self.pos[gone], self.seq[gone] = -1, -1
+        if s in self.region_of and not (self.seq == s).any():
+            del self.region_of[s]
+            self.last_of.pop(s, None)
         if not (self.pos >= 0).any():
             self.head = 0
         elif gone.size:
@@ -95,15 +147,17 @@ class Cells:
         last = int(used[-1]) + 1 if used.size else 0
         return min(self.size, max(KV_PAD, -(-last // KV_PAD) * KV_PAD))
 
-    def mask(self, positions: np.ndarray, n_kv: int, seqs: np.ndarray | None = None) -> np.ndarray:
-        """0 where a token may attend a cell, -inf elsewhere: (tokens, n_kv)."""
+    def mask(self, positions: np.ndarray, n_kv: int, seqs: np.ndarray | None = None,
+             dtype=np.float64) -> np.ndarray:
+        """0 where a token may attend a cell, -inf elsewhere: (tokens, n_kv) of `dtype`
+        (made in it: a prompt's micro-batch over a full cache is millions of cells)."""
         cell, cseq = self.pos[:n_kv][None, :], self.seq[:n_kv][None, :]
         p = positions.astype(np.int64)[:, None]
         s = np.zeros_like(p) if seqs is None else np.asarray(seqs, np.int64)[:, None]
         keep = (cseq == s) & (cell >= 0) & (cell <= p)
         if self.n_swa:
             keep &= ~self._left(cell, p)
-        return np.where(keep, 0.0, -np.inf)
+        return np.where(keep, dtype(0), dtype(-np.inf))
 
     def _left(self, p0: np.ndarray, p1) -> np.ndarray:
         """Whether position p0 is out of the window of position p1: n_swa or more
@@ -164,7 +218,10 @@ class KVCache:
                  recurrent: bool = False):
         self.hp, self.n_ctx, self.flash_attn, self.n_seq = hp, n_ctx, flash_attn, n_seq
         self.slots = RecurrentSlots(n_seq) if recurrent else None
-        self.full = Cells(n_ctx)
+        # with flash attention, each sequence's cells in a region of its own: its keys
+        # one run of the cache (without it every step's products span all the cells
+        # attended, so the unified cache's packing is cheaper)
+        self.full = Cells(n_ctx, regions=n_seq if flash_attn else 1)
         swa = min(n_ctx, hp.n_swa * n_seq + n_ubatch)
         self.swa = (Cells(min(n_ctx, -(-swa // KV_PAD) * KV_PAD), hp.n_swa, hp.swa_chunked)
                     if hp.n_swa else None)
@@ -227,7 +284,7 @@ class KVCache:
             else:   # one index per element of the transposed V cache, token-major
                 chan = np.arange(self.hp.v_width(c is self.swa), dtype=np.int64) * c.size
                 values["v_idxs" + suffix] = (chan[None, :] + idx[:, None]).reshape(-1)
-            values["kq_mask" + suffix] = c.mask(pos, n_kv, seqs).astype(mask_type)
+            values["kq_mask" + suffix] = c.mask(pos, n_kv, seqs, mask_type)
             return n_kv
 
         rs: tuple = ()

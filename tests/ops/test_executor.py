@@ -166,6 +166,21 @@ def graph_zoo(c, rng):
     q = c.new(T.F32, (136, 2, 2), rng.standard_normal((2, 2, 136)).astype(np.float32))
     kv = c.new(T.F16, (136, 24, 2), rng.standard_normal((2, 24, 136)).astype(np.float16))
     outs.append(c.op(Op.FLASH_ATTN_EXT, T.F32, (136, 2, 2, 1), q, kv, kv, params=[f32_bits(0.1), 0, 0, 0]))
+    # heads of 64 and 128 over a KV cache's rows (every head's row of a key side by side):
+    # several heads of a query at once, keys outer (fa_heads_f16), 20 heads over 4 KV
+    # heads (a group of 16 and one of 4), a mask with whole blocks of -inf, scattered
+    # -inf and a short last block; three queries (the row path), one query over 600
+    # keys (the split path)
+    for dk, nq, nkv in ((64, 3, 90), (128, 2, 40), (64, 1, 600), (128, 1, 600)):
+        q = c.new(T.F32, (dk, nq, 20), rng.standard_normal((20, nq, dk)).astype(np.float32))
+        k, v = (c.new(T.F16, (dk * 4, nkv), rng.standard_normal((nkv, dk * 4)).astype(np.float16)) for _ in "kv")
+        k, v = (c.view(t, (dk, nkv, 4), (2, dk * 8, dk * 2, dk * 8 * nkv)) for t in (k, v))
+        m = np.zeros((nq, nkv), np.float32)
+        m[:, 16:48] = -np.inf
+        m[:, 5::7] = -np.inf
+        m[:, nkv - 3:] = rng.standard_normal((nq, 3))
+        mk = c.new(T.F16, (nkv, nq), m.astype(np.float16))
+        outs.append(c.op(Op.FLASH_ATTN_EXT, T.F32, (dk, 20, nq, 1), q, k, v, mk, params=[f32_bits(0.125), 0, 0, 0]))
     return outs
 
 

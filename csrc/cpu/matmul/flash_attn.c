@@ -23,8 +23,12 @@
 
 /* node iparams: [0] vec_dot type of K, [1] path: GR_FA_ROWS, GR_FA_TILED or GR_FA_SPLIT */
 
-/* per-thread floats of the row path: VKQ (DV), V or the F16 VKQ (DV), Q converted */
-static inline int64_t fa_row_floats(int64_t DK, int64_t DV) { return DK + 2 * DV + 16 + DK / 4; }
+/* per-thread floats of the row path: VKQ (DV), V or the F16 VKQ (DV), Q converted;
+ * or of the heads path (fa_heads): VKQ (DV), then GR_FA_HEADS queries and VKQs in F16 */
+static inline int64_t fa_row_floats(int64_t DK, int64_t DV) {
+    const int64_t row = DK + 2 * DV + 16 + DK / 4, heads = DV + GR_FA_HEADS / 2 * (DK + DV) + 16;
+    return row > heads ? row : heads;
+}
 
 size_t gr_ws_flash_attn(const gr_node *n, int nth) {
     const int64_t DK = n->src[1].ne[0], DV = n->src[2].ne[0];
@@ -228,6 +232,76 @@ static void fa_row(const gr_node *n, gr_job *job, const fa_ctx *c, int64_t ir, i
     memcpy(partial + 2, VKQ32, (size_t)DV * 4);
 }
 
+/* Whether fa_heads may take the node's rows: F16 keys and values, F16 queries, no
+ * soft-cap, a slope of 1 (no ALiBi) and one mask row for every head. */
+static int fa_heads_ok(const gr_node *n, const fa_ctx *c) {
+    return gr_vec.fa_heads_f16 && c->k->type == GR_TYPE_F16 && c->v->type == GR_TYPE_F16 &&
+           n->iparams[0] == GR_TYPE_F16 && c->softcap == 0.0f && !(c->max_bias > 0.0f) &&
+           (!c->mask || c->mask->ne[2] == 1);
+}
+
+/* fa_row for heads h0 .. h0 + H (H <= GR_FA_HEADS) of query row (iq1, iq3) at once,
+ * over keys [ic0, ic1), through gr_vec.fa_heads_f16: the keys outer, so that each
+ * key's row of every head is read once, in order. A head at a time, each key cost
+ * a row's few lines a whole cache row apart, which no prefetcher follows (measured:
+ * 40-60 ns a key and head once the weights had pushed the cache out, 19 warm).
+ * The same steps for each head, so the same bits. With `partials` each head's
+ * unnormalized (M, S, VKQ) goes to partials + h * pstride, else its output row.
+ * Returns 0, having done nothing, where the family does not take these sizes. */
+static int fa_heads(gr_job *job, const fa_ctx *c, int64_t iq1, int64_t iq3, int64_t h0, int64_t H,
+                    int64_t ic0, int64_t ic1, float *partials, int64_t pstride) {
+    const int64_t DK = c->DK, DV = c->DV;
+    float *VKQ32 = gr_thread_f32(job, fa_row_floats(DK, DV));
+    uint16_t *Q16 = (uint16_t *)(VKQ32 + DV);
+    uint16_t *VKQ16 = Q16 + GR_FA_HEADS * DK;
+    float M[GR_FA_HEADS], S[GR_FA_HEADS];
+    for (int64_t h = 0; h < H; h++) {
+        const float *pq = (const float *)(c->q->data + iq1 * c->q->nb[1] + (h0 + h) * c->q->nb[2] +
+                                          iq3 * c->q->nb[3]);
+        gr_vec.fp32_to_fp16(DK, pq, Q16 + h * DK);
+        M[h] = -INFINITY, S[h] = 0.0f;
+    }
+    memset(VKQ16, 0, (size_t)(H * DV) * 2);
+    const gr_fa_heads a = {.k = c->k->data + (iq3 / c->rk3) * c->k->nb[3],
+                           .v = c->v->data + (iq3 / c->rv3) * c->v->nb[3],
+                           .k_stride = (size_t)c->k->nb[1], .v_stride = (size_t)c->v->nb[1],
+                           .k_head = (size_t)c->k->nb[2], .v_head = (size_t)c->v->nb[2],
+                           .h0 = h0, .H = H, .rk = c->rk2, .rv = c->rv2, .mask = fa_mask_row(c, iq1, 0, iq3),
+                           .q = Q16, .DK = DK, .DV = DV, .ic0 = ic0, .ic1 = ic1, .scale = c->scale};
+    if (!gr_vec.fa_heads_f16(&a, M, S, VKQ16)) return 0;
+    for (int64_t h = 0; h < H; h++) {
+        gr_vec.fp16_to_fp32(DV, VKQ16 + h * DV, VKQ32);
+        if (!partials) {
+            fa_finish(c, VKQ32, M[h], S[h], h0 + h, fa_out(c, iq1, h0 + h, iq3));
+            continue;
+        }
+        float *p = partials + h * pstride;
+        if (c->sinks && ic0 == 0) fa_sink(c, VKQ32, &M[h], &S[h], h0 + h);
+        p[0] = M[h];
+        p[1] = S[h];
+        memcpy(p + 2, VKQ32, (size_t)DV * 4);
+    }
+    return 1;
+}
+
+/* The row path with fa_heads: the rows numbered head first (w = head + heads *
+ * (query + queries * iq3)), so that a thread's rows are whole runs of one query's
+ * heads; rows are independent, so the numbering changes no result. */
+static void fa_rows_heads(const gr_node *n, gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
+    const int64_t neq1 = c->q->ne[1], neq2 = c->q->ne[2], nek1 = c->k->ne[1];
+    for (int64_t w = gr_rows_from(job, r0); !gr_rows_pause(job, w) && w < r1;) {
+        const int64_t h = w % neq2, iq1 = w / neq2 % neq1, iq3 = w / (neq2 * neq1);
+        int64_t H = neq2 - h < GR_FA_HEADS ? neq2 - h : GR_FA_HEADS;
+        if (H > r1 - w) H = r1 - w;
+        if (fa_heads(job, c, iq1, iq3, h, H, 0, nek1, NULL, 0)) {
+            w += H;
+            continue;
+        }
+        fa_row(n, job, c, iq1 + neq1 * (h + neq2 * iq3), 0, nek1, NULL, -1);
+        w++;
+    }
+}
+
 /* Decode with a long cache (one query, 512 keys or more): the keys are cut into
  * one chunk per thread, every head gets partial (M, S, VKQ) per chunk, and after
  * a barrier the partials are merged per head. The cut follows the thread count,
@@ -241,7 +315,14 @@ static void fa_split(const gr_node *n, gr_job *job, const fa_ctx *c, int phase) 
     if (phase == 0) {
         const int64_t ic0 = job->ith * chunk;
         const int64_t ic1 = ic0 + chunk < nek1 ? ic0 + chunk : nek1;
-        for (int64_t h = 0; h < heads; h++) {
+        int64_t h = 0;
+        if (ic0 < nek1 && fa_heads_ok(n, c))
+            for (int64_t H; h < heads; h += H) {
+                H = heads - h < GR_FA_HEADS ? heads - h : GR_FA_HEADS;
+                if (!fa_heads(job, c, 0, 0, h, H, ic0, ic1, partials + (h * nth + job->ith) * psize, nth * psize))
+                    break;
+            }
+        for (; h < heads; h++) {
             float *p = partials + (h * nth + job->ith) * psize;
             if (ic0 < nek1) {
                 fa_row(n, job, c, h, ic0, ic1, p, h + 1 < heads ? h + 1 : -1);
@@ -406,6 +487,7 @@ void gr_k_flash_attn(gr_job *job, int phase) {
     gr_range(nr, job->ith, job->nth, &r0, &r1);
     if (r0 >= r1) return;
     if (n->iparams[1] == GR_FA_TILED) fa_tiled(job, &c, r0, r1);
+    else if (fa_heads_ok(n, &c)) fa_rows_heads(n, job, &c, r0, r1);
     else for (int64_t ir = gr_rows_from(job, r0); !gr_rows_pause(job, ir) && ir < r1; ir++)
         fa_row(n, job, &c, ir, 0, c.k->ne[1], NULL, ir + c.q->ne[1] < r1 ? ir + c.q->ne[1] : -1);
 }

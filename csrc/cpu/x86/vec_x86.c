@@ -553,6 +553,113 @@ GR_AVX512 static int fa_keys_f16_avx512(const gr_fa_keys *a, float *M, float *S,
     }
 }
 
+/* fa_keys_f32_dv over H heads of one query row, keys outer: a chunk's live keys
+ * found once (the mask is every head's), then for each key the scores of every
+ * head (each key's rows of all heads lie side by side: one stream through the
+ * cache where a head at a time took a row's few lines a whole row apart), the
+ * factors head by head, and the values key by key, every head's VKQ (F32 values
+ * that are F16 numbers) in memory. Each head gets the same steps in the same
+ * order as fa_keys_f32_dv. */
+#define GR_FA_HCHUNK 64
+#define GR_FA_PF 4          /* live keys ahead (measured: 2-8 alike, none 25% slower) */
+
+GR_AVX512 static inline __attribute__((always_inline)) void
+fa_heads_dv(const gr_fa_heads *a, float *M, float *S, uint16_t *vkq, const int64_t DV) {
+    const int64_t H = a->H, DK = a->DK, NF = DV / 16;
+    float qf[GR_FA_HEADS * GR_FA_QF], acc[GR_FA_HEADS * 256];
+    float sc[GR_FA_HEADS][GR_FA_HCHUNK], ms[GR_FA_HEADS][GR_FA_HCHUNK], vs[GR_FA_HEADS][GR_FA_HCHUNK];
+    int64_t at[GR_FA_HCHUNK];
+    const char *kh[GR_FA_HEADS], *vh[GR_FA_HEADS];
+    float m[GR_FA_HEADS], s_sum[GR_FA_HEADS];
+    for (int64_t h = 0; h < H; h++) {
+        for (int64_t i = 0; i < DK; i += 16) _mm512_storeu_ps(qf + h * DK + i, load_h16(a->q + h * DK + i));
+        for (int64_t j = 0; j < NF; j++) _mm512_storeu_ps(acc + h * DV + 16 * j, load_h16(vkq + h * DV + 16 * j));
+        kh[h] = a->k + (size_t)((a->h0 + h) / a->rk) * a->k_head;
+        vh[h] = a->v + (size_t)((a->h0 + h) / a->rv) * a->v_head;
+        m[h] = M[h], s_sum[h] = S[h];
+    }
+    /* the bytes of a key's rows of these heads, from kh[0] (vh[0]) on */
+    const size_t kspan = (size_t)((a->h0 + H - 1) / a->rk - a->h0 / a->rk) * a->k_head + 2 * (size_t)DK;
+    const size_t vspan = (size_t)((a->h0 + H - 1) / a->rv - a->h0 / a->rv) * a->v_head + 2 * (size_t)DV;
+    for (int64_t c0 = a->ic0; c0 < a->ic1; c0 += GR_FA_HCHUNK) {
+        const int64_t c1 = c0 + GR_FA_HCHUNK < a->ic1 ? c0 + GR_FA_HCHUNK : a->ic1;
+        int n = 0;
+        for (int64_t i0 = c0; i0 < c1; i0 += GR_FA_BLOCK) {
+            const int64_t i1 = i0 + GR_FA_BLOCK < c1 ? i0 + GR_FA_BLOCK : c1;
+            uint32_t live = (1u << (i1 - i0)) - 1;
+            if (a->mask && i1 - i0 == GR_FA_BLOCK)
+                live &= ~(uint32_t)_mm256_cmpeq_epi16_mask(_mm256_loadu_si256((const __m256i *)(a->mask + i0)),
+                                                           _mm256_set1_epi16((short)GR_F16_NEG_INF));
+            for (; live; live &= live - 1) {
+                const int64_t ic = i0 + __builtin_ctz(live);
+                if (a->mask && gr_fp16_to_fp32(a->mask[ic]) == -INFINITY) continue;
+                at[n++] = ic;
+            }
+        }
+        /* the values' rows go to the second level here, for the pass after the
+         * factors; where the live keys are not side by side (other sequences' cells
+         * between them: the hardware prefetchers then fetch rows never read, and stop
+         * at every page), the keys' and values' rows GR_FA_PF live keys ahead too */
+        if (n > GR_FA_PF && at[GR_FA_PF] != at[0] + GR_FA_PF)
+            for (int t = 0; t < GR_FA_PF; t++) gr_prefetch_lines(kh[0] + at[t] * a->k_stride, kspan);
+        for (int t = 0; t < n; t++) {
+            const int64_t ic = at[t];
+            if (t + GR_FA_PF < n && at[t + GR_FA_PF] != ic + GR_FA_PF)
+                gr_prefetch_lines(kh[0] + at[t + GR_FA_PF] * a->k_stride, kspan);
+            for (size_t o = 0; o < vspan; o += 64) _mm_prefetch(vh[0] + ic * a->v_stride + o, _MM_HINT_T1);
+            const float mv = a->mask ? gr_fp16_to_fp32(a->mask[ic]) : 0.0f;
+            for (int64_t h = 0; h < H; h++) {
+                float sk = fa_dot((const uint16_t *)(kh[h] + ic * a->k_stride), qf + h * DK, DK);
+                sk = sk * a->scale;
+                sk += mv;
+                sc[h][t] = sk;
+            }
+        }
+        for (int64_t h = 0; h < H; h++) fa_factors(sc[h], n, &m[h], &s_sum[h], ms[h], vs[h]);
+        for (int t = 0; t < n; t++) {
+            const int64_t ic = at[t];
+            if (t + GR_FA_PF < n && at[t + GR_FA_PF] != ic + GR_FA_PF)
+                gr_prefetch_lines(vh[0] + at[t + GR_FA_PF] * a->v_stride, vspan);
+            for (int64_t h = 0; h < H; h++) {
+                float *ah = acc + h * DV;
+                const uint16_t *vd = (const uint16_t *)(vh[h] + ic * a->v_stride);
+                const float fms = ms[h][t];
+                const __m512 fv = _mm512_set1_ps(vs[h][t]);
+                if (fms != 1.0f) {
+                    const __m512 fm = _mm512_set1_ps(fms);
+                    _Pragma("GCC unroll 16") for (int j = 0; j < NF; j++)
+                        _mm512_storeu_ps(ah + 16 * j, GR_FA_ROUND16(_mm512_mul_ps(_mm512_loadu_ps(ah + 16 * j), fm)));
+                }
+                _Pragma("GCC unroll 16") for (int j = 0; j < NF; j++)
+                    _mm512_storeu_ps(ah + 16 * j, GR_FA_ROUND16(_mm512_fmadd_ps(load_h16(vd + 16 * j), fv,
+                                                                                _mm512_loadu_ps(ah + 16 * j))));
+            }
+        }
+    }
+    for (int64_t h = 0; h < H; h++) {
+        for (int64_t j = 0; j < NF; j++)
+            _mm256_storeu_si256((__m256i *)(vkq + h * DV + 16 * j), _mm512_cvtps_ph(_mm512_loadu_ps(acc + h * DV + 16 * j), 0));
+        M[h] = m[h], S[h] = s_sum[h];
+    }
+}
+
+GR_AVX512 static int fa_heads_f16_avx512(const gr_fa_heads *a, float *M, float *S, uint16_t *vkq) {
+    if (a->H < 1 || a->H > GR_FA_HEADS || a->DK % 64 || a->DK > GR_FA_QF) return 0;
+    switch (a->DV) {
+    case 64: fa_heads_dv(a, M, S, vkq, 64); return 1;
+    case 128: fa_heads_dv(a, M, S, vkq, 128); return 1;
+    case 256: fa_heads_dv(a, M, S, vkq, 256); return 1;
+    default: return 0;
+    }
+}
+
+GR_AVX512FP16 static int fa_heads_f16_avx512fp16(const gr_fa_heads *a, float *M, float *S, uint16_t *vkq) {
+    /* fa_keys_f16_avx512fp16's rule: DV 64 only */
+    if (a->DV != 64 || a->H < 1 || a->H > GR_FA_HEADS || a->DK % 64 || a->DK > GR_FA_QF) return 0;
+    fa_heads_dv(a, M, S, vkq, 64);
+    return 1;
+}
+
 GR_AVX512FP16 static int fa_keys_f16_avx512fp16(const gr_fa_keys *a, float *M, float *S, uint16_t *vkq) {
     /* under 128 no F16 block (mad_f16_avx's steps); F16 blocks (measured no faster
      * held in registers than through mad_f16_avx512fp16) take fa_row's loop */
@@ -621,6 +728,7 @@ int gr_vec_x86(int family, int use_simd, gr_vec_ops *v) {
         v->mad_f32 = mad_f32_avx, v->mad_f16 = fp16 ? mad_f16_avx512fp16 : mad_f16_avx;
         if (fp16) v->scale_f16 = scale_f16_avx512fp16;   /* else the portable one */
         v->fa_keys_f16 = fp16 ? fa_keys_f16_avx512fp16 : fa_keys_f16_avx512;
+        v->fa_heads_f16 = fp16 ? fa_heads_f16_avx512fp16 : fa_heads_f16_avx512;
         v->tile_cols = 6, v->tile_f32_gemm = tile_f32_gemm_avx512, v->tile_f16_gemm = tile_f16_gemm_avx512;
         v->gemm_f32 = gemm_f32_avx;
         v->dot_bf16 = bf16 ? dot_bf16_avx512bf16 : NULL;
