@@ -126,3 +126,80 @@ def test_place_finds_the_cells_the_whole_search_finds(size, n_swa, chunked, ops)
             fast.remove(s, p1), slow.remove(s, p1)
             nxt[s] = p1
         assert (fast.pos == slow.pos).all() and (fast.seq == slow.seq).all() and fast.head == slow.head
+
+
+def test_regions_give_each_sequence_one_run_of_cells():
+    """With regions (a flash-attention cache of several sequences) each sequence's
+    tokens take the cells of a region of its own, side by side in position order,
+    whatever the other sequences do in the same steps."""
+    c = SwaCells(1024, regions=4)
+    nxt = {3: 0, 5: 0, 8: 0, 9: 0}
+    rng = np.random.default_rng(0)
+    for _ in range(60):
+        chosen = [s for s in nxt if rng.random() < 0.7] or [5]
+        parts = [(s, int(rng.integers(1, 9))) for s in chosen]
+        pos = np.concatenate([np.arange(nxt[s], nxt[s] + k) for s, k in parts])
+        seqs = np.concatenate([np.full(k, s) for s, k in parts])
+        cells = c.place(pos, seqs)
+        assert (c.pos[cells] == pos).all() and (c.seq[cells] == seqs).all()
+        for s, k in parts:
+            nxt[s] += k
+    starts = []
+    for s, n in nxt.items():
+        mine = np.nonzero(c.seq == s)[0]
+        assert (c.pos[mine] == np.arange(n)).all() and (np.diff(mine) == 1).all()
+        assert mine[0] % 256 == 0
+        starts.append(int(mine[0]))
+    assert sorted(starts) == [0, 256, 512, 768]
+
+
+def test_regions_lend_their_cells_when_one_is_full():
+    """A sequence whose region is full takes cells elsewhere, so one sequence can still
+    fill the whole cache; a cut frees its newest cells for its next tokens, and a
+    sequence that forgets everything frees its region for the next one."""
+    c = SwaCells(64, regions=4)
+    cells = c.place(np.arange(40), np.full(40, 7))
+    assert len(set(cells.tolist())) == 40 and list(cells[:16]) == list(range(16))
+    c.place(np.arange(24), np.full(24, 2))
+    assert (c.pos >= 0).all()
+    with pytest.raises(ModelError):
+        c.place(np.array([40]), np.array([7]))
+    c.remove(7, 10)
+    assert list(c.place(np.arange(10, 13), np.full(3, 7))) == [10, 11, 12]
+    c.remove(7)
+    assert 7 not in c.region_of
+    assert c.place(np.array([0]), np.array([11]))[0] == 0
+
+
+@settings(max_examples=200, deadline=None)
+@given(ops=st.lists(st.tuples(st.sampled_from(["place", "remove", "cut"]), st.integers(0, 5),
+                              st.integers(1, 9)), max_size=50))
+def test_regions_mask_what_the_sequences_hold(ops):
+    """Over any run of steps, removals and cuts: no two tokens in one cell, and each
+    token's mask row opens exactly its own sequence's cells at positions up to its own."""
+    c = SwaCells(96, regions=3)
+    held: dict[int, dict[int, int]] = {}      # sequence -> position -> cell
+    for op, s, n in ops:
+        if op == "place":
+            p0 = len(held.get(s, {}))
+            pos, seqs = np.arange(p0, p0 + n), np.full(n, s)
+            try:
+                cells = c.place(pos, seqs)
+            except ModelError:
+                assert sum(map(len, held.values())) + n > 96
+                continue
+            held.setdefault(s, {}).update(zip(pos.tolist(), cells.tolist()))
+            n_kv = c.n_kv()
+            m = c.mask(pos, n_kv, seqs, np.float16)
+            for i, p in enumerate(pos.tolist()):
+                open_ = {cell for q, cell in held[s].items() if q <= p}
+                assert set(np.nonzero(m[i] == 0)[0].tolist()) == open_
+        elif op == "remove":
+            c.remove(s)
+            held.pop(s, None)
+        else:
+            p1 = max(0, len(held.get(s, {})) - n)
+            c.remove(s, p1)
+            held[s] = {q: cell for q, cell in held.get(s, {}).items() if q < p1}
+        taken = [cell for d in held.values() for cell in d.values()]
+        assert len(taken) == len(set(taken)) == int((c.pos >= 0).sum())
