@@ -3,9 +3,14 @@
 At each tick every stage runs at most one micro-batch, the oldest waiting for it,
 and a micro-batch moves one stage per tick: while a server runs micro-batch i, the
 server before it runs i + 1. Every request of a tick leaves before any answer is
-read. Each server gets its micro-batches in the order they were added, with the
-graph and inputs of one step at a time, so the logits are those of the same
-micro-batches run one after the other.
+read, and the answers are read as they come. A micro-batch that a small step takes
+on to a server (a decode step: the graph the server holds rerun, a few kilobytes of
+inputs) goes there as soon as its previous stage answers, behind that server's
+request of this tick: the server starts it the moment it is done, rather than after
+the whole tick's answers and the host's work between ticks. Each server gets its
+micro-batches in the order they were added, with the graph and inputs of one step
+at a time, so the logits are those of the same micro-batches run one after the
+other.
 
 `Model.decode` puts the micro-batches of one long decode through a Flow. `serve`
 keeps one going between its steps: while one group of requests' micro-batch is on
@@ -16,6 +21,8 @@ one after the other)."""
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import select
 from typing import TYPE_CHECKING
 
 from ..client import RemoteBackend
@@ -34,6 +41,8 @@ class MicroBatch:
     stage: int = 0          # the next stage to run it
     x: bytes | None = None  # the previous stage's result
     logits: object = None   # the output rows' logits, once through the last stage
+    answer: object = None   # its next stage's answer, where it went ahead (Flow._ahead)
+    sent: int = 0           # when its request left (answers are read in this order per server)
 
 
 def inline_stages(stages) -> list[bool]:
@@ -54,6 +63,7 @@ class Flow:
         self.inline = inline_stages(model.stages)
         self.first = self.inline.index(False)     # the first stage that takes a tick
         self.depth = self.inline.count(False)     # the ticks a micro-batch takes
+        self._sent = itertools.count(1)
 
     def __len__(self) -> int:
         return len(self.queue)
@@ -92,31 +102,95 @@ class Flow:
         waiting = []
         try:
             for mb in active:
-                answer, hook = m._issue(m.stages[mb.stage], mb.key, mb.values, mb.x, hook, mb.stage == S - 1)
-                waiting.append((mb, answer))
+                if mb.answer is None:      # else it went ahead last tick
+                    mb.answer, hook = m._issue(m.stages[mb.stage], mb.key, mb.values, mb.x, hook, mb.stage == S - 1)
+                    mb.sent = next(self._sent)
+                waiting.append(mb)
+            waiting.sort(key=lambda mb: mb.sent)
             done = []
             while waiting:
-                mb, answer = waiting.pop(0)
+                mb = self._ready(waiting)
+                waiting.remove(mb)
+                answer, mb.answer = mb.answer, None
                 x = bytes(answer())     # the stage's result buffer is reused by its next micro-batch
                 if mb.stage == S - 1:
                     mb.logits = m._logits(x, len(mb.batch[3]))
                     done.append(mb)
                 else:
                     mb.x = x
-                mb.stage += 1
+                    mb.stage += 1
+                    self._ahead(mb, active)
         except ConnectionLost:
-            for _, answer in waiting:
+            for mb in waiting:
                 try:
-                    answer()
+                    mb.answer()
                 except GgmlRpcError:
                     pass
+                mb.answer = None
             raise
         for mb in done:
             self.queue.remove(mb)
             m._batches.append(mb.batch)
         return done
 
+    def _ahead(self, mb: MicroBatch, active: list[MicroBatch]) -> None:
+        """Send `mb` on to its next stage now, where that is a server's small step and
+        mb is the oldest micro-batch the stage will take next (any other one there is
+        this tick's, on its way out)."""
+        m = self.model
+        st = m.stages[mb.stage]
+        if (self.inline[mb.stage] or not isinstance(st.device.backend, RemoteBackend)
+                or not m._small_step(st, mb.key)):
+            return
+        for o in self.queue:
+            if o is mb:
+                break
+            if o.stage == mb.stage and o not in active:
+                return
+        mb.answer, _ = m._issue(st, mb.key, mb.values, mb.x, None, mb.stage == len(m.stages) - 1)
+        mb.sent = next(self._sent)
+
+    def _ready(self, waiting: list[MicroBatch]) -> MicroBatch:
+        """The waiting micro-batch whose answer to read next: of each server's oldest
+        request, the first whose answer has begun to arrive (a local stage's is there),
+        so that the one that finishes first moves on first."""
+        m = self.model
+        heads, fds = {}, {}
+        for mb in waiting:
+            be = m.stages[mb.stage].device.backend
+            if id(be) in heads:
+                continue
+            heads[id(be)] = mb
+            conn = getattr(be, "conn", None) if isinstance(be, RemoteBackend) else None
+            if conn is None:
+                return mb
+            fds[conn.fd] = mb
+        if len(heads) == 1:
+            return waiting[0]
+        poller = select.poll()
+        for fd in fds:
+            poller.register(fd, select.POLLIN)
+        ready = poller.poll(0)
+        if not ready:
+            for mb in heads.values():     # the caller's work while the servers compute
+                be = m.stages[mb.stage].device.backend
+                hook, be.waiting = be.waiting, None
+                if hook is not None:
+                    hook()
+            ready = poller.poll(1000)
+        if not ready:      # a slow server: wait on the first, under its own deadline
+            return waiting[0]
+        return min((fds[fd] for fd, _ in ready), key=lambda mb: mb.sent)
+
     def clear(self) -> list[MicroBatch]:
-        """Drop the queue (after an error); what it held."""
+        """Drop the queue (after an error); what it held. The answers of micro-batches
+        sent ahead are read first, so that each server's next answer is its next
+        request's."""
         dropped, self.queue = self.queue, []
+        for mb in sorted((mb for mb in dropped if mb.answer is not None), key=lambda mb: mb.sent):
+            try:
+                mb.answer()
+            except GgmlRpcError:
+                pass
+            mb.answer = None
         return dropped

@@ -472,6 +472,15 @@ class Model:
         n_vocab = self.hp.n_vocab
         return np.frombuffer(x, dtype=np.float32)[-n_vocab * n_out:].reshape(n_out, n_vocab).copy()
 
+    def _small_step(self, st: Stage, key: tuple, limit: int = 1 << 16) -> bool:
+        """Whether stage `st`'s step of shape `key` is a small write: the graph its
+        device holds rerun, inputs of `limit` bytes at most (a write that the
+        socket's buffer takes at once, even while the server computes)."""
+        g = st.graphs.get(key)
+        be, dev = st.device.backend, st.device.index
+        return (g is not None and getattr(g, "image", None) is not None and g.image.nbytes <= limit
+                and self._held.get((id(be), dev)) == (id(st), key))
+
     def _issue(self, st: Stage, key: tuple, values: dict, x, hook=None, last: bool = False):
         """Send a stage its inputs, its graph and the read of its result in one write
         (one round trip per device per step); return a function that waits for the

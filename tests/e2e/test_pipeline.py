@@ -9,6 +9,7 @@ import numpy as np
 import pytest
 
 from ggmlrpc.client import RemoteBackend
+from ggmlrpc.errors import ConnectionLost
 from ggmlrpc.llm import synth
 from ggmlrpc.llm.flow import Flow
 from ggmlrpc.llm.model import Model
@@ -224,3 +225,67 @@ def test_a_flow_of_two_sequences_keeps_both_servers_busy(model_path, servers, mo
     # after the first tick, one of the two lands at every tick: both servers always busy
     assert (ticks[0], landed[0]) == (13, 12)
     assert most[0] == 2
+
+
+def test_a_decode_step_goes_ahead_to_the_busy_server(model_path, servers, monkeypatch):
+    """A micro-batch whose first server answers goes on to the second at once, behind
+    the request that server is still computing, rather than at the next tick: once
+    the server holds the step's graph, the second server's request is out when each
+    tick begins. The logits stay those of one by one."""
+    with Model.load(model_path, rpc=servers[:2], n_ubatch=8, n_seq=2, pipeline=False) as m:
+        want = greedy_pair(m, False)
+    ahead, at_start, tick, go = [0], [], Flow.tick, Flow._ahead
+
+    def counted_ahead(self, mb, active):
+        go(self, mb, active)
+        ahead[0] += mb.answer is not None
+
+    def counted_tick(self):
+        at_start.append(sum(mb.answer is not None for mb in self.queue))
+        return tick(self)
+    monkeypatch.setattr(Flow, "_ahead", counted_ahead)
+    monkeypatch.setattr(Flow, "tick", counted_tick)
+    with Model.load(model_path, rpc=servers[:2], n_ubatch=8, n_seq=2) as m:
+        got = greedy_pair(m, True, after_prompts=lambda: (ahead.__setitem__(0, 0), at_start.clear()))
+    for x, y in zip(want, got):
+        assert np.array_equal(x, y)
+    # 12 micro-batches cross from the first server to the second: the first with its
+    # tick (that server does not hold a one-token graph yet: it goes with the step),
+    # each of the others ahead of its tick
+    assert ahead[0] == 11
+    assert at_start == [0, 0] + [1] * 11
+
+
+def test_a_server_lost_with_a_step_sent_ahead(model_path):
+    """The second server stops while a step is out at it ahead of its tick: the tick
+    raises, clear() reads what the first server still owes, so that its next answer
+    is its next request's, and once the server is back a new sequence's logits are
+    those of a run that never failed."""
+    ports = [free_port(), free_port()]
+    argvs = [our_server_argv("-p", str(p), "-t", "1") for p in ports]
+    procs = [Proc(a, p) for a, p in zip(argvs, ports)]
+    eps = [f"127.0.0.1:{p}" for p in ports]
+    try:
+        with Model.load(model_path, rpc=eps, n_ubatch=8, n_seq=3, reconnect=30) as m:
+            want = m.decode([(m.new_sequence(), PROMPT_IDS[:20])])[0]
+            a, b = m.new_sequence(), m.new_sequence()
+            m.decode([(a, PROMPT_IDS[:9]), (b, PROMPT_IDS[9:18])])
+            f = m.flow()
+            m.add_to(f, [(a, [5])], a)
+            f.tick()
+            m.add_to(f, [(b, [6])], b)
+            f.tick()      # a's step went ahead to the second server
+            assert any(mb.answer is not None for mb in f.queue)
+            procs[1].stop()
+            with pytest.raises(ConnectionLost):
+                for _ in range(4):
+                    for mb in f.tick():
+                        m.add_to(f, [(mb.tag, [7])], mb.tag)
+            assert all(mb.answer is None for mb in f.clear())
+            a.close(), b.close()
+            procs[1] = Proc(argvs[1], ports[1])
+            got = m.decode([(m.new_sequence(), PROMPT_IDS[:20])])[0]
+            assert np.array_equal(got, want)
+    finally:
+        for p in procs:
+            p.stop()
