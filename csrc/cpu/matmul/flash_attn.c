@@ -235,9 +235,57 @@ static void fa_row(const gr_node *n, gr_job *job, const fa_ctx *c, int64_t ir, i
 /* Whether fa_heads may take the node's rows: F16 keys and values, F16 queries, no
  * soft-cap, a slope of 1 (no ALiBi) and one mask row for every head. */
 static int fa_heads_ok(const gr_node *n, const fa_ctx *c) {
-    return gr_vec.fa_heads_f16 && c->k->type == GR_TYPE_F16 && c->v->type == GR_TYPE_F16 &&
+    return c->k->type == GR_TYPE_F16 && c->v->type == GR_TYPE_F16 &&
            n->iparams[0] == GR_TYPE_F16 && c->softcap == 0.0f && !(c->max_bias > 0.0f) &&
            (!c->mask || c->mask->ne[2] == 1);
+}
+
+#define FA_HEADS_CHUNK 32    /* keys whose scores go first in fa_heads_keys */
+
+/* fa_heads' keys loop in any family: fa_row's steps for each head with the family's
+ * primitives (dot_f16, scale_f16, mad_f16), the keys outer: a chunk's scores of every
+ * head first (each key's row of all heads read once), then key by key each head's
+ * running maximum, sum and VKQ. The same steps in the same order per head as fa_row,
+ * so the same bits. */
+static void fa_heads_keys(const gr_fa_heads *a, float *M, float *S, uint16_t *vkq) {
+    const int64_t H = a->H, DK = a->DK, DV = a->DV;
+    float sc[GR_FA_HEADS][FA_HEADS_CHUNK];
+    int64_t at[FA_HEADS_CHUNK];
+    const char *kh[GR_FA_HEADS], *vh[GR_FA_HEADS];
+    for (int64_t h = 0; h < H; h++) {
+        kh[h] = a->k + (size_t)((a->h0 + h) / a->rk) * a->k_head;
+        vh[h] = a->v + (size_t)((a->h0 + h) / a->rv) * a->v_head;
+    }
+    for (int64_t ic = a->ic0; ic < a->ic1;) {
+        int n = 0;
+        for (; ic < a->ic1 && n < FA_HEADS_CHUNK; ic++) {
+            if (a->mask && a->mask[ic] == GR_F16_NEG_INF) continue;
+            const float mv = a->mask ? gr_fp16_to_fp32(a->mask[ic]) : 0.0f;
+            if (mv == -INFINITY) continue;
+            for (int64_t h = 0; h < H; h++) {
+                float sk = gr_vec.dot_f16(DK, (const uint16_t *)(kh[h] + ic * a->k_stride), a->q + h * DK);
+                sk = sk * a->scale;
+                sk += mv;
+                sc[h][n] = sk;
+            }
+            at[n++] = ic;
+        }
+        for (int t = 0; t < n; t++)
+            for (int64_t h = 0; h < H; h++) {
+                const float sk = sc[h][t], Mold = M[h];
+                float ms = 1.0f, vs = 1.0f;
+                uint16_t *acc = vkq + h * DV;
+                if (sk > Mold) {
+                    M[h] = sk;
+                    ms = expf(Mold - sk);
+                    gr_vec.scale_f16(DV, acc, ms);
+                } else {
+                    vs = expf(sk - Mold);
+                }
+                gr_vec.mad_f16(DV, acc, (const uint16_t *)(vh[h] + at[t] * a->v_stride), vs);
+                S[h] = fmaf(S[h], ms, vs);
+            }
+    }
 }
 
 /* fa_row for heads h0 .. h0 + H (H <= GR_FA_HEADS) of query row (iq1, iq3) at once,
@@ -268,7 +316,7 @@ static int fa_heads(gr_job *job, const fa_ctx *c, int64_t iq1, int64_t iq3, int6
                            .k_head = (size_t)c->k->nb[2], .v_head = (size_t)c->v->nb[2],
                            .h0 = h0, .H = H, .rk = c->rk2, .rv = c->rv2, .mask = fa_mask_row(c, iq1, 0, iq3),
                            .q = Q16, .DK = DK, .DV = DV, .ic0 = ic0, .ic1 = ic1, .scale = c->scale};
-    if (!gr_vec.fa_heads_f16(&a, M, S, VKQ16)) return 0;
+    if (!gr_vec.fa_heads_f16 || !gr_vec.fa_heads_f16(&a, M, S, VKQ16)) fa_heads_keys(&a, M, S, VKQ16);
     for (int64_t h = 0; h < H; h++) {
         gr_vec.fp16_to_fp32(DV, VKQ16 + h * DV, VKQ32);
         if (!partials) {
