@@ -7,6 +7,7 @@ The model is a generated llama (default 12 layers, width 1024, ff 2816, ~140M
 parameters) quantized by llama-quantize, cached beside the reference build.
 
     python bench/llama_bench.py --types Q8_0 Q4_0 --threads 2 --rounds 3
+    python bench/llama_bench.py --types Q4_K_M --depth 2048 --pp 0   # tg with 2048 tokens in the cache
 """
 from __future__ import annotations
 
@@ -83,7 +84,7 @@ def run_once(ref: Path, server_argv: list[str], m: Path, args) -> dict:
         wait_listening(port, srv)
         cmd = [str(ref / "llama-bench"), "-m", str(m), "-ngl", "99", "--rpc", f"127.0.0.1:{port}",
                "-t", str(args.threads), "-p", str(args.pp), "-n", str(args.tg), "-r", str(args.reps),
-               "-o", "json"]
+               "-o", "json"] + (["-d", str(args.depth)] if getattr(args, "depth", 0) else [])
         r = subprocess.run(cmd, capture_output=True, text=True, timeout=args.timeout)
         if r.returncode != 0:
             lines = r.stderr.strip().splitlines()
@@ -118,14 +119,19 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
 
 
 def model_shape(args) -> LlamaShape:
-    """The generated llama add_run_args' options describe (64-wide heads)."""
-    return LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64, n_head_kv=args.embd // 64)
+    """The generated llama add_run_args' options describe (64-wide heads), with a
+    context of 4096 where --depth and the lengths need more than the default."""
+    need = getattr(args, "depth", 0) + args.pp + args.tg
+    return LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64, n_head_kv=args.embd // 64,
+                      **({"n_ctx": 4096} if need > LlamaShape.n_ctx else {}))
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--types", nargs="+", default=["Q8_0", "Q4_0"])
     add_run_args(ap)
+    ap.add_argument("--depth", type=int, default=0,
+                    help="llama-bench -d: tokens in the KV cache before each test (attention's share grows)")
     ap.add_argument("--timeout", type=float, default=600)
     ap.add_argument("--metrics", action="store_true",
                     help="also run ours with --metrics (ours+metrics) and report on/off ratios")
