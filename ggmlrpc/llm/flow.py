@@ -118,7 +118,8 @@ class Flow:
                     done.append(mb)
                 else:
                     mb.x = x
-                    mb.stage += 1
+                mb.stage += 1
+                if mb.stage < S:
                     self._ahead(mb, active)
         except ConnectionLost:
             for mb in waiting:
