@@ -121,7 +121,7 @@ def add_run_args(ap: argparse.ArgumentParser) -> None:
 def model_shape(args) -> LlamaShape:
     """The generated llama add_run_args' options describe (64-wide heads), with a
     context of 4096 where --depth and the lengths need more than the default."""
-    need = getattr(args, "depth", 0) + args.pp + args.tg
+    need = sum(getattr(args, k, 0) for k in ("depth", "pp", "tg"))
     return LlamaShape(args.layers, args.embd, args.ff, n_head=args.embd // 64, n_head_kv=args.embd // 64,
                       **({"n_ctx": 4096} if need > LlamaShape.n_ctx else {}))
 
