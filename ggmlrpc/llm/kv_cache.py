@@ -36,7 +36,7 @@ class Cells:
         self.span = size // regions // 16 * 16 if regions > 1 and not n_swa else 0
         self.regions = regions if self.span else 1
         self.region_of: dict[int, int] = {}      # sequence -> its region
-        self.last_of: dict[int, int] = {}        # sequence -> its last cell placed in its region
+        self.last_of: dict[int, int] = {}        # sequence -> its last cell (the next go on from it)
 
     def reset(self) -> None:
         self.pos[:] = -1
@@ -75,7 +75,8 @@ class Cells:
         (rows that memory then serves with their neighbours). The masks are the
         unified cache's, so the sums are those of the same cells anywhere in order.
         A sequence takes the first region no other one holds (else its id's); where
-        its region is full it takes cells wherever search() finds them."""
+        its region is full it takes cells wherever search() finds them, and goes on
+        from the last of those while the cells after it are free."""
         idx = np.empty(len(positions), np.int64)
         for s in dict.fromkeys(seqs.tolist()):
             mine = np.nonzero(seqs == s)[0]
@@ -87,22 +88,25 @@ class Cells:
             lo = r * self.span
             hi = lo + self.span if r < self.regions - 1 else self.size
             last = self.last_of.get(s, -1)
-            if not (lo <= last < hi and self.seq[last] == s):    # not known: the region's last cell of s
-                own = np.nonzero(self.seq[lo:hi] == s)[0]
-                last = lo + int(own[-1]) if own.size else lo - 1
+            if not (last >= 0 and self.seq[last] == s):    # not known: the last cell of s
+                own = np.nonzero(self.seq == s)[0]
+                last = int(own[-1]) if own.size else lo - 1
+            # on from its last cell: to its region's end, or, once past it, anywhere
             start, k = last + 1, len(mine)
-            if start + k <= hi and (self.pos[start:start + k] < 0).all():
+            stop = hi if last < hi else self.size
+            if start + k <= stop and (self.pos[start:start + k] < 0).all():
                 cells = np.arange(start, start + k, dtype=np.int64)
-                self.last_of[s] = start + k - 1
             else:
-                self.last_of.pop(s, None)
                 free = np.nonzero(self.pos[lo:hi] < 0)[0]
                 if len(free) < k:
-                    idx[mine] = self.search(positions[mine], seqs[mine])
+                    cells = self.search(positions[mine], seqs[mine])
+                    idx[mine] = cells
+                    self.last_of[s] = int(cells.max())
                     continue
                 cells = lo + free[:k].astype(np.int64)
             self.pos[cells], self.seq[cells] = positions[mine], s
             idx[mine] = cells
+            self.last_of[s] = max(int(cells[-1]), last)
         return idx
 
     def search(self, positions: np.ndarray, seqs: np.ndarray) -> np.ndarray:

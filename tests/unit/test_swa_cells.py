@@ -203,3 +203,15 @@ def test_regions_mask_what_the_sequences_hold(ops):
             held[s] = {q: cell for q, cell in held.get(s, {}).items() if q < p1}
         taken = [cell for d in held.values() for cell in d.values()]
         assert len(taken) == len(set(taken)) == int((c.pos >= 0).sum())
+
+
+def test_a_sequence_past_its_region_goes_on_in_one_run():
+    """One sequence of a cache with regions, longer than its region: past the region's
+    end its tokens go on in the cells after its last one while they are free."""
+    c = SwaCells(256, regions=4)
+    for p in range(100):
+        c.place(np.array([p]), np.array([3]))
+    mine = np.nonzero(c.seq == 3)[0]
+    assert list(mine) == list(range(100)) and list(c.pos[mine]) == list(range(100))
+    assert c.place(np.array([0]), np.array([4]))[0] == 100      # the next free cell for another sequence
+    assert c.place(np.array([100]), np.array([3]))[0] == 101
