@@ -122,12 +122,7 @@ class Flow:
                 if mb.stage < S:
                     self._ahead(mb, active)
         except ConnectionLost:
-            for mb in waiting:
-                try:
-                    mb.answer()
-                except GgmlRpcError:
-                    pass
-                mb.answer = None
+            _drain(waiting)
             raise
         for mb in done:
             self.queue.remove(mb)
@@ -188,10 +183,16 @@ class Flow:
         sent ahead are read first, so that each server's next answer is its next
         request's."""
         dropped, self.queue = self.queue, []
-        for mb in sorted((mb for mb in dropped if mb.answer is not None), key=lambda mb: mb.sent):
-            try:
-                mb.answer()
-            except GgmlRpcError:
-                pass
-            mb.answer = None
+        _drain(sorted((mb for mb in dropped if mb.answer is not None), key=lambda mb: mb.sent))
         return dropped
+
+
+def _drain(mbs) -> None:
+    """Read and drop the answers the micro-batches still wait for, in order (a lost
+    server's raise), so that each server's next answer is its next request's."""
+    for mb in mbs:
+        try:
+            mb.answer()
+        except GgmlRpcError:
+            pass
+        mb.answer = None

@@ -117,6 +117,22 @@ static inline void fa_kv_rows(const fa_ctx *c, int64_t ir, const char **k, const
     *v = c->v->data + (iq2 / c->rv2) * c->v->nb[2] + (iq3 / c->rv3) * c->v->nb[3];
 }
 
+/* One key's online-softmax step on an F16 VKQ, with score s: the running maximum M
+ * and sum S, VKQ scaled where the maximum moved, then the value row vd added */
+static inline void fa_step_f16(int64_t DV, uint16_t *vkq, const uint16_t *vd, float s, float *M, float *S) {
+    const float Mold = *M;
+    float ms = 1.0f, vs = 1.0f;
+    if (s > Mold) {
+        *M = s;
+        ms = expf(Mold - s);
+        gr_vec.scale_f16(DV, vkq, ms);
+    } else {
+        vs = expf(s - Mold);
+    }
+    gr_vec.mad_f16(DV, vkq, vd, vs);
+    *S = fmaf(*S, ms, vs);
+}
+
 /* One query row ir over keys [ic0, ic1) with an online softmax. With `partial`
  * the unnormalized (M, S, VKQ) go there (the split path), else the output row.
  * next >= 0: a row this thread takes later, the same query's next head, whose
@@ -192,32 +208,25 @@ static void fa_row(const gr_node *n, gr_job *job, const fa_ctx *c, int64_t ir, i
         s = s * c->scale;
         if (c->softcap != 0.0f) s = c->softcap * tanhf(s);
         s += mv;
-        const float Mold = M;
-        float ms = 1.0f, vs = 1.0f;
         const char *vd = c->v->data + ic * c->v->nb[1] + iv2 * c->v->nb[2] + iv3 * c->v->nb[3];
         if (vt == GR_TYPE_F16) {
-            if (s > M) {
-                M = s;
-                ms = expf(Mold - M);
-                gr_vec.scale_f16(DV, VKQ16, ms);
-            } else {
-                vs = expf(s - M);
-            }
-            gr_vec.mad_f16(DV, VKQ16, (const uint16_t *)vd, vs);
+            fa_step_f16(DV, VKQ16, (const uint16_t *)vd, s, &M, &S);
+            continue;
+        }
+        const float Mold = M;
+        float ms = 1.0f, vs = 1.0f;
+        if (s > M) {
+            M = s;
+            ms = expf(Mold - M);
+            for (int64_t d = 0; d < DV; d++) VKQ32[d] *= ms;
         } else {
-            if (s > M) {
-                M = s;
-                ms = expf(Mold - M);
-                for (int64_t d = 0; d < DV; d++) VKQ32[d] *= ms;
-            } else {
-                vs = expf(s - M);
-            }
-            if (vt == GR_TYPE_F32) {
-                gr_vec.mad_f32(DV, VKQ32, (const float *)vd, vs);
-            } else {
-                v_to_float(vd, V32, DV);
-                gr_vec.mad_f32(DV, VKQ32, V32, vs);
-            }
+            vs = expf(s - M);
+        }
+        if (vt == GR_TYPE_F32) {
+            gr_vec.mad_f32(DV, VKQ32, (const float *)vd, vs);
+        } else {
+            v_to_float(vd, V32, DV);
+            gr_vec.mad_f32(DV, VKQ32, V32, vs);
         }
         S = fmaf(S, ms, vs);
     }
@@ -271,20 +280,8 @@ static void fa_heads_keys(const gr_fa_heads *a, float *M, float *S, uint16_t *vk
             at[n++] = ic;
         }
         for (int t = 0; t < n; t++)
-            for (int64_t h = 0; h < H; h++) {
-                const float sk = sc[h][t], Mold = M[h];
-                float ms = 1.0f, vs = 1.0f;
-                uint16_t *acc = vkq + h * DV;
-                if (sk > Mold) {
-                    M[h] = sk;
-                    ms = expf(Mold - sk);
-                    gr_vec.scale_f16(DV, acc, ms);
-                } else {
-                    vs = expf(sk - Mold);
-                }
-                gr_vec.mad_f16(DV, acc, (const uint16_t *)(vh[h] + at[t] * a->v_stride), vs);
-                S[h] = fmaf(S[h], ms, vs);
-            }
+            for (int64_t h = 0; h < H; h++)
+                fa_step_f16(DV, vkq + h * DV, (const uint16_t *)(vh[h] + at[t] * a->v_stride), sc[h][t], &M[h], &S[h]);
     }
 }
 
@@ -295,8 +292,8 @@ static void fa_heads_keys(const gr_fa_heads *a, float *M, float *S, uint16_t *vk
  * 40-60 ns a key and head once the weights had pushed the cache out, 19 warm).
  * The same steps for each head, so the same bits. With `partials` each head's
  * unnormalized (M, S, VKQ) goes to partials + h * pstride, else its output row.
- * Returns 0, having done nothing, where the family does not take these sizes. */
-static int fa_heads(gr_job *job, const fa_ctx *c, int64_t iq1, int64_t iq3, int64_t h0, int64_t H,
+ * Families without a fa_heads_f16 for these sizes take fa_heads_keys. */
+static void fa_heads(gr_job *job, const fa_ctx *c, int64_t iq1, int64_t iq3, int64_t h0, int64_t H,
                     int64_t ic0, int64_t ic1, float *partials, int64_t pstride) {
     const int64_t DK = c->DK, DV = c->DV;
     float *VKQ32 = gr_thread_f32(job, fa_row_floats(DK, DV));
@@ -329,24 +326,18 @@ static int fa_heads(gr_job *job, const fa_ctx *c, int64_t iq1, int64_t iq3, int6
         p[1] = S[h];
         memcpy(p + 2, VKQ32, (size_t)DV * 4);
     }
-    return 1;
 }
 
 /* The row path with fa_heads: the rows numbered head first (w = head + heads *
  * (query + queries * iq3)), so that a thread's rows are whole runs of one query's
  * heads; rows are independent, so the numbering changes no result. */
-static void fa_rows_heads(const gr_node *n, gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
-    const int64_t neq1 = c->q->ne[1], neq2 = c->q->ne[2], nek1 = c->k->ne[1];
-    for (int64_t w = gr_rows_from(job, r0); !gr_rows_pause(job, w) && w < r1;) {
+static void fa_rows_heads(gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
+    const int64_t neq1 = c->q->ne[1], neq2 = c->q->ne[2];
+    for (int64_t w = gr_rows_from(job, r0), H; !gr_rows_pause(job, w) && w < r1; w += H) {
         const int64_t h = w % neq2, iq1 = w / neq2 % neq1, iq3 = w / (neq2 * neq1);
-        int64_t H = neq2 - h < GR_FA_HEADS ? neq2 - h : GR_FA_HEADS;
+        H = neq2 - h < GR_FA_HEADS ? neq2 - h : GR_FA_HEADS;
         if (H > r1 - w) H = r1 - w;
-        if (fa_heads(job, c, iq1, iq3, h, H, 0, nek1, NULL, 0)) {
-            w += H;
-            continue;
-        }
-        fa_row(n, job, c, iq1 + neq1 * (h + neq2 * iq3), 0, nek1, NULL, -1);
-        w++;
+        fa_heads(job, c, iq1, iq3, h, H, 0, c->k->ne[1], NULL, 0);
     }
 }
 
@@ -367,8 +358,7 @@ static void fa_split(const gr_node *n, gr_job *job, const fa_ctx *c, int phase) 
         if (ic0 < nek1 && fa_heads_ok(n, c))
             for (int64_t H; h < heads; h += H) {
                 H = heads - h < GR_FA_HEADS ? heads - h : GR_FA_HEADS;
-                if (!fa_heads(job, c, 0, 0, h, H, ic0, ic1, partials + (h * nth + job->ith) * psize, nth * psize))
-                    break;
+                fa_heads(job, c, 0, 0, h, H, ic0, ic1, partials + (h * nth + job->ith) * psize, nth * psize);
             }
         for (; h < heads; h++) {
             float *p = partials + (h * nth + job->ith) * psize;
@@ -535,7 +525,7 @@ void gr_k_flash_attn(gr_job *job, int phase) {
     gr_range(nr, job->ith, job->nth, &r0, &r1);
     if (r0 >= r1) return;
     if (n->iparams[1] == GR_FA_TILED) fa_tiled(job, &c, r0, r1);
-    else if (fa_heads_ok(n, &c)) fa_rows_heads(n, job, &c, r0, r1);
+    else if (fa_heads_ok(n, &c)) fa_rows_heads(job, &c, r0, r1);
     else for (int64_t ir = gr_rows_from(job, r0); !gr_rows_pause(job, ir) && ir < r1; ir++)
         fa_row(n, job, &c, ir, 0, c.k->ne[1], NULL, ir + c.q->ne[1] < r1 ? ir + c.q->ne[1] : -1);
 }

@@ -445,6 +445,16 @@ GR_AVX512 static inline __attribute__((always_inline)) float fa_dot(const uint16
     return reduce_4x16_avx512(acc);
 }
 
+/* the keys of [i0, i1) (GR_FA_BLOCK at most) as bits, less those masked with -inf
+ * (GR_F16_NEG_INF) where the block is whole: one compare for 16 (NULL mask: all) */
+GR_AVX512 static inline uint32_t fa_live(const uint16_t *mask, int64_t i0, int64_t i1) {
+    uint32_t live = (1u << (i1 - i0)) - 1;
+    if (mask && i1 - i0 == GR_FA_BLOCK)
+        live &= ~(uint32_t)_mm256_cmpeq_epi16_mask(_mm256_loadu_si256((const __m256i *)(mask + i0)),
+                                                   _mm256_set1_epi16((short)GR_F16_NEG_INF));
+    return live;
+}
+
 /* the scores of the unmasked keys of [i0, i0 + GR_FA_BLOCK) and where they are, as
  * fa_row computes them (dot, times the scale, plus the slope times the mask);
  * returns how many (computed ahead of the running maximum's chain). qf: the query
@@ -456,11 +466,7 @@ GR_AVX512 static inline int fa_scores(const gr_fa_keys *a, const float *qf, int6
      * slope their mv is -inf, so they are skipped as below (a query of one sequence
      * among several sees mostly such keys, and converting each took longer than the
      * keys it keeps); the others take the key's steps */
-    uint32_t live = (1u << (i1 - i0)) - 1;
-    if (a->mask && a->slope > 0.0f && i1 - i0 == GR_FA_BLOCK)
-        live &= ~(uint32_t)_mm256_cmpeq_epi16_mask(_mm256_loadu_si256((const __m256i *)(a->mask + i0)),
-                                                   _mm256_set1_epi16((short)GR_F16_NEG_INF));
-    for (; live; live &= live - 1) {
+    for (uint32_t live = fa_live(a->slope > 0.0f ? a->mask : NULL, i0, i1); live; live &= live - 1) {
         const int64_t ic = i0 + __builtin_ctz(live);
         const float mv = a->mask ? a->slope * gr_fp16_to_fp32(a->mask[ic]) : 0.0f;
         if (mv == -INFINITY) continue;
@@ -586,11 +592,7 @@ fa_heads_dv(const gr_fa_heads *a, float *M, float *S, uint16_t *vkq, const int64
         int n = 0;
         for (int64_t i0 = c0; i0 < c1; i0 += GR_FA_BLOCK) {
             const int64_t i1 = i0 + GR_FA_BLOCK < c1 ? i0 + GR_FA_BLOCK : c1;
-            uint32_t live = (1u << (i1 - i0)) - 1;
-            if (a->mask && i1 - i0 == GR_FA_BLOCK)
-                live &= ~(uint32_t)_mm256_cmpeq_epi16_mask(_mm256_loadu_si256((const __m256i *)(a->mask + i0)),
-                                                           _mm256_set1_epi16((short)GR_F16_NEG_INF));
-            for (; live; live &= live - 1) {
+            for (uint32_t live = fa_live(a->mask, i0, i1); live; live &= live - 1) {
                 const int64_t ic = i0 + __builtin_ctz(live);
                 if (a->mask && gr_fp16_to_fp32(a->mask[ic]) == -INFINITY) continue;
                 at[n++] = ic;
