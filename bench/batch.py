@@ -9,8 +9,9 @@ quantized by llama-quantize), in the same run:
   (every request's tokens over the wall time from sending to the last one done),
   its ratio to one request alone (each round's pair, median), the same for the
   decode alone (tokens after each request's first, from the first first token on:
-  without the prompts, which dominate short runs on a CPU), and the p50/p99 time
-  per token (the gaps between a request's streamed chunks);
+  without the prompts, which dominate short runs on a CPU), and the p50/p99/max
+  time per token (the gaps between a request's streamed chunks: the longest is
+  the worst stall, e.g. while the others' long prompts run, --prompt 700);
 - the prefix cache: a request with a --prefix-token prompt, then one that shares
   that prefix (a different ending): the times to first token and their ratio.
 
@@ -96,7 +97,8 @@ def concurrent(url: str, prompts: list[list[int]], n_gen: int) -> dict:
     # the decode alone: tokens after each request's first, from the first first token on
     t_first = min(r["times"][0] for r in rs)
     return {"tps": n / (t1 - t0), "gen_tps": (n - len(rs)) / (t1 - t_first), "n": n,
-            "p50_ms": float(np.percentile(gaps, 50)), "p99_ms": float(np.percentile(gaps, 99))}
+            "p50_ms": float(np.percentile(gaps, 50)), "p99_ms": float(np.percentile(gaps, 99)),
+            "max_ms": float(gaps.max())}
 
 
 def prefix(url: str, rng, args) -> dict:
@@ -137,7 +139,7 @@ def bench(ref: Path, qtype: str, np_: int, args) -> dict:
             for who in who_all:
                 one = float(np.median([x["tps"] for x in runs[who, "one"]]))
                 many = {k: float(np.median([x[k] for x in runs[who, "many"]]))
-                        for k in ("tps", "gen_tps", "p50_ms", "p99_ms")}
+                        for k in ("tps", "gen_tps", "p50_ms", "p99_ms", "max_ms")}
                 row[f"{who}_alone_tps"] = one
                 row[f"{who}_alone_gen_tps"] = float(np.median([x["gen_tps"] for x in runs[who, "one"]]))
                 row[f"{who}_gen_tps"] = many["gen_tps"]
@@ -147,6 +149,7 @@ def bench(ref: Path, qtype: str, np_: int, args) -> dict:
                 row[f"{who}_gen_batch_ratio"] = float(np.median([m["gen_tps"] / o["gen_tps"] for o, m in pairs]))
                 row[f"{who}_tps"] = many["tps"]
                 row[f"{who}_p50_ms"], row[f"{who}_p99_ms"] = many["p50_ms"], many["p99_ms"]
+                row[f"{who}_max_ms"] = many["max_ms"]
                 row[f"{who}_batch_ratio"] = float(np.median([m["tps"] / o["tps"] for o, m in pairs]))
                 if np_ == min(args.np) and args.prefix:
                     for k, v in prefix(urls[who], np.random.default_rng(np_), args).items():
@@ -193,8 +196,9 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     print("\n| type | np | agg t/s ours / llama-server | ratio | ours vs alone | llama-server vs alone "
           "| decode t/s ours / ls (ratio) | decode vs alone ours / ls "
-          "| p50 ms ours / ls | p99 ms ours / ls | prefix TTFT first/shared ours (ratio) | llama-server (ratio) |")
-    print("| --- | --: | --- | --: | --: | --: | --- | --- | --- | --- | --- | --- |")
+          "| p50 ms ours / ls | p99 ms ours / ls | max ms ours / ls | prefix TTFT first/shared ours (ratio) "
+          "| llama-server (ratio) |")
+    print("| --- | --: | --- | --: | --: | --: | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         pre = ("", "")
         if "ours_ttft_ratio" in r:
@@ -205,7 +209,8 @@ def main(argv=None) -> int:
               f"| {r['ours_gen_tps']:.1f} / {r['llama-server_gen_tps']:.1f} ({r['gen_tps_ratio']:.2f}) "
               f"| {r['ours_gen_batch_ratio']:.2f}x / {r['llama-server_gen_batch_ratio']:.2f}x "
               f"| {r['ours_p50_ms']:.1f} / {r['llama-server_p50_ms']:.1f} "
-              f"| {r['ours_p99_ms']:.1f} / {r['llama-server_p99_ms']:.1f} | {pre[0]} | {pre[1]} |")
+              f"| {r['ours_p99_ms']:.1f} / {r['llama-server_p99_ms']:.1f} "
+              f"| {r['ours_max_ms']:.0f} / {r['llama-server_max_ms']:.0f} | {pre[0]} | {pre[1]} |")
     return 0
 
 

@@ -38,6 +38,8 @@ def cmd_serve(a) -> int:
         raise CliError(f"invalid --request-timeout {a.request_timeout:g}")
     if a.batch < 1:
         raise CliError(f"invalid -b {a.batch}")
+    if a.prefill_chunk is not None and a.prefill_chunk < 0:
+        raise CliError(f"invalid --prefill-chunk {a.prefill_chunk}")
     keys = list(a.api_key or [])
     if a.api_key_file:
         try:
@@ -57,7 +59,7 @@ def cmd_serve(a) -> int:
         model.close()
         raise CliError(str(e)) from None
     engine = Engine(model, default_names(a.model, a.alias), template, a.model, n_slots, a.max_queue,
-                    a.request_timeout, a.batch)
+                    a.request_timeout, a.batch, a.prefill_chunk)
     app = create_app(engine, keys)
     quiet_collector()     # the model and tokenizer: no full collection walks them mid-request
     print(f"serving {engine.names[0]} on http://{host}:{a.port} (n_ctx {model.n_ctx}, "
@@ -84,8 +86,11 @@ def add_parsers(sub) -> None:
     p.add_argument("-np", "--parallel", type=int, default=-1,
                    help="slots: requests run at once, each with n_ctx / N tokens of context (default 1)")
     p.add_argument("-b", "--batch-size", dest="batch", type=int, default=2048,
-                   help="prompt tokens one step may take while no slot is generating (default 2048; "
-                        "with slots generating, a step takes one micro-batch, -ub)")
+                   help="prompt tokens one step may take while no slot is generating (default 2048)")
+    p.add_argument("--prefill-chunk", type=int, default=None,
+                   help="prompt tokens one step (a micro-batch, with several servers) may take while "
+                        "slots are generating: a new prompt holds them up for that long at most "
+                        "(default 128; 0: a whole micro-batch, -ub)")
     p.add_argument("--max-queue", type=int, default=0,
                    help="requests that may wait for a slot (default 0: no bound); beyond, 503")
     p.add_argument("--request-timeout", type=float, default=0.0,

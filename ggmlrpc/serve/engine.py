@@ -30,6 +30,7 @@ STATUS = {"invalid_request_error": 400, "authentication_error": 401, "not_found_
           "server_error": 500, "permission_error": 403, "not_supported_error": 501,
           "unavailable_error": 503, "exceed_context_size_error": 400}
 
+PREFILL_CHUNK = 128    # prompt tokens a step takes beside generating slots (--prefill-chunk)
 ROLES = ("system", "developer", "user", "assistant", "tool")
 
 class ApiError(Exception):
@@ -196,13 +197,22 @@ class Generation:
         self.t_submit = time.monotonic()
 
     def put(self, ev) -> None:
-        try:
-            self.loop.call_soon_threadsafe(self.events.put_nowait, ev)
-        except RuntimeError:        # the loop is gone: nobody listens any more
-            self.cancelled.set()
+        deliver(self.loop, [(self, ev)])
 
     def cancel(self) -> None:
         self.cancelled.set()
+
+
+def deliver(loop: asyncio.AbstractEventLoop, evs: list[tuple[Generation, tuple]]) -> None:
+    """Put each event into its generation's queue, on `loop` (from the worker thread)."""
+    def put() -> None:
+        for gen, ev in evs:
+            gen.events.put_nowait(ev)
+    try:
+        loop.call_soon_threadsafe(put)
+    except RuntimeError:        # the loop is gone: nobody listens any more
+        for gen, _ in evs:
+            gen.cancelled.set()
 
 
 class Slot:
@@ -233,15 +243,20 @@ class Engine:
     """The model, its chat template, and the worker thread that runs every job."""
 
     def __init__(self, model, names: list[str], template: ChatTemplate, model_path: str = "",
-                 n_slots: int = 1, max_queue: int = 0, timeout: float = 0.0, n_batch: int = 2048):
+                 n_slots: int = 1, max_queue: int = 0, timeout: float = 0.0, n_batch: int = 2048,
+                 prefill_chunk: int | None = None):
         """`n_slots` requests run at once, each in its own sequence of the KV cache
         (n_ctx / n_slots tokens each); `max_queue` more wait (0: no bound; beyond,
         503); `timeout`: seconds a request may take from its arrival (0: no limit);
         `n_batch`: prompt tokens a step may take while no slot generates (a long
-        prompt's micro-batches then run in one decode, as a pipeline over the servers;
-        while slots generate, a step takes one micro-batch so that they go on)."""
+        prompt's micro-batches then run in one decode, as a pipeline over the servers);
+        `prefill_chunk`: prompt tokens a step (a micro-batch of the Flow) may take
+        while slots generate (0: a whole micro-batch, -ub), so that a new request's
+        prompt holds each generating slot up for that many tokens' time at most."""
         self.model = model
         self.n_batch = n_batch
+        chunk = PREFILL_CHUNK if prefill_chunk is None else prefill_chunk
+        self.prefill_chunk = min(chunk or model.n_ubatch, model.n_ubatch)
         # several requests over a pipelined layer split go through a Flow (None: one by one)
         self.flow = model.flow() if n_slots > 1 else None
         self.pipelined = self.flow is not None
@@ -462,7 +477,7 @@ class Engine:
         if self.flow is not None and (self.flow or (len(busy) > 1 and any(not s.todo for s in busy))):
             return self._flow_step(busy)
         parts = [(s, [s.last]) for s in busy if not s.todo]
-        room = (self.model.n_ubatch if parts else self.n_batch) - len(parts)
+        room = min(self.model.n_ubatch - len(parts), self.prefill_chunk) if parts else self.n_batch
         for s in busy:
             if s.todo and room > 0:
                 parts.append((s, s.todo[:room]))
@@ -488,9 +503,15 @@ class Engine:
         ready = [s for s in busy if not s.in_flight]
         if ready and self.flow.starts_now():
             share = -(-len(busy) // self.flow.depth)
+            # while any slot generates, every micro-batch's piece of prompt is short: a
+            # tick lasts as long as its longest micro-batch, and a generating slot gets
+            # a token every `depth` ticks
             parts, room = [], self.model.n_ubatch
+            prompt = self.prefill_chunk if any(not s.todo for s in busy) else room
             for s in sorted(ready, key=lambda s: bool(s.todo))[:share]:     # the generating first
-                toks = s.todo[:room] if s.todo else [s.last]
+                toks = s.todo[:min(room, prompt)] if s.todo else [s.last]
+                if s.todo:
+                    prompt -= len(toks)
                 if toks:
                     parts.append((s, toks))
                     room -= len(toks)
@@ -567,9 +588,15 @@ class Engine:
         slot.gen = None
 
     def _flush(self) -> None:
+        """Hand the step's events to their event loops: one wake-up per loop, not one
+        per event (each wake-up is a write to the loop's self-pipe, and the woken loop
+        takes the GIL from this thread while it runs the callback)."""
         out, self.outbox = self.outbox, []
+        by_loop: dict = {}
         for gen, ev in out:
-            gen.put(ev)
+            by_loop.setdefault(gen.loop, []).append((gen, ev))
+        for loop, evs in by_loop.items():
+            deliver(loop, evs)
 
     def _finish(self, slot: "Slot") -> None:
         job, st, text = slot.gen.job, self.stats, slot.text

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import socket
+import subprocess
 import sys
 import time
 
@@ -219,6 +220,13 @@ def test_other_routes(srv):
     before = m["llamacpp:tokens_predicted_total"]
     srv.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 5})
     assert srv.metrics()["llamacpp:tokens_predicted_total"] == before + 5
+
+
+@pytest.mark.parametrize("args", [["-np", "0"], ["-b", "0"], ["--prefill-chunk", "-1"], ["--max-queue", "-1"],
+                                  ["--request-timeout", "-2"], ["--port", "70000"]])
+def test_a_bad_option_is_refused_with_its_error(files, args):
+    r = subprocess.run(serve_argv("-m", str(files["model"]), *args), capture_output=True, text=True, timeout=60)
+    assert r.returncode == 1 and f"error: invalid {args[0]} " in r.stderr, r.stderr
 
 
 def test_a_prompt_longer_than_a_micro_batch_takes_one_decode_while_none_generates(files, rpc):

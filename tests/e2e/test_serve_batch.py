@@ -7,6 +7,7 @@ request over its time limit gets an error and the server goes on. Models with a
 recurrent state batch too."""
 from __future__ import annotations
 
+import asyncio
 import json
 import warnings
 from concurrent.futures import ThreadPoolExecutor
@@ -15,6 +16,8 @@ import httpx
 import pytest
 
 from ggmlrpc.llm import synth
+from ggmlrpc.llm.model import Model
+from ggmlrpc.serve import Engine
 from tests.e2e.test_runner import arch_shape
 from tests.e2e.test_serve import Serve, files, rpc  # noqa: F401 (fixtures)
 
@@ -185,6 +188,73 @@ def test_a_full_queue_answers_503_and_a_late_request_times_out(files, rpc):  # n
         assert r.status_code == 503 and "timed out" in r.json()["error"]["message"]
     finally:
         s.stop()
+
+
+async def _answers(engine: Engine, bodies: list[tuple[list[int], int]], after_first: bool) -> list[Answer]:
+    """Greedy answers with their top-2 log-probabilities through `engine`: all at
+    once, the second request sent once the first has its first token (after_first),
+    or each alone, one after the other (the prompts' cells not reused)."""
+    async def drain(gen, events) -> Answer:
+        while events[-1][0] == "token":
+            events.append(await gen.events.get())
+        assert events[-1][0] == "done", events[-1]
+        toks = [e for e in events if e[0] == "token"]
+        return Answer([e[2] for e in toks], b"".join(e[1] for e in toks).decode(errors="replace"))
+
+    def submit(ids, n):
+        return engine.submit(engine.job("text", {"max_tokens": n, "temperature": 0, "n_probs": 2,
+                                                  "cache_prompt": False}, ids))
+    if not after_first:
+        return [await drain(g, [await g.events.get()]) for g in (submit(*b) for b in bodies)]
+    first = submit(*bodies[0])
+    events = [await first.events.get()]
+    second = submit(*bodies[1])
+    return [await drain(first, events), await drain(second, [await second.events.get()])]
+
+
+@pytest.mark.parametrize("n_servers", [1, 2])
+@pytest.mark.parametrize("chunk", [16, 0])
+def test_a_new_prompt_goes_in_short_pieces_beside_a_generating_slot(files, rpc, n_servers, chunk):  # noqa: F811
+    """While a slot generates, a new request's prompt goes in pieces of at most
+    `prefill_chunk` tokens (--prefill-chunk; a step each, or over two servers a
+    micro-batch of the Flow each), so that it holds the generating slot up for that
+    long at most; 0: one micro-batch (-ub) at a time. Both answers are those each
+    gets alone."""
+    model = Model.load(files["model"], rpc=rpc.split(",")[:n_servers], n_ctx=1024, n_seq=2, n_threads=1)
+    engine = None
+    try:
+        pieces: list[list[tuple[int, int]]] = []     # each step's or micro-batch's (sequence, tokens)
+        decode, add_to = model.decode, model.add_to
+
+        def seen(parts):
+            pieces.append([(q.id, len(toks)) for q, toks in parts])
+        model.decode = lambda parts: (seen(parts), decode(parts))[1]
+        model.add_to = lambda flow, parts, tag=None: (seen(parts), add_to(flow, parts, tag))[1]
+        engine = Engine(model, ["m"], Engine.chat_template(model), n_slots=2, prefill_chunk=chunk)
+        a = model.tokenize("tell me about the old fisherman")
+        b = model.tokenize(" ".join(QUESTIONS) * 2)
+        assert len(b) > 4 * 16
+        got = asyncio.run(_answers(engine, [(a, 48), (b, 4)], True))
+        first, rest = pieces[0], pieces[1:]
+        assert first == [(first[0][0], len(a))]        # nothing generates yet: the whole prompt
+        seq_a = first[0][0]
+        of_b = [(i, n) for i, step in enumerate(rest) for q, n in step if q != seq_a][:-3]  # then 3 new tokens
+        prompt_b = [n for _, n in of_b]
+        assert sum(prompt_b) == len(b)
+        if chunk:
+            assert max(prompt_b) == chunk and len(prompt_b) == -(-len(b) // chunk), prompt_b
+        else:
+            assert prompt_b == [len(b)]
+        # the first request generated all along: a token beside (or between) each piece
+        of_a = [n for step in rest[of_b[0][0]:of_b[-1][0] + 1] for q, n in step if q == seq_a]
+        assert of_a == [1] * len(of_a) and len(of_a) >= len(prompt_b) - 1, (of_a, prompt_b)
+        pieces.clear()
+        alone = asyncio.run(_answers(engine, [(a, 48), (b, 4)], False))
+        same_or_near_tie([("generating", alone[0], got[0]), ("in pieces", alone[1], got[1])], NOISE)
+    finally:
+        if engine is not None:
+            engine.close()
+        model.close()
 
 
 def test_a_parting_is_found_at_its_token():
