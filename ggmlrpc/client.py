@@ -358,11 +358,20 @@ class RemoteBackend:
         if _closed_by_server(e):
             raise ServerClosed(f"{self.endpoint} closed the connection {when}") from e
 
-    def _recv_rsp(self, cmd: int, size: int | None = None, into=None):
-        want = protocol.RESPONSE_SIZE[cmd] if size is None else size
+    def fileno(self) -> int | None:
+        """The connection's socket (to poll whether an answer has begun to arrive);
+        None when not connected."""
+        return None if self.conn is None else self.conn.fd
+
+    def run_waiting(self) -> None:
+        """Run the `waiting` hook now, if one is set (it runs once)."""
         hook, self.waiting = self.waiting, None
         if hook is not None:
             hook()
+
+    def _recv_rsp(self, cmd: int, size: int | None = None, into=None):
+        want = protocol.RESPONSE_SIZE[cmd] if size is None else size
+        self.run_waiting()
         try:
             (n,) = protocol.SIZE.unpack(self.conn.recv_exact(8))
             if n != want:

@@ -157,10 +157,10 @@ class Flow:
             if id(be) in heads:
                 continue
             heads[id(be)] = mb
-            conn = getattr(be, "conn", None) if isinstance(be, RemoteBackend) else None
-            if conn is None:
+            fd = be.fileno() if isinstance(be, RemoteBackend) else None
+            if fd is None:
                 return mb
-            fds[conn.fd] = mb
+            fds[fd] = mb
         if len(heads) == 1:
             return waiting[0]
         poller = select.poll()
@@ -169,10 +169,7 @@ class Flow:
         ready = poller.poll(0)
         if not ready:
             for mb in heads.values():     # the caller's work while the servers compute
-                be = m.stages[mb.stage].device.backend
-                hook, be.waiting = be.waiting, None
-                if hook is not None:
-                    hook()
+                m.stages[mb.stage].device.backend.run_waiting()
             ready = poller.poll(1000)
         if not ready:      # a slow server: wait on the first, under its own deadline
             return waiting[0]
