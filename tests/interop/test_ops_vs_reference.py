@@ -668,6 +668,10 @@ CASES = {
     "fa-split-600-f32": flash_attn(1, nkv=600, kv_t=T.F32), "fa-softcap": flash_attn(5, softcap=20.0),
     "fa-alibi": flash_attn(5, max_bias=8.0, random_mask=True), "fa-sinks": flash_attn(5, sinks=True),
     "fa-70-alibi": flash_attn(70, max_bias=8.0, random_mask=True, sinks=True),
+    # tiles of a head that go together (one key tile's conversion for all), some of
+    # them past a causal mask's end while the others are not; the threads part mid-head
+    "fa-250-400": flash_attn(250, nkv=400), "fa-250-alibi": flash_attn(250, nkv=330, max_bias=8.0,
+                                                                      random_mask=True, sinks=True),
     "fa-q8_0": flash_attn(5, kv_t=T.Q8_0), "fa-q4_0": flash_attn(5, kv_t=T.Q4_0),
     "add1-f16": add1, "clamp": op1(Op.CLAMP, (41, 3), [f32_bits(-1.0), f32_bits(0.5)]),
     "clamp-f16": op1(Op.CLAMP, (41, 3), [f32_bits(-1.0), f32_bits(0.5)], T.F16),

@@ -20,6 +20,13 @@
 
 #define FA_TQ 64   /* query rows per tile */
 #define FA_TK 64   /* keys per tile */
+#define FA_TG 4    /* query tiles of one head that share each key tile's conversion */
+
+/* per-thread floats of the tiled path: FA_TG tiles' queries and VKQ, one tile's KQ
+ * and mask, a key tile's V and K transposed, one key row */
+static inline int64_t fa_tiled_floats(int64_t DK, int64_t DV) {
+    return FA_TG * FA_TQ * (DK + DV) + 2 * FA_TQ * FA_TK + FA_TK * DV + FA_TK * DK + DK;
+}
 
 /* node iparams: [0] vec_dot type of K, [1] path: GR_FA_ROWS, GR_FA_TILED or GR_FA_SPLIT */
 
@@ -34,7 +41,7 @@ size_t gr_ws_flash_attn(const gr_node *n, int nth) {
     const int64_t DK = n->src[1].ne[0], DV = n->src[2].ne[0];
     /* DK, DV < 2^32 (u32 on the wire): these per-thread counts fit in 64 bits */
     int64_t per;
-    if (n->iparams[1] == GR_FA_TILED) per = FA_TQ * DK + 2 * FA_TQ * FA_TK + FA_TQ * DV + FA_TK * DV + FA_TK * DK + DK;
+    if (n->iparams[1] == GR_FA_TILED) per = fa_tiled_floats(DK, DV);
     else per = fa_row_floats(DK, DV);
     size_t total = gr_sz_mul3(gr_sz(nth), gr_sz(per + 16), sizeof(float));
     if (n->iparams[1] == GR_FA_SPLIT)   /* (M, S, VKQ) per head and chunk */
@@ -393,42 +400,67 @@ static void fa_split(const gr_node *n, gr_job *job, const fa_ctx *c, int phase) 
     }
 }
 
+/* The largest of a tile row's FA_TK scores, as the fold m = m > x ? m : x from
+ * -inf gives it, in eight independent runs (one run is a chain of dependent
+ * compares, which took as long as the tile's products). Without NaN the two differ
+ * at most in the sign of a zero maximum, which no result sees (it is only
+ * subtracted from the scores and compared); a row with a NaN takes the fold. */
+static inline float fa_row_max(const float *row) {
+    float m[8];
+    int nan = 0;
+    for (int j = 0; j < 8; j++) m[j] = -INFINITY;
+    for (int64_t k = 0; k < FA_TK; k += 8)
+        for (int j = 0; j < 8; j++) {
+            const float x = row[k + j];
+            nan |= x != x;
+            m[j] = m[j] > x ? m[j] : x;
+        }
+    float r = -INFINITY;
+    if (nan) {
+        for (int64_t k = 0; k < FA_TK; k++) r = r > row[k] ? r : row[k];
+        return r;
+    }
+    for (int j = 0; j < 8; j++) r = r > m[j] ? r : m[j];
+    return r;
+}
+
 /* Query rows in tiles of up to 64 (never crossing a head), keys in tiles of 64,
- * everything in F32 with sequential fused sums, as ggml's tiled path. */
+ * everything in F32 with sequential fused sums, as ggml's tiled path. Up to FA_TG
+ * query tiles of one head go together: each key tile's keys and values are
+ * converted (and the keys transposed) once for all of them, not once a query tile
+ * (a 512-token micro-batch has eight tiles a head). Each query row gets the same
+ * steps in the same order either way, so the same bits. */
 static void fa_tiled(gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
     const int64_t DK = c->DK, DV = c->DV;
     const int64_t neq1 = c->q->ne[1], neq2 = c->q->ne[2];
     const int64_t nek1 = c->k->ne[1];
     const int32_t kvt = c->k->type;
-    float *base = gr_thread_f32(job, FA_TQ * DK + 2 * FA_TQ * FA_TK + FA_TQ * DV + FA_TK * DV + FA_TK * DK + DK);
-    float *Qf = base;                     /* (FA_TQ, DK) */
-    float *KQ = Qf + FA_TQ * DK;          /* (FA_TQ, FA_TK) */
-    float *mask32 = KQ + FA_TQ * FA_TK;   /* (FA_TQ, FA_TK) */
-    float *VKQ = mask32 + FA_TQ * FA_TK;  /* (FA_TQ, DV) */
-    float *V32 = VKQ + FA_TQ * DV;        /* (FA_TK, DV) */
-    float *K32 = V32 + FA_TK * DV;        /* (DK, FA_TK): K transposed */
-    float *Krow = K32 + FA_TK * DK;       /* (DK) */
-    float S[FA_TQ], M[FA_TQ];
+    float *base = gr_thread_f32(job, fa_tiled_floats(DK, DV));
+    float *Qf = base;                             /* FA_TG x (FA_TQ, DK) */
+    float *VKQ = Qf + FA_TG * FA_TQ * DK;         /* FA_TG x (FA_TQ, DV) */
+    float *KQ = VKQ + FA_TG * FA_TQ * DV;         /* (FA_TQ, FA_TK) */
+    float *mask32 = KQ + FA_TQ * FA_TK;           /* (FA_TQ, FA_TK) */
+    float *V32 = mask32 + FA_TQ * FA_TK;          /* (FA_TK, DV) */
+    float *K32 = V32 + FA_TK * DV;                /* (DK, FA_TK): K transposed */
+    float *Krow = K32 + FA_TK * DK;               /* (DK) */
+    float S[FA_TG * FA_TQ], M[FA_TG * FA_TQ];
     int skip[FA_TQ];
 
     int64_t ir = gr_rows_from(job, r0);
-    while (!gr_rows_pause(job, ir) && ir < r1) {   /* a turn may end between tiles */
+    while (!gr_rows_pause(job, ir) && ir < r1) {   /* a turn may end between groups of tiles */
         const int64_t iq3 = ir / (neq2 * neq1);
         const int64_t iq2 = (ir - iq3 * neq2 * neq1) / neq1;
         const int64_t iq1 = ir - iq3 * neq2 * neq1 - iq2 * neq1;
-        int64_t rows = FA_TQ;
+        int64_t rows = FA_TG * FA_TQ;    /* this group's rows: one head's */
         if (r1 - ir < rows) rows = r1 - ir;
         if (neq1 - iq1 < rows) rows = neq1 - iq1;
+        const int64_t tiles = (rows + FA_TQ - 1) / FA_TQ;
         const float slope = fa_slope(c, (uint32_t)iq2);
         const int64_t ik2 = iq2 / c->rk2, ik3 = iq3 / c->rk3;
         const int64_t iv2 = iq2 / c->rv2, iv3 = iq3 / c->rv3;
-        for (int t = 0; t < FA_TQ; t++) {
+        for (int64_t t = 0; t < tiles * FA_TQ; t++) {
             S[t] = 0.0f;
             M[t] = -INFINITY;
-        }
-        memset(VKQ, 0, sizeof(float) * FA_TQ * DV);
-        memset(mask32, 0, sizeof(float) * FA_TQ * FA_TK);
-        for (int64_t t = 0; t < FA_TQ; t++) {
             if (t < rows) {
                 const char *pq = c->q->data + (iq1 + t) * c->q->nb[1] + iq2 * c->q->nb[2] + iq3 * c->q->nb[3];
                 memcpy(Qf + t * DK, pq, (size_t)DK * 4);
@@ -436,71 +468,96 @@ static void fa_tiled(gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
                 memset(Qf + t * DK, 0, (size_t)DK * 4);
             }
         }
+        memset(VKQ, 0, sizeof(float) * (size_t)(tiles * FA_TQ * DV));
         for (int64_t ic = 0; ic < nek1; ic += FA_TK) {
             const int64_t kv = nek1 - ic < FA_TK ? nek1 - ic : FA_TK;
-            if (c->mask) {
-                int live = 0;   /* any entry not -inf: a tile of -inf only is skipped */
-                for (int64_t t = 0; t < rows; t++) {
-                    float *m = mask32 + t * FA_TK;
-                    gr_vec.fp16_to_fp32(kv, fa_mask_row(c, iq1 + t, iq2, iq3) + ic, m);
-                    for (int64_t k = 0; k < kv; k++) {
-                        m[k] *= slope;
-                        live |= m[k] != -INFINITY;
+            const int64_t kv_next = nek1 - ic - kv < FA_TK ? nek1 - ic - kv : FA_TK;
+            int have_k = 0, have_v = 0;    /* this key tile converted yet */
+            for (int64_t j = 0; j < tiles; j++) {
+                const int64_t q0 = j * FA_TQ;                 /* the tile's first row in the group */
+                const int64_t trows = rows - q0 < FA_TQ ? rows - q0 : FA_TQ;
+                float *Sj = S + q0, *Mj = M + q0, *Qj = Qf + q0 * DK, *VKQj = VKQ + q0 * DV;
+                /* the next key tile's piece of each mask row, fetched ahead: the rows
+                 * are a whole row of keys apart, more streams than a prefetcher follows
+                 * (without it, each tile waited on its mask rows about as long as its
+                 * two products took) */
+                if (c->mask && kv_next > 0)
+                    for (int64_t t = 0; t < trows; t++)
+                        gr_prefetch_lines(fa_mask_row(c, iq1 + q0 + t, iq2, iq3) + ic + kv, (size_t)kv_next * 2);
+                if (c->mask) {
+                    int live = 0;   /* any entry not -inf: a tile of -inf only is skipped */
+                    for (int64_t t = 0; t < trows; t++) {
+                        float *m = mask32 + t * FA_TK;
+                        gr_vec.fp16_to_fp32(kv, fa_mask_row(c, iq1 + q0 + t, iq2, iq3) + ic, m);
+                        for (int64_t k = 0; k < kv; k++) {
+                            m[k] *= slope;
+                            live |= m[k] != -INFINITY;
+                        }
+                        for (int64_t k = kv; k < FA_TK; k++) m[k] = -INFINITY;
                     }
-                    for (int64_t k = kv; k < FA_TK; k++) m[k] = -INFINITY;
+                    if (!live) continue;
                 }
-                if (!live) continue;
-            }
-            /* keys past kv are zero columns */
-            for (int64_t k = 0; k < FA_TK; k++) {
-                if (k < kv) {
-                    const char *kd = c->k->data + (ic + k) * c->k->nb[1] + ik2 * c->k->nb[2] + ik3 * c->k->nb[3];
-                    gr_load_f32(kvt, kd, c->k->nb[0], Krow, DK);
-                    for (int64_t e = 0; e < DK; e++) K32[e * FA_TK + k] = Krow[e];
-                } else {
-                    for (int64_t e = 0; e < DK; e++) K32[e * FA_TK + k] = 0.0f;
+                if (!have_k) {    /* keys past kv are zero columns */
+                    for (int64_t k = 0; k < kv_next; k++) {     /* and the next tile's rows, ahead */
+                        gr_prefetch_lines(c->k->data + (ic + kv + k) * c->k->nb[1] + ik2 * c->k->nb[2] +
+                                          ik3 * c->k->nb[3], (size_t)(DK * c->k->nb[0]));
+                        gr_prefetch_lines(c->v->data + (ic + kv + k) * c->v->nb[1] + iv2 * c->v->nb[2] +
+                                          iv3 * c->v->nb[3], (size_t)(DV * c->v->nb[0]));
+                    }
+                    for (int64_t k = 0; k < FA_TK; k++) {
+                        if (k < kv) {
+                            const char *kd = c->k->data + (ic + k) * c->k->nb[1] + ik2 * c->k->nb[2] + ik3 * c->k->nb[3];
+                            gr_load_f32(kvt, kd, c->k->nb[0], Krow, DK);
+                            for (int64_t e = 0; e < DK; e++) K32[e * FA_TK + k] = Krow[e];
+                        } else {
+                            for (int64_t e = 0; e < DK; e++) K32[e * FA_TK + k] = 0.0f;
+                        }
+                    }
+                    have_k = 1;
                 }
-            }
-            /* KQ = Q K^T, each entry one sequential fused sum over DK (rows past
-             * `rows` are padding: ggml computes them, nothing reads them) */
-            memset(KQ, 0, sizeof(float) * (size_t)rows * FA_TK);
-            gr_vec.gemm_f32(rows, DK, FA_TK, KQ, Qf, K32);
-            for (int64_t i = 0; i < rows * FA_TK; i++) KQ[i] *= c->scale;
-            if (c->softcap != 0.0f)
-                for (int64_t i = 0; i < rows * FA_TK; i++) KQ[i] = tanhf(KQ[i]) * c->softcap;
-            if (kv < FA_TK)
-                for (int64_t t = 0; t < rows; t++)
-                    for (int64_t k = kv; k < FA_TK; k++) KQ[t * FA_TK + k] = -INFINITY;
-            if (c->mask)
-                for (int64_t i = 0; i < rows * FA_TK; i++) KQ[i] += mask32[i];
-            for (int64_t t = 0; t < rows; t++) {
-                float *row = KQ + t * FA_TK;
-                float tmax = -INFINITY;
-                for (int64_t k = 0; k < FA_TK; k++) tmax = tmax > row[k] ? tmax : row[k];
-                skip[t] = tmax == -INFINITY;
-                if (skip[t]) continue;
-                const float Mold = M[t];
-                const float Mnew = fmaxf(Mold, tmax);
-                if (Mnew > Mold) {
-                    const float ms = expf(Mold - Mnew);
-                    for (int64_t d = 0; d < DV; d++) VKQ[t * DV + d] *= ms;
-                    S[t] *= ms;
+                /* KQ = Q K^T, each entry one sequential fused sum over DK (rows past
+                 * `trows` are padding: ggml computes them, nothing reads them) */
+                memset(KQ, 0, sizeof(float) * (size_t)trows * FA_TK);
+                gr_vec.gemm_f32(trows, DK, FA_TK, KQ, Qj, K32);
+                for (int64_t i = 0; i < trows * FA_TK; i++) KQ[i] *= c->scale;
+                if (c->softcap != 0.0f)
+                    for (int64_t i = 0; i < trows * FA_TK; i++) KQ[i] = tanhf(KQ[i]) * c->softcap;
+                if (kv < FA_TK)
+                    for (int64_t t = 0; t < trows; t++)
+                        for (int64_t k = kv; k < FA_TK; k++) KQ[t * FA_TK + k] = -INFINITY;
+                if (c->mask)
+                    for (int64_t i = 0; i < trows * FA_TK; i++) KQ[i] += mask32[i];
+                for (int64_t t = 0; t < trows; t++) {
+                    float *row = KQ + t * FA_TK;
+                    const float tmax = fa_row_max(row);
+                    skip[t] = tmax == -INFINITY;
+                    if (skip[t]) continue;
+                    const float Mold = Mj[t];
+                    const float Mnew = fmaxf(Mold, tmax);
+                    if (Mnew > Mold) {
+                        const float ms = expf(Mold - Mnew);
+                        for (int64_t d = 0; d < DV; d++) VKQj[t * DV + d] *= ms;
+                        Sj[t] *= ms;
+                    }
+                    Mj[t] = Mnew;
+                    Sj[t] = (float)((double)Sj[t] + gr_vec.soft_max(FA_TK, row, row, Mnew));
                 }
-                M[t] = Mnew;
-                S[t] = (float)((double)S[t] + gr_vec.soft_max(FA_TK, row, row, Mnew));
-            }
-            for (int64_t k = 0; k < FA_TK; k++) {
-                if (k < kv) {
-                    const char *vd = c->v->data + (ic + k) * c->v->nb[1] + iv2 * c->v->nb[2] + iv3 * c->v->nb[3];
-                    gr_load_f32(kvt, vd, c->v->nb[0], V32 + k * DV, DV);
-                } else {
-                    memset(V32 + k * DV, 0, (size_t)DV * 4);
+                if (!have_v) {
+                    for (int64_t k = 0; k < FA_TK; k++) {
+                        if (k < kv) {
+                            const char *vd = c->v->data + (ic + k) * c->v->nb[1] + iv2 * c->v->nb[2] + iv3 * c->v->nb[3];
+                            gr_load_f32(kvt, vd, c->v->nb[0], V32 + k * DV, DV);
+                        } else {
+                            memset(V32 + k * DV, 0, (size_t)DV * 4);
+                        }
+                    }
+                    have_v = 1;
                 }
+                for (int64_t t = 0; t < trows; t++)
+                    if (skip[t]) memset(KQ + t * FA_TK, 0, sizeof(float) * FA_TK);
+                /* VKQ += softmax(KQ) V, sequential fused sums over the keys */
+                gr_vec.gemm_f32(trows, FA_TK, DV, VKQj, KQ, V32);
             }
-            for (int64_t t = 0; t < rows; t++)
-                if (skip[t]) memset(KQ + t * FA_TK, 0, sizeof(float) * FA_TK);
-            /* VKQ += softmax(KQ) V, sequential fused sums over the keys */
-            gr_vec.gemm_f32(rows, FA_TK, DV, VKQ, KQ, V32);
         }
         for (int64_t t = 0; t < rows; t++)
             fa_finish(c, VKQ + t * DV, M[t], S[t], iq2, fa_out(c, iq1 + t, iq2, iq3));
