@@ -213,7 +213,7 @@ def main(argv=None) -> int:
     print(json.dumps(rows, indent=2))
     if args.json:
         Path(args.json).write_text(json.dumps(rows, indent=2))
-    print(f"\n| type | TTFT ms ours / llama-server | ratio | gen t/s ours / llama-server | ratio "
+    print("\n| type | TTFT ms ours / llama-server | ratio | gen t/s ours / llama-server | ratio "
           "| bare API t/s (ratio) | overhead ms/token: CPU, event loop CPU, wall |")
     print("| --- | --- | --: | --- | --: | --: | --: |")
     for r in rows:

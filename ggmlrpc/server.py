@@ -19,11 +19,15 @@ from dataclasses import dataclass
 
 from . import peers, protocol
 from .compute.work import DEFAULT_PER_BYTE
-from .cache import TensorCache, cache_directory  # noqa: F401 (cache_directory: public here too)
+from .cache import TensorCache, cache_directory
 from .graph_watch import GraphWatch
-from .buffers import BASE_GAP, BASE_START, ServerBuffer  # noqa: F401 (public here too)
+from .buffers import BASE_GAP, BASE_START, ServerBuffer
 from .session import Session
 from .transport import FD_RESERVE, in_fd_reserve
+
+# the buffer layout and the cache directory are public here too
+__all__ = ["BASE_GAP", "BASE_START", "CLIENT_RESERVE", "MEM_MARGIN", "Limits", "Server", "ServerBuffer",
+           "cache_directory"]
 
 log = logging.getLogger("ggmlrpc.server")
 

@@ -18,6 +18,7 @@ prompt kept).
 from __future__ import annotations
 
 import argparse
+import importlib
 import signal
 import sys
 import time
@@ -257,7 +258,7 @@ def cmd_chat(a) -> int:
         chat = Chat(model, template, a, system)
         if sys.stdin.isatty():
             try:
-                import readline  # noqa: F401  line editing and history for input()
+                importlib.import_module("readline")     # line editing and history for input()
             except ImportError:
                 pass
         signal.signal(signal.SIGINT, chat.on_sigint)
