@@ -377,7 +377,9 @@ def test_quantize_iq4_nl(simd, rng):
         got = quants.quantize(T.IQ4_NL, x)
         np.testing.assert_array_equal(got, np_iq4_nl(x))
         back = gq.dequantize(got, QT.IQ4_NL).reshape(-1)
-        assert np.sum((back - x) ** 2) <= 0.02 * np.sum(x ** 2) + 1e-30
+        # a sanity bound (the bytes are checked above): heavy-tailed activations
+        # lose up to ~2% of their energy to IQ4_NL (1 seed in ~150 went past 2.0%)
+        assert np.sum((back - x) ** 2) <= 0.03 * np.sum(x ** 2) + 1e-30
 
 
 def f32_sum(v: np.ndarray) -> np.float32:
