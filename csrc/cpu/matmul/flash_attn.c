@@ -424,6 +424,33 @@ static inline float fa_row_max(const float *row) {
     return r;
 }
 
+/* A tile's mask in F32 (times the slope; keys past kv -inf) for query rows
+ * iq1 .. iq1 + rows over keys [ic, ic + kv); 0 when every entry is -inf (the tile
+ * is skipped). With a slope of 1 (no ALiBi) that shows in the F16 bits, -inf
+ * being one pattern, and a dead tile is not converted. */
+static int fa_tile_mask(const fa_ctx *c, int64_t iq1, int64_t iq2, int64_t iq3, int64_t rows, int64_t ic,
+                        int64_t kv, float slope, float *mask32) {
+    int live = 0;
+    if (slope == 1.0f) {
+        for (int64_t t = 0; t < rows && !live; t++) {
+            const uint16_t *mr = fa_mask_row(c, iq1 + t, iq2, iq3) + ic;
+            for (int64_t k = 0; k < kv; k++) live |= mr[k] != GR_F16_NEG_INF;
+        }
+        if (!live) return 0;
+    }
+    for (int64_t t = 0; t < rows; t++) {
+        float *m = mask32 + t * FA_TK;
+        gr_vec.fp16_to_fp32(kv, fa_mask_row(c, iq1 + t, iq2, iq3) + ic, m);
+        if (slope != 1.0f)
+            for (int64_t k = 0; k < kv; k++) {
+                m[k] *= slope;
+                live |= m[k] != -INFINITY;
+            }
+        for (int64_t k = kv; k < FA_TK; k++) m[k] = -INFINITY;
+    }
+    return live;
+}
+
 /* Query rows in tiles of up to 64 (never crossing a head), keys in tiles of 64,
  * everything in F32 with sequential fused sums, as ggml's tiled path. Up to FA_TG
  * query tiles of one head go together: each key tile's keys and values are
@@ -484,19 +511,7 @@ static void fa_tiled(gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
                 if (c->mask && kv_next > 0)
                     for (int64_t t = 0; t < trows; t++)
                         gr_prefetch_lines(fa_mask_row(c, iq1 + q0 + t, iq2, iq3) + ic + kv, (size_t)kv_next * 2);
-                if (c->mask) {
-                    int live = 0;   /* any entry not -inf: a tile of -inf only is skipped */
-                    for (int64_t t = 0; t < trows; t++) {
-                        float *m = mask32 + t * FA_TK;
-                        gr_vec.fp16_to_fp32(kv, fa_mask_row(c, iq1 + q0 + t, iq2, iq3) + ic, m);
-                        for (int64_t k = 0; k < kv; k++) {
-                            m[k] *= slope;
-                            live |= m[k] != -INFINITY;
-                        }
-                        for (int64_t k = kv; k < FA_TK; k++) m[k] = -INFINITY;
-                    }
-                    if (!live) continue;
-                }
+                if (c->mask && !fa_tile_mask(c, iq1 + q0, iq2, iq3, trows, ic, kv, slope, mask32)) continue;
                 if (!have_k) {    /* keys past kv are zero columns */
                     for (int64_t k = 0; k < kv_next; k++) {     /* and the next tile's rows, ahead */
                         gr_prefetch_lines(c->k->data + (ic + kv + k) * c->k->nb[1] + ik2 * c->k->nb[2] +
