@@ -197,13 +197,13 @@ def mul_mat_attention(c, r):
     return [c.op(Op.MUL_MAT, T.F32, (n_kv, tok, qh, 1), k, q)]
 
 
-def flash_attn(nq, nkv=80, kv_t=T.F16, softcap=0.0, max_bias=0.0, sinks=False, random_mask=False):
+def flash_attn(nq, nkv=80, kv_t=T.F16, softcap=0.0, max_bias=0.0, sinks=False, random_mask=False, hd=32):
     def build(c, r):
-        q = inp(c, r, T.F32, (32, nq, 4, 1))
+        q = inp(c, r, T.F32, (hd, nq, 4, 1))
         if ggml.is_quantized(kv_t):
-            k, v = quant(c, r, kv_t, (32, nkv, 2, 1)), quant(c, r, kv_t, (32, nkv, 2, 1))
+            k, v = quant(c, r, kv_t, (hd, nkv, 2, 1)), quant(c, r, kv_t, (hd, nkv, 2, 1))
         else:
-            k, v = inp(c, r, kv_t, (32, nkv, 2, 1)), inp(c, r, kv_t, (32, nkv, 2, 1))
+            k, v = inp(c, r, kv_t, (hd, nkv, 2, 1)), inp(c, r, kv_t, (hd, nkv, 2, 1))
         rows = -(-nq // 8) * 8
         m = np.zeros((rows, nkv), np.float16)
         if random_mask:
@@ -213,7 +213,7 @@ def flash_attn(nq, nkv=80, kv_t=T.F16, softcap=0.0, max_bias=0.0, sinks=False, r
         srcs = [q, k, v, c.new(T.F16, (nkv, rows), m)]
         if sinks:
             srcs.append(inp(c, r, T.F32, (4,)))
-        return [c.op(Op.FLASH_ATTN_EXT, T.F32, (32, 4, nq, 1), *srcs,
+        return [c.op(Op.FLASH_ATTN_EXT, T.F32, (hd, 4, nq, 1), *srcs,
                      params=[f32_bits(0.17), f32_bits(max_bias), f32_bits(softcap), 10])]
     return build
 
@@ -672,6 +672,8 @@ CASES = {
     # them past a causal mask's end while the others are not; the threads part mid-head
     "fa-250-400": flash_attn(250, nkv=400), "fa-250-alibi": flash_attn(250, nkv=330, max_bias=8.0,
                                                                       random_mask=True, sinks=True),
+    # heads so wide that the tiles go one at a time (their scratch stays one tile's)
+    "fa-70-wide": flash_attn(70, nkv=72, hd=2112),
     "fa-q8_0": flash_attn(5, kv_t=T.Q8_0), "fa-q4_0": flash_attn(5, kv_t=T.Q4_0),
     "add1-f16": add1, "clamp": op1(Op.CLAMP, (41, 3), [f32_bits(-1.0), f32_bits(0.5)]),
     "clamp-f16": op1(Op.CLAMP, (41, 3), [f32_bits(-1.0), f32_bits(0.5)], T.F16),

@@ -22,10 +22,17 @@
 #define FA_TK 64   /* keys per tile */
 #define FA_TG 4    /* query tiles of one head that share each key tile's conversion */
 
-/* per-thread floats of the tiled path: FA_TG tiles' queries and VKQ, one tile's KQ
+/* How many query tiles go together: FA_TG while their queries and VKQ take 4 MiB a
+ * thread at most, else one, so that no head size needs more scratch than one tile
+ * a thread did (a graph that ran before is never refused for its scratch). */
+static inline int64_t fa_tiled_group(int64_t DK, int64_t DV) {
+    return (DK + DV) * FA_TQ * FA_TG * (int64_t)sizeof(float) <= ((int64_t)4 << 20) ? FA_TG : 1;
+}
+
+/* per-thread floats of the tiled path: the group's queries and VKQ, one tile's KQ
  * and mask, a key tile's V and K transposed, one key row */
 static inline int64_t fa_tiled_floats(int64_t DK, int64_t DV) {
-    return FA_TG * FA_TQ * (DK + DV) + 2 * FA_TQ * FA_TK + FA_TK * DV + FA_TK * DK + DK;
+    return fa_tiled_group(DK, DV) * FA_TQ * (DK + DV) + 2 * FA_TQ * FA_TK + FA_TK * DV + FA_TK * DK + DK;
 }
 
 /* node iparams: [0] vec_dot type of K, [1] path: GR_FA_ROWS, GR_FA_TILED or GR_FA_SPLIT */
@@ -462,10 +469,11 @@ static void fa_tiled(gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
     const int64_t neq1 = c->q->ne[1], neq2 = c->q->ne[2];
     const int64_t nek1 = c->k->ne[1];
     const int32_t kvt = c->k->type;
+    const int64_t group = fa_tiled_group(DK, DV);
     float *base = gr_thread_f32(job, fa_tiled_floats(DK, DV));
-    float *Qf = base;                             /* FA_TG x (FA_TQ, DK) */
-    float *VKQ = Qf + FA_TG * FA_TQ * DK;         /* FA_TG x (FA_TQ, DV) */
-    float *KQ = VKQ + FA_TG * FA_TQ * DV;         /* (FA_TQ, FA_TK) */
+    float *Qf = base;                             /* group x (FA_TQ, DK) */
+    float *VKQ = Qf + group * FA_TQ * DK;         /* group x (FA_TQ, DV) */
+    float *KQ = VKQ + group * FA_TQ * DV;         /* (FA_TQ, FA_TK) */
     float *mask32 = KQ + FA_TQ * FA_TK;           /* (FA_TQ, FA_TK) */
     float *V32 = mask32 + FA_TQ * FA_TK;          /* (FA_TK, DV) */
     float *K32 = V32 + FA_TK * DV;                /* (DK, FA_TK): K transposed */
@@ -478,7 +486,7 @@ static void fa_tiled(gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
         const int64_t iq3 = ir / (neq2 * neq1);
         const int64_t iq2 = (ir - iq3 * neq2 * neq1) / neq1;
         const int64_t iq1 = ir - iq3 * neq2 * neq1 - iq2 * neq1;
-        int64_t rows = FA_TG * FA_TQ;    /* this group's rows: one head's */
+        int64_t rows = group * FA_TQ;    /* this group's rows: one head's */
         if (r1 - ir < rows) rows = r1 - ir;
         if (neq1 - iq1 < rows) rows = neq1 - iq1;
         const int64_t tiles = (rows + FA_TQ - 1) / FA_TQ;
