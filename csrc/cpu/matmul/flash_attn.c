@@ -434,10 +434,16 @@ static inline float fa_row_max(const float *row) {
 /* A tile's mask in F32 (times the slope; keys past kv -inf) for query rows
  * iq1 .. iq1 + rows over keys [ic, ic + kv); 0 when every entry is -inf (the tile
  * is skipped). With a slope of 1 (no ALiBi) that shows in the F16 bits, -inf
- * being one pattern, and a dead tile is not converted. */
+ * being one pattern, and a dead tile is not converted. The next tile's `next`
+ * entries of each row are fetched ahead: the rows are a whole row of keys apart,
+ * more streams than a prefetcher follows (without it, each tile waited on its mask
+ * rows about as long as its two products took). */
 static int fa_tile_mask(const fa_ctx *c, int64_t iq1, int64_t iq2, int64_t iq3, int64_t rows, int64_t ic,
-                        int64_t kv, float slope, float *mask32) {
+                        int64_t kv, int64_t next, float slope, float *mask32) {
     int live = 0;
+    if (next > 0)
+        for (int64_t t = 0; t < rows; t++)
+            gr_prefetch_lines(fa_mask_row(c, iq1 + t, iq2, iq3) + ic + kv, (size_t)next * 2);
     if (slope == 1.0f) {
         for (int64_t t = 0; t < rows && !live; t++) {
             const uint16_t *mr = fa_mask_row(c, iq1 + t, iq2, iq3) + ic;
@@ -458,6 +464,39 @@ static int fa_tile_mask(const fa_ctx *c, int64_t iq1, int64_t iq2, int64_t iq3, 
     return live;
 }
 
+/* row ic of head (i2, i3) of the keys or values t */
+static inline const char *fa_cell(const gr_tensor *t, int64_t ic, int64_t i2, int64_t i3) {
+    return t->data + ic * t->nb[1] + i2 * t->nb[2] + i3 * t->nb[3];
+}
+
+/* The key tile [ic, ic + kv) of head (i2, i3) in F32 and transposed: K32 is (DK,
+ * FA_TK), keys past kv zero columns (Krow: one row's scratch). The next tile's n
+ * key rows are fetched ahead. */
+static void fa_tile_keys(const fa_ctx *c, int64_t i2, int64_t i3, int64_t ic, int64_t kv, int64_t n,
+                         float *K32, float *Krow) {
+    const int64_t DK = c->DK;
+    for (int64_t k = 0; k < n; k++) gr_prefetch_lines(fa_cell(c->k, ic + kv + k, i2, i3), (size_t)(DK * c->k->nb[0]));
+    for (int64_t k = 0; k < FA_TK; k++) {
+        if (k < kv) {
+            gr_load_f32(c->k->type, fa_cell(c->k, ic + k, i2, i3), c->k->nb[0], Krow, DK);
+            for (int64_t e = 0; e < DK; e++) K32[e * FA_TK + k] = Krow[e];
+        } else {
+            for (int64_t e = 0; e < DK; e++) K32[e * FA_TK + k] = 0.0f;
+        }
+    }
+}
+
+/* The value tile [ic, ic + kv) of head (i2, i3) in F32: V32 is (FA_TK, DV), rows
+ * past kv zero. The next tile's n value rows are fetched ahead. */
+static void fa_tile_values(const fa_ctx *c, int64_t i2, int64_t i3, int64_t ic, int64_t kv, int64_t n, float *V32) {
+    const int64_t DV = c->DV;
+    for (int64_t k = 0; k < n; k++) gr_prefetch_lines(fa_cell(c->v, ic + kv + k, i2, i3), (size_t)(DV * c->v->nb[0]));
+    for (int64_t k = 0; k < FA_TK; k++) {
+        if (k < kv) gr_load_f32(c->v->type, fa_cell(c->v, ic + k, i2, i3), c->v->nb[0], V32 + k * DV, DV);
+        else memset(V32 + k * DV, 0, (size_t)DV * 4);
+    }
+}
+
 /* Query rows in tiles of up to 64 (never crossing a head), keys in tiles of 64,
  * everything in F32 with sequential fused sums, as ggml's tiled path. Up to FA_TG
  * query tiles of one head go together: each key tile's keys and values are
@@ -468,7 +507,6 @@ static void fa_tiled(gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
     const int64_t DK = c->DK, DV = c->DV;
     const int64_t neq1 = c->q->ne[1], neq2 = c->q->ne[2];
     const int64_t nek1 = c->k->ne[1];
-    const int32_t kvt = c->k->type;
     const int64_t group = fa_tiled_group(DK, DV);
     float *base = gr_thread_f32(job, fa_tiled_floats(DK, DV));
     float *Qf = base;                             /* group x (FA_TQ, DK) */
@@ -512,30 +550,9 @@ static void fa_tiled(gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
                 const int64_t q0 = j * FA_TQ;                 /* the tile's first row in the group */
                 const int64_t trows = rows - q0 < FA_TQ ? rows - q0 : FA_TQ;
                 float *Sj = S + q0, *Mj = M + q0, *Qj = Qf + q0 * DK, *VKQj = VKQ + q0 * DV;
-                /* the next key tile's piece of each mask row, fetched ahead: the rows
-                 * are a whole row of keys apart, more streams than a prefetcher follows
-                 * (without it, each tile waited on its mask rows about as long as its
-                 * two products took) */
-                if (c->mask && kv_next > 0)
-                    for (int64_t t = 0; t < trows; t++)
-                        gr_prefetch_lines(fa_mask_row(c, iq1 + q0 + t, iq2, iq3) + ic + kv, (size_t)kv_next * 2);
-                if (c->mask && !fa_tile_mask(c, iq1 + q0, iq2, iq3, trows, ic, kv, slope, mask32)) continue;
-                if (!have_k) {    /* keys past kv are zero columns */
-                    for (int64_t k = 0; k < kv_next; k++) {     /* and the next tile's rows, ahead */
-                        gr_prefetch_lines(c->k->data + (ic + kv + k) * c->k->nb[1] + ik2 * c->k->nb[2] +
-                                          ik3 * c->k->nb[3], (size_t)(DK * c->k->nb[0]));
-                        gr_prefetch_lines(c->v->data + (ic + kv + k) * c->v->nb[1] + iv2 * c->v->nb[2] +
-                                          iv3 * c->v->nb[3], (size_t)(DV * c->v->nb[0]));
-                    }
-                    for (int64_t k = 0; k < FA_TK; k++) {
-                        if (k < kv) {
-                            const char *kd = c->k->data + (ic + k) * c->k->nb[1] + ik2 * c->k->nb[2] + ik3 * c->k->nb[3];
-                            gr_load_f32(kvt, kd, c->k->nb[0], Krow, DK);
-                            for (int64_t e = 0; e < DK; e++) K32[e * FA_TK + k] = Krow[e];
-                        } else {
-                            for (int64_t e = 0; e < DK; e++) K32[e * FA_TK + k] = 0.0f;
-                        }
-                    }
+                if (c->mask && !fa_tile_mask(c, iq1 + q0, iq2, iq3, trows, ic, kv, kv_next, slope, mask32)) continue;
+                if (!have_k) {
+                    fa_tile_keys(c, ik2, ik3, ic, kv, kv_next, K32, Krow);
                     have_k = 1;
                 }
                 /* KQ = Q K^T, each entry one sequential fused sum over DK (rows past
@@ -566,14 +583,7 @@ static void fa_tiled(gr_job *job, const fa_ctx *c, int64_t r0, int64_t r1) {
                     Sj[t] = (float)((double)Sj[t] + gr_vec.soft_max(FA_TK, row, row, Mnew));
                 }
                 if (!have_v) {
-                    for (int64_t k = 0; k < FA_TK; k++) {
-                        if (k < kv) {
-                            const char *vd = c->v->data + (ic + k) * c->v->nb[1] + iv2 * c->v->nb[2] + iv3 * c->v->nb[3];
-                            gr_load_f32(kvt, vd, c->v->nb[0], V32 + k * DV, DV);
-                        } else {
-                            memset(V32 + k * DV, 0, (size_t)DV * 4);
-                        }
-                    }
+                    fa_tile_values(c, iv2, iv3, ic, kv, kv_next, V32);
                     have_v = 1;
                 }
                 for (int64_t t = 0; t < trows; t++)
