@@ -11,7 +11,9 @@ quantized by llama-quantize), in the same run:
   decode alone (tokens after each request's first, from the first first token on:
   without the prompts, which dominate short runs on a CPU), and the p50/p99/max
   time per token (the gaps between a request's streamed chunks: the longest is
-  the worst stall, e.g. while the others' long prompts run, --prompt 700);
+  the worst stall, e.g. while the others' long prompts run, --prompt 700), and
+  the N requests' times to first token (their mean and the last, from the first
+  request sent);
 - the prefix cache: a request with a --prefix-token prompt, then one that shares
   that prefix (a different ending): the times to first token and their ratio.
 
@@ -96,7 +98,9 @@ def concurrent(url: str, prompts: list[list[int]], n_gen: int) -> dict:
     gaps = np.concatenate([np.diff(r["times"]) for r in rs]) * 1e3
     # the decode alone: tokens after each request's first, from the first first token on
     t_first = min(r["times"][0] for r in rs)
+    ttft = [(r["times"][0] - t0) * 1e3 for r in rs]     # from the first request sent
     return {"tps": n / (t1 - t0), "gen_tps": (n - len(rs)) / (t1 - t_first), "n": n,
+            "ttft_ms": float(np.mean(ttft)), "ttft_last_ms": float(max(ttft)),
             "p50_ms": float(np.percentile(gaps, 50)), "p99_ms": float(np.percentile(gaps, 99)),
             "max_ms": float(gaps.max())}
 
@@ -139,7 +143,7 @@ def bench(ref: Path, qtype: str, np_: int, args) -> dict:
             for who in who_all:
                 one = float(np.median([x["tps"] for x in runs[who, "one"]]))
                 many = {k: float(np.median([x[k] for x in runs[who, "many"]]))
-                        for k in ("tps", "gen_tps", "p50_ms", "p99_ms", "max_ms")}
+                        for k in ("tps", "gen_tps", "p50_ms", "p99_ms", "max_ms", "ttft_ms", "ttft_last_ms")}
                 row[f"{who}_alone_tps"] = one
                 row[f"{who}_alone_gen_tps"] = float(np.median([x["gen_tps"] for x in runs[who, "one"]]))
                 row[f"{who}_gen_tps"] = many["gen_tps"]
@@ -150,6 +154,7 @@ def bench(ref: Path, qtype: str, np_: int, args) -> dict:
                 row[f"{who}_tps"] = many["tps"]
                 row[f"{who}_p50_ms"], row[f"{who}_p99_ms"] = many["p50_ms"], many["p99_ms"]
                 row[f"{who}_max_ms"] = many["max_ms"]
+                row[f"{who}_ttft_ms"], row[f"{who}_ttft_last_ms"] = many["ttft_ms"], many["ttft_last_ms"]
                 row[f"{who}_batch_ratio"] = float(np.median([m["tps"] / o["tps"] for o, m in pairs]))
                 if np_ == min(args.np) and args.prefix:
                     for k, v in prefix(urls[who], np.random.default_rng(np_), args).items():
@@ -196,9 +201,9 @@ def main(argv=None) -> int:
         Path(args.json).write_text(json.dumps(rows, indent=2))
     print("\n| type | np | agg t/s ours / llama-server | ratio | ours vs alone | llama-server vs alone "
           "| decode t/s ours / ls (ratio) | decode vs alone ours / ls "
-          "| p50 ms ours / ls | p99 ms ours / ls | max ms ours / ls | prefix TTFT first/shared ours (ratio) "
-          "| llama-server (ratio) |")
-    print("| --- | --: | --- | --: | --: | --: | --- | --- | --- | --- | --- | --- | --- |")
+          "| p50 ms ours / ls | p99 ms ours / ls | max ms ours / ls | TTFT mean/last ms ours / ls "
+          "| prefix TTFT first/shared ours (ratio) | llama-server (ratio) |")
+    print("| --- | --: | --- | --: | --: | --: | --- | --- | --- | --- | --- | --- | --- | --- |")
     for r in rows:
         pre = ("", "")
         if "ours_ttft_ratio" in r:
@@ -210,7 +215,9 @@ def main(argv=None) -> int:
               f"| {r['ours_gen_batch_ratio']:.2f}x / {r['llama-server_gen_batch_ratio']:.2f}x "
               f"| {r['ours_p50_ms']:.1f} / {r['llama-server_p50_ms']:.1f} "
               f"| {r['ours_p99_ms']:.1f} / {r['llama-server_p99_ms']:.1f} "
-              f"| {r['ours_max_ms']:.0f} / {r['llama-server_max_ms']:.0f} | {pre[0]} | {pre[1]} |")
+              f"| {r['ours_max_ms']:.0f} / {r['llama-server_max_ms']:.0f} "
+              f"| {r['ours_ttft_ms']:.0f}/{r['ours_ttft_last_ms']:.0f} / "
+              f"{r['llama-server_ttft_ms']:.0f}/{r['llama-server_ttft_last_ms']:.0f} | {pre[0]} | {pre[1]} |")
     return 0
 
 

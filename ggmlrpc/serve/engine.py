@@ -474,7 +474,7 @@ class Engine:
                 self._end(slot, ("error", ApiError(f"request timed out after {self.timeout:g} s",
                                                    "unavailable_error")))
         busy = [s for s in self.slots if s.gen is not None]
-        if self.flow is not None and (self.flow or (len(busy) > 1 and any(not s.todo for s in busy))):
+        if self.flow is not None and (self.flow or self._flows(busy)):
             return self._flow_step(busy)
         parts = [(s, [s.last]) for s in busy if not s.todo]
         room = min(self.model.n_ubatch - len(parts), self.prefill_chunk) if parts else self.n_batch
@@ -493,6 +493,18 @@ class Engine:
             self.flow = self.model.flow()     # a lost server is back
         for (slot, toks), lg in zip(parts, logits):
             self._landed(slot, toks, lg)
+
+    def _flows(self, busy: list["Slot"]) -> bool:
+        """Whether a step of `busy` starts a Flow: several requests, one of them
+        generating; or prompts alone that one step would run as one micro-batch (so a
+        request that comes in while it is on the first server joins the next
+        micro-batch, instead of waiting for the whole step: requests sent at once
+        reach this thread a few milliseconds apart). A longer prompt alone runs as
+        one decode, which pipelines its own micro-batches."""
+        if any(not s.todo for s in busy):
+            return len(busy) > 1
+        n = sum(len(s.todo) for s in busy)
+        return self.model.pipeline_ubatch(n) >= n
 
     def _flow_step(self, busy: list["Slot"]) -> None:
         """A step with several requests over a pipelined layer split: the requests

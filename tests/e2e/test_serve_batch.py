@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import warnings
 from concurrent.futures import ThreadPoolExecutor
 
@@ -190,26 +191,28 @@ def test_a_full_queue_answers_503_and_a_late_request_times_out(files, rpc):  # n
         s.stop()
 
 
+async def _drain(gen, events: list) -> Answer:
+    """The rest of a generation's events after `events`: its answer."""
+    while events[-1][0] == "token":
+        events.append(await gen.events.get())
+    assert events[-1][0] == "done", events[-1]
+    toks = [e for e in events if e[0] == "token"]
+    return Answer([e[2] for e in toks], b"".join(e[1] for e in toks).decode(errors="replace"))
+
+
 async def _answers(engine: Engine, bodies: list[tuple[list[int], int]], after_first: bool) -> list[Answer]:
     """Greedy answers with their top-2 log-probabilities through `engine`: all at
     once, the second request sent once the first has its first token (after_first),
     or each alone, one after the other (the prompts' cells not reused)."""
-    async def drain(gen, events) -> Answer:
-        while events[-1][0] == "token":
-            events.append(await gen.events.get())
-        assert events[-1][0] == "done", events[-1]
-        toks = [e for e in events if e[0] == "token"]
-        return Answer([e[2] for e in toks], b"".join(e[1] for e in toks).decode(errors="replace"))
-
     def submit(ids, n):
         return engine.submit(engine.job("text", {"max_tokens": n, "temperature": 0, "n_probs": 2,
                                                   "cache_prompt": False}, ids))
     if not after_first:
-        return [await drain(g, [await g.events.get()]) for g in (submit(*b) for b in bodies)]
+        return [await _drain(g, [await g.events.get()]) for g in (submit(*b) for b in bodies)]
     first = submit(*bodies[0])
     events = [await first.events.get()]
     second = submit(*bodies[1])
-    return [await drain(first, events), await drain(second, [await second.events.get()])]
+    return [await _drain(first, events), await _drain(second, [await second.events.get()])]
 
 
 @pytest.mark.parametrize("n_servers", [1, 2])
@@ -251,6 +254,55 @@ def test_a_new_prompt_goes_in_short_pieces_beside_a_generating_slot(files, rpc, 
         pieces.clear()
         alone = asyncio.run(_answers(engine, [(a, 48), (b, 4)], False))
         same_or_near_tie([("generating", alone[0], got[0]), ("in pieces", alone[1], got[1])], NOISE)
+    finally:
+        if engine is not None:
+            engine.close()
+        model.close()
+
+
+def test_a_request_that_comes_in_while_a_prompt_runs_joins_the_next_micro_batch(files, rpc):  # noqa: F811
+    """Over two servers, a short prompt alone goes into the Flow as one micro-batch
+    (not a whole step), so a request that comes in while it is on the first server
+    has its prompt in the next micro-batch, before the first request's first token:
+    requests sent at once reach the worker a few milliseconds apart, and the later
+    ones should not wait for the first one's step. Both answers are those each gets
+    alone."""
+    model = Model.load(files["model"], rpc=rpc.split(",")[:2], n_ctx=1024, n_seq=2, n_threads=1)
+    engine = None
+    try:
+        pieces: list[tuple[str, list[tuple[int, int]]]] = []   # (how, [(sequence, tokens)]) in order
+        started, queued = threading.Event(), threading.Event()
+        decode, add_to = model.decode, model.add_to
+
+        def seen(how, parts):
+            pieces.append((how, [(q.id, len(toks)) for q, toks in parts]))
+            if not started.is_set():        # the first piece: hold it until the second request waits
+                started.set()
+                assert queued.wait(30)
+        model.decode = lambda parts: (seen("step", parts), decode(parts))[1]
+        model.add_to = lambda flow, parts, tag=None: (seen("flow", parts), add_to(flow, parts, tag))[1]
+        engine = Engine(model, ["m"], Engine.chat_template(model), n_slots=2)
+        a = model.tokenize("tell me about the old fisherman")
+        b = model.tokenize("what is the color of the sky on a clear summer day")
+
+        def submit(ids, n):
+            return engine.submit(engine.job("text", {"max_tokens": n, "temperature": 0, "n_probs": 2,
+                                                      "cache_prompt": False}, ids))
+
+        async def both() -> list[Answer]:
+            first = submit(a, 12)
+            await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
+            second = submit(b, 12)
+            queued.set()
+            return [await _drain(g, [await g.events.get()]) for g in (first, second)]
+        got = asyncio.run(both())
+        seq_a = pieces[0][1][0][0]
+        assert pieces[0] == ("flow", [(seq_a, len(a))]), pieces[:3]
+        assert pieces[1][0] == "flow" and [n for _, n in pieces[1][1]] == [len(b)], pieces[:3]
+        assert seq_a not in [q for q, _ in pieces[1][1]]
+        pieces.clear()
+        alone = asyncio.run(_answers(engine, [(a, 12), (b, 12)], False))
+        same_or_near_tie([("first", alone[0], got[0]), ("joined", alone[1], got[1])], NOISE)
     finally:
         if engine is not None:
             engine.close()
