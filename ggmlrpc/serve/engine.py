@@ -223,7 +223,9 @@ class Slot:
         self.seq = seq
         self.gen: Generation | None = None
         self.used = 0.0          # when it last took a request
-        self.in_flight = False   # a micro-batch of it is in the model's Flow
+        self.in_flight = 0       # its micro-batches in the model's Flow
+        self.sent = 0            # of its prompt still to run (todo), the tokens in them
+        self.error: Exception | None = None     # its request failed while a piece was in flight
 
 
 class Stats:
@@ -450,6 +452,7 @@ class Engine:
     def _start(self, slot: "Slot", gen: Generation) -> None:
         job, seq = gen.job, slot.seq
         slot.gen, slot.used = gen, time.monotonic()
+        slot.sent, slot.error = 0, None
         cached = seq.common(job.ids) if job.cache_prompt else 0
         try:
             if cached < seq.n_past:
@@ -474,6 +477,8 @@ class Engine:
                 self._end(slot, ("error", ApiError(f"request timed out after {self.timeout:g} s",
                                                    "unavailable_error")))
         busy = [s for s in self.slots if s.gen is not None]
+        if not busy:
+            return
         if self.flow is not None and (self.flow or self._flows(busy)):
             return self._flow_step(busy)
         parts = [(s, [s.last]) for s in busy if not s.todo]
@@ -495,59 +500,86 @@ class Engine:
             self._landed(slot, toks, lg)
 
     def _flows(self, busy: list["Slot"]) -> bool:
-        """Whether a step of `busy` starts a Flow: several requests, one of them
-        generating; or prompts alone that one step would run as one micro-batch (so a
-        request that comes in while it is on the first server joins the next
-        micro-batch, instead of waiting for the whole step: requests sent at once
-        reach this thread a few milliseconds apart). A longer prompt alone runs as
-        one decode, which pipelines its own micro-batches."""
-        if any(not s.todo for s in busy):
-            return len(busy) > 1
-        n = sum(len(s.todo) for s in busy)
-        return self.model.pipeline_ubatch(n) >= n
+        """Whether a step of `busy` goes through the Flow: that of several requests,
+        and that of a prompt alone that one micro-batch holds (so a request that comes
+        in while it is on the first server joins the next micro-batch instead of
+        waiting for its whole step: requests sent at once reach this thread a few
+        milliseconds apart). A longer prompt alone runs as one decode, which sends
+        each server its next micro-batch ahead; one request alone generating, one
+        token's stages after the other, either way."""
+        if len(busy) > 1:
+            return True
+        n = len(busy[0].todo)
+        return 0 < n <= self.model.pipeline_ubatch(n)
 
     def _flow_step(self, busy: list["Slot"]) -> None:
-        """A step with several requests over a pipelined layer split: the requests
-        go in groups, one group per server, each group's micro-batch a stage behind
-        the one before it; a group's next micro-batch (its new tokens, or its next
-        piece of prompt) joins as soon as its last one lands. One tick of the Flow:
-        every server runs one micro-batch."""
-        ready = [s for s in busy if not s.in_flight]
+        """A step over a pipelined layer split: the requests go in groups, one group
+        per server, each group's micro-batch a stage behind the one before it; a
+        generating slot's next token joins as soon as its last one lands, and the next
+        piece of a prompt as soon as the first server is free (one slot's pieces
+        follow each other through the servers in order). One tick of the Flow: every
+        server runs one micro-batch."""
+        now = time.monotonic()
+        ready = [s for s in busy if (len(s.todo) > s.sent if s.todo else not s.in_flight) and s.error is None
+                 and not s.gen.cancelled.is_set() and (s.deadline is None or now <= s.deadline)]
         if ready and self.flow.starts_now():
             share = -(-len(busy) // self.flow.depth)
-            # while any slot generates, every micro-batch's piece of prompt is short: a
-            # tick lasts as long as its longest micro-batch, and a generating slot gets
-            # a token every `depth` ticks
+            # beside other requests, every micro-batch's piece of prompt is short: a tick
+            # lasts as long as its longest micro-batch, a generating slot gets a token
+            # every `depth` ticks, and a request that comes in waits for the micro-batch
+            # on the first server; with no slot generating, pieces as a decode of the
+            # prompts would cut them where those are shorter (enough of them to keep
+            # every server busy)
             parts, room = [], self.model.n_ubatch
-            prompt = self.prefill_chunk if any(not s.todo for s in busy) else room
-            for s in sorted(ready, key=lambda s: bool(s.todo))[:share]:     # the generating first
-                toks = s.todo[:min(room, prompt)] if s.todo else [s.last]
-                if s.todo:
-                    prompt -= len(toks)
-                if toks:
-                    parts.append((s, toks))
-                    room -= len(toks)
+            prompt = self.prefill_chunk if len(busy) > 1 else room
+            if all(s.todo for s in busy):
+                prompt = min(prompt, self.model.pipeline_ubatch(sum(len(s.todo) - s.sent for s in busy)))
+            # a share of the generating slots (the groups), then pieces of the prompts in
+            # the order they came, in every micro-batch while there are any
+            for s in [s for s in ready if not s.todo][:share]:
+                parts.append((s, [s.last]))
+                room -= 1
+            for s in sorted((s for s in ready if s.todo), key=lambda s: s.gen.t_submit):
+                toks = s.todo[s.sent:s.sent + min(room, prompt)]
+                if not toks:
+                    break
+                parts.append((s, toks))
+                prompt -= len(toks)
+                room -= len(toks)
             try:
                 if parts:
                     self.model.add_to(self.flow, [(s.seq, toks) for s, toks in parts], parts)
-            except Exception as e:
-                return self._failed([s for s, _ in parts], e)
-            for s, _ in parts:
-                s.in_flight = True
+            except Exception as e:     # these requests fail; one with a piece in flight once it lands
+                for s, _ in parts:
+                    s.error = e
+                self._failed([s for s, _ in parts if not s.in_flight], e)
+            else:
+                for s, toks in parts:
+                    s.in_flight += 1
+                    if s.todo:
+                        s.sent += len(toks)
+            if not self.flow:
+                return
         try:
             landed = self.flow.tick()
         except Exception as e:     # every request in flight fails
-            dropped = [s for mb in self.flow.clear() for s, _ in mb.tag]
+            dropped = list(dict.fromkeys(s for mb in self.flow.clear() for s, _ in mb.tag))
             for s in dropped:
-                s.in_flight = False
+                s.in_flight = s.sent = 0
             self.flow = None       # one by one from now: that is where a lost server comes back
             return self._failed(dropped, e)
         self.stats.n_decode += len(landed)
         for mb in landed:
             for (slot, toks), lg in zip(mb.tag, mb.logits):
-                slot.in_flight = False
-                if slot.gen.cancelled.is_set():
-                    self._end(slot, ("cancelled",))
+                slot.in_flight -= 1
+                if slot.todo:
+                    slot.sent -= len(toks)
+                if slot.error is not None or slot.gen.cancelled.is_set():
+                    if not slot.in_flight:     # its later pieces land first
+                        if slot.error is not None:
+                            self._failed([slot], slot.error)
+                        else:
+                            self._end(slot, ("cancelled",))
                 else:
                     self._landed(slot, toks, lg)
 

@@ -17,6 +17,7 @@ import httpx
 import pytest
 
 from ggmlrpc.llm import synth
+from ggmlrpc.llm.gguf_file import ModelError
 from ggmlrpc.llm.model import Model
 from ggmlrpc.serve import Engine
 from tests.e2e.test_runner import arch_shape
@@ -220,9 +221,9 @@ async def _answers(engine: Engine, bodies: list[tuple[list[int], int]], after_fi
 def test_a_new_prompt_goes_in_short_pieces_beside_a_generating_slot(files, rpc, n_servers, chunk):  # noqa: F811
     """While a slot generates, a new request's prompt goes in pieces of at most
     `prefill_chunk` tokens (--prefill-chunk; a step each, or over two servers a
-    micro-batch of the Flow each), so that it holds the generating slot up for that
-    long at most; 0: one micro-batch (-ub) at a time. Both answers are those each
-    gets alone."""
+    micro-batch of the Flow each, in both of its groups' micro-batches), so that it
+    holds the generating slot up for that long at most; 0: one micro-batch (-ub) at
+    a time. Both answers are those each gets alone."""
     model = Model.load(files["model"], rpc=rpc.split(",")[:n_servers], n_ctx=1024, n_seq=2, n_threads=1)
     engine = None
     try:
@@ -248,9 +249,13 @@ def test_a_new_prompt_goes_in_short_pieces_beside_a_generating_slot(files, rpc, 
             assert max(prompt_b) == chunk and len(prompt_b) == -(-len(b) // chunk), prompt_b
         else:
             assert prompt_b == [len(b)]
-        # the first request generated all along: a token beside (or between) each piece
-        of_a = [n for step in rest[of_b[0][0]:of_b[-1][0] + 1] for q, n in step if q == seq_a]
-        assert of_a == [1] * len(of_a) and len(of_a) >= len(prompt_b) - 1, (of_a, prompt_b)
+        # a piece of the prompt in every step (every micro-batch) while it lasts, and the
+        # first request generated all along: a token in every step (in every other
+        # micro-batch: the Flow's two groups, a token every two ticks)
+        span = rest[of_b[0][0]:of_b[-1][0] + 1]
+        assert all(any(q != seq_a for q, _ in step) for step in span), span
+        of_a = [n for step in span for q, n in step if q == seq_a]
+        assert of_a == [1] * len(of_a) and len(of_a) >= (len(prompt_b) - 1) // n_servers, (of_a, prompt_b)
         pieces.clear()
         alone = asyncio.run(_answers(engine, [(a, 48), (b, 4)], False))
         same_or_near_tie([("generating", alone[0], got[0]), ("in pieces", alone[1], got[1])], NOISE)
@@ -303,6 +308,60 @@ def test_a_request_that_comes_in_while_a_prompt_runs_joins_the_next_micro_batch(
         pieces.clear()
         alone = asyncio.run(_answers(engine, [(a, 12), (b, 12)], False))
         same_or_near_tie([("first", alone[0], got[0]), ("joined", alone[1], got[1])], NOISE)
+    finally:
+        if engine is not None:
+            engine.close()
+        model.close()
+
+
+@pytest.mark.parametrize("how", ["cancelled", "error"])
+def test_a_prompt_with_pieces_in_flight_ends_once_they_land(files, rpc, how):  # noqa: F811
+    """Over two servers a prompt beside a generating request has a piece in each of
+    the Flow's micro-batches. Cancelled by its client, or failed (a micro-batch of
+    it refused), it ends once its pieces in flight have landed, its cells freed; the
+    generating request answers as alone, and the next request is served."""
+    model = Model.load(files["model"], rpc=rpc.split(",")[:2], n_ctx=1024, n_seq=2, n_threads=1)
+    engine = None
+    try:
+        add_to, state = model.add_to, {"b": None, "pieces": 0, "in_flight_at_end": None}
+
+        def hook(flow, parts, tag=None):
+            mine = [s for s, _ in tag if s.gen is not None and s.gen is state["b"]]
+            if mine and mine[0].in_flight and state["in_flight_at_end"] is None and len(tag) == 1:
+                state["in_flight_at_end"] = mine[0].in_flight     # a piece of it in flight
+                if how == "error":
+                    raise ModelError("no room for this micro-batch (test)")
+                state["b"].cancel()
+            return add_to(flow, parts, tag)
+        model.add_to = hook
+        engine = Engine(model, ["m"], Engine.chat_template(model), n_slots=2, prefill_chunk=16)
+        a = model.tokenize("tell me about the old fisherman")
+        b = model.tokenize(" ".join(QUESTIONS) * 2)
+
+        def submit(ids, n):
+            return engine.submit(engine.job("text", {"max_tokens": n, "temperature": 0, "n_probs": 2,
+                                                      "cache_prompt": False}, ids))
+
+        async def run() -> tuple[Answer, list, Answer]:
+            first = submit(a, 32)
+            events = [await first.events.get()]
+            state["b"] = second = submit(b, 4)
+            ended = [await asyncio.wait_for(second.events.get(), 60)]
+            while ended[-1][0] == "token":
+                ended.append(await asyncio.wait_for(second.events.get(), 60))
+            got = await asyncio.wait_for(_drain(first, events), 60)
+            nxt = submit(a, 4)
+            return got, ended, await asyncio.wait_for(_drain(nxt, [await nxt.events.get()]), 60)
+        got, ended, after = asyncio.run(run())
+        assert state["in_flight_at_end"] == 1
+        assert ended[-1][0] == how and all(e[0] == "token" for e in ended[:-1]), ended
+        if how == "error":
+            assert "no room for this micro-batch" in str(ended[-1][1])
+        assert [s.seq.n_past for s in engine.slots].count(0) == 1       # its cells freed
+        assert all(s.in_flight == 0 and s.sent == 0 for s in engine.slots)
+        assert len(after.top) == 4
+        alone = asyncio.run(_answers(engine, [(a, 32)], False))
+        same_or_near_tie([("beside", alone[0], got)], NOISE)
     finally:
         if engine is not None:
             engine.close()
