@@ -10,6 +10,7 @@ filled is forgotten."""
 from __future__ import annotations
 
 import asyncio
+import logging
 import os
 import queue
 import secrets
@@ -24,6 +25,8 @@ from ..errors import GgmlRpcError
 from ..llm.chat_template import CHATML, ChatTemplate, TemplateError, prompt_text_tokens
 from ..llm.gguf_file import ModelError
 from ..llm.sampling import Sampler
+
+log = logging.getLogger("ggmlrpc.serve")
 
 # llama-server's error types and their HTTP status (format_error_response)
 STATUS = {"invalid_request_error": 400, "authentication_error": 401, "not_found_error": 404,
@@ -226,6 +229,8 @@ class Slot:
         self.in_flight = 0       # its micro-batches in the model's Flow
         self.sent = 0            # of its prompt still to run (todo), the tokens in them
         self.error: Exception | None = None     # its request failed while a piece was in flight
+        self.todo: list[int] = []   # its prompt's tokens still to run
+        self.piece = 0           # its prompt's pieces while no slot generates
 
 
 class Stats:
@@ -426,28 +431,60 @@ class Engine:
         token of every generating slot and the next piece of a new prompt, as many
         tokens as a micro-batch holds (n_batch while no slot generates), in one
         Model.decode; a request that ends frees its slot for the next in the queue
-        at once."""
+        at once. A fault of this loop fails the requests it runs, not the worker."""
         while True:
-            free = [s for s in self.slots if s.gen is None]
-            self.stats.processing = len(self.slots) - len(free)
-            while free:
-                if len(free) == len(self.slots):
-                    self._flush()
-                try:
-                    gen = self.jobs.get(block=len(free) == len(self.slots))
-                except queue.Empty:
-                    break
-                if gen is None:
+            try:
+                if not self._turn():
                     return
-                if gen.cancelled.is_set():
-                    gen.put(("cancelled",))
-                    continue
-                slot = max(free, key=lambda s: (common_prefix(s.seq.tokens, gen.job.ids[:-1]), -s.used))
-                free.remove(slot)
-                self._start(slot, gen)
-            self.stats.processing = len(self.slots) - len(free)
-            if len(free) < len(self.slots):
-                self._step()
+            except Exception as e:
+                log.exception("serve: the worker's step failed")
+                self._recover(e)
+
+    def _turn(self) -> bool:
+        """Take the waiting requests that free slots can run, then one step; False
+        once the engine closes."""
+        free = [s for s in self.slots if s.gen is None]
+        self.stats.processing = len(self.slots) - len(free)
+        while free:
+            if len(free) == len(self.slots):
+                self._flush()
+            try:
+                gen = self.jobs.get(block=len(free) == len(self.slots))
+            except queue.Empty:
+                break
+            if gen is None:
+                return False
+            if gen.cancelled.is_set():
+                gen.put(("cancelled",))
+                continue
+            slot = max(free, key=lambda s: (common_prefix(s.seq.tokens, gen.job.ids[:-1]), -s.used))
+            free.remove(slot)
+            self._start(slot, gen)
+        self.stats.processing = len(self.slots) - len(free)
+        if len(free) < len(self.slots):
+            self._step()
+        return True
+
+    def _recover(self, e: Exception) -> None:
+        """After a fault of the loop: every running request fails with it, and what
+        is in the Flow is dropped (its servers' answers read, or the Flow given up
+        for one step at a time, as after a lost server)."""
+        if self.flow:
+            try:
+                self.flow.clear()
+            except Exception:
+                self.flow = None
+        busy = [s for s in self.slots if s.gen is not None]
+        for s in self.slots:
+            s.in_flight = s.sent = 0
+        try:
+            self._failed(busy, e)
+        except Exception:       # the sequences could not even be reset: drop the requests
+            for s in busy:
+                if s.gen is not None:
+                    self.outbox.append((s.gen, ("error", ApiError(f"internal error: {e}", "server_error"))))
+                    s.gen = None
+        self._flush()
 
     def _start(self, slot: "Slot", gen: Generation) -> None:
         job, seq = gen.job, slot.seq
@@ -461,6 +498,10 @@ class Engine:
             seq.reset()
             cached = 0
         slot.cached, slot.todo = cached, list(job.ids[cached:])
+        # its pieces while no slot generates: as a decode of the prompts not yet run
+        # (its own and the others') would cut them, the same size all along
+        slot.piece = self.model.pipeline_ubatch(
+            len(slot.todo) + sum(len(o.todo) for o in self.slots if o.gen is not None and o is not slot))
         slot.sampler, slot.text = Sampler(**job.sampling), Text(job.stop)
         slot.n_gen, slot.last = 0, None
         slot.t0, slot.t_prompt = time.perf_counter(), None
@@ -500,17 +541,13 @@ class Engine:
             self._landed(slot, toks, lg)
 
     def _flows(self, busy: list["Slot"]) -> bool:
-        """Whether a step of `busy` goes through the Flow: that of several requests,
-        and that of a prompt alone that one micro-batch holds (so a request that comes
-        in while it is on the first server joins the next micro-batch instead of
-        waiting for its whole step: requests sent at once reach this thread a few
-        milliseconds apart). A longer prompt alone runs as one decode, which sends
-        each server its next micro-batch ahead; one request alone generating, one
-        token's stages after the other, either way."""
-        if len(busy) > 1:
-            return True
-        n = len(busy[0].todo)
-        return 0 < n <= self.model.pipeline_ubatch(n)
+        """Whether a step of `busy` goes through the Flow: every step but that of one
+        request alone generating (its token's stages run one after the other either
+        way). A prompt goes in pieces, several in flight at once, so that a request
+        that comes in meanwhile joins the next micro-batch instead of waiting for the
+        whole prompt (requests sent at once reach this thread a few milliseconds
+        apart; a short prompt sent during a long one goes in first)."""
+        return len(busy) > 1 or bool(busy[0].todo)
 
     def _flow_step(self, busy: list["Slot"]) -> None:
         """A step over a pipelined layer split: the requests go in groups, one group
@@ -533,13 +570,15 @@ class Engine:
             parts, room = [], self.model.n_ubatch
             prompt = self.prefill_chunk if len(busy) > 1 else room
             if all(s.todo for s in busy):
-                prompt = min(prompt, self.model.pipeline_ubatch(sum(len(s.todo) - s.sent for s in busy)))
+                prompt = min(prompt, min(s.piece for s in busy))
             # a share of the generating slots (the groups), then pieces of the prompts in
-            # the order they came, in every micro-batch while there are any
+            # every micro-batch while there are any: the shortest rest first (a short
+            # prompt that comes in during a long one does not wait for all of it), then
+            # in the order they came
             for s in [s for s in ready if not s.todo][:share]:
                 parts.append((s, [s.last]))
                 room -= 1
-            for s in sorted((s for s in ready if s.todo), key=lambda s: s.gen.t_submit):
+            for s in sorted((s for s in ready if s.todo), key=lambda s: (len(s.todo) - s.sent, s.gen.t_submit)):
                 toks = s.todo[s.sent:s.sent + min(room, prompt)]
                 if not toks:
                     break

@@ -314,6 +314,60 @@ def test_a_request_that_comes_in_while_a_prompt_runs_joins_the_next_micro_batch(
         model.close()
 
 
+def test_a_short_prompt_sent_during_a_long_one_goes_in_first(files, rpc):  # noqa: F811
+    """Over two servers a long prompt alone goes through the Flow in pieces (the
+    size a decode of it would cut, several in flight); a short request that
+    comes in meanwhile has its whole prompt in the next micro-batch, ahead of the
+    long one's next piece, so it does not wait for all of the long prompt. Both
+    answers are those each gets alone."""
+    model = Model.load(files["model"], rpc=rpc.split(",")[:2], n_ctx=2048, n_seq=2, n_threads=1)
+    engine = None
+    try:
+        pieces: list[list[tuple[int, int]]] = []
+        started, queued = threading.Event(), threading.Event()
+        add_to = model.add_to
+
+        def seen(flow, parts, tag=None):
+            pieces.append([(q.id, len(toks)) for q, toks in parts])
+            if not started.is_set():
+                started.set()
+                assert queued.wait(30)
+            return add_to(flow, parts, tag)
+        model.add_to = seen
+        engine = Engine(model, ["m"], Engine.chat_template(model), n_slots=2)
+        long = model.tokenize(" ".join(QUESTIONS) * 6)
+        short = model.tokenize("tell me about the old fisherman")
+        size = model.pipeline_ubatch(len(long))
+        assert size < len(long) // 3
+
+        def submit(ids, n):
+            return engine.submit(engine.job("text", {"max_tokens": n, "temperature": 0, "n_probs": 2,
+                                                      "cache_prompt": False}, ids))
+
+        async def both() -> list[Answer]:
+            first = submit(long, 8)
+            await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
+            second = submit(short, 8)
+            queued.set()
+            return [await _drain(g, [await g.events.get()]) for g in (first, second)]
+        got = asyncio.run(both())
+        seq_l = pieces[0][0][0]
+        of_long = [n for step in pieces for q, n in step if q == seq_l]
+        n_prompt = next(k for k in range(len(of_long) + 1) if sum(of_long[:k]) >= len(long))
+        assert sum(of_long[:n_prompt]) == len(long) and set(of_long[n_prompt:]) <= {1}, of_long
+        assert of_long[0] == size and max(of_long) <= engine.prefill_chunk, of_long
+        seq_s, n_s = pieces[1][0]
+        assert seq_s != seq_l and n_s == len(short), pieces[:3]      # all of it, first, in the next one
+        assert pieces[1][1] == (seq_l, size - len(short)), pieces[:3]   # then the long one's next piece
+        pieces.clear()
+        alone = asyncio.run(_answers(engine, [(long, 8), (short, 8)], False))
+        same_or_near_tie([("long", alone[0], got[0]), ("short", alone[1], got[1])], NOISE)
+    finally:
+        if engine is not None:
+            engine.close()
+        model.close()
+
+
 @pytest.mark.parametrize("how", ["cancelled", "error"])
 def test_a_prompt_with_pieces_in_flight_ends_once_they_land(files, rpc, how):  # noqa: F811
     """Over two servers a prompt beside a generating request has a piece in each of
@@ -362,6 +416,41 @@ def test_a_prompt_with_pieces_in_flight_ends_once_they_land(files, rpc, how):  #
         assert len(after.top) == 4
         alone = asyncio.run(_answers(engine, [(a, 32)], False))
         same_or_near_tie([("beside", alone[0], got)], NOISE)
+    finally:
+        if engine is not None:
+            engine.close()
+        model.close()
+
+
+def test_a_fault_in_the_workers_loop_fails_its_requests_not_the_worker(files, rpc):  # noqa: F811
+    """An exception the step's own handlers do not expect (here from the model while
+    a request starts) fails the requests running, with the error, and the worker
+    goes on: the next request is answered as alone."""
+    model = Model.load(files["model"], rpc=rpc.split(",")[:2], n_ctx=1024, n_seq=2, n_threads=1)
+    engine = None
+    try:
+        cut, faults = model.pipeline_ubatch, []
+
+        def faulty(n):
+            if not faults:
+                faults.append(n)
+                raise RuntimeError("a fault for the test")
+            return cut(n)
+        model.pipeline_ubatch = faulty
+        engine = Engine(model, ["m"], Engine.chat_template(model), n_slots=2)
+        a = model.tokenize("tell me about the old fisherman")
+
+        async def run():
+            gen = engine.submit(engine.job("text", {"max_tokens": 8, "temperature": 0}, a))
+            return await asyncio.wait_for(gen.events.get(), 60)
+        ev = asyncio.run(run())
+        assert faults and ev[0] == "error", ev
+        assert "internal error" in str(ev[1]) and "a fault for the test" in str(ev[1])
+        assert all(s.gen is None for s in engine.slots)
+        after = asyncio.run(_answers(engine, [(a, 8)], False))
+        model.pipeline_ubatch = cut
+        alone = asyncio.run(_answers(engine, [(a, 8)], False))
+        same_or_near_tie([("after the fault", alone[0], after[0])], NOISE)
     finally:
         if engine is not None:
             engine.close()
