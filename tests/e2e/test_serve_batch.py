@@ -265,17 +265,15 @@ def test_a_new_prompt_goes_in_short_pieces_beside_a_generating_slot(files, rpc, 
         model.close()
 
 
-def test_a_request_that_comes_in_while_a_prompt_runs_joins_the_next_micro_batch(files, rpc):  # noqa: F811
-    """Over two servers, a short prompt alone goes into the Flow as one micro-batch
-    (not a whole step), so a request that comes in while it is on the first server
-    has its prompt in the next micro-batch, before the first request's first token:
-    requests sent at once reach the worker a few milliseconds apart, and the later
-    ones should not wait for the first one's step. Both answers are those each gets
-    alone."""
-    model = Model.load(files["model"], rpc=rpc.split(",")[:2], n_ctx=1024, n_seq=2, n_threads=1)
+def _second_comes_in(files, rpc, first: str, second: str, n_gen: int):  # noqa: F811
+    """An in-process Engine over two servers, -np 2: the `first` prompt sent, then
+    the `second` while the first's first piece waits to go (held until the second
+    request is queued). Each step's or micro-batch's ("step" / "flow", [(sequence,
+    tokens)]) in order, both answers, and each one's answer alone."""
+    model = Model.load(files["model"], rpc=rpc.split(",")[:2], n_ctx=2048, n_seq=2, n_threads=1)
     engine = None
     try:
-        pieces: list[tuple[str, list[tuple[int, int]]]] = []   # (how, [(sequence, tokens)]) in order
+        pieces: list[tuple[str, list[tuple[int, int]]]] = []
         started, queued = threading.Event(), threading.Event()
         decode, add_to = model.decode, model.add_to
 
@@ -287,31 +285,42 @@ def test_a_request_that_comes_in_while_a_prompt_runs_joins_the_next_micro_batch(
         model.decode = lambda parts: (seen("step", parts), decode(parts))[1]
         model.add_to = lambda flow, parts, tag=None: (seen("flow", parts), add_to(flow, parts, tag))[1]
         engine = Engine(model, ["m"], Engine.chat_template(model), n_slots=2)
-        a = model.tokenize("tell me about the old fisherman")
-        b = model.tokenize("what is the color of the sky on a clear summer day")
+        ids = [model.tokenize(first), model.tokenize(second)]
 
-        def submit(ids, n):
-            return engine.submit(engine.job("text", {"max_tokens": n, "temperature": 0, "n_probs": 2,
-                                                      "cache_prompt": False}, ids))
+        def submit(i):
+            return engine.submit(engine.job("text", {"max_tokens": n_gen, "temperature": 0, "n_probs": 2,
+                                                      "cache_prompt": False}, ids[i]))
 
         async def both() -> list[Answer]:
-            first = submit(a, 12)
+            a = submit(0)
             await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
-            second = submit(b, 12)
+            b = submit(1)
             queued.set()
-            return [await _drain(g, [await g.events.get()]) for g in (first, second)]
+            return [await _drain(g, [await g.events.get()]) for g in (a, b)]
         got = asyncio.run(both())
-        seq_a = pieces[0][1][0][0]
-        assert pieces[0] == ("flow", [(seq_a, len(a))]), pieces[:3]
-        assert pieces[1][0] == "flow" and [n for _, n in pieces[1][1]] == [len(b)], pieces[:3]
-        assert seq_a not in [q for q, _ in pieces[1][1]]
-        pieces.clear()
-        alone = asyncio.run(_answers(engine, [(a, 12), (b, 12)], False))
-        same_or_near_tie([("first", alone[0], got[0]), ("joined", alone[1], got[1])], NOISE)
+        seen_then = list(pieces)
+        alone = asyncio.run(_answers(engine, [(ids[0], n_gen), (ids[1], n_gen)], False))
+        return seen_then, ids, engine.prefill_chunk, model.pipeline_ubatch(len(ids[0])), got, alone
     finally:
         if engine is not None:
             engine.close()
         model.close()
+
+
+def test_a_request_that_comes_in_while_a_prompt_runs_joins_the_next_micro_batch(files, rpc):  # noqa: F811
+    """Over two servers, a short prompt alone goes into the Flow as one micro-batch
+    (not a whole step), so a request that comes in while it is on the first server
+    has its prompt in the next micro-batch, before the first request's first token:
+    requests sent at once reach the worker a few milliseconds apart, and the later
+    ones should not wait for the first one's step. Both answers are those each gets
+    alone."""
+    pieces, (a, b), _, _, got, alone = _second_comes_in(
+        files, rpc, "tell me about the old fisherman", "what is the color of the sky on a clear summer day", 12)
+    seq_a = pieces[0][1][0][0]
+    assert pieces[0] == ("flow", [(seq_a, len(a))]), pieces[:3]
+    assert pieces[1][0] == "flow" and [n for _, n in pieces[1][1]] == [len(b)], pieces[:3]
+    assert seq_a not in [q for q, _ in pieces[1][1]]
+    same_or_near_tie([("first", alone[0], got[0]), ("joined", alone[1], got[1])], NOISE)
 
 
 def test_a_short_prompt_sent_during_a_long_one_goes_in_first(files, rpc):  # noqa: F811
@@ -320,52 +329,19 @@ def test_a_short_prompt_sent_during_a_long_one_goes_in_first(files, rpc):  # noq
     comes in meanwhile has its whole prompt in the next micro-batch, ahead of the
     long one's next piece, so it does not wait for all of the long prompt. Both
     answers are those each gets alone."""
-    model = Model.load(files["model"], rpc=rpc.split(",")[:2], n_ctx=2048, n_seq=2, n_threads=1)
-    engine = None
-    try:
-        pieces: list[list[tuple[int, int]]] = []
-        started, queued = threading.Event(), threading.Event()
-        add_to = model.add_to
-
-        def seen(flow, parts, tag=None):
-            pieces.append([(q.id, len(toks)) for q, toks in parts])
-            if not started.is_set():
-                started.set()
-                assert queued.wait(30)
-            return add_to(flow, parts, tag)
-        model.add_to = seen
-        engine = Engine(model, ["m"], Engine.chat_template(model), n_slots=2)
-        long = model.tokenize(" ".join(QUESTIONS) * 6)
-        short = model.tokenize("tell me about the old fisherman")
-        size = model.pipeline_ubatch(len(long))
-        assert size < len(long) // 3
-
-        def submit(ids, n):
-            return engine.submit(engine.job("text", {"max_tokens": n, "temperature": 0, "n_probs": 2,
-                                                      "cache_prompt": False}, ids))
-
-        async def both() -> list[Answer]:
-            first = submit(long, 8)
-            await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
-            second = submit(short, 8)
-            queued.set()
-            return [await _drain(g, [await g.events.get()]) for g in (first, second)]
-        got = asyncio.run(both())
-        seq_l = pieces[0][0][0]
-        of_long = [n for step in pieces for q, n in step if q == seq_l]
-        n_prompt = next(k for k in range(len(of_long) + 1) if sum(of_long[:k]) >= len(long))
-        assert sum(of_long[:n_prompt]) == len(long) and set(of_long[n_prompt:]) <= {1}, of_long
-        assert of_long[0] == size and max(of_long) <= engine.prefill_chunk, of_long
-        seq_s, n_s = pieces[1][0]
-        assert seq_s != seq_l and n_s == len(short), pieces[:3]      # all of it, first, in the next one
-        assert pieces[1][1] == (seq_l, size - len(short)), pieces[:3]   # then the long one's next piece
-        pieces.clear()
-        alone = asyncio.run(_answers(engine, [(long, 8), (short, 8)], False))
-        same_or_near_tie([("long", alone[0], got[0]), ("short", alone[1], got[1])], NOISE)
-    finally:
-        if engine is not None:
-            engine.close()
-        model.close()
+    pieces, (long, short), chunk, size, got, alone = _second_comes_in(
+        files, rpc, " ".join(QUESTIONS) * 6, "tell me about the old fisherman", 8)
+    assert size < len(long) // 3
+    seq_l = pieces[0][1][0][0]
+    of_long = [n for _, step in pieces for q, n in step if q == seq_l]
+    n_prompt = next(k for k in range(len(of_long) + 1) if sum(of_long[:k]) >= len(long))
+    assert sum(of_long[:n_prompt]) == len(long) and set(of_long[n_prompt:]) <= {1}, of_long
+    assert of_long[0] == size and max(of_long) <= chunk, of_long
+    assert all(how == "flow" for how, _ in pieces[:n_prompt]), pieces[:n_prompt]
+    seq_s, n_s = pieces[1][1][0]
+    assert seq_s != seq_l and n_s == len(short), pieces[:3]      # all of it, first, in the next one
+    assert pieces[1][1][1] == (seq_l, size - len(short)), pieces[:3]   # then the long one's next piece
+    same_or_near_tie([("long", alone[0], got[0]), ("short", alone[1], got[1])], NOISE)
 
 
 @pytest.mark.parametrize("how", ["cancelled", "error"])
