@@ -569,8 +569,9 @@ class Engine:
             # every server busy)
             parts, room = [], self.model.n_ubatch
             prompt = self.prefill_chunk if len(busy) > 1 else room
-            if all(s.todo for s in busy):
-                prompt = min(prompt, min(s.piece for s in busy))
+            if all(s.todo for s in busy):     # as a decode of what is left would cut it, no smaller
+                waiting = self.model.pipeline_ubatch(sum(len(s.todo) for s in busy))
+                prompt = min(prompt, max(waiting, min(s.piece for s in busy)))
             # a share of the generating slots (the groups), then pieces of the prompts in
             # every micro-batch while there are any: the shortest rest first (a short
             # prompt that comes in during a long one does not wait for all of it), then
