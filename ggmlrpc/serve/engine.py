@@ -255,10 +255,10 @@ class Engine:
         """`n_slots` requests run at once, each in its own sequence of the KV cache
         (n_ctx / n_slots tokens each); `max_queue` more wait (0: no bound; beyond,
         503); `timeout`: seconds a request may take from its arrival (0: no limit);
-        `n_batch`: prompt tokens a step may take while no slot generates (a long
-        prompt's micro-batches then run in one decode, as a pipeline over the servers);
+        `n_batch`: prompt tokens a step may take while no slot generates, where the
+        requests do not go through a Flow (one server, one slot, or no pipeline);
         `prefill_chunk`: prompt tokens a step (a micro-batch of the Flow) may take
-        while slots generate (0: a whole micro-batch, -ub), so that a new request's
+        beside other requests (0: a whole micro-batch, -ub), so that a new request's
         prompt holds each generating slot up for that many tokens' time at most."""
         self.model = model
         self.n_batch = n_batch
@@ -430,8 +430,9 @@ class Engine:
         """The slots' loop (llama-server's continuous batching): each step runs one
         token of every generating slot and the next piece of a new prompt, as many
         tokens as a micro-batch holds (n_batch while no slot generates), in one
-        Model.decode; a request that ends frees its slot for the next in the queue
-        at once. A fault of this loop fails the requests it runs, not the worker."""
+        Model.decode, or over a pipelined split one tick of the Flow (_flow_step); a
+        request that ends frees its slot for the next in the queue at once. A fault
+        of this loop fails the requests it runs, not the worker."""
         while True:
             try:
                 if not self._turn():
