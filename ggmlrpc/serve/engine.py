@@ -576,17 +576,22 @@ class Engine:
             # a share of the generating slots (the groups), then pieces of the prompts in
             # every micro-batch while there are any: the shortest rest first (a short
             # prompt that comes in during a long one does not wait for all of it), then
-            # in the order they came
+            # in the order they came; the oldest keeps half the budget, so that new
+            # short prompts never starve it
             for s in [s for s in ready if not s.todo][:share]:
                 parts.append((s, [s.last]))
                 room -= 1
-            for s in sorted((s for s in ready if s.todo), key=lambda s: (len(s.todo) - s.sent, s.gen.t_submit)):
-                toks = s.todo[s.sent:s.sent + min(room, prompt)]
-                if not toks:
-                    break
-                parts.append((s, toks))
-                prompt -= len(toks)
-                room -= len(toks)
+            prompts = sorted((s for s in ready if s.todo), key=lambda s: (len(s.todo) - s.sent, s.gen.t_submit))
+            oldest = min(prompts, key=lambda s: s.gen.t_submit) if prompts else None
+            keep = min(len(oldest.todo) - oldest.sent, prompt // 2) if prompts and oldest is not prompts[0] else 0
+            for s in prompts:
+                if s is oldest:
+                    keep = 0
+                toks = s.todo[s.sent:s.sent + max(0, min(room, prompt) - keep)]
+                if toks:
+                    parts.append((s, toks))
+                    prompt -= len(toks)
+                    room -= len(toks)
             try:
                 if parts:
                     self.model.add_to(self.flow, [(s.seq, toks) for s, toks in parts], parts)

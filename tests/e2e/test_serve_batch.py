@@ -265,12 +265,14 @@ def test_a_new_prompt_goes_in_short_pieces_beside_a_generating_slot(files, rpc, 
         model.close()
 
 
-def _second_comes_in(files, rpc, first: str, second: str, n_gen: int):  # noqa: F811
-    """An in-process Engine over two servers, -np 2: the `first` prompt sent, then
-    the `second` while the first's first piece waits to go (held until the second
-    request is queued). Each step's or micro-batch's ("step" / "flow", [(sequence,
-    tokens)]) in order, both answers, and each one's answer alone."""
-    model = Model.load(files["model"], rpc=rpc.split(",")[:2], n_ctx=2048, n_seq=2, n_threads=1)
+def _others_come_in(files, rpc, first: str, others: list[str], n_gen: int):  # noqa: F811
+    """An in-process Engine over two servers, a slot a request: the `first` prompt
+    sent, then the `others` while the first's first piece waits to go (held until
+    they are queued). Each step's or micro-batch's ("step" / "flow", [(sequence,
+    tokens)]) in order, the prompts' ids, the engine's prefill chunk, the first
+    prompt's pipelined cut, every answer, and each one's answer alone."""
+    model = Model.load(files["model"], rpc=rpc.split(",")[:2], n_ctx=2048 * (1 + len(others)),
+                       n_seq=1 + len(others), n_threads=1)
     engine = None
     try:
         pieces: list[tuple[str, list[tuple[int, int]]]] = []
@@ -279,27 +281,27 @@ def _second_comes_in(files, rpc, first: str, second: str, n_gen: int):  # noqa: 
 
         def seen(how, parts):
             pieces.append((how, [(q.id, len(toks)) for q, toks in parts]))
-            if not started.is_set():        # the first piece: hold it until the second request waits
+            if not started.is_set():        # the first piece: hold it until the others wait
                 started.set()
                 assert queued.wait(30)
         model.decode = lambda parts: (seen("step", parts), decode(parts))[1]
         model.add_to = lambda flow, parts, tag=None: (seen("flow", parts), add_to(flow, parts, tag))[1]
-        engine = Engine(model, ["m"], Engine.chat_template(model), n_slots=2)
-        ids = [model.tokenize(first), model.tokenize(second)]
+        engine = Engine(model, ["m"], Engine.chat_template(model), n_slots=1 + len(others))
+        ids = [model.tokenize(t) for t in [first, *others]]
 
         def submit(i):
             return engine.submit(engine.job("text", {"max_tokens": n_gen, "temperature": 0, "n_probs": 2,
                                                       "cache_prompt": False}, ids[i]))
 
-        async def both() -> list[Answer]:
-            a = submit(0)
+        async def all_of_them() -> list[Answer]:
+            gens = [submit(0)]
             await asyncio.get_running_loop().run_in_executor(None, started.wait, 30)
-            b = submit(1)
+            gens += [submit(i) for i in range(1, len(ids))]
             queued.set()
-            return [await _drain(g, [await g.events.get()]) for g in (a, b)]
-        got = asyncio.run(both())
+            return [await _drain(g, [await g.events.get()]) for g in gens]
+        got = asyncio.run(all_of_them())
         seen_then = list(pieces)
-        alone = asyncio.run(_answers(engine, [(ids[0], n_gen), (ids[1], n_gen)], False))
+        alone = asyncio.run(_answers(engine, [(i, n_gen) for i in ids], False))
         return seen_then, ids, engine.prefill_chunk, model.pipeline_ubatch(len(ids[0])), got, alone
     finally:
         if engine is not None:
@@ -314,8 +316,8 @@ def test_a_request_that_comes_in_while_a_prompt_runs_joins_the_next_micro_batch(
     requests sent at once reach the worker a few milliseconds apart, and the later
     ones should not wait for the first one's step. Both answers are those each gets
     alone."""
-    pieces, (a, b), _, _, got, alone = _second_comes_in(
-        files, rpc, "tell me about the old fisherman", "what is the color of the sky on a clear summer day", 12)
+    pieces, (a, b), _, _, got, alone = _others_come_in(
+        files, rpc, "tell me about the old fisherman", ["what is the color of the sky on a clear summer day"], 12)
     seq_a = pieces[0][1][0][0]
     assert pieces[0] == ("flow", [(seq_a, len(a))]), pieces[:3]
     assert pieces[1][0] == "flow" and [n for _, n in pieces[1][1]] == [len(b)], pieces[:3]
@@ -329,8 +331,8 @@ def test_a_short_prompt_sent_during_a_long_one_goes_in_first(files, rpc):  # noq
     comes in meanwhile has its whole prompt in the next micro-batch, ahead of the
     long one's next piece, so it does not wait for all of the long prompt. Both
     answers are those each gets alone."""
-    pieces, (long, short), chunk, size, got, alone = _second_comes_in(
-        files, rpc, " ".join(QUESTIONS) * 6, "tell me about the old fisherman", 8)
+    pieces, (long, short), chunk, size, got, alone = _others_come_in(
+        files, rpc, " ".join(QUESTIONS) * 6, ["tell me about the old fisherman"], 8)
     assert size < len(long) // 3
     seq_l = pieces[0][1][0][0]
     of_long = [n for _, step in pieces for q, n in step if q == seq_l]
@@ -342,6 +344,21 @@ def test_a_short_prompt_sent_during_a_long_one_goes_in_first(files, rpc):  # noq
     assert seq_s != seq_l and n_s == len(short), pieces[:3]      # all of it, first, in the next one
     assert pieces[1][1][1][0] == seq_l, pieces[:3]      # then the long one's next piece
     same_or_near_tie([("long", alone[0], got[0]), ("short", alone[1], got[1])], NOISE)
+
+
+def test_short_prompts_do_not_starve_the_oldest_one(files, rpc):  # noqa: F811
+    """Shorter prompts go first, but the oldest one waiting keeps half of each
+    micro-batch's prompt budget: two short requests that come in during a long
+    prompt, together more than half the budget, leave the long one a piece in
+    the next micro-batch. Every answer is its answer alone."""
+    pieces, (long, s1, s2), _, _, got, alone = _others_come_in(
+        files, rpc, " ".join(QUESTIONS) * 6, [" ".join(QUESTIONS[:3]), " ".join(QUESTIONS[1:4])], 4)
+    seq_l = pieces[0][1][0][0]
+    step = dict(pieces[1][1])
+    budget = sum(step.values())
+    assert len(s1) + len(s2) > budget // 2 and len(s1) < len(long) and len(s2) < len(long), (len(s1), len(s2), step)
+    assert step.get(seq_l, 0) >= budget // 2, pieces[:3]
+    same_or_near_tie([(f"request {i}", alone[i], got[i]) for i in range(3)], NOISE)
 
 
 @pytest.mark.parametrize("how", ["cancelled", "error"])
