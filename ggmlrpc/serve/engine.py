@@ -231,6 +231,10 @@ class Slot:
         self.error: Exception | None = None     # its request failed while a piece was in flight
         self.todo: list[int] = []   # its prompt's tokens still to run
         self.piece = 0           # its prompt's pieces while no slot generates
+        self.deadline: float | None = None      # when its request times out (monotonic)
+
+    def expired(self, now: float) -> bool:
+        return self.deadline is not None and now > self.deadline
 
 
 class Stats:
@@ -515,7 +519,7 @@ class Engine:
                 continue
             if slot.gen.cancelled.is_set():
                 self._end(slot, ("cancelled",))
-            elif slot.deadline is not None and now > slot.deadline:
+            elif slot.expired(now):
                 self._end(slot, ("error", ApiError(f"request timed out after {self.timeout:g} s",
                                                    "unavailable_error")))
         busy = [s for s in self.slots if s.gen is not None]
@@ -559,7 +563,7 @@ class Engine:
         server runs one micro-batch."""
         now = time.monotonic()
         ready = [s for s in busy if (len(s.todo) > s.sent if s.todo else not s.in_flight) and s.error is None
-                 and not s.gen.cancelled.is_set() and (s.deadline is None or now <= s.deadline)]
+                 and not s.gen.cancelled.is_set() and not s.expired(now)]
         if ready and self.flow.starts_now():
             share = -(-len(busy) // self.flow.depth)
             # beside other requests, every micro-batch's piece of prompt is short: a tick
