@@ -101,7 +101,7 @@ def one_request(url: str, prompt: list[int], n_gen: int, pid: int | None = None)
     and the server's CPU time per generated token when `pid` is given."""
     c0 = cpu_ns(pid) if pid else (0, 0)
     body = {"prompt": prompt, "max_tokens": n_gen, "temperature": 0, "ignore_eos": True, "stream": True}
-    times, usage, timings = [], None, None
+    times, usage, timings, t_end = [], None, None, None
     t0 = time.perf_counter()
     with httpx.stream("POST", url + "/v1/completions", json=body, timeout=600) as r:
         if r.status_code != 200:
@@ -112,11 +112,14 @@ def one_request(url: str, prompt: list[int], n_gen: int, pid: int | None = None)
             d = json.loads(line[6:])
             if d["choices"] and d["choices"][0].get("finish_reason") is None:
                 times.append(time.perf_counter())
+            else:
+                t_end = time.perf_counter()
             usage = d.get("usage") or usage
             timings = d.get("timings") or timings
+    # tokens, not chunks: a token that ends inside a character sends no chunk of its own
     n = usage["completion_tokens"]
-    gen_s = times[-1] - times[0] if len(times) > 1 else float("nan")
-    out = {"ttft_ms": (times[0] - t0) * 1e3, "gen_tps": (len(times) - 1) / gen_s, "n": n,
+    gen_s = t_end - times[0] if n > 1 else float("nan")
+    out = {"ttft_ms": (times[0] - t0) * 1e3, "gen_tps": (n - 1) / gen_s, "n": n,
            "server_gen_tps": timings["predicted_per_second"] if timings else None}
     if pid:
         c1 = cpu_ns(pid)
