@@ -255,6 +255,8 @@ def cmd_chat(a) -> int:
     model = load_model(a, Progress())
     with running(model):
         template = ChatTemplate.from_gguf(model.file, model.tokenizer, a.chat_template_file)
+        if not a.no_warmup:
+            model.warm_up()
         chat = Chat(model, template, a, system)
         if sys.stdin.isatty():
             try:
@@ -278,6 +280,8 @@ def add_parser(sub) -> None:
     p.add_argument("-st", "--single-turn", action="store_true", help="leave after the first answer")
     p.add_argument("--show-timings", dest="show_timings", action=argparse.BooleanOptionalAction,
                    default=True, help="a line of prompt and generation speed after each answer")
-    for flag in ("-cnv", "--conversation", "--jinja", "--simple-io", "--no-warmup"):
+    p.add_argument("--no-warmup", dest="no_warmup", action="store_true",
+                   help="skip the warm-up step (BOS and EOS through every server) before the first turn")
+    for flag in ("-cnv", "--conversation", "--jinja", "--simple-io"):
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)  # llama-cli's, no-ops
     p.set_defaults(func=cmd_chat)

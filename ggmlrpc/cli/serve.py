@@ -23,6 +23,7 @@ def _host(value: str) -> str:
 def cmd_serve(a) -> int:
     import uvicorn
 
+    from ..errors import GgmlRpcError
     from ..llm.gguf_file import ModelError
     from ..serve import Engine, create_app
     from ..serve.engine import default_names
@@ -55,7 +56,9 @@ def cmd_serve(a) -> int:
     model = load_model(a, Progress())
     try:
         template = Engine.chat_template(model, a.chat_template_file)
-    except ModelError as e:
+        if not a.no_warmup:
+            model.warm_up()
+    except (ModelError, GgmlRpcError) as e:
         model.close()
         raise CliError(str(e)) from None
     engine = Engine(model, default_names(a.model, a.alias), template, a.model, n_slots, a.max_queue,
@@ -103,6 +106,8 @@ def add_parsers(sub) -> None:
     p.add_argument("--chat-template-file", default=None,
                    help="Jinja chat template (default: the model's, else ChatML)")
     p.add_argument("--jinja", action="store_true", help="accepted: templates are always Jinja")
-    for flag in ("--metrics", "--no-webui", "--no-warmup", "-cb", "--cont-batching"):
+    p.add_argument("--no-warmup", dest="no_warmup", action="store_true",
+                   help="skip the warm-up step (BOS and EOS through every server) before serving")
+    for flag in ("--metrics", "--no-webui", "-cb", "--cont-batching"):
         p.add_argument(flag, action="store_true", help="accepted (llama-server's); no effect")
     p.set_defaults(func=cmd_serve)

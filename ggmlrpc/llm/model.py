@@ -373,6 +373,21 @@ class Model:
         """Run `tokens` after the context so far; the logits of the last one (F32, n_vocab)."""
         return self.seq.eval(tokens)
 
+    def warm_up(self) -> None:
+        """One step of the vocabulary's BOS and EOS (those it has; else token 0) in
+        sequence 0, then forgotten, as llama.cpp runs one before its first request:
+        the servers allocate their compute buffers and first read the weights, this
+        host builds its first graphs, and the first request does not wait for them.
+        Sequence 0 must be empty; it is again after."""
+        if self.seq.n_past:
+            raise ValueError("warm_up needs an empty sequence 0")
+        tok = self.tokenizer
+        toks = [t for t in (getattr(tok, "bos", None), getattr(tok, "eos", None)) if t is not None] or [0]
+        try:
+            self.seq.eval(toks[:self.n_ubatch])
+        finally:
+            self.seq.reset()
+
     def prefill(self, tokens: Seq[int]) -> np.ndarray:
         """Make the context exactly `tokens`, keeping what it holds of them (Sequence.prefill)."""
         return self.seq.prefill(tokens)

@@ -222,6 +222,32 @@ def test_other_routes(srv):
     assert srv.metrics()["llamacpp:tokens_predicted_total"] == before + 5
 
 
+def test_a_warm_up_step_runs_before_the_first_request_and_leaves_nothing(files):
+    """As llama-server, a step of BOS and EOS goes through the servers before the
+    first request (--no-warmup: none); its cells are freed, so the first request
+    reuses none of them, and its answer is the one a cold start gives."""
+    from tests.e2e.test_metrics import Metered
+
+    rpc = Metered()
+    try:
+        answers = {}
+        for warm in (False, True):
+            before = rpc.scrape().value("ggmlrpc_graph_computes_total", device="CPU", kind="compute")
+            s = Serve(files["model"], "--rpc", rpc.endpoint, *(() if warm else ("--no-warmup",)))
+            try:
+                ran = rpc.scrape().value("ggmlrpc_graph_computes_total", device="CPU", kind="compute") - before
+                assert (ran > 0) == warm, ran
+                r = s.post("/v1/completions", {"prompt": PROMPT, "max_tokens": 8, "temperature": 0}).json()
+                assert r["timings"]["cache_n"] == 0 and r["timings"]["prompt_n"] == r["usage"]["prompt_tokens"]
+                assert s.metrics()["llamacpp:prompt_tokens_total"] == r["usage"]["prompt_tokens"]
+                answers[warm] = r["choices"][0]["text"]
+            finally:
+                s.stop()
+        assert answers[True] == answers[False]
+    finally:
+        rpc.close()
+
+
 @pytest.mark.parametrize("args", [["-np", "0"], ["-b", "0"], ["--prefill-chunk", "-1"], ["--max-queue", "-1"],
                                   ["--request-timeout", "-2"], ["--port", "70000"]])
 def test_a_bad_option_is_refused_with_its_error(files, args):
