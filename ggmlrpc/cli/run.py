@@ -175,6 +175,8 @@ def cmd_run(a) -> int:
     out = sys.stdout.buffer
     seed = seed_of(a)
     with running(model):
+        if not a.no_warmup:
+            model.warm_up()
         for piece in model.generate(prompt, a.n_predict, temp=a.temp, top_k=a.top_k, top_p=a.top_p,
                                     min_p=a.min_p, seed=seed, ignore_eos=a.ignore_eos, echo=True):
             # llama-completion prints each piece as a C string: nothing from a NUL byte on
@@ -243,7 +245,9 @@ def add_parsers(sub) -> None:
     p.add_argument("-p", "--prompt", default="", help="prompt")
     p.add_argument("-f", "--file", default=None, help="read the prompt from a file")
     add_sampling_args(p)
-    for flag in ("-no-cnv", "--no-conversation", "--simple-io", "--no-repack", "--no-warmup"):
+    p.add_argument("--no-warmup", dest="no_warmup", action="store_true",
+                   help="skip the warm-up step (BOS and EOS through every server) before the prompt")
+    for flag in ("-no-cnv", "--no-conversation", "--simple-io", "--no-repack"):
         p.add_argument(flag, action="store_true", help=argparse.SUPPRESS)  # llama-completion's, no-ops
     p.set_defaults(func=cmd_run)
 
