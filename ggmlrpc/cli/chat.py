@@ -252,11 +252,9 @@ def cmd_chat(a) -> int:
             f.close()
     except ModelError as e:
         raise CliError(str(e)) from None
-    model = load_model(a, Progress())
+    model = load_model(a, Progress(), warm_up=True)
     with running(model):
         template = ChatTemplate.from_gguf(model.file, model.tokenizer, a.chat_template_file)
-        if not a.no_warmup:
-            model.warm_up()
         chat = Chat(model, template, a, system)
         if sys.stdin.isatty():
             try:

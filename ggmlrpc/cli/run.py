@@ -113,7 +113,9 @@ class Progress:
         self.stream.flush()
 
 
-def load_model(a, progress=None):
+def load_model(a, progress=None, warm_up: bool = False):
+    """The model of the command's options, loaded onto its devices; with `warm_up`,
+    then run through llama.cpp's warm-up step (Model.warm_up) unless --no-warmup."""
     from ..llm.gguf_file import ModelError
     from ..llm.model import Model
 
@@ -143,6 +145,12 @@ def load_model(a, progress=None):
     if model.rows is not None and model.rows.linked:
         print(f"split mode row: the {len(model.rows.shards)} servers swap their results directly (--peers)",
               file=sys.stderr)
+    if warm_up and not a.no_warmup:
+        try:
+            model.warm_up()
+        except BaseException:
+            with running(model):     # closes the model; the error as one line, as a run's
+                raise
     return model
 
 
@@ -171,12 +179,10 @@ def cmd_run(a) -> int:
                 prompt = f.read().decode("utf-8", "surrogateescape")
         except OSError as e:
             raise CliError(f"cannot read prompt file: {e}") from None
-    model = load_model(a, Progress())
+    model = load_model(a, Progress(), warm_up=True)
     out = sys.stdout.buffer
     seed = seed_of(a)
     with running(model):
-        if not a.no_warmup:
-            model.warm_up()
         for piece in model.generate(prompt, a.n_predict, temp=a.temp, top_k=a.top_k, top_p=a.top_p,
                                     min_p=a.min_p, seed=seed, ignore_eos=a.ignore_eos, echo=True):
             # llama-completion prints each piece as a C string: nothing from a NUL byte on

@@ -23,7 +23,6 @@ def _host(value: str) -> str:
 def cmd_serve(a) -> int:
     import uvicorn
 
-    from ..errors import GgmlRpcError
     from ..llm.gguf_file import ModelError
     from ..serve import Engine, create_app
     from ..serve.engine import default_names
@@ -53,12 +52,10 @@ def cmd_serve(a) -> int:
     n_slots = max(1, a.parallel)
     if a.ctx > 0 and n_slots > 1:    # llama.cpp: each slot n_ctx / N, padded to 256
         a.ctx = -(-(a.ctx // n_slots) // 256) * 256 * n_slots
-    model = load_model(a, Progress())
+    model = load_model(a, Progress(), warm_up=True)
     try:
         template = Engine.chat_template(model, a.chat_template_file)
-        if not a.no_warmup:
-            model.warm_up()
-    except (ModelError, GgmlRpcError) as e:
+    except ModelError as e:
         model.close()
         raise CliError(str(e)) from None
     engine = Engine(model, default_names(a.model, a.alias), template, a.model, n_slots, a.max_queue,
