@@ -69,8 +69,10 @@ class Flow:
         return len(self.queue)
 
     def starts_now(self) -> bool:
-        """Whether a micro-batch added now runs on the first stage at the next tick."""
-        return all(mb.stage > self.first for mb in self.queue)
+        """Whether a micro-batch added now runs on the first stage at the next tick (or
+        right after the one that stage runs now, with nothing else waiting for it)."""
+        at = [mb for mb in self.queue if mb.stage <= self.first]
+        return not at or len(at) == 1 and at[0].stage == self.first and at[0].answer is not None
 
     def add(self, batch: tuple, tag=None) -> MicroBatch:
         """Queue a micro-batch (its KV cells are taken now)."""
@@ -80,17 +82,19 @@ class Flow:
         self.queue.append(mb)
         return mb
 
-    def tick(self) -> list[MicroBatch]:
+    def tick(self, land=None) -> list[MicroBatch]:
         """Run one tick; the micro-batches that came out of the last stage, in order.
-        A lost server: the other answers of the tick are read, and the error raised
+        `land(mb)`, where given, is called as each one comes out, while the other
+        answers of the tick are still on their way: the micro-batches it adds (the
+        next tokens of the requests that landed) go to the first server at once,
+        behind what that server runs (a small step), so that it starts them the
+        moment it is done rather than after the tick; they are read next tick. A
+        lost server: the other answers of the tick are read, and the error raised
         (the micro-batches in the queue then did not happen: `clear` them)."""
         m = self.model
         S = len(m.stages)
         for mb in self.queue:
-            while self.inline[mb.stage]:
-                answer, _ = m._issue(m.stages[mb.stage], mb.key, mb.values, mb.x)
-                mb.x = bytes(answer())
-                mb.stage += 1
+            self._inline(mb)
         taken, active = set(), []
         for mb in self.queue:
             if mb.stage not in taken:
@@ -107,6 +111,12 @@ class Flow:
                     mb.sent = next(self._sent)
                 waiting.append(mb)
             waiting.sort(key=lambda mb: mb.sent)
+            if hook is not None:      # every request of the tick went ahead: it runs while we wait
+                for mb in waiting:
+                    be = m.stages[mb.stage].device.backend
+                    if isinstance(be, RemoteBackend):
+                        be.waiting = hook
+                        break
             done = []
             while waiting:
                 mb = self._ready(waiting)
@@ -121,13 +131,34 @@ class Flow:
                 mb.stage += 1
                 if mb.stage < S:
                     self._ahead(mb, active)
+                elif land is not None:
+                    self._out(mb)
+                    land(mb)
+                    for new in self.queue:
+                        if new.answer is None and new not in active:
+                            self._inline(new)
+                            self._ahead(new, active)
         except ConnectionLost:
             _drain(waiting)
             raise
         for mb in done:
-            self.queue.remove(mb)
-            m._batches.append(mb.batch)
+            if land is None:
+                self._out(mb)
         return done
+
+    def _out(self, mb: MicroBatch) -> None:
+        """`mb` came out of the last stage: it leaves the queue."""
+        self.queue.remove(mb)
+        self.model._batches.append(mb.batch)
+
+    def _inline(self, mb: MicroBatch) -> None:
+        """Run `mb` through the inline stages it is at (on to the next stage that
+        takes a tick)."""
+        m = self.model
+        while self.inline[mb.stage]:
+            answer, _ = m._issue(m.stages[mb.stage], mb.key, mb.values, mb.x)
+            mb.x = bytes(answer())
+            mb.stage += 1
 
     def _ahead(self, mb: MicroBatch, active: list[MicroBatch]) -> None:
         """Send `mb` on to its next stage now, where that is a server's small step and

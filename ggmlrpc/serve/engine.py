@@ -611,7 +611,7 @@ class Engine:
             if not self.flow:
                 return
         try:
-            landed = self.flow.tick()
+            landed = self.flow.tick(self._land)
         except Exception as e:     # every request in flight fails
             dropped = list(dict.fromkeys(s for mb in self.flow.clear() for s, _ in mb.tag))
             for s in dropped:
@@ -619,19 +619,55 @@ class Engine:
             self.flow = None       # one by one from now: that is where a lost server comes back
             return self._failed(dropped, e)
         self.stats.n_decode += len(landed)
-        for mb in landed:
-            for (slot, toks), lg in zip(mb.tag, mb.logits):
-                slot.in_flight -= 1
-                if slot.todo:
-                    slot.sent -= len(toks)
-                if slot.error is not None or slot.gen.cancelled.is_set():
-                    if not slot.in_flight:     # its later pieces land first
-                        if slot.error is not None:
-                            self._failed([slot], slot.error)
-                        else:
-                            self._end(slot, ("cancelled",))
-                else:
-                    self._landed(slot, toks, lg)
+
+    def _land(self, mb) -> None:
+        """A micro-batch of the Flow came out (its other answers still on their way):
+        its requests' tokens are sampled, and the next token of those that go on is
+        added to the Flow at once (it goes to the first server behind what that
+        server runs). A group of decode steps stays together: its requests took
+        turns with the other groups' so far, and go on doing so. A group whose
+        prompts ended here, or any step while a prompt waits, is made between ticks
+        (_flow_step), where the groups take their shares and prompts their pieces."""
+        now = time.monotonic()
+        again, decode = [], True
+        for (slot, toks), lg in zip(mb.tag, mb.logits):
+            decode = decode and not slot.todo
+            slot.in_flight -= 1
+            if slot.todo:
+                slot.sent -= len(toks)
+            if slot.error is not None or slot.gen.cancelled.is_set():
+                if not slot.in_flight:     # its later pieces land first
+                    if slot.error is not None:
+                        self._failed([slot], slot.error)
+                    else:
+                        self._end(slot, ("cancelled",))
+                continue
+            self._landed(slot, toks, lg)
+            if (slot.gen is not None and not slot.todo and not slot.in_flight
+                    and not slot.gen.cancelled.is_set() and not slot.expired(now)):
+                again.append(slot)
+        if again and decode and not self._pending():
+            parts = [(s, [s.last]) for s in again]
+            try:
+                self.model.add_to(self.flow, [(s.seq, toks) for s, toks in parts], parts)
+            except Exception as e:     # these requests fail
+                self._failed(again, e)
+                return
+            for s in again:
+                s.in_flight += 1
+
+    def _pending(self) -> bool:
+        """Whether a prompt waits to go in (a piece of a running request's, or a new
+        request a free slot can take): then the next micro-batch is made between ticks,
+        where prompts and decode steps share it, not at once for the decode steps
+        alone (a request sent while the others generate would wait for them all)."""
+        free = False
+        for s in self.slots:
+            if s.gen is None:
+                free = True
+            elif s.todo and len(s.todo) > s.sent and s.error is None:
+                return True
+        return free and not self.jobs.empty()
 
     def _failed(self, slots: list["Slot"], e: Exception) -> None:
         msg = (f"generation failed: {e}" if isinstance(e, (ModelError, GgmlRpcError))

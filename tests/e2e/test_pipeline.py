@@ -188,14 +188,20 @@ def greedy_pair(m: Model, flow: bool, n: int = 6, after_prompts=None) -> list[np
         todo[q] -= 1
         if q is a:
             assert f.tick() == []       # a's micro-batch goes on to the second server
+
+    def land(mb):
+        q = mb.tag
+        nxt[q] = mb.logits[0]
+        out.append(nxt[q])
+        if todo[q]:
+            m.add_to(f, [(q, [int(np.argmax(nxt[q]))])], q)
+            todo[q] -= 1
     while f:
+        if flow == "land":
+            f.tick(land)
+            continue
         for mb in f.tick():
-            q = mb.tag
-            nxt[q] = mb.logits[0]
-            out.append(nxt[q])
-            if todo[q]:
-                m.add_to(f, [(q, [int(np.argmax(nxt[q]))])], q)
-                todo[q] -= 1
+            land(mb)
     return out
 
 
@@ -254,6 +260,44 @@ def test_a_decode_step_goes_ahead_to_the_busy_server(model_path, servers, monkey
     # each of the others ahead of its tick
     assert ahead[0] == 11
     assert at_start == [0, 0] + [1] * 11
+
+
+def test_a_landed_token_goes_on_to_the_first_server_within_the_tick(model_path, servers, monkeypatch):
+    """serve's way: as a micro-batch comes out of the last server, `tick(land)` hands it
+    to `land` while the tick's other answer is still on its way; the next token that
+    `land` adds goes to the first server at once (behind the micro-batch it runs), not
+    at the next tick, so that server starts it the moment it is done. Every tick that
+    waits runs the `on_wait` hook (serve's events go out there), even one whose
+    requests all went ahead. The logits stay those of one by one."""
+    with Model.load(model_path, rpc=servers[:2], n_ubatch=8, n_seq=2, pipeline=False) as m:
+        want = greedy_pair(m, False)
+    tick, sent_in_tick, hooks = Flow.tick, [], []
+
+    def checked(self, land=None):
+        mine, ran = [], []
+
+        def landing(mb):
+            n = len(self.queue)
+            land(mb)
+            mine.extend(self.queue[n:])     # what land added
+        self.model.on_wait = lambda: ran.append(1)
+        done = tick(self, landing if land is not None else None)
+        hooks.append(len(ran))
+        if land is not None:
+            sent_in_tick.append([x.answer is not None for x in mine])
+        return done
+    monkeypatch.setattr(Flow, "tick", checked)
+    with Model.load(model_path, rpc=servers[:2], n_ubatch=8, n_seq=2) as m:
+        got = greedy_pair(m, "land")
+    assert len(got) == len(want) == 14
+    for x, y in zip(want, got):
+        assert np.array_equal(x, y)
+    # each token but the two last goes on from the landing of its sequence's last one;
+    # all of them were sent to the first server before the tick that landed it ended
+    assert sum(len(x) for x in sent_in_tick) == 10
+    assert all(all(x) for x in sent_in_tick), sent_in_tick
+    # the hook ran once in every tick (the prompts' included)
+    assert len(hooks) > len(sent_in_tick) and set(hooks) == {1}, hooks
 
 
 def test_a_server_lost_with_a_step_sent_ahead(model_path):
