@@ -13,6 +13,7 @@ raise typed exceptions from ggmlrpc.errors; nothing here aborts the process.
 from __future__ import annotations
 
 import contextlib
+import functools
 import itertools
 import socket
 import struct
@@ -61,8 +62,9 @@ class Tensor:
         self.name = name
         self.flags = flags
 
-    @property
+    @functools.cached_property
     def nbytes(self) -> int:
+        """ggml_nbytes (the shape and strides do not change after construction)."""
         return ggml.nbytes(self.type, self.ne, self.nb)
 
     def to_rpc(self, use_count: int = 0) -> RpcTensor:

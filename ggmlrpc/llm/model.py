@@ -34,6 +34,7 @@ import numpy as np
 
 from ..client import RemoteBackend, RemoteBuffer, serialize_graph
 from ..errors import ConnectionLost, GgmlRpcError
+from ..ggml import GGMLOp
 from ..local import LocalBackend
 from .archs import ARCHS, SUPPORTED_ARCHS
 from .blocks import build, stage_weights
@@ -57,6 +58,24 @@ N_UBATCH = 512        # prompt tokens per graph (llama.cpp's default micro-batch
 # tokens: with S stages, k micro-batches take k + S - 1 ticks of 1/k instead of S.
 PIPE_DEPTH = 4
 PIPE_MIN_UBATCH = 64
+ROWS_KEPT_BYTES = 16 << 20     # the token rows of a row-wise stage kept for the next steps (_row_wise)
+# the ops of a stage whose every output row is a function of its own token alone, the
+# same bits whatever the batch (a lookup and an element-wise scale, as the token
+# embedding on this host is for most architectures)
+_ROW_WISE_OPS = frozenset({GGMLOp.NONE, GGMLOp.GET_ROWS, GGMLOp.SCALE})
+
+
+def _row_wise(st: Stage, g: StageGraph) -> bool:
+    """Whether stage `st`'s graph `g` maps each token to its own row of the result
+    through a lookup and element-wise ops only (a token embedding on this host): then
+    a token's row is the same bytes in every step, and Model keeps them (a decode
+    step's embedding is a dictionary lookup, not a graph run on this host)."""
+    rw = getattr(g, "row_wise", None)
+    if rw is None:
+        rw = (st.embed and not st.layers and not st.output and set(g.inputs) == {"inp_tokens"}
+              and all(t.op in _ROW_WISE_OPS for t in g.graph.tensors))
+        g.row_wise = rw
+    return rw
 
 
 class Model:
@@ -68,6 +87,7 @@ class Model:
         self.stages: list[Stage] = []
         self.backends: list = []
         self._held: dict[tuple, tuple] = {}    # (backend, device) -> (stage, key) of its graph
+        self._token_rows: dict[int, bytes] = {}    # token -> its row of a row-wise stage (_row_wise)
         self.cached_bytes = 0                  # weight bytes the servers' caches supplied
         self._batches: list[tuple] = []        # (seqs, tokens, positions, out rows) a recovery replays
         self._next_seq = 0
@@ -483,6 +503,20 @@ class Model:
         self._batches.append(batch)
         return self._logits(x, len(out))
 
+    def _keep_rows(self, toks: list[int], result) -> None:
+        """Keep each token's row of a row-wise stage's result (ROWS_KEPT_BYTES at most:
+        the oldest go first)."""
+        size = len(result) // len(toks)
+        if not size:
+            return
+        limit = max(1, ROWS_KEPT_BYTES // size)
+        mv = memoryview(result)
+        for i, t in enumerate(toks):
+            if t not in self._token_rows:
+                if len(self._token_rows) >= limit:
+                    del self._token_rows[next(iter(self._token_rows))]
+                self._token_rows[t] = bytes(mv[i * size:(i + 1) * size])
+
     def _logits(self, x, n_out: int) -> np.ndarray:
         n_vocab = self.hp.n_vocab
         return np.frombuffer(x, dtype=np.float32)[-n_vocab * n_out:].reshape(n_out, n_vocab).copy()
@@ -520,6 +554,13 @@ class Model:
                     g.wire = g.wire or serialize_graph(dev, g.graph.nodes)
                     wait = g.issue(be, values, again)
                 else:
+                    toks = values["inp_tokens"].tolist() if _row_wise(st, g) else None
+                    if toks is not None and all(t in self._token_rows for t in toks):
+                        rows = b"".join(self._token_rows[t] for t in toks)
+                        if hook is not None and last:
+                            hook()
+                            hook = None
+                        return (lambda: rows), hook
                     g.write_inputs(be, values)
                     if hook is not None and last:
                         hook()
@@ -529,6 +570,8 @@ class Model:
                     else:
                         be.graph_compute(g.graph.nodes, dev)
                     result = be.get_tensor(g.out, out=g.result)
+                    if toks is not None:
+                        self._keep_rows(toks, result)
                     wait = lambda: result     # noqa: E731
                 self._held[held] = (id(st), key)
         except ConnectionLost as e:

@@ -44,6 +44,7 @@ class StageGraph:
     # step's requests to the server with their headers encoded (issue)
     slots: list | None = field(default=None, repr=False)
     requests: object = field(default=None, repr=False)
+    row_wise: bool | None = field(default=None, repr=False)    # see model._row_wise
 
     @property
     def inputs_size(self) -> int:
