@@ -190,6 +190,23 @@ def test_kernel_family_from_environment(server_proc, family):
     assert f"CPU kernels reproduce ggml's {family} build" in p.output()[1]
 
 
+@pytest.mark.skipif(not hasattr(os, "SCHED_BATCH"), reason="SCHED_BATCH is Linux's")
+def test_threads_run_as_a_batch_job_unless_told(server_proc):
+    """Every thread of the server, its connections' and compute threads too, runs under
+    SCHED_BATCH (a woken one does not preempt another program's thread: a host on the
+    same machine keeps its turn); --sched-normal keeps the default policy."""
+    def policies(p) -> set[int]:
+        with RemoteBackend(p.endpoint) as rb:     # a connection's thread, and a graph computed
+            buf = rb.alloc_buffer(1 << 16)
+            t = buf.tensor(GGMLType.F32, (64,), 0)
+            rb.set_tensor(t, np.arange(64, dtype=np.float32))
+            assert rb.device_count() == 1
+            tids = os.listdir(f"/proc/{p.proc.pid}/task")
+            return {os.sched_getscheduler(int(tid)) for tid in tids}
+    assert policies(server_proc()) == {os.SCHED_BATCH}
+    assert policies(server_proc("--sched-normal")) == {os.SCHED_OTHER}
+
+
 def test_any_host_warning_on_stderr(server_proc):
     p = server_proc("-H", "0.0.0.0", env=QUIET)
     out = wait_for(p, "transport")
