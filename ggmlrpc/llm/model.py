@@ -555,16 +555,16 @@ class Model:
                     wait = g.issue(be, values, again)
                 else:
                     toks = values["inp_tokens"].tolist() if _row_wise(st, g) else None
+                    rows = None
                     if toks is not None and all(t in self._token_rows for t in toks):
-                        rows = b"".join(self._token_rows[t] for t in toks)
-                        if hook is not None and last:
-                            hook()
-                            hook = None
-                        return (lambda: rows), hook
-                    g.write_inputs(be, values)
+                        rows = b"".join(self._token_rows[t] for t in toks)    # no graph to run
+                    else:
+                        g.write_inputs(be, values)
                     if hook is not None and last:
                         hook()
                         hook = None
+                    if rows is not None:
+                        return (lambda: rows), hook
                     if again:
                         be.graph_recompute(dev)
                     else:

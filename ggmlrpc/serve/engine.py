@@ -236,6 +236,13 @@ class Slot:
     def expired(self, now: float) -> bool:
         return self.deadline is not None and now > self.deadline
 
+    def ready(self, now: float) -> bool:
+        """Whether its request has something to send now: a piece of its prompt not in
+        flight yet, or, generating, its next token (none in flight); not where it failed,
+        was cancelled or timed out."""
+        return ((len(self.todo) > self.sent if self.todo else not self.in_flight) and self.error is None
+                and not self.gen.cancelled.is_set() and not self.expired(now))
+
 
 class Stats:
     """llama-server's metrics, counted by the worker in plain numbers."""
@@ -562,8 +569,7 @@ class Engine:
         follow each other through the servers in order). One tick of the Flow: every
         server runs one micro-batch."""
         now = time.monotonic()
-        ready = [s for s in busy if (len(s.todo) > s.sent if s.todo else not s.in_flight) and s.error is None
-                 and not s.gen.cancelled.is_set() and not s.expired(now)]
+        ready = [s for s in busy if s.ready(now)]
         if ready and self.flow.starts_now():
             share = -(-len(busy) // self.flow.depth)
             # beside other requests, every micro-batch's piece of prompt is short: a tick
@@ -643,8 +649,7 @@ class Engine:
                         self._end(slot, ("cancelled",))
                 continue
             self._landed(slot, toks, lg)
-            if (slot.gen is not None and not slot.todo and not slot.in_flight
-                    and not slot.gen.cancelled.is_set() and not slot.expired(now)):
+            if slot.gen is not None and not slot.todo and slot.ready(now):
                 again.append(slot)
         if again and decode and not self._pending():
             parts = [(s, [s.last]) for s in again]
