@@ -7,6 +7,7 @@ from __future__ import annotations
 import os
 import re
 import sys
+import termios
 
 import gguf
 import pexpect
@@ -74,6 +75,16 @@ def template_file(d) -> str:
     return str(path)
 
 
+def keep_output_on_interrupt():
+    """In the child, before the program starts: the terminal keeps what was written
+    when Ctrl-C arrives (NOFLSH). By default the pseudo-terminal drops written bytes
+    its reader, the test, has not read yet, which would make the answer as shown
+    lose tokens the program wrote."""
+    attrs = termios.tcgetattr(0)
+    attrs[3] |= termios.NOFLSH
+    termios.tcsetattr(0, termios.TCSANOW, attrs)
+
+
 @pytest.fixture
 def spawn():
     """Factory: the command in a pseudo-terminal, at its first prompt unless told;
@@ -82,7 +93,8 @@ def spawn():
 
     def start(*args, prompt: bool = True) -> pexpect.spawn:
         child = pexpect.spawn(sys.executable, ["-P", "-m", "ggmlrpc.cli.main", "chat", *map(str, args)],
-                              timeout=120, env={"TERM": "xterm", **os.environ})
+                              timeout=120, env={"TERM": "xterm", **os.environ},
+                              preexec_fn=keep_output_on_interrupt)
         children.append(child)
         if prompt:
             child.expect(PROMPT)
