@@ -54,6 +54,13 @@ typedef struct {
     ggmlrpc_vec_dot_fn qdot;
     float (*dot32)(int64_t, const float *, const float *);
     float (*dot16)(int64_t, const uint16_t *, const uint16_t *);
+    /* looked up once a node (mm_kernels), not for every block of rows */
+    const int32_t *sums;                 /* the activation sums kept in scratch (mm_sums) */
+    ggmlrpc_vec_dot_sums_fn qdots;       /* Q4_0's one-column kernel with those sums */
+    ggmlrpc_vec_dot_rows4_fn qrows4;     /* four weight rows, one column, where qdot is vec_dot */
+    ggmlrpc_vec_dot_4xn_fn tile;         /* small batches, where qdot is vec_dot */
+    ggmlrpc_vec_dot_4xn_sums_fn tile_s;  /* their offset form, where the sums were kept for it */
+    size_t wrow;                         /* bytes of a weight row (fetched ahead on a block's first column) */
 } mm_ctx;
 
 /* activation column c (over all batches): converted in scratch or read in place */
@@ -192,6 +199,19 @@ static void mm_4xn(const gr_job *job, const mm_ctx *cx, ggmlrpc_vec_dot_4xn_fn t
     }
 }
 
+/* the node's kernels of mm_rows: the row and small-batch kernels where qdot is the
+ * type's vec_dot (not a GEMM order), Q4_0's with its lane sums where kept */
+static void mm_kernels(const gr_job *job, mm_ctx *cx) {
+    const uint32_t t = (uint32_t)cx->s0->type;
+    const int vec_dot = cx->qdot && cx->qdot == ggmlrpc_get_vec_dot(t);
+    cx->sums = mm_sums(job, &cx->L);
+    cx->qdots = cx->sums && cx->L.q4_sums == GR_SUMS_Q4_0 ? ggmlrpc_get_vec_dot_q4_0_sums() : NULL;
+    cx->qrows4 = !cx->qdots && vec_dot ? ggmlrpc_get_vec_dot_rows4(t) : NULL;
+    cx->tile = vec_dot ? ggmlrpc_get_vec_dot_4xn(t) : NULL;
+    cx->tile_s = cx->tile && cx->sums && cx->L.q4_sums == GR_SUMS_4XN ? ggmlrpc_get_vec_dot_4xn_sums(t) : NULL;
+    cx->wrow = ggmlrpc_row_size(t, cx->K);
+}
+
 /* outputs [a0, a1) x columns [b0, b1), one dot product each (vec_dot's order, or
  * the GEMM's for F32/F16 with dot32/dot16 set so); by the type's 4xn kernel where it
  * has one (2+ columns, or one without a rows4 kernel) */
@@ -201,22 +221,15 @@ static void mm_rows(gr_job *job, const mm_ctx *cx, int64_t a0, int64_t a1, int64
     const int64_t K = cx->K, N = cx->N, ne12 = cx->ne12, r2 = cx->r2, r3 = cx->r3;
     const int conv = cx->conv;
     const ggmlrpc_vec_dot_fn qdot = cx->qdot;
-    const int32_t *sums = mm_sums(job, &cx->L);
-    const ggmlrpc_vec_dot_sums_fn qdots = sums && cx->L.q4_sums == GR_SUMS_Q4_0 ? ggmlrpc_get_vec_dot_q4_0_sums() : NULL;
-    /* four weight rows at a time, where qdot is the type's vec_dot (not a GEMM order) */
-    const ggmlrpc_vec_dot_rows4_fn qrows4 = !qdots && qdot && qdot == ggmlrpc_get_vec_dot((uint32_t)s0->type)
-                                                ? ggmlrpc_get_vec_dot_rows4((uint32_t)s0->type) : NULL;
-    /* where qdot is the type's vec_dot: for 2+ columns, or for one where the type
-     * has no rows4 kernel (nor Q4_0's lane sums) */
-    const ggmlrpc_vec_dot_4xn_fn tile = (b1 - b0 >= 2 || (!qrows4 && !qdots)) && qdot &&
-                                                qdot == ggmlrpc_get_vec_dot((uint32_t)s0->type)
-                                            ? ggmlrpc_get_vec_dot_4xn((uint32_t)s0->type) : NULL;
-    /* its offset form, where the activation sums were kept for it */
-    const ggmlrpc_vec_dot_4xn_sums_fn tile_s = tile && sums && cx->L.q4_sums == GR_SUMS_4XN
-                                                   ? ggmlrpc_get_vec_dot_4xn_sums((uint32_t)s0->type) : NULL;
+    const int32_t *sums = cx->sums;
+    const ggmlrpc_vec_dot_sums_fn qdots = cx->qdots;
+    const ggmlrpc_vec_dot_rows4_fn qrows4 = cx->qrows4;
+    /* the 4xn kernel for 2+ columns, or for one where the type has no rows4 kernel
+     * (nor Q4_0's lane sums) */
+    const ggmlrpc_vec_dot_4xn_fn tile = b1 - b0 >= 2 || (!qrows4 && !qdots) ? cx->tile : NULL;
+    const ggmlrpc_vec_dot_4xn_sums_fn tile_s = tile ? cx->tile_s : NULL;
     const int64_t BLK = 16;
-    /* the bytes of one weight row, fetched ahead of use on a block's first column */
-    const size_t wrow = ggmlrpc_row_size((uint32_t)s0->type, K);
+    const size_t wrow = cx->wrow;
     for (int64_t ib = a0; ib < a1; ib += BLK) {
         const int64_t ie = ib + BLK < a1 ? ib + BLK : a1;
         if (tile) {
@@ -527,6 +540,7 @@ void gr_k_mul_mat(gr_job *job, int phase) {
         cx.qdot = order == GR_MM_Q0_GEMM ? ggmlrpc_get_vec_dot_gemm((uint32_t)s0->type) : ggmlrpc_get_vec_dot((uint32_t)s0->type);
     if (s0->type == GR_TYPE_BF16 && order == GR_MM_GEMM) cx.qdot = gr_vec.dot_bf16_gemm;   /* tinyBLAS */
     else if (s0->type == GR_TYPE_BF16 && gr_vec.dot_bf16) cx.qdot = gr_vec.dot_bf16;  /* an AVX512-BF16 build's */
+    mm_kernels(job, &cx);
 
     /* the larger side split between threads */
     int64_t a0 = 0, a1 = cx.nr0, b0 = 0, b1 = cx.nr1;

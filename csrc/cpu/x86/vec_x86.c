@@ -254,6 +254,17 @@ GR_AVX2 static void mad_f16_avx(int64_t n, uint16_t *y, const uint16_t *x, float
     }
     for (; i < n; i++) y[i] = gr_fp32_to_fp16(fmaf(gr_fp16_to_fp32(x[i]), v, gr_fp16_to_fp32(y[i])));
 }
+
+/* y *= v as ggml's F16C build scales (the F32 product of each element, rounded to
+ * F16 to nearest even): flash attention's F16 accumulator where the running maximum
+ * moves */
+GR_AVX2 static void scale_f16_avx(int64_t n, uint16_t *y, float v) {
+    int64_t i = 0;
+    const __m256 vv = _mm256_set1_ps(v);
+    for (; i + 7 < n; i += 8)
+        _mm_storeu_si128((__m128i *)(y + i), _mm256_cvtps_ph(_mm256_mul_ps(load_h8(y + i), vv), 0));
+    for (; i < n; i++) y[i] = gr_fp32_to_fp16(gr_fp16_to_fp32(y[i]) * v);
+}
 /* ---- AVX-512 (F, DQ, BW, VL) and AVX512-FP16 --------------------------- */
 
 #define GR_AVX512 __attribute__((target("avx512f,avx512dq,avx512bw,avx512vl,avx2,fma,f16c")))
@@ -419,8 +430,8 @@ GR_AVX512FP16 static void mad_f16_avx512fp16(int64_t n, uint16_t *y, const uint1
 
 /* ---- flash attention's keys loop (gr_vec_ops.fa_keys_f16) -------------------
  * VKQ held in registers for DV of 64, 128 or 256, as F32 values that are F16
- * numbers (each step rounds through F16: mad_f16_avx's and the portable
- * scale_f16's steps); the scores of a block of keys computed first, then the
+ * numbers (each step rounds through F16: mad_f16_avx's and scale_f16_avx's
+ * steps); the scores of a block of keys computed first, then the
  * running maximum's chain over them. */
 #define GR_FA_ROUND16(x) _mm512_cvtph_ps(_mm512_cvtps_ph((x), 0))
 
@@ -712,7 +723,7 @@ int gr_vec_x86(int family, int use_simd, gr_vec_ops *v) {
         v->dot_f32 = dot_f32_avx, v->dot_f32_gemm = dot_f32_gemm_avx, v->dot_f16 = dot_f16_avx;
         v->dot_f16_gemm = dot_f16_gemm_avx, v->fp16_to_fp32 = fp16_to_fp32_avx, v->fp32_to_fp16 = fp32_to_fp16_avx;
         v->soft_max = soft_max_avx, v->silu = silu_avx, v->swiglu = swiglu_avx;
-        v->mad_f32 = mad_f32_avx, v->mad_f16 = mad_f16_avx;   /* scale_f16: the portable one */
+        v->mad_f32 = mad_f32_avx, v->mad_f16 = mad_f16_avx, v->scale_f16 = scale_f16_avx;
         v->tile_cols = 2, v->tile_f32_gemm = tile_f32_gemm_avx, v->tile_f16_gemm = tile_f16_gemm_avx;
         v->gemm_f32 = gemm_f32_avx, v->dot_bf16_gemm = dot_bf16_gemm_avx;
         v->rope_rotate = rope_rotate_avx;
@@ -728,7 +739,7 @@ int gr_vec_x86(int family, int use_simd, gr_vec_ops *v) {
         v->dot_f16_gemm = dot_f16_gemm_avx512, v->fp16_to_fp32 = fp16_to_fp32_avx, v->fp32_to_fp16 = fp32_to_fp16_avx;
         v->soft_max = soft_max_avx512, v->silu = silu_avx512, v->swiglu = swiglu_avx512;
         v->mad_f32 = mad_f32_avx, v->mad_f16 = fp16 ? mad_f16_avx512fp16 : mad_f16_avx;
-        if (fp16) v->scale_f16 = scale_f16_avx512fp16;   /* else the portable one */
+        v->scale_f16 = fp16 ? scale_f16_avx512fp16 : scale_f16_avx;
         v->fa_keys_f16 = fp16 ? fa_keys_f16_avx512fp16 : fa_keys_f16_avx512;
         v->fa_heads_f16 = fp16 ? fa_heads_f16_avx512fp16 : fa_heads_f16_avx512;
         v->tile_cols = 6, v->tile_f32_gemm = tile_f32_gemm_avx512, v->tile_f16_gemm = tile_f16_gemm_avx512;
