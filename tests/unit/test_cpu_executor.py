@@ -269,6 +269,29 @@ def test_small_batch_matmul_gives_each_row_its_dot(seed, wtype):
                                                   err_msg=f"M={M} N={N} levels={plan, run} threads={n_threads}")
 
 
+@pytest.mark.parametrize("blocks", [64, 65])
+def test_small_batch_q4_k_rows_either_side_of_the_kept_sums(seed, blocks):
+    """Q4_K's small-batch kernel works the activations' block sums out once for its
+    four weight rows, kept on the stack for rows of up to 64 blocks, and row by row
+    for longer ones: on either side of that bound every output is its vec_dot."""
+    from ggmlrpc._native import quants
+    from tests.ops.test_quants import random_blocks
+    rng = np.random.default_rng(seed)
+    K, M, wtype = 256 * blocks, 10, T.Q4_K
+    act = quants.vec_dot_type(int(wtype))
+    wq = random_blocks(rng, int(wtype), K * M)
+    rb = len(wq) // M
+    for N in (2, 5):
+        x = rng.standard_normal((1, N, K)).astype(np.float32)
+        want = np.array([[quants.vec_dot(int(wtype), wq[i * rb:(i + 1) * rb].tobytes(),
+                                         quants.quantize(act, x[0, j]).tobytes()) for i in range(M)]
+                         for j in range(N)], np.float32)
+        for level in sorted({1, quants.simd()}):
+            got = _matmul_runs(wtype, wq, x, M, 1, level, level)[0]
+            np.testing.assert_array_equal(got.view(np.uint32), want.ravel().view(np.uint32),
+                                          err_msg=f"N={N} level={level}")
+
+
 @pytest.mark.parametrize("wtype", [T.Q8_0, T.Q4_0, T.Q4_K, T.Q5_K, T.Q6_K])
 def test_small_batch_experts_give_each_row_its_dot(seed, wtype):
     """MUL_MAT_ID of a small batch: experts routed 7, 6 and 2 rows take the same

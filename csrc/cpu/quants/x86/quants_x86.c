@@ -659,7 +659,7 @@ GR_VNNI static inline __m256i gr_madd_acc_vnni(__m256i acc, __m256i a, __m256i b
 /* Q4_K as vec_dot_q4_K_q8_K_avx2 (gr_q4K_block's steps, sub-block by sub-block) */
 GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q4K(int64_t n, float *s, const block_q4_K *x,
                                                                      const void *const yv[8], int NC,
-                                                                     gr_madd_acc_fn madd_acc) {
+                                                                     gr_madd_acc_fn madd_acc, const __m128i *ps) {
     const block_q8_K *y[8] = {yv[0], yv[1], yv[2], yv[3], yv[4], yv[5], yv[6], yv[7]};
     const __m256i m4 = _mm256_set1_epi8(0x0f);
     __m256 acc[8];
@@ -692,7 +692,7 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q4K(int64_t n, 
         const float xd = _cvtsh_ss(x[i].d), xdmin = _cvtsh_ss(x[i].dmin);
         for (int c = 0; c < NC; c++) {
             const float d = y[c][i].d * xd, dmin = -y[c][i].d * xdmin;
-            const __m128i mins = _mm_madd_epi16(mn, gr_q8K_pair_sums(&y[c][i]));
+            const __m128i mins = _mm_madd_epi16(mn, ps ? ps[i * 8 + c] : gr_q8K_pair_sums(&y[c][i]));
             acc_m[c] = _mm_fmadd_ps(_mm_set1_ps(dmin), _mm_cvtepi32_ps(mins), acc_m[c]);
             if (GR_K_TWO_CHAINS(NC)) sumi[c] = _mm256_add_epi32(sumi[c], sumh[c]);
             acc[c] = _mm256_fmadd_ps(_mm256_set1_ps(d), _mm256_cvtepi32_ps(sumi[c]), acc[c]);
@@ -785,12 +785,28 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q5K(int64_t n, 
     for (int c = 0; c < NC; c++) s[4 * c] = gr_hsum_ps8(acc[c]) + acc_m[c];
 }
 
-/* kernel `name` for `target`: the four rows through ONE(n, s + r, row r, columns, NC,
- * the arguments after ONE), one instance per column count up to MAXC (more columns:
+/* Q4_K's activation sums (gr_q8K_pair_sums of each column's blocks) once for the
+ * four weight rows of a call, not once a row: `ps` for gr_1xn_q4K, on the stack for
+ * rows of up to GR_Q4K_PS_BLOCKS blocks (longer ones compute them row by row). In
+ * cache on a Zen 3 class CPU (AVX2, one thread, 2816 rows of 1,024), two columns:
+ * 15.9 -> 14.1 ns a block and row, four 25.5 -> 23.4; the outputs are the same bits. */
+#define GR_Q4K_PS_BLOCKS 64
+#define GR_Q4K_PAIR_SUMS                                                                              \
+    __m128i ps_buf[GR_Q4K_PS_BLOCKS * 8];                                                             \
+    const __m128i *ps = NULL;                                                                         \
+    if (n / GR_QK_K <= GR_Q4K_PS_BLOCKS) {                                                            \
+        for (int64_t i = 0; i < n / GR_QK_K; i++)                                                     \
+            for (int c = 0; c < ncols; c++) ps_buf[i * 8 + c] = gr_q8K_pair_sums((const block_q8_K *)y[c] + i); \
+        ps = ps_buf;                                                                                  \
+    }
+
+/* kernel `name` for `target`: PRE (the activations' work shared by the four rows,
+ * or nothing), then the four rows through ONE(n, s + r, row r, columns, NC, the
+ * arguments after PRE), one instance per column count up to MAXC (more columns:
  * MAXC at a time); unused column pointers point at the first column */
 #define GR_4XN_CASE(NC, MAXC, ONE, ...) \
     case NC: if (NC <= MAXC) ONE(n, s + r, vx[r], y, NC __VA_ARGS__); break;
-#define GR_4XN(target, name, MAXC, ONE, ...)                                                             \
+#define GR_4XN(target, name, MAXC, ONE, PRE, ...)                                                        \
     target void name(int64_t n, float *s, const void *const vx[4], const void *const vy[8], int ncols) { \
         if (MAXC < GGMLRPC_4XN_COLS && ncols > MAXC) {                                                  \
             name(n, s, vx, vy, MAXC);                                                                    \
@@ -801,6 +817,7 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q5K(int64_t n, 
         }                                                                                                \
         const void *y[8];                                                                                \
         for (int j = 0; j < 8; j++) y[j] = vy[j < ncols ? j : 0];                                        \
+        PRE                                                                                              \
         for (int r = 0; r < 4; r++) {                                                                    \
             switch (ncols) {                                                                             \
             GR_4XN_CASE(1, MAXC, ONE, __VA_ARGS__) GR_4XN_CASE(2, MAXC, ONE, __VA_ARGS__)                \
@@ -810,16 +827,17 @@ GR_AVX2 static inline __attribute__((always_inline)) void gr_1xn_q5K(int64_t n, 
             }                                                                                            \
         }                                                                                                \
     }
-GR_4XN(GR_AVX2, vec_dot_4xn_q8_0_q8_0_avx2, 4, gr_1xn_q0, , sizeof(block_q8_0), 0)
-GR_4XN(GR_AVX2, vec_dot_4xn_q4_0_q8_0_avx2, 4, gr_1xn_q0, , sizeof(block_q4_0), 1)
-GR_4XN(GR_AVX2, vec_dot_4xn_q4_K_q8_K_avx2, 4, gr_1xn_q4K, , gr_madd_acc_avx2)
-GR_4XN(GR_AVX2, vec_dot_4xn_q6_K_q8_K_avx2, 4, gr_1xn_q6K, , gr_madd_acc_avx2)
-GR_4XN(GR_VNNI, vec_dot_4xn_q4_K_q8_K_vnni, 8, gr_1xn_q4K, , gr_madd_acc_vnni)
-GR_4XN(GR_VNNI, vec_dot_4xn_q6_K_q8_K_vnni, 8, gr_1xn_q6K, , gr_madd_acc_vnni)
-GR_4XN(GR_AVX2, vec_dot_4xn_q5_K_q8_K_avx2, 4, gr_1xn_q5K, , gr_madd_acc_avx2)
-GR_4XN(GR_VNNI, vec_dot_4xn_q5_K_q8_K_vnni, 8, gr_1xn_q5K, , gr_madd_acc_vnni)
+GR_4XN(GR_AVX2, vec_dot_4xn_q8_0_q8_0_avx2, 4, gr_1xn_q0, , , sizeof(block_q8_0), 0)
+GR_4XN(GR_AVX2, vec_dot_4xn_q4_0_q8_0_avx2, 4, gr_1xn_q0, , , sizeof(block_q4_0), 1)
+GR_4XN(GR_AVX2, vec_dot_4xn_q4_K_q8_K_avx2, 4, gr_1xn_q4K, GR_Q4K_PAIR_SUMS, , gr_madd_acc_avx2, ps)
+GR_4XN(GR_AVX2, vec_dot_4xn_q6_K_q8_K_avx2, 4, gr_1xn_q6K, , , gr_madd_acc_avx2)
+GR_4XN(GR_VNNI, vec_dot_4xn_q4_K_q8_K_vnni, 8, gr_1xn_q4K, GR_Q4K_PAIR_SUMS, , gr_madd_acc_vnni, ps)
+GR_4XN(GR_VNNI, vec_dot_4xn_q6_K_q8_K_vnni, 8, gr_1xn_q6K, , , gr_madd_acc_vnni)
+GR_4XN(GR_AVX2, vec_dot_4xn_q5_K_q8_K_avx2, 4, gr_1xn_q5K, , , gr_madd_acc_avx2)
+GR_4XN(GR_VNNI, vec_dot_4xn_q5_K_q8_K_vnni, 8, gr_1xn_q5K, , , gr_madd_acc_vnni)
 #undef GR_4XN_CASE
 #undef GR_4XN
+#undef GR_Q4K_PAIR_SUMS
 
 /* unsigned codes x signed q8 -> 8 int32 lanes as float */
 GR_AVX2 static inline __m256 gr_dot_u8_ps(__m256i qx, __m256i qy) {
